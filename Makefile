@@ -1,0 +1,38 @@
+# splitspec: `make run` serves the stack locally, `make test` runs the suite.
+# Both create/refresh the virtualenv in .venv first (idempotent: re-installs only when
+# pyproject.toml or constraints.txt changed).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stamp-install
+PYTEST_ARGS ?=
+
+.PHONY: setup run test protos check-protos bench bench-kernels tiny-model models models-eval clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m splitspec.launcher up
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+protos: $(STAMP)
+	PYTHON=$(PY) scripts/gen_protos.sh
+
+bench-kernels: $(STAMP)
+	$(PY) bench/kernels_bench.py
+
+bench: bench-kernels
+
+tiny-model: $(STAMP)
+	$(PY) scripts/make_tiny_model.py --out models/tiny-llama
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

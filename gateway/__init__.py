@@ -1,0 +1,1 @@
+"""The gateway: public REST (OpenAI-compatible) and gRPC APIs, speculation policy, routing."""

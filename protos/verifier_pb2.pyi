@@ -1,0 +1,52 @@
+from protos import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AbortRequest(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+
+class AbortResponse(_message.Message):
+    __slots__ = ("found",)
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class ProposerStatus(_message.Message):
+    __slots__ = ("method", "address", "connected")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    address: str
+    connected: bool
+    def __init__(self, method: _Optional[str] = ..., address: _Optional[str] = ..., connected: _Optional[bool] = ...) -> None: ...
+
+class VerifierInfo(_message.Message):
+    __slots__ = ("model", "vocab_size", "tokenizer_fingerprint", "max_model_len", "max_num_speculative_tokens", "default_num_speculative_tokens", "proposers", "device", "dtype")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSERS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    vocab_size: int
+    tokenizer_fingerprint: str
+    max_model_len: int
+    max_num_speculative_tokens: int
+    default_num_speculative_tokens: int
+    proposers: _containers.RepeatedCompositeFieldContainer[ProposerStatus]
+    device: str
+    dtype: str
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., default_num_speculative_tokens: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStatus, _Mapping]]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,61 @@
+"""Command-line parsing for the services' config dataclasses.
+
+Each service declares one frozen dataclass; every field becomes a `--flag` whose help text is the
+field's `metadata["help"]`. The parsed object is passed explicitly to whatever needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any, Sequence, TypeVar
+
+T = TypeVar("T")
+
+
+def option(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with CLI help text."""
+    if isinstance(default, (list, dict, set)):
+        return dataclasses.field(default_factory=lambda: type(default)(default),
+                                 metadata={"help": help, **kwargs})
+    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = f.metadata.get("help", "")
+        origin = typing.get_origin(kind)
+        args = typing.get_args(kind)
+        if kind is bool:
+            parser.add_argument(flag, default=default, action=argparse.BooleanOptionalAction,
+                                help=help_text)
+        elif origin in (tuple, list):
+            # None here: a flag given on the command line replaces the default list.
+            parser.add_argument(flag, default=None, action="append", type=args[0],
+                                help=f"{help_text} (repeatable; default: {list(default)})")
+        else:
+            if origin is typing.Union or str(origin) == "types.UnionType":
+                kind = next(a for a in args if a is not type(None))
+            choices = f.metadata.get("choices")
+            parser.add_argument(flag, default=default, type=kind, choices=choices,
+                                help=f"{help_text} (default: {default})")
+
+
+def parse_config(cls: type[T], argv: Sequence[str] | None = None,
+                 description: str | None = None) -> T:
+    parser = argparse.ArgumentParser(description=description or cls.__doc__)
+    add_arguments(parser, cls)
+    ns = parser.parse_args(argv)
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(ns, f.name)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, (list, tuple)):
+            value = type(default)(default if value is None else value)
+        values[f.name] = value
+    return cls(**values)

@@ -1,0 +1,75 @@
+"""Errors that cross a service edge, and the one table that maps them to gRPC and HTTP codes.
+
+Handlers raise these; an interceptor (gRPC) or an exception handler (REST) turns them into
+status codes, so no handler chooses a status code itself.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+# Trailing metadata key that carries the offending field of an error across a gRPC hop.
+FIELD_METADATA_KEY = "splitspec-field"
+
+# gRPC status -> HTTP status, used by the gateway for errors that come back from a verifier.
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+
+
+def http_status(code: grpc.StatusCode) -> int:
+    return _HTTP_STATUS.get(code, 500)
+
+
+class ServiceError(Exception):
+    """An error with a gRPC status code; `field` names the offending request field, if any."""
+
+    code = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    @property
+    def http_status(self) -> int:
+        return http_status(self.code)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidArgument(ServiceError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(self, field: str, message: str):
+        # The message always starts with the field so that a client can see what to fix.
+        super().__init__(f"{field}: {message}", field=field)
+
+
+class ResourceExhausted(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class NotFound(ServiceError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class Unavailable(ServiceError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+def from_rpc_error(exc: grpc.aio.AioRpcError) -> ServiceError:
+    """An error a downstream service returned, re-raised with the same status code."""
+    field = next((v for k, v in (exc.trailing_metadata() or ()) if k == FIELD_METADATA_KEY),
+                 None)
+    err = ServiceError(exc.details() or exc.code().name, field=field)
+    err.code = exc.code()
+    return err

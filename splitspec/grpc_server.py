@@ -1,0 +1,111 @@
+"""gRPC server plumbing shared by every service: error mapping, health, reflection.
+
+`ErrorInterceptor` is the one place where a ServiceError raised by a handler becomes a gRPC
+status; handlers never call `context.abort` for domain errors themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from splitspec.errors import FIELD_METADATA_KEY, ServiceError
+
+log = logging.getLogger(__name__)
+
+# Bigger than the default 4 MiB: a step message may carry hidden states for many sequences.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
+    if isinstance(exc, ServiceError):
+        metadata = ((FIELD_METADATA_KEY, exc.field),) if exc.field else None
+        await context.abort(exc.code, exc.message, trailing_metadata=metadata)
+    log.exception("unhandled error in handler")
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _wrap_unary(behavior):
+    async def handler(request, context):
+        try:
+            return await behavior(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+            await _abort(context, exc)
+
+    return handler
+
+
+def _wrap_stream(behavior):
+    async def handler(request, context):
+        try:
+            async for item in behavior(request, context):
+                yield item
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+            await _abort(context, exc)
+
+    return handler
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, handler_call_details):
+        h = await continuation(handler_call_details)
+        if h is None:
+            return None
+        common = dict(request_deserializer=h.request_deserializer,
+                      response_serializer=h.response_serializer)
+        if h.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(h.unary_unary), **common)
+        if h.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary(h.stream_unary), **common)
+        if h.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(h.unary_stream), **common)
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream(h.stream_stream), **common)
+
+
+def make_server() -> grpc.aio.Server:
+    return grpc.aio.server(interceptors=[ErrorInterceptor()], options=CHANNEL_OPTIONS)
+
+
+def add_health_and_reflection(server: grpc.aio.Server,
+                              service_full_names: Iterable[str]) -> health.aio.HealthServicer:
+    """Serve grpc.health.v1 (all listed services SERVING) and server reflection."""
+    names = list(service_full_names)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        names + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME], server)
+    return health_servicer
+
+
+async def mark_serving(health_servicer: health.aio.HealthServicer,
+                       service_full_names: Iterable[str]) -> None:
+    for name in ["", *service_full_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+
+async def mark_not_serving(health_servicer: health.aio.HealthServicer,
+                           service_full_names: Iterable[str]) -> None:
+    for name in ["", *service_full_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def insecure_channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

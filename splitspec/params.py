@@ -1,0 +1,143 @@
+"""Per-request parameters (sampling, stopping, speculation) as plain validated dataclasses.
+
+Both the gateway (from JSON or protobuf) and the verifier (from protobuf) build these, so the
+rules live here once. Every violation raises InvalidArgument naming the public field.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+from splitspec.errors import InvalidArgument
+
+SPECULATION_METHODS = ("ngram", "draft", "mlp")
+
+
+class SpeculationMode(str, enum.Enum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0  # 1: off
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, prefix: str = "") -> "SamplingParams":
+        _finite(prefix + "temperature", self.temperature)
+        if self.temperature < 0:
+            raise InvalidArgument(prefix + "temperature", "must be >= 0")
+        _finite(prefix + "top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidArgument(prefix + "top_p", "must be in (0, 1]")
+        if self.top_k < 0:
+            raise InvalidArgument(prefix + "top_k", "must be >= 0 (0 disables it)")
+        _finite(prefix + "min_p", self.min_p)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgument(prefix + "min_p", "must be in [0, 1]")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise InvalidArgument(prefix + "seed", "must be in [0, 2**63)")
+        return self
+
+
+@dataclass(frozen=True)
+class StoppingCriteria:
+    max_tokens: int = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def validate(self) -> "StoppingCriteria":
+        if self.max_tokens < 1:
+            raise InvalidArgument("max_tokens", "must be >= 1")
+        if len(self.stop) > 16:
+            raise InvalidArgument("stop", "at most 16 stop strings")
+        if any(not s for s in self.stop):
+            raise InvalidArgument("stop", "stop strings must be non-empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidArgument("stop_token_ids", "token ids must be >= 0")
+        return self
+
+
+@dataclass(frozen=True)
+class SpeculationRequest:
+    """What the client asked for; the gateway's policy turns it into a SpeculationPlan."""
+
+    mode: SpeculationMode = SpeculationMode.AUTO
+    method: str | None = None  # None: the deployment's default
+    num_speculative_tokens: int | None = None  # None: the deployment's default
+
+    def validate(self, available_methods: tuple[str, ...] | None = None,
+                 max_k: int | None = None) -> "SpeculationRequest":
+        if self.method is not None:
+            if self.method not in SPECULATION_METHODS:
+                raise InvalidArgument(
+                    "speculation.method",
+                    f"unknown method {self.method!r}; known: {', '.join(SPECULATION_METHODS)}")
+            if available_methods is not None and self.method not in available_methods:
+                served = ", ".join(available_methods) or "none"
+                raise InvalidArgument(
+                    "speculation.method",
+                    f"{self.method!r} is not served by this deployment; served: {served}")
+        k = self.num_speculative_tokens
+        if k is not None:
+            if k < 0:
+                raise InvalidArgument("speculation.num_speculative_tokens", "must be >= 0")
+            if max_k is not None and k > max_k:
+                raise InvalidArgument("speculation.num_speculative_tokens",
+                                      f"must be <= {max_k} (this deployment's limit)")
+        return self
+
+
+@dataclass(frozen=True)
+class SpeculationPlan:
+    """The decision for one request: which proposer and how many tokens per step (0: off)."""
+
+    method: str | None = None
+    k: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.method is not None and self.k > 0
+
+
+@dataclass(frozen=True)
+class GenerationInput:
+    """A validated request as the verifier's engine sees it."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stopping: StoppingCriteria = field(default_factory=StoppingCriteria)
+    speculation: SpeculationPlan = field(default_factory=SpeculationPlan)
+
+
+def _finite(name: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise InvalidArgument(name, "must be a finite number")
+
+
+def resolve_speculation(req: SpeculationRequest, available_methods: tuple[str, ...],
+                        default_k: int, max_k: int, auto_on: bool = True) -> SpeculationPlan:
+    """Turn a validated request into a plan. AUTO follows `auto_on` (the gateway's policy);
+    ON without a method takes the deployment's first proposer."""
+    req.validate(available_methods, max_k)
+    on = req.mode is SpeculationMode.ON or (req.mode is SpeculationMode.AUTO and auto_on)
+    if not on or not available_methods:
+        if req.mode is SpeculationMode.ON and req.num_speculative_tokens != 0 \
+                and not available_methods:
+            raise InvalidArgument("speculation.mode", "no proposer is served by this deployment")
+        return SpeculationPlan()
+    k = default_k if req.num_speculative_tokens is None else req.num_speculative_tokens
+    method = req.method or available_methods[0]
+    return SpeculationPlan(method=method, k=k) if k > 0 else SpeculationPlan()

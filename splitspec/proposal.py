@@ -1,0 +1,125 @@
+"""The per-step exchange between verifier and proposers, as dataclasses plus their protobuf edge.
+
+A `SequenceStep` tells a proposer what happened to one sequence since it last heard of it and
+how many draft tokens are wanted; a `Draft` is the answer. Both sides convert at their edge with
+the functions below, so the services work on these types only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from splitspec.params import SamplingParams
+from splitspec.wire import sampling_from_pb, sampling_to_pb
+from protos import common_pb2, proposer_pb2 as pb
+
+_NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class SequenceStep:
+    seq_id: str
+    new_tokens: list[int]
+    history_len: int  # length of the history after appending new_tokens
+    k: int
+    full_history: bool = False
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    hidden_state: torch.Tensor | None = None  # [hidden], MLP speculator only
+
+
+@dataclass
+class SparseDistribution:
+    """Support and probabilities of the distribution one draft token was sampled from."""
+
+    indices: list[int]
+    probs: list[float]
+
+
+@dataclass
+class Draft:
+    seq_id: str
+    tokens: list[int] = field(default_factory=list)
+    # None: deterministic drafts (one-hot); else one distribution per draft token.
+    distributions: list[SparseDistribution] | None = None
+    resync: bool = False  # the proposer lost or distrusts its state: resend the full history
+
+
+@dataclass(frozen=True)
+class ProposerDescription:
+    method: str
+    vocab_size: int = 0  # 0: any vocabulary
+    tokenizer_fingerprint: str = ""  # empty: any tokenizer
+    max_num_speculative_tokens: int = 16
+    needs_hidden_state: bool = False
+    model: str = ""
+
+
+def tensor_to_pb(t: torch.Tensor) -> common_pb2.Tensor:
+    t = t.detach().to("cpu").contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if t.dtype == torch.bfloat16:
+        data = t.view(torch.int16).numpy().astype("<i2").tobytes()
+    else:
+        data = t.numpy().astype(np.dtype(_NP_DTYPES[name]).newbyteorder("<")).tobytes()
+    return common_pb2.Tensor(shape=list(t.shape), dtype=name, data=data)
+
+
+def tensor_from_pb(msg: common_pb2.Tensor) -> torch.Tensor:
+    if msg.dtype not in _TORCH_DTYPES:
+        raise ValueError(f"unsupported tensor dtype {msg.dtype!r}")
+    shape = tuple(msg.shape)
+    if msg.dtype == "bfloat16":
+        arr = np.frombuffer(msg.data, dtype="<i2").copy()
+        return torch.from_numpy(arr).view(torch.bfloat16).reshape(shape)
+    arr = np.frombuffer(msg.data, dtype=np.dtype(_NP_DTYPES[msg.dtype]).newbyteorder("<"))
+    return torch.from_numpy(arr.astype(_NP_DTYPES[msg.dtype])).reshape(shape)
+
+
+def step_to_pb(step: SequenceStep) -> pb.SequenceStep:
+    msg = pb.SequenceStep(seq_id=step.seq_id, new_tokens=step.new_tokens,
+                          full_history=step.full_history, history_len=step.history_len,
+                          k=step.k, sampling=sampling_to_pb(step.sampling))
+    if step.hidden_state is not None:
+        msg.hidden_state.CopyFrom(tensor_to_pb(step.hidden_state))
+    return msg
+
+
+def step_from_pb(msg: pb.SequenceStep) -> SequenceStep:
+    return SequenceStep(
+        seq_id=msg.seq_id, new_tokens=list(msg.new_tokens), history_len=msg.history_len,
+        k=msg.k, full_history=msg.full_history,
+        sampling=sampling_from_pb(msg.sampling, msg.HasField("sampling")),
+        hidden_state=tensor_from_pb(msg.hidden_state) if msg.HasField("hidden_state") else None)
+
+
+def draft_to_pb(draft: Draft) -> pb.SequenceDraft:
+    msg = pb.SequenceDraft(seq_id=draft.seq_id, tokens=draft.tokens,
+                           status=(pb.SEQUENCE_STATUS_RESYNC if draft.resync
+                                   else pb.SEQUENCE_STATUS_OK))
+    for d in draft.distributions or ():
+        msg.distributions.add(indices=d.indices, probs=d.probs)
+    return msg
+
+
+def draft_from_pb(msg: pb.SequenceDraft) -> Draft:
+    dists = [SparseDistribution(list(d.indices), list(d.probs)) for d in msg.distributions]
+    return Draft(seq_id=msg.seq_id, tokens=list(msg.tokens), distributions=dists or None,
+                 resync=msg.status == pb.SEQUENCE_STATUS_RESYNC)
+
+
+def description_to_pb(d: ProposerDescription) -> pb.ProposerInfo:
+    return pb.ProposerInfo(method=d.method, vocab_size=d.vocab_size,
+                           tokenizer_fingerprint=d.tokenizer_fingerprint,
+                           max_num_speculative_tokens=d.max_num_speculative_tokens,
+                           needs_hidden_state=d.needs_hidden_state, model=d.model)
+
+
+def description_from_pb(msg: pb.ProposerInfo) -> ProposerDescription:
+    return ProposerDescription(method=msg.method, vocab_size=msg.vocab_size,
+                               tokenizer_fingerprint=msg.tokenizer_fingerprint,
+                               max_num_speculative_tokens=msg.max_num_speculative_tokens,
+                               needs_hidden_state=msg.needs_hidden_state, model=msg.model)

@@ -1,0 +1,85 @@
+"""Conversion between protobuf messages and the dataclasses in splitspec.params.
+
+Services call these at their edge only; everything behind the edge works on dataclasses.
+"""
+
+from __future__ import annotations
+
+from splitspec.params import (SamplingParams, SpeculationMode, SpeculationRequest,
+                              StoppingCriteria)
+from protos import common_pb2 as pb
+
+_MODE_FROM_PB = {
+    pb.SPECULATION_MODE_UNSPECIFIED: SpeculationMode.AUTO,
+    pb.SPECULATION_MODE_AUTO: SpeculationMode.AUTO,
+    pb.SPECULATION_MODE_ON: SpeculationMode.ON,
+    pb.SPECULATION_MODE_OFF: SpeculationMode.OFF,
+}
+_MODE_TO_PB = {
+    SpeculationMode.AUTO: pb.SPECULATION_MODE_AUTO,
+    SpeculationMode.ON: pb.SPECULATION_MODE_ON,
+    SpeculationMode.OFF: pb.SPECULATION_MODE_OFF,
+}
+
+FINISH_REASON_NAMES = {
+    pb.FINISH_REASON_UNSPECIFIED: None,
+    pb.FINISH_REASON_LENGTH: "length",
+    pb.FINISH_REASON_STOP: "stop",
+    pb.FINISH_REASON_ABORT: "abort",
+}
+FINISH_REASON_FROM_NAME = {v: k for k, v in FINISH_REASON_NAMES.items() if v}
+
+
+def sampling_from_pb(msg: pb.SamplingParams, has_field: bool = True) -> SamplingParams:
+    """Proto3 cannot tell 0 from unset for scalars: an absent message means the defaults,
+    top_p 0 means off. A present message with temperature 0 means greedy."""
+    if not has_field:
+        return SamplingParams()
+    return SamplingParams(
+        temperature=msg.temperature,
+        top_p=msg.top_p if msg.top_p > 0 else 1.0,
+        top_k=msg.top_k,
+        min_p=msg.min_p,
+        seed=msg.seed if msg.HasField("seed") else None,
+    )
+
+
+def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
+    msg = pb.SamplingParams(temperature=params.temperature, top_p=params.top_p,
+                            top_k=params.top_k, min_p=params.min_p)
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+def stopping_from_pb(msg: pb.StoppingCriteria, has_field: bool = True) -> StoppingCriteria:
+    if not has_field:
+        return StoppingCriteria()
+    return StoppingCriteria(
+        max_tokens=msg.max_tokens if msg.max_tokens else StoppingCriteria.max_tokens,
+        stop=tuple(msg.stop),
+        stop_token_ids=tuple(msg.stop_token_ids),
+        ignore_eos=msg.ignore_eos,
+    )
+
+
+def stopping_to_pb(stopping: StoppingCriteria) -> pb.StoppingCriteria:
+    return pb.StoppingCriteria(max_tokens=stopping.max_tokens, stop=list(stopping.stop),
+                               stop_token_ids=list(stopping.stop_token_ids),
+                               ignore_eos=stopping.ignore_eos)
+
+
+def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
+    return SpeculationRequest(
+        mode=_MODE_FROM_PB.get(msg.mode, SpeculationMode.AUTO),
+        method=msg.method or None,
+        num_speculative_tokens=(msg.num_speculative_tokens
+                                if msg.HasField("num_speculative_tokens") else None),
+    )
+
+
+def speculation_to_pb(spec: SpeculationRequest) -> pb.SpeculationConfig:
+    msg = pb.SpeculationConfig(mode=_MODE_TO_PB[spec.mode], method=spec.method or "")
+    if spec.num_speculative_tokens is not None:
+        msg.num_speculative_tokens = spec.num_speculative_tokens
+    return msg

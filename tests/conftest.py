@@ -1,0 +1,23 @@
+"""Shared fixtures: the model directory the suite runs against, and offline settings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# Service processes started by tests inherit this: on 2 shared cores, 1 thread each is fastest.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def target_model_dir() -> str:
+    from verifier_service.config import DEFAULT_MODEL
+
+    return str(REPO_ROOT / DEFAULT_MODEL)

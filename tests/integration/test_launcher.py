@@ -1,0 +1,78 @@
+"""`splitspec up` (what `make run` runs): prints the gateway URL when ready, serves a request,
+and SIGINT stops all three services, leaving no process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from splitspec.net import free_port
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def children_of(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has exited; it only waits to be reaped
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
+def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitspec.launcher", "up", "--model", target_model_dir,
+         "--device", "cpu", "--http-port", str(port), "--grpc-port", str(free_port()),
+         "--verifier-port", str(free_port()), "--ngram-port", str(free_port()),
+         "--log-dir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, f"launcher exited early: {''.join(lines)}"
+            lines.append(line)
+            if f"http://127.0.0.1:{port}" in line:
+                break
+        kids = children_of(proc.pid)
+        assert len(kids) == 3, kids
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"prompt": "def f(", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+        for pid in kids:
+            deadline = time.monotonic() + 10
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not alive(pid), f"service process {pid} survived SIGINT"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,40 @@
+from proposer_service.base import HistoryStore
+from proposer_service.ngram import NgramProposer
+from splitspec.proposal import SequenceStep
+
+
+def test_history_is_rebuilt_from_deltas_and_checked():
+    store = HistoryStore()
+    assert store.apply(SequenceStep("a", [1, 2], 2, 3)) is None  # unknown, sent as a delta
+    assert store.apply(SequenceStep("a", [1, 2], 2, 3, full_history=True)) == [1, 2]
+    assert store.apply(SequenceStep("a", [3, 4], 4, 3)) == [1, 2, 3, 4]
+    assert store.apply(SequenceStep("a", [5], 9, 3)) is None  # length disagrees: resync
+    assert "a" not in store
+
+
+def test_idle_sequences_are_evicted():
+    store = HistoryStore(idle_timeout_s=10)
+    store.apply(SequenceStep("a", [1], 1, 1, full_history=True))
+    assert store.evict_idle(now=1e12) == ["a"] and len(store) == 0
+
+
+def test_ngram_session_proposes_from_the_latest_match_and_asks_for_resync():
+    session = NgramProposer(min_n=1, max_n=3).open_session()
+    hist = [7, 8, 9, 1, 2, 7, 8]
+    (d,) = session.propose([SequenceStep("s", hist, len(hist), 3, full_history=True)])
+    assert d.tokens == [9, 1, 2] and d.distributions is None and not d.resync
+    (d,) = session.propose([SequenceStep("s", [9], len(hist) + 1, 2)])
+    assert d.tokens == [1, 2]
+    (d,) = session.propose([SequenceStep("unknown", [1], 5, 2)])
+    assert d.resync and d.tokens == []
+    session.release(["s"])
+    (d,) = session.propose([SequenceStep("s", [1], len(hist) + 2, 2)])
+    assert d.resync
+
+
+def test_no_match_and_k_zero_give_no_tokens():
+    session = NgramProposer().open_session()
+    (d,) = session.propose([SequenceStep("s", [1, 2, 3], 3, 4, full_history=True)])
+    assert d.tokens == []
+    (d,) = session.propose([SequenceStep("s", [1, 2], 5, 0)])
+    assert d.tokens == []

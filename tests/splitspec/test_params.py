@@ -1,0 +1,49 @@
+import pytest
+
+from splitspec.errors import InvalidArgument
+from splitspec.params import (SamplingParams, SpeculationMode, SpeculationRequest,
+                              StoppingCriteria, resolve_speculation)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature=-0.1), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_k=-2), "top_k"),
+    (dict(min_p=2.0), "min_p"),
+    (dict(seed=-1), "seed"),
+])
+def test_sampling_errors_name_the_field(kwargs, field):
+    with pytest.raises(InvalidArgument) as e:
+        SamplingParams(**kwargs).validate()
+    assert e.value.field == field and e.value.message.startswith(field)
+
+
+def test_stopping_rejects_zero_max_tokens_and_empty_stop():
+    with pytest.raises(InvalidArgument, match="max_tokens"):
+        StoppingCriteria(max_tokens=0).validate()
+    with pytest.raises(InvalidArgument, match="stop"):
+        StoppingCriteria(stop=("",)).validate()
+
+
+def test_speculation_method_and_k_limits():
+    with pytest.raises(InvalidArgument, match="speculation.method.*unknown"):
+        SpeculationRequest(method="medusa").validate(("ngram",), 8)
+    with pytest.raises(InvalidArgument, match="not served"):
+        SpeculationRequest(method="draft").validate(("ngram",), 8)
+    with pytest.raises(InvalidArgument, match="num_speculative_tokens.*<= 8"):
+        SpeculationRequest(num_speculative_tokens=9).validate(("ngram",), 8)
+
+
+def test_resolve_speculation_defaults_and_off():
+    on = resolve_speculation(SpeculationRequest(mode=SpeculationMode.ON), ("ngram",), 4, 8)
+    assert (on.method, on.k, on.enabled) == ("ngram", 4, True)
+    off = resolve_speculation(SpeculationRequest(mode=SpeculationMode.OFF), ("ngram",), 4, 8)
+    assert not off.enabled
+    zero = resolve_speculation(SpeculationRequest(num_speculative_tokens=0), ("ngram",), 4, 8)
+    assert not zero.enabled
+    auto_off = resolve_speculation(SpeculationRequest(), ("ngram",), 4, 8, auto_on=False)
+    assert not auto_off.enabled
+    with pytest.raises(InvalidArgument, match="speculation.mode"):
+        resolve_speculation(SpeculationRequest(mode=SpeculationMode.ON), (), 4, 8)

@@ -1,0 +1,30 @@
+import torch
+
+from splitspec.params import SamplingParams
+from splitspec.proposal import (Draft, SequenceStep, SparseDistribution, draft_from_pb,
+                                draft_to_pb, step_from_pb, step_to_pb, tensor_from_pb,
+                                tensor_to_pb)
+
+
+def test_tensor_round_trip_is_exact_for_each_dtype():
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        t = torch.randn(3, 5).to(dtype)
+        msg = tensor_to_pb(t)
+        assert len(msg.data) == t.numel() * t.element_size()
+        back = tensor_from_pb(msg)
+        assert back.dtype == dtype and torch.equal(back, t)
+
+
+def test_step_and_draft_round_trip():
+    step = SequenceStep("s1", [1, 2, 3], 10, 4, full_history=True,
+                        sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=7),
+                        hidden_state=torch.ones(8))
+    back = step_from_pb(step_to_pb(step))
+    assert (back.seq_id, back.new_tokens, back.history_len, back.k, back.full_history) == \
+        ("s1", [1, 2, 3], 10, 4, True)
+    assert back.sampling == step.sampling and torch.equal(back.hidden_state, step.hidden_state)
+
+    d = Draft("s1", [5, 6], [SparseDistribution([5, 9], [0.75, 0.25]),
+                             SparseDistribution([6], [1.0])])
+    assert draft_from_pb(draft_to_pb(d)) == d
+    assert draft_from_pb(draft_to_pb(Draft("s2", resync=True))).resync

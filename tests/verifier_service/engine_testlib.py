@@ -1,0 +1,60 @@
+"""Helpers for engine tests: an engine on the test model with in-process proposers."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from proposer_service.base import Proposer
+from proposer_service.ngram import NgramProposer
+from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria
+from verifier_service.config import VerifierConfig
+from verifier_service.proposer_client import InProcessProposerClient
+from verifier_service.server import build_engine
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(",
+    "import os\nimport sys\nimport os\n",
+    "for i in range(10):\n    print(i)\nfor i in range(",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "x = [1, 2, 3, 4, 5, 6, 7, 8]\ny = [1, 2, 3,",
+    "if __name__ == '__main__':\n    main()\n",
+    "return self._value",
+]
+
+
+def make_engine(model_dir: str, proposers: dict[str, Proposer] | None = None, **overrides):
+    # One torch thread: tests share 2 cores with other processes; more threads only contend.
+    config = dataclasses.replace(VerifierConfig(model=model_dir, threads=1), **overrides)
+    if proposers is None:
+        proposers = {"ngram": NgramProposer()}
+    clients = {m: InProcessProposerClient(p) for m, p in proposers.items()}
+    engine, *_ = build_engine(config, clients)
+    return engine
+
+
+def request(engine, rid: str, prompt: str, max_tokens: int = 24, method: str | None = "ngram",
+            k: int = 0, sampling: SamplingParams | None = None, **stop) -> GenerationInput:
+    ids = tuple(engine.tokenizer.encode(prompt, add_special_tokens=False))
+    return GenerationInput(rid, ids, sampling or SamplingParams(temperature=0.0),
+                           StoppingCriteria(max_tokens=max_tokens, **stop),
+                           SpeculationPlan(method, k) if k else SpeculationPlan())
+
+
+async def collect(engine, inp: GenerationInput):
+    tokens, text, last = [], "", None
+    async for out in engine.generate(inp):
+        tokens += out.token_ids
+        text += out.text
+        last = out
+    return tokens, text, last
+
+
+async def run_all(engine, inputs: list[GenerationInput]):
+    """Submit all at once (they share steps) and collect each request's result."""
+    engine.start()
+    try:
+        return await asyncio.gather(*(collect(engine, i) for i in inputs))
+    finally:
+        await engine.shutdown()

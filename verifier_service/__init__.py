@@ -1,0 +1,1 @@
+"""The verifier service: target model, KV cache, scheduler, and the rejection sampler."""

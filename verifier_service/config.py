@@ -1,0 +1,32 @@
+"""Configuration of one verifier process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitspec.config import option
+
+DEFAULT_MODEL = "models/tiny-llama"
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    """Serve a target model with speculative decoding over gRPC."""
+
+    model: str = option(DEFAULT_MODEL, "local directory of the target model (Hugging Face format)")
+    served_model_name: str = option("", "model id reported to clients (default: directory name)")
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(50051, "gRPC port")
+    device: str = option("auto", "cpu | cuda | mlu | auto")
+    dtype: str = option("auto", "float32 | bfloat16 | float16 | auto (fp32 on cpu, bf16 otherwise)")
+    trust_remote_code: bool = option(False, "allow model code shipped in the model directory")
+    proposer: tuple[str, ...] = option((), "a proposer as METHOD=HOST:PORT, e.g. ngram=127.0.0.1:50052")
+    default_num_speculative_tokens: int = option(4, "k used when a request does not set one")
+    max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
+    proposer_timeout_ms: float = option(250.0, "per-step deadline for proposals; late ones are dropped")
+    proposer_reconnect_s: float = option(1.0, "least time between reconnection attempts to a proposer")
+    max_num_seqs: int = option(8, "sequences decoded together (running batch)")
+    max_waiting: int = option(256, "queued requests beyond the running batch; more get RESOURCE_EXHAUSTED")
+    max_model_len: int = option(0, "context length limit (0: the model's own)")
+    threads: int = option(0, "torch intra-op threads (0: torch default)")
+    log_level: str = option("INFO", "logging level")

@@ -1,0 +1,246 @@
+"""The verifier's side of the Propose stream, behind one small interface.
+
+`ProposerClient.propose` sends one step message and returns the drafts, or None when nothing
+usable arrived before the deadline. Answers carry the step id they belong to; an answer that
+arrives after its step gave up waiting is dropped, never applied to a later step.
+
+Every time a client (re)opens its stream it starts a new `epoch`: the proposer's state for this
+verifier is new then, so the engine sends each sequence's full history on the next step.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import itertools
+import logging
+import time
+
+import grpc
+
+from proposer_service.base import Proposer
+from splitspec.grpc_server import insecure_channel
+from splitspec.proposal import (Draft, ProposerDescription, SequenceStep, description_from_pb,
+                                draft_from_pb, step_to_pb)
+from protos import common_pb2, proposer_pb2, proposer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class ProposerMismatch(RuntimeError):
+    """The proposer cannot serve this target (different vocabulary)."""
+
+
+def check_compatible(desc: ProposerDescription, vocab_size: int, fingerprint: str) -> None:
+    if desc.vocab_size and desc.vocab_size != vocab_size:
+        raise ProposerMismatch(
+            f"proposer {desc.method!r} ({desc.model}) has vocabulary size {desc.vocab_size}, "
+            f"the target has {vocab_size}: refusing it")
+    if desc.tokenizer_fingerprint and desc.tokenizer_fingerprint != fingerprint:
+        raise ProposerMismatch(
+            f"proposer {desc.method!r} ({desc.model}) uses a different tokenizer "
+            f"(fingerprint {desc.tokenizer_fingerprint} != target {fingerprint}): refusing it")
+
+
+class ProposerClient(abc.ABC):
+    def __init__(self, method: str):
+        self.method = method
+        self.epoch = 0
+        self.description: ProposerDescription | None = None
+        self._released: list[str] = []
+
+    @property
+    @abc.abstractmethod
+    def connected(self) -> bool: ...
+
+    @property
+    def address(self) -> str:
+        return "in-process"
+
+    def release(self, seq_ids: list[str]) -> None:
+        """Queue sequences that ended; they are sent with the next message."""
+        self._released.extend(seq_ids)
+
+    def _take_released(self) -> list[str]:
+        released, self._released = self._released, []
+        return released
+
+    async def ensure_connected(self) -> bool:
+        """Called before a step's messages are built, so they match the current epoch."""
+        return self.connected
+
+    @abc.abstractmethod
+    async def propose(self, steps: list[SequenceStep], timeout_s: float) -> list[Draft] | None: ...
+
+    async def flush_released(self) -> None:
+        """Send queued releases even when no sequence of this proposer runs this step."""
+
+    async def close(self) -> None: ...
+
+
+class InProcessProposerClient(ProposerClient):
+    """Calls a Proposer in this process: for fast tests of the engine without gRPC."""
+
+    def __init__(self, proposer: Proposer):
+        desc = proposer.describe()
+        super().__init__(desc.method)
+        self.description = desc
+        self._session = proposer.open_session()
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    async def propose(self, steps, timeout_s):
+        self._session.release(self._take_released())
+        return self._session.propose(steps)
+
+    async def flush_released(self) -> None:
+        self._session.release(self._take_released())
+
+    def restart(self, proposer: Proposer) -> None:
+        """Simulate a proposer restart: its state is gone, a new epoch begins."""
+        self._session.close()
+        self._session = proposer.open_session()
+        self.epoch += 1
+
+
+class GrpcProposerClient(ProposerClient):
+    def __init__(self, method: str, address: str, vocab_size: int, fingerprint: str,
+                 reconnect_interval_s: float = 1.0):
+        super().__init__(method)
+        self._address = address
+        self._vocab_size = vocab_size
+        self._fingerprint = fingerprint
+        self._reconnect_interval_s = reconnect_interval_s
+        self._channel: grpc.aio.Channel | None = None
+        self._call = None
+        self._reader: asyncio.Task | None = None
+        self._pending: dict[int, asyncio.Future] = {}
+        self._step_ids = itertools.count(1)
+        self._last_attempt = -float("inf")
+        self.late_answers = 0
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def connected(self) -> bool:
+        return self._call is not None
+
+    async def connect(self, timeout_s: float = 5.0) -> None:
+        """Open channel and stream. Raises ProposerMismatch for an incompatible proposer."""
+        self._last_attempt = time.monotonic()
+        await self._drop_stream()
+        if self._channel is None:
+            self._channel = insecure_channel(self._address)
+        stub = proposer_pb2_grpc.ProposerStub(self._channel)
+        info = await stub.Info(common_pb2.Empty(), timeout=timeout_s)
+        desc = description_from_pb(info)
+        if desc.method != self.method:
+            raise ProposerMismatch(f"{self._address} serves method {desc.method!r}, "
+                                   f"configured as {self.method!r}")
+        check_compatible(desc, self._vocab_size, self._fingerprint)
+        self.description = desc
+        self._released.clear()  # a new stream starts with no state to release
+        self._call = stub.Propose()
+        self.epoch += 1
+        self._reader = asyncio.create_task(self._read_loop(self._call))
+        log.info("connected to %s proposer at %s (epoch %d)", self.method, self._address,
+                 self.epoch)
+
+    async def ensure_connected(self) -> bool:
+        if self._call is not None:
+            return True
+        if time.monotonic() - self._last_attempt < self._reconnect_interval_s:
+            return False
+        try:
+            await self.connect(timeout_s=1.0)
+        except ProposerMismatch:
+            raise
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
+            log.warning("%s proposer at %s unavailable: %s", self.method, self._address,
+                        getattr(exc, "details", lambda: exc)())
+            return False
+        return True
+
+    async def _read_loop(self, call) -> None:
+        try:
+            while True:
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    break
+                fut = self._pending.pop(resp.step_id, None)
+                if fut is None or fut.done():
+                    self.late_answers += 1  # its step stopped waiting: drop it
+                    continue
+                fut.set_result(resp)
+        except grpc.aio.AioRpcError as exc:
+            log.warning("%s proposer stream ended: %s", self.method, exc.code())
+        except asyncio.CancelledError:
+            return
+        finally:
+            if self._call is call:
+                self._call = None
+                for fut in self._pending.values():
+                    if not fut.done():
+                        fut.set_result(None)
+                self._pending.clear()
+
+    async def _send(self, request: proposer_pb2.ProposeRequest, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._call.write(request), timeout_s)
+            return True
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, asyncio.InvalidStateError,
+                AttributeError) as exc:
+            log.warning("%s proposer write failed: %r", self.method, exc)
+            await self._drop_stream()
+            return False
+
+    async def propose(self, steps, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        if not await self.ensure_connected():
+            return None
+        step_id = next(self._step_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[step_id] = fut
+        request = proposer_pb2.ProposeRequest(step_id=step_id,
+                                              sequences=[step_to_pb(s) for s in steps],
+                                              released=self._take_released())
+        if not await self._send(request, max(deadline - time.monotonic(), 1e-3)):
+            return None
+        try:
+            resp = await asyncio.wait_for(asyncio.shield(fut),
+                                          max(deadline - time.monotonic(), 1e-3))
+        except asyncio.TimeoutError:
+            self._pending.pop(step_id, None)
+            return None
+        if resp is None:
+            return None
+        return [draft_from_pb(d) for d in resp.drafts]
+
+    async def flush_released(self) -> None:
+        if not self._released or self._call is None:
+            return
+        request = proposer_pb2.ProposeRequest(step_id=next(self._step_ids),
+                                              released=self._take_released())
+        await self._send(request, 1.0)
+
+    async def _drop_stream(self) -> None:
+        call, self._call = self._call, None
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_result(None)
+        self._pending.clear()
+        if call is not None:
+            call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
+
+    async def close(self) -> None:
+        await self._drop_stream()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None

@@ -1,0 +1,69 @@
+"""A request inside the verifier: its tokens, cache, speculation plan, stats and output queue."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from splitspec.params import GenerationInput
+from verifier_service.output import OutputTracker
+
+
+@dataclass
+class StepOutput:
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    usage: "Usage | None" = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    method: str | None
+    num_speculative_tokens: int
+    proposed_tokens: int
+    accepted_tokens: int
+    steps: int
+
+
+@dataclass(eq=False)
+class Sequence:
+    inp: GenerationInput
+    tracker: OutputTracker
+    generator: torch.Generator | None
+    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    tokens: list[int] = field(default_factory=list)  # prompt + output, last one not cached yet
+    num_computed: int = 0  # leading tokens whose KV is in the cache
+    cache: Any = None
+    # Proposer bookkeeping: how many tokens the proposer's stream has heard of, on which epoch.
+    proposer_heard: int = 0
+    proposer_epoch: int = -1
+    aborted: bool = False
+    finished: bool = False
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.inp.prompt_token_ids)
+
+    @property
+    def request_id(self) -> str:
+        return self.inp.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.inp.prompt_token_ids)
+
+    def usage(self) -> Usage:
+        plan = self.inp.speculation
+        return Usage(self.num_prompt_tokens, len(self.tracker.output_ids),
+                     plan.method if plan.enabled else None, plan.k if plan.enabled else 0,
+                     self.proposed, self.accepted, self.steps)

@@ -1,0 +1,112 @@
+"""Entry point of the verifier process: `splitspec-verifier --model models/tiny-llama
+--proposer ngram=127.0.0.1:50052`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Sequence
+
+import grpc
+import torch
+
+from splitspec.config import parse_config
+from splitspec.device import resolve_device, resolve_dtype
+from splitspec.grpc_server import (add_health_and_reflection, make_server, mark_not_serving,
+                                   mark_serving, setup_logging)
+from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
+from verifier_service.config import VerifierConfig
+from verifier_service.engine import Engine
+from verifier_service.model_runner import ModelRunner
+from verifier_service.proposer_client import GrpcProposerClient, ProposerClient, ProposerMismatch
+from verifier_service.servicer import VerifierServicer
+from protos import verifier_pb2, verifier_pb2_grpc
+
+log = logging.getLogger("splitspec.verifier")
+SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
+
+
+def parse_proposers(specs: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for spec in specs:
+        method, sep, address = spec.partition("=")
+        if not sep or not address:
+            raise SystemExit(f"--proposer expects METHOD=HOST:PORT, got {spec!r}")
+        out[method] = address
+    return out
+
+
+def eos_ids(tokenizer, model) -> set[int]:
+    ids = set()
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    for v in (tokenizer.eos_token_id, gen_eos):
+        if isinstance(v, int):
+            ids.add(v)
+        elif v:
+            ids.update(v)
+    return ids
+
+
+def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | None = None):
+    """Load the target and tokenizer; returns (engine, fingerprint, device, dtype)."""
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    tokenizer = load_tokenizer(config.model, config.trust_remote_code)
+    model = load_causal_lm(config.model, device, dtype, config.trust_remote_code)
+    runner = ModelRunner(model, device)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+    if proposers is None:
+        proposers = {m: GrpcProposerClient(m, addr, runner.vocab_size, fingerprint,
+                                           config.proposer_reconnect_s)
+                     for m, addr in parse_proposers(config.proposer).items()}
+    engine = Engine(config, runner, tokenizer, proposers, eos_ids(tokenizer, model), max_len)
+    return engine, fingerprint, device, dtype
+
+
+async def serve(config: VerifierConfig) -> None:
+    engine, fingerprint, device, dtype = build_engine(config)
+    for client in engine.proposers.values():
+        # Refuses an incompatible proposer now; one that is not up yet is retried per step.
+        try:
+            await client.connect()
+        except ProposerMismatch as exc:
+            raise SystemExit(f"error: {exc}") from None
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError):
+            log.warning("%s proposer at %s not reachable yet; will retry", client.method,
+                        client.address)
+    engine.start()
+    server = make_server()
+    name = config.served_model_name or model_name(config.model)
+    verifier_pb2_grpc.add_VerifierServicer_to_server(
+        VerifierServicer(engine, name, fingerprint, str(device), str(dtype).removeprefix("torch.")),
+        server)
+    health = add_health_and_reflection(server, [SERVICE_NAME])
+    address = f"{config.host}:{config.port}"
+    server.add_insecure_port(address)
+    await server.start()
+    await mark_serving(health, [SERVICE_NAME])
+    log.info("verifier serving %s on %s (%s, %s)", name, address, device, dtype)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await mark_not_serving(health, [SERVICE_NAME])
+    await server.stop(grace=2.0)
+    await engine.shutdown()
+    for client in engine.proposers.values():
+        await client.close()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    config = parse_config(VerifierConfig, argv)
+    setup_logging(config.log_level)
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

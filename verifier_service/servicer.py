@@ -1,0 +1,75 @@
+"""gRPC edge of the verifier: protobuf <-> GenerationInput / StepOutput, thin handlers."""
+
+from __future__ import annotations
+
+from splitspec.errors import InvalidArgument
+from splitspec.params import GenerationInput, resolve_speculation
+from splitspec.wire import (FINISH_REASON_FROM_NAME, sampling_from_pb, speculation_from_pb,
+                            stopping_from_pb)
+from verifier_service.engine import Engine
+from verifier_service.sequence import StepOutput
+from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
+
+
+class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
+    def __init__(self, engine: Engine, model_name: str, fingerprint: str, device: str,
+                 dtype: str):
+        self._engine = engine
+        self._model_name = model_name
+        self._fingerprint = fingerprint
+        self._device, self._dtype = device, dtype
+
+    def _from_pb(self, req: common_pb2.GenerateRequest) -> GenerationInput:
+        which = req.WhichOneof("prompt")
+        if which == "text":
+            ids = self._engine.tokenizer.encode(req.text, add_special_tokens=False)
+        elif which == "token_ids":
+            ids = list(req.token_ids.ids)
+        else:
+            raise InvalidArgument("prompt", "is required (text or token_ids)")
+        cfg = self._engine.config
+        plan = resolve_speculation(speculation_from_pb(req.speculation),
+                                   tuple(self._engine.proposers),
+                                   cfg.default_num_speculative_tokens,
+                                   cfg.max_num_speculative_tokens)
+        return GenerationInput(
+            request_id=req.request_id, prompt_token_ids=tuple(ids),
+            sampling=sampling_from_pb(req.sampling, req.HasField("sampling")).validate(),
+            stopping=stopping_from_pb(req.stopping, req.HasField("stopping")).validate(),
+            speculation=plan)
+
+    async def Generate(self, request, context):
+        inp = self._from_pb(request)
+        async for out in self._engine.generate(inp):
+            yield _output_to_pb(inp.request_id, out)
+
+    async def Abort(self, request, context):
+        return verifier_pb2.AbortResponse(found=self._engine.abort(request.request_id))
+
+    async def Info(self, request, context):
+        cfg = self._engine.config
+        return verifier_pb2.VerifierInfo(
+            model=self._model_name, vocab_size=self._engine.runner.vocab_size,
+            tokenizer_fingerprint=self._fingerprint, max_model_len=self._engine.max_model_len,
+            max_num_speculative_tokens=cfg.max_num_speculative_tokens,
+            default_num_speculative_tokens=cfg.default_num_speculative_tokens,
+            proposers=[verifier_pb2.ProposerStatus(method=m, address=c.address,
+                                                   connected=c.connected)
+                       for m, c in self._engine.proposers.items()],
+            device=self._device, dtype=self._dtype)
+
+
+def _output_to_pb(request_id: str, out: StepOutput) -> common_pb2.GenerateResponse:
+    msg = common_pb2.GenerateResponse(request_id=request_id, token_ids=out.token_ids,
+                                      text=out.text)
+    if out.finish_reason is not None:
+        msg.finish_reason = FINISH_REASON_FROM_NAME[out.finish_reason]
+    if out.usage is not None:
+        u = out.usage
+        msg.usage.prompt_tokens = u.prompt_tokens
+        msg.usage.completion_tokens = u.completion_tokens
+        msg.usage.speculation.CopyFrom(common_pb2.SpeculationStats(
+            method=u.method or "", num_speculative_tokens=u.num_speculative_tokens,
+            proposed_tokens=u.proposed_tokens, accepted_tokens=u.accepted_tokens,
+            steps=u.steps))
+    return msg
