@@ -24,7 +24,7 @@ from typing import AsyncIterator
 import torch
 
 from kernels.rejection import SparseProbs, rejection_sample
-from kernels.sampling import apply_sampling_params
+from kernels.sampling import SamplingTensors
 from splitspec.device import make_generator
 from splitspec.errors import InvalidArgument, ResourceExhausted
 from splitspec.params import GenerationInput
@@ -301,17 +301,14 @@ class Engine:
             ks.append(len(d))
         logits = torch.cat(self.runner.forward(work))  # [T, V], T = sum(k_i + 1)
         params = [s.inp.sampling for s in batch]
-        rows = torch.tensor(ks) + 1
+        rows = [k + 1 for k in ks]  # logits rows per sequence
 
-        def per_row(values, dtype):  # one value per sequence -> one per logits row
-            return torch.tensor(values, dtype=dtype, device=device).repeat_interleave(
-                rows.to(device))
+        def per_row(values):  # one value per sequence -> one per logits row
+            return [v for v, n in zip(values, rows) for _ in range(n)]
 
-        probs = apply_sampling_params(
-            logits, per_row([p.temperature for p in params], torch.float32),
-            per_row([p.top_k for p in params], torch.long),
-            per_row([p.top_p for p in params], torch.float32),
-            per_row([p.min_p for p in params], torch.float32))
+        probs = SamplingTensors.from_lists(  # host tensors: the kernel picks its fast paths
+            per_row([p.temperature for p in params]), per_row([p.top_k for p in params]),
+            per_row([p.top_p for p in params]), per_row([p.min_p for p in params])).apply(logits)
         result = rejection_sample(
             probs, torch.tensor(drafts, dtype=torch.long, device=device),
             torch.tensor(ks, dtype=torch.long), self._draft_probs(proposals, ks, device),

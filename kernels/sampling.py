@@ -1,0 +1,198 @@
+"""Logit processing and per-row sampling, shared by the verifier and sampling proposers.
+
+The verifier turns target logits into target probabilities p with `apply_sampling_params`, and a
+sampling proposer turns its draft logits into q with the very same function, so p and q are shaped
+by identical temperature / top-k / top-p / min-p rules. That is what keeps rejection sampling
+lossless with respect to the *processed* target distribution.
+
+Processing order (per row):
+    1. temperature: temperature == 0 means greedy -> one-hot at argmax(logits); otherwise logits / T.
+    2. top-k: keep the k largest logits (ties with the k-th value are kept); k <= 0 means off.
+    3. top-p: keep the smallest prefix of the sorted distribution whose mass reaches top_p
+       (the most likely token is always kept); top_p >= 1 means off.
+    4. min-p: drop tokens whose probability (after 1-3, renormalised) is below min_p * max prob;
+       min_p <= 0 means off.
+
+Sampling uses the exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. picks i with
+probability p_i / sum(p), needs no normalisation and no cumulative sum, and draws a fixed number of
+random values per row (vocab uniforms, E = -log(U)). Rows with their own torch.Generator draw only from it, so a seeded row's
+token does not depend on the rest of the batch.
+
+Per-row parameter tensors may live on the CPU (recommended): then "is any row using top-k?" style
+checks are free and skip work; when they live on the device the checks are skipped (all stages run,
+which is still correct, and never forces a host-device sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["SamplingTensors", "apply_sampling_params", "sample", "draw_exponentials"]
+
+
+@dataclass(frozen=True)
+class SamplingTensors:
+    """Per-row sampling parameters in the layout `apply_sampling_params` expects (CPU tensors)."""
+
+    temperature: torch.Tensor  # float32 [N]; 0 = greedy
+    top_k: torch.Tensor  # int64 [N]; <= 0 = off
+    top_p: torch.Tensor  # float32 [N]; >= 1 = off
+    min_p: torch.Tensor  # float32 [N]; <= 0 = off
+
+    @classmethod
+    def from_lists(
+        cls,
+        temperature: Sequence[float],
+        top_k: Optional[Sequence[int]] = None,
+        top_p: Optional[Sequence[float]] = None,
+        min_p: Optional[Sequence[float]] = None,
+    ) -> "SamplingTensors":
+        n = len(temperature)
+        return cls(
+            temperature=torch.tensor(list(temperature), dtype=torch.float32),
+            top_k=torch.tensor(list(top_k) if top_k is not None else [0] * n, dtype=torch.int64),
+            top_p=torch.tensor(list(top_p) if top_p is not None else [1.0] * n, dtype=torch.float32),
+            min_p=torch.tensor(list(min_p) if min_p is not None else [0.0] * n, dtype=torch.float32),
+        )
+
+    @property
+    def is_greedy(self) -> torch.Tensor:
+        return self.temperature == 0  # bool [N]
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return apply_sampling_params(logits, self.temperature, self.top_k, self.top_p, self.min_p)
+
+
+def _host_any(mask: torch.Tensor) -> bool:
+    """True when some row might need the stage. Free for CPU tensors; never syncs a device."""
+    if mask.device.type == "cpu":
+        return bool(mask.any())
+    return True
+
+
+def _effective_top_k(top_k: torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
+    """top_k [N] with "off" (<= 0) and oversized values mapped to vocab, on the logits' device."""
+    k = top_k.to(device=device, dtype=torch.int64, non_blocking=True)
+    return torch.where(k > 0, k, torch.full_like(k, vocab)).clamp(max=vocab)
+
+
+def _mask_below_kth(x: torch.Tensor, k: torch.Tensor, top_k_host: torch.Tensor) -> torch.Tensor:
+    """-inf below each row's k-th largest value (ties with it are kept). x: [N, V]; k: [N]."""
+    vocab = x.shape[1]
+    if top_k_host.device.type == "cpu":
+        k_max = int(torch.where(top_k_host > 0, top_k_host, torch.full_like(top_k_host, vocab)).clamp(max=vocab).max())
+        top_vals = x.topk(k_max, dim=-1).values  # [N, k_max], descending
+    else:
+        top_vals = x.sort(dim=-1, descending=True).values
+    kth = top_vals.gather(1, (k - 1).unsqueeze(1))  # [N, 1]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
+def apply_sampling_params(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p (in that order) -> float32 probabilities [N, V].
+
+    logits: [N, V] float; temperature float32 [N] (0 = greedy: one-hot at argmax(logits));
+    top_k int64 [N] (<= 0 off); top_p float32 [N] (>= 1 off); min_p float32 [N] (<= 0 off).
+    """
+    # logits: [N, V]
+    n, vocab = logits.shape
+    device = logits.device
+    x = logits.to(torch.float32)
+
+    use_top_k = _host_any((top_k > 0) & (top_k < vocab))
+    use_top_p = _host_any(top_p < 1.0)
+    use_min_p = _host_any(min_p > 0.0)
+    any_greedy = _host_any(temperature == 0)
+
+    temp = temperature.to(device=device, dtype=torch.float32, non_blocking=True)
+    greedy = temp == 0  # [N]
+    # greedy rows are divided by 1 and overwritten with a one-hot at the end
+    x = x / torch.where(greedy, torch.ones_like(temp), temp).unsqueeze(1)
+
+    if use_top_p:
+        if use_top_k:
+            k = _effective_top_k(top_k, vocab, device)
+            x = _mask_below_kth(x, k, top_k)  # ties with the k-th value are kept
+        # sort only what can survive: on the CPU, when every row has top-k, the survivors of the
+        # top-k mask (counted exactly, ties included) bound the sort width; else a full sort
+        width = vocab
+        if use_top_k and logits.device.type == "cpu" and bool((top_k > 0).all()):
+            width = int((x > float("-inf")).sum(dim=-1).max())
+        x_sorted, order = x.topk(width, dim=-1) if width < vocab else x.sort(dim=-1, descending=True)
+        p_sorted = x_sorted.softmax(dim=-1)  # [N, width]
+        # mass strictly before each token; drop a token once that mass already reaches top_p
+        mass_before = p_sorted.cumsum(dim=-1) - p_sorted
+        tp = top_p.to(device=device, dtype=torch.float32, non_blocking=True).unsqueeze(1)
+        drop = (mass_before >= tp) & (tp < 1.0)
+        drop[:, 0] = False  # the most likely token always survives
+        x_sorted = x_sorted.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter_(1, order, x_sorted)
+    elif use_top_k:
+        x = _mask_below_kth(x, _effective_top_k(top_k, vocab, device), top_k)
+
+    probs = x.softmax(dim=-1)  # [N, V]
+    if use_min_p:
+        mp = min_p.to(device=device, dtype=torch.float32, non_blocking=True).unsqueeze(1)
+        # min-p: keep p_i >= min_p * max_j p_j, then renormalise
+        keep = probs >= mp * probs.amax(dim=-1, keepdim=True)
+        probs = torch.where(keep | (mp <= 0), probs, torch.zeros_like(probs))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+
+    if any_greedy:
+        one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
+    return probs
+
+
+def draw_exponentials(
+    num_rows: int,
+    vocab: int,
+    generators: Sequence[Optional[torch.Generator]],
+    device: torch.device,
+    rows: Optional[Sequence[int]] = None,
+) -> torch.Tensor:
+    """Exp(1) noise [num_rows, vocab] for the exponential race, as E = -log(U), U ~ U[0, 1).
+
+    Only the rows listed in `rows` (default: all) are drawn: unseeded ones in one batched call on
+    the default RNG, seeded ones one by one from their own generator (vocab uniforms each). Rows
+    not listed are left undefined (callers never read them). -log(U) is several times cheaper than
+    Tensor.exponential_ on CPU; U = 0 gives E = inf, which removes that token from one draw with
+    probability 2**-24, far below anything measurable.
+    """
+    exps = torch.empty(num_rows, vocab, dtype=torch.float32, device=device)
+    rows = range(num_rows) if rows is None else rows
+    unseeded = [i for i in rows if generators[i] is None]
+    if len(unseeded) == num_rows:
+        exps.uniform_()
+    elif unseeded:
+        idx = torch.tensor(unseeded, dtype=torch.long).to(device, non_blocking=True)
+        exps[idx] = torch.rand(len(unseeded), vocab, device=device)
+    for i in rows:
+        gen = generators[i]
+        if gen is not None:
+            exps[i].uniform_(generator=gen)
+    # E = -log(U) > 0 for U < 1, so p / E never divides by zero
+    return exps.log_().neg_()
+
+
+def sample(probs: torch.Tensor, generators: Sequence[Optional[torch.Generator]]) -> torch.Tensor:
+    """One token per row of probs [N, V] (rows need not be normalised) -> int64 [N].
+
+    generators[i] is a torch.Generator (seeded row: draws only from it) or None (default RNG).
+    """
+    # probs: [N, V]
+    n, vocab = probs.shape
+    if len(generators) != n:
+        raise ValueError(f"generators has {len(generators)} entries for {n} rows")
+    exps = draw_exponentials(n, vocab, generators, probs.device)
+    # exponential race: P(argmax_i p_i / E_i = i) = p_i / sum_j p_j
+    return (probs.to(torch.float32) / exps).argmax(dim=-1)
