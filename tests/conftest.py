@@ -12,6 +12,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# The CPU has no Triton backend: kernels run in Triton's interpreter. Set before anything
+# (transformers included) imports triton, which reads it at import time.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 # Service processes started by tests inherit this: on 2 shared cores, 1 thread each is fastest.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
