@@ -239,18 +239,25 @@ class Engine:
         if not await client.ensure_connected():
             stats.missed_steps += 1
             return {}
-        steps = []
+        steps, wanted = [], {}
+        needs_hidden = client.description is not None and client.description.needs_hidden_state
         for seq, k in group:
+            seq.wants_hidden = needs_hidden
+            if needs_hidden and seq.last_hidden is None:
+                continue  # before the first verification there is no hidden state yet
             full = seq.proposer_epoch != client.epoch
             new = seq.tokens if full else seq.tokens[seq.proposer_heard:]
             steps.append(SequenceStep(seq.request_id, list(new), len(seq.tokens), k,
-                                      full_history=full, sampling=seq.inp.sampling))
+                                      full_history=full, sampling=seq.inp.sampling,
+                                      hidden_state=seq.last_hidden if needs_hidden else None))
+            wanted[seq.request_id] = (seq, k)
             seq.proposer_heard, seq.proposer_epoch = len(seq.tokens), client.epoch
+        if not steps:
+            return {}
         drafts = await client.propose(steps, self.config.proposer_timeout_ms / 1000)
         if drafts is None:
             stats.missed_steps += 1
             return {}
-        wanted = {seq.request_id: (seq, k) for seq, k in group}
         out: dict[Sequence, _Proposal] = {}
         for d in drafts:
             if d.seq_id not in wanted:
@@ -299,7 +306,8 @@ class Engine:
                                     seq.num_computed, len(d) + 1))
             drafts.extend(d)
             ks.append(len(d))
-        logits = torch.cat(self.runner.forward(work))  # [T, V], T = sum(k_i + 1)
+        outs = self.runner.forward(work)
+        logits = torch.cat([lg for lg, _ in outs])  # [T, V], T = sum(k_i + 1)
         params = [s.inp.sampling for s in batch]
         rows = [k + 1 for k in ks]  # logits rows per sequence
 
@@ -314,7 +322,12 @@ class Engine:
             torch.tensor(ks, dtype=torch.long), self._draft_probs(proposals, ks, device),
             torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
             [s.generator for s in batch])
-        return result.output_token_ids.tolist(), result.num_accepted.tolist()
+        num_accepted = result.num_accepted.tolist()
+        for seq, (_, hidden), n_acc in zip(batch, outs, num_accepted):
+            if seq.wants_hidden:
+                # The state that produced this step's last token: the MLP speculator's input.
+                seq.last_hidden = hidden[n_acc].detach().to("cpu", torch.float32)
+        return result.output_token_ids.tolist(), num_accepted
 
     @staticmethod
     def _draft_probs(proposals: list[_Proposal | None], ks: list[int],

@@ -25,21 +25,29 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.config = model.config
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        # Decoder and LM head separately: logits only for the rows that are verified, and the
+        # final hidden state for proposers that condition on it. (Llama-family heads: no logit
+        # soft-capping or scaling after the head.)
+        self._decoder = model.get_decoder()
+        self._head = model.get_output_embeddings()
+        self.vocab_size = self._head.weight.shape[0]
+        self.hidden_size = model.config.hidden_size
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.config)
 
     @torch.inference_mode()
-    def forward(self, work: list[ForwardWork]) -> list[torch.Tensor]:
-        """Returns, per work item, float32 logits [num_logits, vocab] for its last positions."""
+    def forward(self, work: list[ForwardWork]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per work item: float32 logits [num_logits, vocab] for its last positions, and the
+        final hidden states [num_logits, hidden] they came from (the MLP speculator's input)."""
         out = []
         for w in work:
             ids = torch.tensor([w.input_ids], dtype=torch.long, device=self.device)  # [1, S]
             pos = torch.arange(w.start_pos, w.start_pos + len(w.input_ids), device=self.device)
-            res = self.model(input_ids=ids, position_ids=pos[None], past_key_values=w.cache,
-                             use_cache=True, logits_to_keep=w.num_logits)
-            out.append(res.logits[0, -w.num_logits:].float())  # [num_logits, V]
+            res = self._decoder(input_ids=ids, position_ids=pos[None], past_key_values=w.cache,
+                                use_cache=True)
+            hidden = res.last_hidden_state[0, -w.num_logits:]  # [num_logits, H], after final norm
+            out.append((self._head(hidden).float(), hidden))
         return out
 
     @staticmethod

@@ -44,6 +44,10 @@ class Sequence:
     # Proposer bookkeeping: how many tokens the proposer's stream has heard of, on which epoch.
     proposer_heard: int = 0
     proposer_epoch: int = -1
+    # The target's final hidden state at the position that produced the last token [hidden];
+    # kept only for sequences whose proposer conditions on it (MLP speculator).
+    last_hidden: torch.Tensor | None = None
+    wants_hidden: bool = False
     aborted: bool = False
     finished: bool = False
     proposed: int = 0
