@@ -2,12 +2,14 @@
 forward, and streams the accepted tokens.
 
 One step (see docs/architecture.md):
-  1. admit waiting requests into the running batch (up to max_num_seqs);
+  1. the scheduler admits waiting requests while KV blocks allow and reserves each running
+     sequence's slots for this step (preempting the youngest when blocks run out);
   2. per proposer, one message carrying every speculating sequence's new tokens and k, sent
      concurrently and awaited until the per-step deadline;
-  3. one target forward per sequence over [uncached tokens..., d1..dk];
+  3. one target forward over the packed ragged batch: [uncached tokens..., d1..dk] per sequence;
   4. the rejection sampler (kernels/) keeps an accepted prefix plus one recovered or bonus token;
-  5. cache rollback of rejected slots, detokenization, stop checks, streaming.
+  5. rollback of rejected slots (emptied blocks are freed), detokenization, stop checks,
+     streaming.
 A proposer that is late, gone or wrong costs only speculation: its sequences decode plainly.
 """
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -30,9 +31,10 @@ from splitspec.errors import InvalidArgument, ResourceExhausted
 from splitspec.params import GenerationInput
 from splitspec.proposal import Draft, SequenceStep
 from verifier_service.config import VerifierConfig
-from verifier_service.model_runner import ForwardWork, ModelRunner
+from verifier_service.model_runner import ModelRunner, SeqForward
 from verifier_service.output import OutputTracker
 from verifier_service.proposer_client import ProposerClient
+from verifier_service.scheduler import Scheduler
 from verifier_service.sequence import Sequence, StepOutput
 
 log = logging.getLogger(__name__)
@@ -48,11 +50,18 @@ class MethodStats:
 
 @dataclass
 class EngineStats:
+    """Counters since start (monotonic) plus gauges filled in by Engine.snapshot()."""
+
     steps: int = 0
     generated_tokens: int = 0
     finished_requests: int = 0
     aborted_requests: int = 0
     per_method: dict[str, MethodStats] = field(default_factory=dict)
+    preemptions: int = 0
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
 
 
 @dataclass
@@ -72,8 +81,7 @@ class Engine:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.stats = EngineStats()
-        self._waiting: deque[Sequence] = deque()
-        self._running: list[Sequence] = []
+        self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting)
         self._by_id: dict[str, Sequence] = {}
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -83,11 +91,19 @@ class Engine:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self.scheduler.running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self.scheduler.waiting)
+
+    def snapshot(self) -> EngineStats:
+        s = self.stats
+        s.running, s.waiting = self.num_running, self.num_waiting
+        s.preemptions = self.scheduler.num_preemptions
+        s.kv_blocks_total = self.runner.kv.num_blocks
+        s.kv_blocks_free = self.runner.kv.num_free_blocks
+        return s
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="engine-loop")
@@ -126,12 +142,14 @@ class Engine:
             raise InvalidArgument(
                 "max_tokens", f"prompt ({n} tokens) + max_tokens ({inp.stopping.max_tokens}) "
                 f"exceeds the model's context length ({self.max_model_len})")
+        kv = self.runner.kv
+        if kv.blocks_for(n + inp.stopping.max_tokens) > kv.num_blocks:
+            raise InvalidArgument(
+                "max_tokens", f"prompt ({n} tokens) + max_tokens ({inp.stopping.max_tokens}) "
+                f"exceeds the KV cache ({kv.num_blocks * kv.block_size} tokens)")
         if inp.speculation.enabled and inp.speculation.method not in self.proposers:
             raise InvalidArgument("speculation.method",
                                   f"{inp.speculation.method!r} is not served here")
-        if len(self._waiting) >= self.config.max_waiting:
-            raise ResourceExhausted(f"the verifier's queue is full ({self.config.max_waiting} "
-                                    "waiting requests); retry later")
         request_id = inp.request_id or uuid.uuid4().hex
         if request_id in self._by_id:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")
@@ -144,8 +162,8 @@ class Engine:
             tracker=OutputTracker(self.tokenizer, list(inp.prompt_token_ids), inp.stopping,
                                   self.eos_token_ids, inp.stopping.max_tokens),
             generator=None if seed is None else make_generator(self.runner.device, seed))
+        self.scheduler.add(seq)
         self._by_id[request_id] = seq
-        self._waiting.append(seq)
         self._wakeup.set()
         return seq
 
@@ -162,7 +180,7 @@ class Engine:
     async def _loop(self) -> None:
         while True:
             self._reap_aborted()
-            if not self._running and not self._waiting:
+            if not self.scheduler.running and not self.scheduler.waiting:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -170,26 +188,19 @@ class Engine:
                 await self.step()
             except Exception as exc:  # noqa: BLE001 - never let the loop die silently
                 log.exception("engine step failed outside the model call")
-                for seq in list(self._running):
+                for seq in list(self.scheduler.running):
                     self._fail(seq, exc)
 
     def _reap_aborted(self) -> None:
         for seq in [s for s in self._by_id.values() if s.aborted and not s.finished]:
             self._finish(seq, "abort")
 
-    def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.config.max_num_seqs:
-            seq = self._waiting.popleft()
-            seq.cache = self.runner.new_cache()
-            self._running.append(seq)
-
     async def step(self) -> None:
-        self._admit()
-        batch = list(self._running)
-        if not batch:
+        plan = self.scheduler.schedule(self._draft_budget)
+        if not plan:
             return
-        proposals = await self._collect_proposals(batch)
-        batch = [s for s in batch if not s.finished]  # aborted while proposers answered
+        proposals = await self._collect_proposals(plan)
+        batch = [s for s, _ in plan if not s.finished]  # aborted while proposers answered
         if not batch:
             return
         loop = asyncio.get_running_loop()
@@ -216,10 +227,10 @@ class Engine:
         # A step emits accepted drafts + 1 token: drafting more than needed is wasted work.
         return max(0, min(plan.k, remaining - 1, room - 1, self.config.max_num_speculative_tokens))
 
-    async def _collect_proposals(self, batch: list[Sequence]) -> dict[Sequence, _Proposal]:
+    async def _collect_proposals(self, plan: list[tuple[Sequence, int]]
+                                 ) -> dict[Sequence, _Proposal]:
         by_method: dict[str, list[tuple[Sequence, int]]] = {}
-        for seq in batch:
-            k = self._draft_budget(seq)
+        for seq, k in plan:
             if k > 0:
                 by_method.setdefault(seq.inp.speculation.method, []).append((seq, k))
         for method, client in self.proposers.items():
@@ -302,8 +313,8 @@ class Engine:
         work, drafts, ks = [], [], []
         for seq, prop in zip(batch, proposals):
             d = prop.tokens if prop else []
-            work.append(ForwardWork(seq.cache, seq.tokens[seq.num_computed:] + d,
-                                    seq.num_computed, len(d) + 1))
+            work.append(SeqForward(seq.blocks, seq.tokens[seq.num_computed:] + d,
+                                   seq.num_computed, len(d) + 1))
             drafts.extend(d)
             ks.append(len(d))
         outs = self.runner.forward(work)
@@ -360,7 +371,7 @@ class Engine:
         k = len(prop.tokens) if prop else 0
         # Cached now: every old token plus all k drafts; keep the old ones + accepted drafts.
         seq.num_computed = len(seq.tokens) + n_accepted
-        self.runner.rollback(seq.cache, seq.num_computed)
+        self.runner.kv.truncate(seq.blocks, seq.num_computed)
         seq.steps += 1
         seq.proposed += k
         seq.accepted += n_accepted
@@ -380,15 +391,8 @@ class Engine:
 
     def _release(self, seq: Sequence) -> None:
         seq.finished = True
-        seq.cache = None
         self._by_id.pop(seq.request_id, None)
-        if seq in self._running:
-            self._running.remove(seq)
-        else:
-            try:
-                self._waiting.remove(seq)
-            except ValueError:
-                pass
+        self.scheduler.remove(seq)
         method = seq.inp.speculation.method
         if method in self.proposers and seq.proposer_epoch == self.proposers[method].epoch:
             self.proposers[method].release([seq.request_id])

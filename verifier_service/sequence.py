@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from splitspec.params import GenerationInput
+from verifier_service.kv_cache import BlockTable
 from verifier_service.output import OutputTracker
 
 
@@ -40,7 +40,7 @@ class Sequence:
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     tokens: list[int] = field(default_factory=list)  # prompt + output, last one not cached yet
     num_computed: int = 0  # leading tokens whose KV is in the cache
-    cache: Any = None
+    blocks: BlockTable = field(default_factory=BlockTable)
     # Proposer bookkeeping: how many tokens the proposer's stream has heard of, on which epoch.
     proposer_heard: int = 0
     proposer_epoch: int = -1

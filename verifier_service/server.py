@@ -18,7 +18,10 @@ from splitspec.grpc_server import (add_health_and_reflection, make_server, mark_
 from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
 from verifier_service.config import VerifierConfig
 from verifier_service.engine import Engine
+from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
 from verifier_service.model_runner import ModelRunner
+from verifier_service.paged_attention import ATTENTION_NAME
+from verifier_service.paged_attention import register as register_paged_attention
 from verifier_service.proposer_client import GrpcProposerClient, ProposerClient, ProposerMismatch
 from verifier_service.servicer import VerifierServicer
 from protos import verifier_pb2, verifier_pb2_grpc
@@ -55,8 +58,13 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     tokenizer = load_tokenizer(config.model, config.trust_remote_code)
-    model = load_causal_lm(config.model, device, dtype, config.trust_remote_code)
-    runner = ModelRunner(model, device)
+    register_paged_attention()
+    model = load_causal_lm(config.model, device, dtype, config.trust_remote_code,
+                           attn_implementation=ATTENTION_NAME)
+    kv = PagedKVCache(KVCacheSpec.for_model(model.config, dtype, config.block_size,
+                                            config.kv_cache_memory_mb << 20,
+                                            config.num_kv_blocks), device)
+    runner = ModelRunner(model, device, kv)
     fingerprint = tokenizer_fingerprint(tokenizer)
     max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
     if proposers is None:
@@ -89,7 +97,9 @@ async def serve(config: VerifierConfig) -> None:
     server.add_insecure_port(address)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
-    log.info("verifier serving %s on %s (%s, %s)", name, address, device, dtype)
+    kv = engine.runner.kv
+    log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens", name,
+             address, device, dtype, kv.num_blocks, kv.block_size)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

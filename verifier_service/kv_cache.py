@@ -1,0 +1,127 @@
+"""The paged KV cache: fixed-size blocks, a block allocator, per-sequence block tables.
+
+Storage is one tensor per K and V, shaped [layers, num_blocks * block_size, kv_heads, head_dim]:
+slot s of a sequence's position p is `table[p // block_size] * block_size + p % block_size`.
+A sequence reserves slots for every token a step may write (its uncached tokens plus k drafts)
+before the step, across block boundaries, and gives back whole blocks that rejected drafts
+leave empty after it (`truncate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+class OutOfBlocks(RuntimeError):
+    pass
+
+
+@dataclass
+class BlockTable:
+    blocks: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+class BlockAllocator:
+    """A free list of block ids. Every block is either free or in exactly one table."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free")
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int
+    num_blocks: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    @classmethod
+    def for_model(cls, config, dtype: torch.dtype, block_size: int, memory_bytes: int,
+                  num_blocks: int = 0) -> "KVCacheSpec":
+        """Blocks from a memory budget, unless num_blocks is given explicitly."""
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        spec = cls(config.num_hidden_layers, kv_heads, head_dim, dtype, block_size, 1)
+        n = num_blocks or max(1, memory_bytes // (spec.bytes_per_token * block_size))
+        return cls(spec.num_layers, kv_heads, head_dim, dtype, block_size, int(n))
+
+
+class PagedKVCache:
+    def __init__(self, spec: KVCacheSpec, device: torch.device):
+        self.spec = spec
+        self.block_size = spec.block_size
+        slots = spec.num_blocks * spec.block_size
+        shape = (spec.num_layers, slots, spec.num_kv_heads, spec.head_dim)
+        self.k = torch.empty(shape, dtype=spec.dtype, device=device)
+        self.v = torch.empty(shape, dtype=spec.dtype, device=device)
+        self.allocator = BlockAllocator(spec.num_blocks)
+
+    # -- accounting -------------------------------------------------------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.spec.num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.allocator.num_free
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def extra_blocks_needed(self, table: BlockTable, num_tokens: int) -> int:
+        return max(0, self.blocks_for(num_tokens) - len(table))
+
+    def can_reserve(self, table: BlockTable, num_tokens: int) -> bool:
+        return self.extra_blocks_needed(table, num_tokens) <= self.allocator.num_free
+
+    def reserve(self, table: BlockTable, num_tokens: int) -> None:
+        """Make room for positions [0, num_tokens). Raises OutOfBlocks, allocating nothing."""
+        table.blocks.extend(self.allocator.allocate(self.extra_blocks_needed(table, num_tokens)))
+
+    def truncate(self, table: BlockTable, num_tokens: int) -> None:
+        """Keep positions [0, num_tokens); blocks left empty go back to the free list."""
+        keep = self.blocks_for(num_tokens)
+        if keep < len(table.blocks):
+            self.allocator.free(table.blocks[keep:])
+            del table.blocks[keep:]
+
+    def release(self, table: BlockTable) -> None:
+        self.truncate(table, 0)
+
+    # -- addressing ---------------------------------------------------------------------------
+
+    def slots(self, table: BlockTable, start: int, end: int) -> torch.Tensor:
+        """Slot ids of positions [start, end) of a sequence: int64 [end - start] (CPU)."""
+        pos = torch.arange(start, end)
+        blocks = torch.tensor(table.blocks, dtype=torch.long)[pos // self.block_size]
+        return blocks * self.block_size + pos % self.block_size
