@@ -50,6 +50,11 @@ class VerifierStub:
                 request_serializer=protos_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=protos_dot_verifier__pb2.VerifierInfo.FromString,
                 _registered_method=True)
+        self.WatchStats = channel.unary_stream(
+                '/splitspec.v1.Verifier/WatchStats',
+                request_serializer=protos_dot_verifier__pb2.WatchStatsRequest.SerializeToString,
+                response_deserializer=protos_dot_verifier__pb2.EngineStats.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -73,6 +78,13 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchStats(self, request, context):
+        """The engine's load and speculation counters, every interval_ms, until the caller leaves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +102,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=protos_dot_common__pb2.Empty.FromString,
                     response_serializer=protos_dot_verifier__pb2.VerifierInfo.SerializeToString,
+            ),
+            'WatchStats': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchStats,
+                    request_deserializer=protos_dot_verifier__pb2.WatchStatsRequest.FromString,
+                    response_serializer=protos_dot_verifier__pb2.EngineStats.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +190,33 @@ class Verifier:
             '/splitspec.v1.Verifier/Info',
             protos_dot_common__pb2.Empty.SerializeToString,
             protos_dot_verifier__pb2.VerifierInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/splitspec.v1.Verifier/WatchStats',
+            protos_dot_verifier__pb2.WatchStatsRequest.SerializeToString,
+            protos_dot_verifier__pb2.EngineStats.FromString,
             options,
             channel_credentials,
             insecure,

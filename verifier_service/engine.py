@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class EngineStats:
     aborted_requests: int = 0
     per_method: dict[str, MethodStats] = field(default_factory=dict)
     preemptions: int = 0
+    step_seconds_total: float = 0.0
     running: int = 0
     waiting: int = 0
     kv_blocks_total: int = 0
@@ -196,9 +198,16 @@ class Engine:
             self._finish(seq, "abort")
 
     async def step(self) -> None:
+        start = time.perf_counter()
         plan = self.scheduler.schedule(self._draft_budget)
         if not plan:
             return
+        try:
+            await self._run_step(plan)
+        finally:
+            self.stats.step_seconds_total += time.perf_counter() - start
+
+    async def _run_step(self, plan: list[tuple[Sequence, int]]) -> None:
         proposals = await self._collect_proposals(plan)
         batch = [s for s, _ in plan if not s.finished]  # aborted while proposers answered
         if not batch:

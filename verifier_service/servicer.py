@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from splitspec.errors import InvalidArgument
 from splitspec.params import GenerationInput, resolve_speculation
 from splitspec.wire import (FINISH_REASON_FROM_NAME, sampling_from_pb, speculation_from_pb,
                             stopping_from_pb)
-from verifier_service.engine import Engine
+from verifier_service.engine import Engine, EngineStats
 from verifier_service.sequence import StepOutput
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 
@@ -46,6 +48,12 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Abort(self, request, context):
         return verifier_pb2.AbortResponse(found=self._engine.abort(request.request_id))
 
+    async def WatchStats(self, request, context):
+        interval = (request.interval_ms or 1000) / 1000
+        while True:
+            yield _stats_to_pb(self._engine.snapshot())
+            await asyncio.sleep(interval)
+
     async def Info(self, request, context):
         cfg = self._engine.config
         return verifier_pb2.VerifierInfo(
@@ -57,6 +65,18 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                                                    connected=c.connected)
                        for m, c in self._engine.proposers.items()],
             device=self._device, dtype=self._dtype)
+
+
+def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
+    return verifier_pb2.EngineStats(
+        running=s.running, waiting=s.waiting, kv_blocks_total=s.kv_blocks_total,
+        kv_blocks_free=s.kv_blocks_free, steps=s.steps, generated_tokens=s.generated_tokens,
+        finished_requests=s.finished_requests, aborted_requests=s.aborted_requests,
+        preemptions=s.preemptions, step_seconds_total=s.step_seconds_total,
+        methods=[verifier_pb2.MethodStats(method=m, proposed_tokens=v.proposed_tokens,
+                                          accepted_tokens=v.accepted_tokens, steps=v.steps,
+                                          missed_steps=v.missed_steps)
+                 for m, v in sorted(s.per_method.items())])
 
 
 def _output_to_pb(request_id: str, out: StepOutput) -> common_pb2.GenerateResponse:

@@ -36,3 +36,15 @@ def test_verifier_info_lists_the_connected_proposer(stack):
         info = verifier_pb2_grpc.VerifierStub(ch).Info(common_pb2.Empty(), timeout=5)
     assert info.vocab_size > 0 and len(info.tokenizer_fingerprint) == 16
     assert [(p.method, p.connected) for p in info.proposers] == [("ngram", True)]
+
+
+def test_verifier_streams_its_stats(stack):
+    from protos import verifier_pb2, verifier_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{stack.verifier.port}") as ch:
+        stream = verifier_pb2_grpc.VerifierStub(ch).WatchStats(
+            verifier_pb2.WatchStatsRequest(interval_ms=50), timeout=10)
+        first, second = next(stream), next(stream)
+        stream.cancel()
+    assert first.kv_blocks_total > 0 and first.kv_blocks_free <= first.kv_blocks_total
+    assert second.steps >= first.steps
