@@ -28,7 +28,7 @@ import torch
 from kernels.rejection import SparseProbs, rejection_sample
 from kernels.sampling import SamplingTensors
 from splitspec.device import make_generator
-from splitspec.errors import InvalidArgument, ResourceExhausted
+from splitspec.errors import InvalidArgument
 from splitspec.params import GenerationInput
 from splitspec.proposal import Draft, SequenceStep
 from verifier_service.config import VerifierConfig

@@ -82,7 +82,7 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     v_cache.index_copy_(0, paged.slot_mapping, value[0].transpose(0, 1).to(v_cache.dtype))
 
     b, max_q = paged.query_index.shape
-    hq, t, d = query.shape[1], query.shape[2], query.shape[3]
+    hq, d = query.shape[1], query.shape[3]
     q_packed = torch.cat([query[0].transpose(0, 1), query.new_zeros(1, hq, d)])  # [T+1, Hq, D]
     q = q_packed[paged.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
     k = k_cache[paged.context_slots].transpose(1, 2).to(query.dtype)  # [B, Hkv, max_ctx, D]

@@ -160,8 +160,8 @@ class GrpcProposerClient(ProposerClient):
         except ProposerMismatch:
             raise
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
-            log.warning("%s proposer at %s unavailable: %s", self.method, self._address,
-                        getattr(exc, "details", lambda: exc)())
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
+            log.warning("%s proposer at %s unavailable: %s", self.method, self._address, detail)
             return False
         return True
 

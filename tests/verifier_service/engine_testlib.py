@@ -7,21 +7,12 @@ import dataclasses
 
 from proposer_service.base import Proposer
 from proposer_service.ngram import NgramProposer
+from testdata import PROMPTS  # noqa: F401 - re-exported for the engine tests
 from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria
 from verifier_service.config import VerifierConfig
 from verifier_service.proposer_client import InProcessProposerClient
 from verifier_service.server import build_engine
 
-PROMPTS = [
-    "def add(a, b):\n    return a + b\n\ndef add(",
-    "import os\nimport sys\nimport os\n",
-    "for i in range(10):\n    print(i)\nfor i in range(",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
-    "The quick brown fox jumps over the lazy dog. The quick brown",
-    "x = [1, 2, 3, 4, 5, 6, 7, 8]\ny = [1, 2, 3,",
-    "if __name__ == '__main__':\n    main()\n",
-    "return self._value",
-]
 
 
 def make_engine(model_dir: str, proposers: dict[str, Proposer] | None = None, **overrides):

@@ -8,7 +8,7 @@ import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from verifier_service.kv_cache import BlockTable, KVCacheSpec, PagedKVCache
+from verifier_service.kv_cache import BlockTable, KVCacheSpec, OutOfBlocks, PagedKVCache
 from verifier_service.model_runner import ModelRunner, SeqForward
 from verifier_service.paged_attention import ATTENTION_NAME, register
 
@@ -74,7 +74,7 @@ def test_block_accounting_reserve_truncate_release():
     kv.reserve(a, 9)  # crosses into a third block
     assert len(a) == 3 and kv.num_free_blocks == 2
     assert not kv.can_reserve(b, 9)
-    with pytest.raises(Exception):
+    with pytest.raises(OutOfBlocks):
         kv.reserve(b, 9)
     assert kv.num_free_blocks == 2 and len(b) == 0  # a failed reserve allocates nothing
     kv.truncate(a, 5)  # rejected drafts: the third block is empty again
