@@ -1,0 +1,58 @@
+"""A verifier that dies mid-stream is reported to the client as a clean error (never a hung
+stream); the gateway keeps serving and recovers when the verifier is back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from splitspec.launcher import Stack, StackConfig, grpc_healthy
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own_stack(target_model_dir, tmp_path):
+    config = StackConfig.with_free_ports(model=target_model_dir, device="cpu", log_dir=tmp_path,
+                                         verifier_args=["--threads", "1"])
+    with Stack(config) as s:
+        yield s
+
+
+def test_verifier_death_mid_stream_ends_the_stream_with_an_error(own_stack):
+    body = {"prompt": "def f(x):\n", "max_tokens": 1500, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    events = []
+    t0 = time.monotonic()
+    with httpx.Client(base_url=own_stack.url, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                events.append(line)
+                if len(events) == 3:
+                    os.killpg(own_stack.verifier.proc.pid, signal.SIGKILL)
+        assert time.monotonic() - t0 < 30
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][len("data: "):])["error"]
+        assert error["code"] == 503 and error["type"] == "server_error"
+
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and "verifier" in r.json()["error"]["message"]
+        assert client.get("/health").status_code == 503
+
+        own_stack.verifier.proc.wait()
+        own_stack.verifier.start(dict(os.environ, PYTHONUNBUFFERED="1"))
+        deadline = time.monotonic() + 120
+        while not grpc_healthy(own_stack.verifier.port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        while client.get("/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the gateway reconnects within its backoff cap (1 s)
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
