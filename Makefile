@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 
-.PHONY: setup run test protos bench bench-kernels bench-engine tiny-model models models-eval clean
+.PHONY: setup run test protos bench bench-kernels bench-engine bench-spec tiny-model models models-eval clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,10 @@ bench-kernels: $(STAMP)
 bench-engine: $(STAMP)
 	$(PY) bench/engine_bench.py
 
-bench: bench-kernels bench-engine
+bench-spec: $(STAMP)
+	$(PY) bench/spec_bench.py
+
+bench: bench-kernels bench-engine bench-spec
 
 tiny-model: $(STAMP)
 	$(PY) scripts/make_tiny_model.py --out models/tiny-llama
