@@ -26,6 +26,8 @@ class VerifierConfig:
     proposer_timeout_ms: float = option(250.0, "per-step deadline for proposals; late ones are dropped")
     proposer_reconnect_s: float = option(1.0, "least time between reconnection attempts to a proposer")
     max_num_seqs: int = option(8, "sequences decoded together (running batch)")
+    max_num_batched_tokens: int = option(
+        2048, "tokens per step; longer prompts are prefilled in chunks (0: no limit)")
     max_waiting: int = option(256, "queued requests beyond the running batch; more get RESOURCE_EXHAUSTED")
     block_size: int = option(16, "tokens per KV cache block")
     kv_cache_memory_mb: int = option(512, "memory for the paged KV cache (K and V, all layers)")

@@ -35,7 +35,7 @@ from verifier_service.config import VerifierConfig
 from verifier_service.model_runner import ModelRunner, SeqForward
 from verifier_service.output import OutputTracker
 from verifier_service.proposer_client import ProposerClient
-from verifier_service.scheduler import Scheduler
+from verifier_service.scheduler import Scheduled, Scheduler
 from verifier_service.sequence import Sequence, StepOutput
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ class Engine:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.stats = EngineStats()
-        self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting)
+        self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
+                                   config.max_num_batched_tokens)
         self._by_id: dict[str, Sequence] = {}
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -207,23 +208,27 @@ class Engine:
         finally:
             self.stats.step_seconds_total += time.perf_counter() - start
 
-    async def _run_step(self, plan: list[tuple[Sequence, int]]) -> None:
+    async def _run_step(self, plan: list[Scheduled]) -> None:
         proposals = await self._collect_proposals(plan)
-        batch = [s for s, _ in plan if not s.finished]  # aborted while proposers answered
+        batch = [s for s in plan if not s.seq.finished]  # aborted while proposers answered
         if not batch:
             return
         loop = asyncio.get_running_loop()
         try:
-            out_ids, num_accepted = await loop.run_in_executor(
-                self._executor, self._verify, batch, [proposals.get(s) for s in batch])
+            results = await loop.run_in_executor(
+                self._executor, self._verify, batch, [proposals.get(s.seq) for s in batch])
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             log.exception("engine step failed")
-            for seq in batch:
-                self._fail(seq, exc)
+            for s in batch:
+                self._fail(s.seq, exc)
             return
         self.stats.steps += 1
-        for seq, row, n_acc in zip(batch, out_ids, num_accepted):
-            self._apply(seq, proposals.get(seq), row[:n_acc + 1], n_acc)
+        for s, result in zip(batch, results):
+            if result is None:  # a prefill chunk: cached, nothing to emit yet
+                s.seq.num_computed += s.num_new
+                continue
+            row, n_acc = result
+            self._apply(s.seq, proposals.get(s.seq), row[:n_acc + 1], n_acc)
 
     # -- proposals -----------------------------------------------------------------------------
 
@@ -236,12 +241,11 @@ class Engine:
         # A step emits accepted drafts + 1 token: drafting more than needed is wasted work.
         return max(0, min(plan.k, remaining - 1, room - 1, self.config.max_num_speculative_tokens))
 
-    async def _collect_proposals(self, plan: list[tuple[Sequence, int]]
-                                 ) -> dict[Sequence, _Proposal]:
+    async def _collect_proposals(self, plan: list[Scheduled]) -> dict[Sequence, _Proposal]:
         by_method: dict[str, list[tuple[Sequence, int]]] = {}
-        for seq, k in plan:
-            if k > 0:
-                by_method.setdefault(seq.inp.speculation.method, []).append((seq, k))
+        for s in plan:
+            if s.k > 0:
+                by_method.setdefault(s.seq.inp.speculation.method, []).append((s.seq, s.k))
         for method, client in self.proposers.items():
             if method not in by_method:
                 await client.flush_released()
@@ -317,18 +321,27 @@ class Engine:
 
     # -- verification (runs on the model thread) --------------------------------------------
 
-    def _verify(self, batch: list[Sequence], proposals: list[_Proposal | None]):
+    def _verify(self, batch: list[Scheduled], proposals: list[_Proposal | None]
+                ) -> list[tuple[list[int], int] | None]:
+        """Forward the whole batch, then rejection-sample the sequences that emit this step.
+        Per batch entry: (output row, accepted count), or None for a prefill chunk."""
         device = self.runner.device
-        work, drafts, ks = [], [], []
-        for seq, prop in zip(batch, proposals):
+        work = []
+        for s, prop in zip(batch, proposals):
+            nc = s.seq.num_computed
             d = prop.tokens if prop else []
-            work.append(SeqForward(seq.blocks, seq.tokens[seq.num_computed:] + d,
-                                   seq.num_computed, len(d) + 1))
-            drafts.extend(d)
-            ks.append(len(d))
+            work.append(SeqForward(s.seq.blocks, s.seq.tokens[nc:nc + s.num_new] + d, nc,
+                                   len(d) + 1 if s.samples else 0))
         outs = self.runner.forward(work)
-        logits = torch.cat([lg for lg, _ in outs])  # [T, V], T = sum(k_i + 1)
-        params = [s.inp.sampling for s in batch]
+        emit = [i for i, s in enumerate(batch) if s.samples]
+        results: list[tuple[list[int], int] | None] = [None] * len(batch)
+        if not emit:
+            return results
+        seqs = [batch[i].seq for i in emit]
+        props = [proposals[i] for i in emit]
+        ks = [len(p.tokens) if p else 0 for p in props]
+        logits = torch.cat([outs[i][0] for i in emit])  # [T, V], T = sum(k_i + 1)
+        params = [s.inp.sampling for s in seqs]
         rows = [k + 1 for k in ks]  # logits rows per sequence
 
         def per_row(values):  # one value per sequence -> one per logits row
@@ -337,17 +350,20 @@ class Engine:
         probs = SamplingTensors.from_lists(  # host tensors: the kernel picks its fast paths
             per_row([p.temperature for p in params]), per_row([p.top_k for p in params]),
             per_row([p.top_p for p in params]), per_row([p.min_p for p in params])).apply(logits)
+        drafts = [t for p in props if p for t in p.tokens]
         result = rejection_sample(
             probs, torch.tensor(drafts, dtype=torch.long, device=device),
-            torch.tensor(ks, dtype=torch.long), self._draft_probs(proposals, ks, device),
+            torch.tensor(ks, dtype=torch.long), self._draft_probs(props, ks, device),
             torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
-            [s.generator for s in batch])
+            [s.generator for s in seqs])
+        out_rows = result.output_token_ids.tolist()
         num_accepted = result.num_accepted.tolist()
-        for seq, (_, hidden), n_acc in zip(batch, outs, num_accepted):
+        for i, seq, row, n_acc in zip(emit, seqs, out_rows, num_accepted):
             if seq.wants_hidden:
                 # The state that produced this step's last token: the MLP speculator's input.
-                seq.last_hidden = hidden[n_acc].detach().to("cpu", torch.float32)
-        return result.output_token_ids.tolist(), num_accepted
+                seq.last_hidden = outs[i][1][n_acc].detach().to("cpu", torch.float32)
+            results[i] = (row, n_acc)
+        return results
 
     @staticmethod
     def _draft_probs(proposals: list[_Proposal | None], ks: list[int],

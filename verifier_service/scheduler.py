@@ -2,16 +2,22 @@
 
 Requests join the running batch between steps while blocks allow, and leave it when they
 finish. Before each step every running sequence reserves slots for what the step will write
-(its uncached tokens + k drafts), oldest first. When blocks run short, a sequence first gives up
-its speculation for the step, and then the youngest running sequences are preempted: their
-blocks are freed and they go back to the front of the queue, to be recomputed from their tokens
-when re-admitted (nothing already streamed is lost or repeated).
+(its uncached tokens + k drafts). Sequences that are decoding go first, oldest first; sequences
+still prefilling then share what is left of the step's token budget (chunked prefill), so a long
+prompt never stalls the others for a whole step. A chunk that does not finish a prompt emits no
+token and asks no proposer.
+
+When blocks run short, a sequence first gives up its speculation for the step, and then the
+youngest sequences not yet scheduled this step are preempted: their blocks are freed and they go
+back to the front of the queue, to be recomputed from their tokens when re-admitted (nothing
+already streamed is lost or repeated).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 from splitspec.errors import ResourceExhausted
@@ -19,10 +25,26 @@ from verifier_service.kv_cache import PagedKVCache
 from verifier_service.sequence import Sequence
 
 
+@dataclass
+class Scheduled:
+    """One sequence's share of a step."""
+
+    seq: Sequence
+    num_new: int  # uncached tokens fed this step (a prefill chunk, or 1 when decoding)
+    k: int  # draft tokens wanted (0 unless this step finishes the sequence's prefill)
+
+    @property
+    def samples(self) -> bool:
+        """Whether the step emits tokens for it (it does once its prompt is all cached)."""
+        return self.seq.num_computed + self.num_new == len(self.seq.tokens)
+
+
 class Scheduler:
-    def __init__(self, kv: PagedKVCache, max_num_seqs: int, max_waiting: int):
+    def __init__(self, kv: PagedKVCache, max_num_seqs: int, max_waiting: int,
+                 max_num_batched_tokens: int = 0):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens  # 0: no limit
         self.max_waiting = max_waiting
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # ordered by arrival: oldest first
@@ -41,25 +63,37 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
-    def schedule(self, draft_budget: Callable[[Sequence], int]) -> list[tuple[Sequence, int]]:
-        """Admit, reserve slots, preempt if needed; returns (sequence, k) for this step."""
+    def schedule(self, draft_budget: Callable[[Sequence], int]) -> list[Scheduled]:
+        """Admit, split the token budget, reserve slots, preempt if needed."""
         self._admit()
-        plan: list[tuple[Sequence, int]] = []
-        for seq in list(self.running):
+        budget = self.max_num_batched_tokens or float("inf")
+        used = 0
+        plan: list[Scheduled] = []
+        planned: set[int] = set()
+        # Decoding sequences (one uncached token) first, then prefills; oldest first in each.
+        order = sorted(self.running, key=lambda s: (len(s.tokens) - s.num_computed > 1,
+                                                    s.arrival))
+        for seq in order:
             if seq not in self.running:
-                continue  # preempted below to make room for an older sequence
-            k = draft_budget(seq)
-            if not self.kv.can_reserve(seq.blocks, len(seq.tokens) + k):
+                continue  # preempted to make room for a sequence scheduled before it
+            uncached = len(seq.tokens) - seq.num_computed
+            num_new = uncached if uncached <= 1 else int(min(uncached, budget - used))
+            if num_new <= 0:
+                continue  # no budget left for this prefill this step
+            k = draft_budget(seq) if num_new == uncached else 0
+            if not self.kv.can_reserve(seq.blocks, seq.num_computed + num_new + k):
                 k = 0  # blocks go to progress before speculation
-            need = len(seq.tokens) + k
+            need = seq.num_computed + num_new + k
             while not self.kv.can_reserve(seq.blocks, need):
-                victim = self.running[-1]
+                victim = next(s for s in reversed(self.running) if id(s) not in planned)
                 self._preempt(victim)
                 if victim is seq:
                     break
             if seq in self.running:
                 self.kv.reserve(seq.blocks, need)
-                plan.append((seq, k))
+                plan.append(Scheduled(seq, num_new, k))
+                planned.add(id(seq))
+                used += num_new + k
         return plan
 
     def _admit(self) -> None:

@@ -111,3 +111,36 @@ def test_preempted_requests_still_produce_the_same_greedy_output(target_model_di
     roomy, _ = asyncio.run(run(max_num_seqs=8))
     tight, preemptions = asyncio.run(run(max_num_seqs=8, block_size=4, num_kv_blocks=45))
     assert preemptions > 0 and tight == roomy
+
+
+def test_chunked_prefill_keeps_outputs_and_lets_decodes_progress(target_model_dir):
+    long_prompt = PROMPTS[0] * 12  # a few hundred tokens
+
+    async def run(budget: int):
+        engine = make_engine(target_model_dir, max_num_batched_tokens=budget)
+        engine.start()
+        log: list[tuple[str, int]] = []  # (request, engine step) per output chunk
+
+        async def consume(name, inp):
+            tokens = []
+            async for out in engine.generate(inp):
+                tokens += out.token_ids
+                log.append((name, engine.stats.steps))
+            return tokens
+
+        short = asyncio.create_task(consume("short", request(engine, "s", PROMPTS[1],
+                                                             max_tokens=40, k=2)))
+        while not log:
+            await asyncio.sleep(0.001)
+        submitted = engine.stats.steps
+        long_tokens = await consume("long", request(engine, "l", long_prompt, max_tokens=8, k=3))
+        short_tokens = await short
+        await engine.shutdown()
+        first_long = next(step for name, step in log if name == "long")
+        during = sum(1 for name, step in log if name == "short" and submitted < step < first_long)
+        return short_tokens, long_tokens, during
+
+    s0, l0, during0 = asyncio.run(run(0))
+    s1, l1, during1 = asyncio.run(run(16))
+    assert (s1, l1) == (s0, l0)
+    assert during1 >= 3 > during0  # the short request kept decoding while the prompt was chunked
