@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from splitspec.config import option
 
-DEFAULT_MODEL = "models/tiny-llama"
+DEFAULT_MODEL = "models/target"
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ def own_stack(target_model_dir, tmp_path):
 
 
 def test_verifier_death_mid_stream_ends_the_stream_with_an_error(own_stack):
-    body = {"prompt": "def f(x):\n", "max_tokens": 1500, "temperature": 0, "stream": True,
+    body = {"prompt": "def f(x):\n", "max_tokens": 480, "temperature": 0, "stream": True,
             "ignore_eos": True}
     events = []
     t0 = time.monotonic()

@@ -146,7 +146,7 @@ def test_abort_and_validation_errors(target_model_dir):
 
     async def scenario():
         engine.start()
-        gen = engine.generate(request(engine, "long", PROMPTS[0], max_tokens=500))
+        gen = engine.generate(request(engine, "long", PROMPTS[0], max_tokens=400))
         first = await gen.__anext__()
         assert first.finish_reason is None
         # One waiting slot: the second request queues, the third is refused.
