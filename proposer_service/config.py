@@ -11,9 +11,21 @@ from splitspec.config import option
 class ProposerConfig:
     """Serve one proposer method over gRPC."""
 
-    method: str = option("ngram", "proposer method", choices=("ngram",))
+    method: str = option("ngram", "proposer method", choices=("ngram", "draft", "mlp"))
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50052, "gRPC port")
+    # Learned proposers (draft, mlp): their own model, device and dtype, independent of the target.
+    model: str = option("", "model directory: a causal LM (draft) or an MLP speculator (mlp)")
+    tokenizer: str = option("", "tokenizer directory (default: the draft's own directory; for mlp "
+                                "the target directory recorded in the speculator's config)")
+    device: str = option("auto", "cpu | cuda | mlu | auto")
+    dtype: str = option("auto", "float32 | bfloat16 | float16 | auto (fp32 on cpu, bf16 otherwise)")
+    trust_remote_code: bool = option(False, "allow model code shipped in the model directory")
+    # Sampled drafts send their distribution restricted to its K most likely tokens: larger K
+    # keeps more of q (higher acceptance) at the price of a larger message per draft token.
+    draft_top_k: int = option(32, "K of the sparse draft distribution sent with sampled drafts")
+    max_batch: int = option(32, "sequences drafted together in one forward pass")
+    threads: int = option(0, "torch intra-op threads (0: torch default)")
     ngram_min: int = option(1, "shortest suffix the n-gram proposer matches")
     ngram_max: int = option(4, "longest suffix the n-gram proposer matches")
     max_num_speculative_tokens: int = option(16, "largest k this proposer serves")

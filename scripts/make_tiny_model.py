@@ -1,7 +1,7 @@
-"""Create models/tiny-llama: a tiny random-weight Llama checkpoint with a small byte-level BPE
-tokenizer, for wiring and fast tests. It is not a useful language model.
+"""Create tests/fixtures/tiny-llama: a tiny random-weight Llama checkpoint with a small
+byte-level BPE tokenizer, for fast tests of the proposers. It is not a useful language model.
 
-    python scripts/make_tiny_model.py [--out models/tiny-llama]
+    python scripts/make_tiny_model.py [--out tests/fixtures/tiny-llama]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def corpus_files(n: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default="models/tiny-llama")
+    ap.add_argument("--out", default="tests/fixtures/tiny-llama")
     ap.add_argument("--vocab-size", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

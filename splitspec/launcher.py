@@ -1,6 +1,12 @@
 """Start the whole stack locally: proposer(s), verifier and gateway as separate processes.
 
-    splitspec up [--model DIR] [--http-port 8000] ...
+    splitspec up [--model DIR] [--http-port 8000] [--no-draft] [--no-mlp] ...
+
+The n-gram proposer always runs. A draft-model proposer and an MLP speculator proposer run too
+when their models are given (--draft-model, --mlp-model) or, by default, when `draft/` and
+`mlp-speculator/` sit next to the target model directory and fit it (same tokenizer file; a
+speculator with the target's hidden and vocabulary sizes). Each is its own process, added to the
+verifier's --proposer list.
 
 Prints the gateway URL once every service reports healthy; SIGINT or SIGTERM stops all of them
 (children are in their own process group, so nothing is left behind). The integration tests use
@@ -10,6 +16,7 @@ the same `Stack` class with free ports.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +74,29 @@ def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bo
         return False
 
 
+def sibling_proposer_models(model: str | Path) -> tuple[str | None, str | None]:
+    """(draft dir, speculator dir) found next to the target directory, each only when it fits the
+    target: a draft with a byte-identical tokenizer.json, a speculator whose config has the
+    target's hidden and vocabulary sizes. Cheap file checks; the verifier still checks Info."""
+    target = Path(model)
+    draft, spec = target.parent / "draft", target.parent / "mlp-speculator"
+    tok = target / "tokenizer.json"
+    found_draft = found_spec = None
+    if (draft / "config.json").is_file() and tok.is_file() and \
+            (draft / "tokenizer.json").is_file() and \
+            (draft / "tokenizer.json").read_bytes() == tok.read_bytes():
+        found_draft = str(draft)
+    try:
+        tcfg = json.loads((target / "config.json").read_text())
+        scfg = json.loads((spec / "config.json").read_text())
+        if (scfg.get("emb_dim"), scfg.get("vocab_size")) == (tcfg.get("hidden_size"),
+                                                              tcfg.get("vocab_size")):
+            found_spec = str(spec)
+    except (OSError, ValueError):
+        pass
+    return found_draft, found_spec
+
+
 @dataclass
 class StackConfig:
     model: str = DEFAULT_MODEL
@@ -79,11 +109,19 @@ class StackConfig:
     log_dir: Path | None = None
     verifier_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 180.0
+    # Learned proposers: None leaves them out. Each gets --device `device` and --dtype auto
+    # unless its extra args say otherwise (the last flag wins).
+    draft_model: str | None = None
+    draft_port: int = 50053
+    draft_args: list[str] = field(default_factory=list)
+    mlp_model: str | None = None
+    mlp_port: int = 50054
+    mlp_args: list[str] = field(default_factory=list)
 
     @classmethod
     def with_free_ports(cls, **kwargs) -> "StackConfig":
         return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=free_port(),
-                   ngram_port=free_port(), **kwargs)
+                   ngram_port=free_port(), draft_port=free_port(), mlp_port=free_port(), **kwargs)
 
 
 class Stack:
@@ -93,31 +131,53 @@ class Stack:
         c = self.config = config
         py = sys.executable
         log = (lambda n: c.log_dir / f"{n}.log") if c.log_dir else (lambda n: None)
+        proposer = [py, "-m", "proposer_service.server", "--host", c.host]
         self.proposer = Service("proposer-ngram", [
-            py, "-m", "proposer_service.server", "--method", "ngram", "--host", c.host,
-            "--port", str(c.ngram_port)], c.ngram_port, log("proposer-ngram"))
+            *proposer, "--method", "ngram", "--port", str(c.ngram_port)],
+            c.ngram_port, log("proposer-ngram"))
+        self.draft = None if c.draft_model is None else Service("proposer-draft", [
+            *proposer, "--method", "draft", "--port", str(c.draft_port), "--model",
+            c.draft_model, "--device", c.device, *c.draft_args], c.draft_port,
+            log("proposer-draft"))
+        # The speculator conditions on the target's hidden states: the target's tokenizer is its.
+        self.mlp = None if c.mlp_model is None else Service("proposer-mlp", [
+            *proposer, "--method", "mlp", "--port", str(c.mlp_port), "--model", c.mlp_model,
+            "--tokenizer", c.model, "--device", c.device, *c.mlp_args], c.mlp_port,
+            log("proposer-mlp"))
+        self.proposers = {"ngram": self.proposer}
+        if self.draft is not None:
+            self.proposers["draft"] = self.draft
+        if self.mlp is not None:
+            self.proposers["mlp"] = self.mlp
         self.verifier = Service("verifier", [
             py, "-m", "verifier_service.server", "--model", c.model, "--host", c.host,
             "--port", str(c.verifier_port), "--device", c.device,
-            "--proposer", f"ngram={c.host}:{c.ngram_port}", *c.verifier_args],
-            c.verifier_port, log("verifier"))
+            *(a for m, svc in self.proposers.items()
+              for a in ("--proposer", f"{m}={c.host}:{svc.port}")),
+            *c.verifier_args], c.verifier_port, log("verifier"))
         self.gateway = Service("gateway", [
             py, "-m", "gateway.server", "--host", c.host, "--http-port", str(c.http_port),
             "--grpc-port", str(c.grpc_port), "--verifier", f"{c.host}:{c.verifier_port}"],
             c.grpc_port, log("gateway"))
-        self.services = [self.proposer, self.verifier, self.gateway]
+        self.services = [*self.proposers.values(), self.verifier, self.gateway]
 
     @property
     def url(self) -> str:
         return f"http://{self.config.host}:{self.config.http_port}"
 
-    def start(self) -> None:
-        if self.config.log_dir:
-            self.config.log_dir.mkdir(parents=True, exist_ok=True)
+    @staticmethod
+    def environment() -> dict[str, str]:
+        """The children's environment: offline model loading, this checkout importable."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                           env.get("PYTHONPATH")]))
+        return env
+
+    def start(self) -> None:
+        if self.config.log_dir:
+            self.config.log_dir.mkdir(parents=True, exist_ok=True)
+        env = self.environment()
         deadline = time.monotonic() + self.config.startup_timeout_s
         try:
             for svc in self.services:  # in dependency order: each waits for the one before
@@ -129,6 +189,12 @@ class Stack:
         except BaseException:
             self.stop()
             raise
+
+    def restart(self, svc: Service) -> None:
+        """Start one (stopped or killed) service again on its port and wait until it is healthy."""
+        svc.stop()
+        svc.start(self.environment())
+        self._wait_healthy(svc, time.monotonic() + self.config.startup_timeout_s)
 
     def _wait_healthy(self, svc: Service, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -156,9 +222,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="splitspec", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="serve gateway + verifier + n-gram proposer locally")
+    up = sub.add_parser("up", help="serve gateway + verifier + proposers locally")
     d = StackConfig()
     up.add_argument("--model", default=d.model, help="target model directory")
+    up.add_argument("--draft-model", default=None,
+                    help="draft model directory (default: draft/ next to the target, if it fits)")
+    up.add_argument("--mlp-model", default=None, help="MLP speculator directory "
+                    "(default: mlp-speculator/ next to the target, if it fits)")
+    up.add_argument("--draft", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the draft-model proposer when a draft model is found")
+    up.add_argument("--mlp", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the MLP speculator proposer when a speculator is found")
+    up.add_argument("--draft-port", type=int, default=d.draft_port)
+    up.add_argument("--mlp-port", type=int, default=d.mlp_port)
+    up.add_argument("--draft-device", default=None, help="device of the draft proposer "
+                    "(default: --device)")
+    up.add_argument("--mlp-device", default=None, help="device of the MLP proposer "
+                    "(default: --device)")
     up.add_argument("--host", default=d.host)
     up.add_argument("--http-port", type=int, default=d.http_port)
     up.add_argument("--grpc-port", type=int, default=d.grpc_port)
@@ -168,10 +248,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     up.add_argument("--log-dir", type=Path, default=None,
                     help="write each service's log here (default: this terminal)")
     args = ap.parse_args(argv)
-    stack = Stack(StackConfig(model=args.model, host=args.host, http_port=args.http_port,
-                              grpc_port=args.grpc_port, verifier_port=args.verifier_port,
-                              ngram_port=args.ngram_port, device=args.device,
-                              log_dir=args.log_dir))
+    found_draft, found_mlp = sibling_proposer_models(args.model)
+    draft_model = (args.draft_model or found_draft) if args.draft else None
+    mlp_model = (args.mlp_model or found_mlp) if args.mlp else None
+    stack = Stack(StackConfig(
+        model=args.model, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+        verifier_port=args.verifier_port, ngram_port=args.ngram_port, device=args.device,
+        log_dir=args.log_dir, draft_model=draft_model, draft_port=args.draft_port,
+        draft_args=["--device", args.draft_device] if args.draft_device else [],
+        mlp_model=mlp_model, mlp_port=args.mlp_port,
+        mlp_args=["--device", args.mlp_device] if args.mlp_device else []))
     stopping = False
 
     def on_signal(signum, frame):
@@ -185,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except RuntimeError as exc:
         print(f"splitspec: {exc}", file=sys.stderr)
         sys.exit(1)
-    print(f"splitspec is serving {args.model}\n"
+    print(f"splitspec is serving {args.model} (proposers: {', '.join(stack.proposers)})\n"
           f"  REST (OpenAI-compatible): {stack.url}\n"
           f"  gRPC (splitspec.v1.Generation): {args.host}:{args.grpc_port}\n"
           f"Ctrl-C stops everything.", flush=True)

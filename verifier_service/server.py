@@ -1,4 +1,4 @@
-"""Entry point of the verifier process: `splitspec-verifier --model models/tiny-llama
+"""Entry point of the verifier process: `splitspec-verifier --model models/target
 --proposer ngram=127.0.0.1:50052`."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`splitspec up` (what `make run` runs): prints the gateway URL when ready, serves a request,
-and SIGINT stops all three services, leaving no process behind."""
+and SIGINT stops every service it started, leaving no process behind."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from splitspec.launcher import sibling_proposer_models
 from splitspec.net import free_port
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,9 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
             if f"http://127.0.0.1:{port}" in line:
                 break
         kids = children_of(proc.pid)
-        assert len(kids) == 3, kids
+        # gateway, verifier, n-gram proposer, plus the learned proposers shipped beside the model
+        learned = [m for m in sibling_proposer_models(target_model_dir) if m is not None]
+        assert len(kids) == 3 + len(learned), kids
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                        json={"prompt": "def f(", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200

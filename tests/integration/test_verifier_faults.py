@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from splitspec.launcher import Stack, StackConfig, grpc_healthy
+from splitspec.launcher import Stack, StackConfig
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +47,8 @@ def test_verifier_death_mid_stream_ends_the_stream_with_an_error(own_stack):
         assert r.status_code == 503 and "verifier" in r.json()["error"]["message"]
         assert client.get("/health").status_code == 503
 
-        own_stack.verifier.proc.wait()
-        own_stack.verifier.start(dict(os.environ, PYTHONUNBUFFERED="1"))
-        deadline = time.monotonic() + 120
-        while not grpc_healthy(own_stack.verifier.port) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        own_stack.restart(own_stack.verifier)
+        deadline = time.monotonic() + 60
         while client.get("/health").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.2)  # the gateway reconnects within its backoff cap (1 s)
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})

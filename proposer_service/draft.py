@@ -1,0 +1,328 @@
+"""Draft-model proposer: a small causal LM with its own KV cache per sequence.
+
+Per sequence the session keeps the token history (rebuilt from the verifier's deltas) and the
+draft model's KV for a prefix of it. One step:
+
+    1. apply the delta (accepted drafts + the recovered or bonus token);
+    2. roll the KV back to the longest prefix that is still valid: last step the draft cached
+       its own draft tokens d1..d_{k-1}, and the verifier kept only some of them;
+    3. feed the history tokens not cached yet: the new last token, and when every draft was
+       accepted also d_k, which the draft sampled but never fed (the bonus-token case);
+       d1 comes from the logits at the last of them;
+    4. draft the rest autoregressively: iteration j feeds d_j and picks d_{j+1}.
+
+Steps 3 and 4 run as one batch over all sequences of the step: the per-sequence caches are
+left-padded into one batch cache (zeros, masked out by the attention mask), the first iteration
+feeds each row's not-yet-cached tokens (right-padded to the longest; 1 token normally, 2 in the
+bonus case) and reads the logits at the row's last real position, and each row has its own
+positions. Only a long catch-up (a (re)sync: the whole prompt) is prefilled per sequence first,
+so that one long prompt does not pad every row. Trade-off: building the padded cache copies
+O(batch x longest history) of KV per step, small next to k forward passes for the small drafts
+this serves; a paged cache would avoid the copy.
+
+Greedy requests (temperature 0) get argmax drafts, sent as token ids only (one-hot). Sampled
+requests: q = apply_sampling_params(draft logits, the request's own temperature/top-k/top-p/min-p),
+the same processing the verifier applies to the target's p; q is truncated to its top-K entries
+(K = --draft-top-k) and renormalised, the draft token is sampled from that truncated q, and
+exactly that sparse q is sent. Rejection sampling is lossless as long as the token came from the q
+that is sent, so the truncation costs acceptance, never correctness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from kernels.sampling import apply_sampling_params, sample
+from proposer_service.base import HistoryStore, Proposer, ProposerSession
+from splitspec.device import make_generator
+from splitspec.params import SamplingParams
+from splitspec.proposal import Draft, ProposerDescription, SequenceStep, SparseDistribution
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, H_kv, L, D]
+
+
+# -- choosing draft tokens (shared with the MLP speculator) ------------------------------------
+
+def step_generator(device: torch.device, seed: int | None, history_len: int, salt: str
+                   ) -> torch.Generator | None:
+    """The draft's generator for one step of a seeded request (None: unseeded, default RNG).
+
+    Derived from (seed, history length) rather than kept per sequence, so a seeded request drafts
+    the same tokens whether or not the proposer restarted or resynced in between; the salt keeps
+    it independent of the verifier's generator, which is seeded with the same request seed.
+    """
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{salt}:{seed}:{history_len}".encode()).digest()
+    return make_generator(device, int.from_bytes(digest[:8], "little") & (2**63 - 1))
+
+
+def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
+                  generators: Sequence[torch.Generator | None], top_k: int
+                  ) -> tuple[list[int], list[SparseDistribution | None]]:
+    """One draft token per row of logits [B, V].
+
+    Greedy rows: argmax, no distribution. Sampled rows: q = apply_sampling_params(logits, the
+    row's params), truncated to its top_k entries and renormalised; the token is sampled from
+    that truncated q, which is returned as the row's distribution (zero entries dropped).
+    """
+    # logits: [B, V]
+    tokens = logits.argmax(dim=-1).tolist()
+    dists: list[SparseDistribution | None] = [None] * len(params)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return tokens, dists
+    sel = [params[i] for i in rows]
+    q = apply_sampling_params(
+        logits[rows].float(),
+        torch.tensor([p.temperature for p in sel], dtype=torch.float32),
+        torch.tensor([p.top_k for p in sel], dtype=torch.int64),
+        torch.tensor([p.top_p for p in sel], dtype=torch.float32),
+        torch.tensor([p.min_p for p in sel], dtype=torch.float32))  # [n, V]
+    vals, idx = q.topk(min(top_k, q.shape[-1]), dim=-1)  # [n, K]
+    vals = vals / vals.sum(dim=-1, keepdim=True)  # the truncated q the token is sampled from
+    picks = sample(vals, [generators[i] for i in rows])  # [n] positions into the top-K
+    for r, i in enumerate(rows):
+        keep = vals[r] > 0
+        tok_idx, tok_p = idx[r][keep], vals[r][keep]
+        tokens[i] = int(idx[r, picks[r]])
+        dists[i] = SparseDistribution(tok_idx.tolist(), tok_p.tolist())
+    return tokens, dists
+
+
+# -- the session -------------------------------------------------------------------------------
+
+@dataclass
+class _SeqState:
+    kv: KV | None = None  # None: nothing cached
+    cached: list[int] = field(default_factory=list)  # tokens whose KV is in kv, in order
+
+    def length(self) -> int:
+        return len(self.cached)
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n cached positions (rollback of rejected drafts)."""
+        if n >= len(self.cached):
+            return
+        self.cached = self.cached[:n]
+        if self.kv is not None:
+            self.kv = [(k[:, :, :n], v[:, :, :n]) for k, v in self.kv] if n else None
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class DraftSession(ProposerSession):
+    def __init__(self, proposer: "DraftModelProposer"):
+        self._p = proposer
+        self._store = HistoryStore(proposer.idle_timeout_s)
+        self._states: dict[str, _SeqState] = {}
+
+    def cached_tokens(self, seq_id: str) -> list[int]:
+        """The tokens whose KV the draft holds for a sequence (its history, then own drafts)."""
+        state = self._states.get(seq_id)
+        return [] if state is None else list(state.cached)
+
+    def cached_kv_length(self, seq_id: str) -> int:
+        state = self._states.get(seq_id)
+        return 0 if state is None or state.kv is None else state.kv[0][0].shape[2]
+
+    def propose(self, steps: list[SequenceStep]) -> list[Draft]:
+        for sid in self._store.evict_idle():
+            self._states.pop(sid, None)
+        drafts: dict[str, Draft] = {}
+        work: list[tuple[SequenceStep, list[int], _SeqState]] = []
+        for step in steps:
+            history = self._store.apply(step)
+            if history is None or not history:
+                self._states.pop(step.seq_id, None)
+                drafts[step.seq_id] = Draft(step.seq_id, resync=True)
+                continue
+            state = self._states.setdefault(step.seq_id, _SeqState())
+            k = min(step.k, self._p.max_k)
+            if k <= 0 or len(history) + k > self._p.max_positions:
+                # k = 0: just recorded (caught up lazily); past the draft's context: no drafts
+                drafts[step.seq_id] = Draft(step.seq_id)
+                continue
+            work.append((step, list(history), state))
+        for start in range(0, len(work), self._p.max_batch):
+            for d in self._p.draft_batch(work[start:start + self._p.max_batch]):
+                drafts[d.seq_id] = d
+        return [drafts[s.seq_id] for s in steps]
+
+    def release(self, seq_ids: list[str]) -> None:
+        self._store.release(seq_ids)
+        for sid in seq_ids:
+            self._states.pop(sid, None)
+
+    def close(self) -> None:
+        self._store.clear()
+        self._states.clear()
+
+
+# -- the proposer ------------------------------------------------------------------------------
+
+class DraftModelProposer(Proposer):
+    def __init__(self, model, device: torch.device, vocab_size: int, tokenizer_fingerprint: str,
+                 model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
+                 max_batch: int = 32, idle_timeout_s: float = 600.0):
+        if draft_top_k < 1:
+            raise ValueError("draft_top_k must be >= 1")
+        self.model = model
+        self.device = device
+        self.vocab_size = vocab_size
+        self.fingerprint = tokenizer_fingerprint
+        self.model_name = model_name
+        self.max_k = max_k
+        self.draft_top_k = draft_top_k
+        self.max_batch = max(1, max_batch)
+        self.idle_timeout_s = idle_timeout_s
+        # Positions the draft can encode; longer sequences get no drafts (the target may have a
+        # longer context than its draft).
+        self.max_positions = getattr(model.config, "max_position_embeddings", None) or 2**31
+        # Catch-ups up to this many tokens (the usual 1-2 after a verification step) run inside
+        # the batched first iteration; longer ones ((re)syncs: whole prompts) are prefilled per
+        # sequence, so one long prompt does not pad every row of the batch to its length.
+        self.max_batched_catch_up = 8
+
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
+             trust_remote_code: bool = False, **kwargs) -> "DraftModelProposer":
+        from splitspec.modelio import (load_causal_lm, load_tokenizer, model_name,
+                                       tokenizer_fingerprint)
+
+        model = load_causal_lm(path, device, dtype, trust_remote_code)
+        tok = load_tokenizer(tokenizer or path, trust_remote_code)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        return cls(model, device, vocab, tokenizer_fingerprint(tok), model_name(path), **kwargs)
+
+    def describe(self) -> ProposerDescription:
+        return ProposerDescription(method="draft", vocab_size=self.vocab_size,
+                                   tokenizer_fingerprint=self.fingerprint,
+                                   max_num_speculative_tokens=self.max_k, model=self.model_name)
+
+    def open_session(self) -> DraftSession:
+        return DraftSession(self)
+
+    # -- model calls --------------------------------------------------------------------------
+
+    def _cache(self, kv: KV | None):
+        from transformers import DynamicCache
+
+        if kv is None:
+            return DynamicCache(config=self.model.config)
+        return DynamicCache(ddp_cache_data=kv)
+
+    @staticmethod
+    def _kv_of(cache) -> KV:
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    @torch.inference_mode()
+    def _feed(self, state: _SeqState, tokens: list[int]) -> None:
+        """Append tokens to one sequence's cache (catch-up and (re)sync prefill)."""
+        if not tokens:
+            return
+        start = state.length()
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, S]
+        pos = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, S]
+        cache = self._cache(state.kv)
+        self.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)
+        state.kv = self._kv_of(cache)
+        state.cached.extend(tokens)
+
+    @torch.inference_mode()
+    def draft_batch(self, work: list[tuple[SequenceStep, list[int], _SeqState]]) -> list[Draft]:
+        """Catch every sequence up to its history and draft its k tokens, all rows together.
+
+        Row i of the batch (columns = positions in the batch cache):
+            [left pad][cached_i][pending_i][right pad][d1 .. d_{kmax-1}]
+             <---- lmax ------> <------- s0 ------->
+        pending_i are the history tokens not cached yet (the last one always among them); all
+        of them go in iteration 0, whose logits are read at each row's last real position. Pads
+        are zero KV or masked-out queries: every query still sees at least its own token.
+        """
+        for step, history, state in work:
+            # Longest cached prefix still valid; the last history token is never cached here.
+            state.truncate(min(_common_prefix(state.cached, history), len(history) - 1))
+            if len(history) - state.length() > self.max_batched_catch_up:
+                self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
+        ks = [min(step.k, self.max_k) for step, _, _ in work]
+        params = [step.sampling for step, _, _ in work]
+        gens = [None if p.greedy else step_generator(self.device, p.seed, len(h), "draft")
+                for p, (_, h, _) in zip(params, work)]
+        lens = [state.length() for _, _, state in work]
+        pending = [h[n:] for (_, h, _), n in zip(work, lens)]
+        b, lmax, kmax = len(work), max(lens), max(ks)
+        s0 = max(len(p) for p in pending)
+        cache = self._padded_cache([state.kv for _, _, state in work], lens, lmax)
+        mask = torch.zeros(b, lmax + s0 + kmax - 1, dtype=torch.long)  # [B, columns]
+        ids = torch.zeros(b, s0, dtype=torch.long)  # [B, s0], right-padded
+        for i, (n, p) in enumerate(zip(lens, pending)):
+            mask[i, lmax - n:lmax + len(p)] = 1
+            mask[i, lmax + s0:] = 1
+            ids[i, :len(p)] = torch.tensor(p)
+        mask = mask.to(self.device)
+        pos = (torch.tensor(lens)[:, None] + torch.arange(s0)).to(self.device)  # [B, s0]
+        last = torch.tensor([len(p) - 1 for p in pending], device=self.device)  # [B]
+        next_pos = torch.tensor([n + len(p) for n, p in zip(lens, pending)],
+                                device=self.device)  # [B], position of d1
+        out_tokens: list[list[int]] = [[] for _ in work]
+        out_dists: list[list[SparseDistribution | None]] = [[] for _ in work]
+        inputs, width = ids.to(self.device), lmax + s0
+        for j in range(kmax):
+            res = self.model(input_ids=inputs, position_ids=pos, past_key_values=cache,
+                             attention_mask=mask[:, :width], use_cache=True,
+                             logits_to_keep=inputs.shape[1])
+            if j == 0:
+                logits = res.logits[torch.arange(b, device=self.device), last]  # [B, V]
+            else:
+                logits = res.logits[:, -1]
+            picked, dists = choose_tokens(logits.float(), params, gens, self.draft_top_k)
+            for i, (t, d) in enumerate(zip(picked, dists)):
+                out_tokens[i].append(t)
+                out_dists[i].append(d)
+            inputs = torch.tensor(picked, dtype=torch.long, device=self.device)[:, None]
+            pos = (next_pos + j)[:, None]  # [B, 1]
+            width += 1
+        # Keep per row: its cached prefix, its pending tokens, d1..d_{k_i - 1} (d_{k_i} is
+        # drafted, not fed); drop the pads and the drafts beyond its own k.
+        kv = self._kv_of(cache)
+        drafts = []
+        for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
+            spans = [(lmax - n, lmax + len(p)), (lmax + s0, lmax + s0 + k - 1)]
+            state.kv = [(torch.cat([kk[i:i + 1, :, a:z] for a, z in spans], dim=2),
+                         torch.cat([vv[i:i + 1, :, a:z] for a, z in spans], dim=2))
+                        for kk, vv in kv]
+            state.cached = history + out_tokens[i][:k - 1]
+            sampled = out_dists[i][0] is not None
+            drafts.append(Draft(step.seq_id, out_tokens[i][:k],
+                                distributions=out_dists[i][:k] if sampled else None))
+        return drafts
+
+    def _padded_cache(self, kvs: list[KV | None], lens: list[int], lmax: int):
+        """One batch cache: each row's KV right-aligned at lmax, zeros (masked) before it."""
+        if lmax == 0:
+            return self._cache(None)
+        ref = next(kv for kv in kvs if kv is not None)
+        layers = []
+        for layer, (k0, v0) in enumerate(ref):
+            kshape = (len(kvs), k0.shape[1], lmax, k0.shape[3])
+            vshape = (len(kvs), v0.shape[1], lmax, v0.shape[3])
+            keys = k0.new_zeros(kshape)  # [B, H_kv, Lmax, D]
+            values = v0.new_zeros(vshape)
+            for i, (kv, n) in enumerate(zip(kvs, lens)):
+                if kv is not None and n:
+                    keys[i, :, lmax - n:] = kv[layer][0][0]
+                    values[i, :, lmax - n:] = kv[layer][1][0]
+            layers.append((keys, values))
+        return self._cache(layers)

@@ -1,0 +1,150 @@
+"""MLP speculator proposer: drafts from the target's last hidden state, no KV cache of its own.
+
+The verifier includes, for every sequence assigned to this proposer, the target's final-norm
+hidden state h at the position that produced the sequence's last token x (it asks for it because
+Info says needs_hidden_state). The speculator (proposer_service/mlp_speculator.py) runs its
+heads recurrently from (h, x): head i conditions on the token drafted by head i-1. Per sequence
+the session keeps only the token history (for x and the wire contract's consistency check).
+
+All sequences of a step run as one batch [B, H]. Up to min(k, n_predict) tokens are drafted per
+sequence (the trained heads; deeper recurrence reuses the shared head and decays quickly).
+Greedy requests get argmax drafts (token ids only); sampled requests get tokens sampled from the
+top-K-truncated q = apply_sampling_params(head logits, the request's params), sent with exactly
+that sparse q, as in the draft-model proposer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+
+from proposer_service.base import HistoryStore, Proposer, ProposerSession
+from proposer_service.draft import choose_tokens, step_generator
+from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator
+from splitspec.proposal import Draft, ProposerDescription, SequenceStep
+
+
+class MlpSession(ProposerSession):
+    def __init__(self, proposer: "MlpSpeculatorProposer"):
+        self._p = proposer
+        self._store = HistoryStore(proposer.idle_timeout_s)
+
+    def __contains__(self, seq_id: str) -> bool:
+        return seq_id in self._store
+
+    def propose(self, steps: list[SequenceStep]) -> list[Draft]:
+        self._store.evict_idle()
+        drafts: dict[str, Draft] = {}
+        work: list[tuple[SequenceStep, int, torch.Tensor]] = []
+        for step in steps:
+            history = self._store.apply(step)
+            if not history:
+                drafts[step.seq_id] = Draft(step.seq_id, resync=True)
+                continue
+            k = min(step.k, self._p.max_k)
+            hidden = step.hidden_state
+            if k <= 0 or hidden is None or tuple(hidden.shape) != (self._p.hidden_size,):
+                drafts[step.seq_id] = Draft(step.seq_id)  # nothing to draft from
+                continue
+            work.append((step, history[-1], hidden))
+        for start in range(0, len(work), self._p.max_batch):
+            for d in self._p.draft_batch(work[start:start + self._p.max_batch]):
+                drafts[d.seq_id] = d
+        return [drafts[s.seq_id] for s in steps]
+
+    def release(self, seq_ids: list[str]) -> None:
+        self._store.release(seq_ids)
+
+    def close(self) -> None:
+        self._store.clear()
+
+
+def _resolve_tokenizer_dir(spec_dir: Path, recorded: str) -> Path | None:
+    """The target directory the speculator's config records, as given or next to the speculator."""
+    if not recorded:
+        return None
+    for cand in (Path(recorded), spec_dir / recorded, spec_dir.parent / Path(recorded).name):
+        if (cand / "config.json").is_file():
+            return cand
+    return None
+
+
+def _family_fingerprint(tokenizer) -> str:
+    """sha256 over the sorted (token, id) pairs, as recorded in the speculator's config."""
+    items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+
+
+class MlpSpeculatorProposer(Proposer):
+    def __init__(self, model: MLPSpeculator, device: torch.device, tokenizer_fingerprint: str,
+                 model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
+                 max_batch: int = 32, idle_timeout_s: float = 600.0):
+        self.model = model
+        self.device = device
+        self.vocab_size = model.config.vocab_size
+        self.hidden_size = model.config.emb_dim
+        self.fingerprint = tokenizer_fingerprint
+        self.model_name = model_name
+        self.max_k = min(max_k, model.config.n_predict)
+        self.draft_top_k = draft_top_k
+        self.max_batch = max(1, max_batch)
+        self.idle_timeout_s = idle_timeout_s
+
+    @classmethod
+    def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
+             trust_remote_code: bool = False, **kwargs) -> "MlpSpeculatorProposer":
+        from splitspec.modelio import load_tokenizer, model_name, tokenizer_fingerprint
+
+        spec_dir = Path(path)
+        raw = json.loads((spec_dir / CONFIG_NAME).read_text())
+        tok_dir = Path(tokenizer) if tokenizer else _resolve_tokenizer_dir(
+            spec_dir, raw.get("target_model", ""))
+        if tok_dir is None:
+            raise ValueError(f"{path}: cannot find the target's tokenizer "
+                             f"(config target_model={raw.get('target_model')!r}); pass --tokenizer")
+        tok = load_tokenizer(tok_dir, trust_remote_code)
+        recorded = raw.get("target_vocab_fingerprint", "")
+        if recorded and recorded != _family_fingerprint(tok):
+            raise ValueError(f"{path} was trained for a different vocabulary than the tokenizer "
+                             f"in {tok_dir}")
+        model = MLPSpeculator.from_pretrained(spec_dir, dtype=dtype, device=device)
+        return cls(model, device, tokenizer_fingerprint(tok), model_name(path), **kwargs)
+
+    def describe(self) -> ProposerDescription:
+        return ProposerDescription(method="mlp", vocab_size=self.vocab_size,
+                                   tokenizer_fingerprint=self.fingerprint,
+                                   max_num_speculative_tokens=self.max_k,
+                                   needs_hidden_state=True, model=self.model_name)
+
+    def open_session(self) -> MlpSession:
+        return MlpSession(self)
+
+    @torch.inference_mode()
+    def draft_batch(self, work: list[tuple[SequenceStep, int, torch.Tensor]]) -> list[Draft]:
+        """Run the heads over the whole batch; row i keeps its first k_i tokens."""
+        ks = [min(step.k, self.max_k) for step, _, _ in work]
+        params = [step.sampling for step, _, _ in work]
+        gens = [None if p.greedy else step_generator(self.device, p.seed, step.history_len, "mlp")
+                for p, (step, _, _) in zip(params, work)]
+        dtype = self.model.head[0].weight.dtype
+        hidden = torch.stack([h for _, _, h in work]).to(self.device, dtype)  # [B, H]
+        tok = torch.tensor([t for _, t, _ in work], dtype=torch.long, device=self.device)  # [B]
+        state = self.model.input_state(hidden)  # [B, H]
+        out_tokens: list[list[int]] = [[] for _ in work]
+        out_dists: list[list] = [[] for _ in work]
+        for i in range(max(ks)):
+            state, logits = self.model.step(state, tok, i)  # [B, inner], [B, V]
+            picked, dists = choose_tokens(logits.float(), params, gens, self.draft_top_k)
+            for r, (t, d) in enumerate(zip(picked, dists)):
+                out_tokens[r].append(t)
+                out_dists[r].append(d)
+            tok = torch.tensor(picked, dtype=torch.long, device=self.device)
+        drafts = []
+        for (step, _, _), k, toks, dists in zip(work, ks, out_tokens, out_dists):
+            sampled = dists[0] is not None
+            drafts.append(Draft(step.seq_id, toks[:k],
+                                distributions=dists[:k] if sampled else None))
+        return drafts

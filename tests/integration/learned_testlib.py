@@ -1,0 +1,127 @@
+"""Helpers for the learned-proposer integration tests: a sharpened copy of the tiny target with a
+draft and an MLP speculator that fit it, a Stack running them, and a gRPC client that returns
+token ids and usage."""
+
+from __future__ import annotations
+
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import torch
+
+from protos import common_pb2, generation_pb2_grpc
+from splitspec.launcher import Stack, StackConfig
+from tiny_proposer_models import copy_tokenizer, make_noisy_draft, make_trained_mlp_speculator
+
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n\ndef add(",
+    "import os\nimport sys\nimport os\n",
+    "for i in range(10):\n    print(i)\nfor i in range(",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown",
+    "x = [1, 2, 3, 4, 5, 6, 7, 8]\ny = [1, 2, 3,",
+    "if __name__ == '__main__':\n    main()\n",
+    "return self._value",
+]
+
+
+def make_sharp_target(src: str | Path, out: Path, scale: float = 4.0) -> Path:
+    """tests/fixtures/tiny-llama with its final norm scaled: logits `scale` times larger.
+
+    The random tiny model is almost uniform over its 1024 tokens (top-1 about 1% at T=0.8), which
+    leaves a distribution test no power and a draft nothing to agree on; scaled, its next-token
+    distribution keeps tens of tokens, like a trained model's.
+    """
+    from transformers import AutoModelForCausalLM
+
+    copy_tokenizer(src, out)
+    model = AutoModelForCausalLM.from_pretrained(src, local_files_only=True, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(scale)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def make_models(target_model_dir: str, root: Path) -> tuple[str, str, str]:
+    """(target, draft, speculator) directories under root."""
+    target = make_sharp_target(target_model_dir, root / "target")
+    draft = make_noisy_draft(target, root / "draft", noise=0.02)
+    spec = make_trained_mlp_speculator(target, root / "mlp-speculator", n_predict=4)
+    return str(target), str(draft), str(spec)
+
+
+def learned_stack_config(target: str, draft: str | None, spec: str | None, log_dir: Path,
+                         timeout_ms: float = 5000.0, **kwargs) -> StackConfig:
+    """One torch thread per process; a generous per-step deadline (2 shared cores), so that
+    acceptance does not depend on the machine's load."""
+    verifier_args = ["--threads", "1", "--proposer-timeout-ms", str(timeout_ms),
+                     "--proposer-reconnect-s", "0.5", *kwargs.pop("verifier_args", [])]
+    return StackConfig.with_free_ports(
+        model=target, device="cpu", log_dir=log_dir, verifier_args=verifier_args,
+        draft_model=draft, draft_args=["--threads", "1"], mlp_model=spec,
+        mlp_args=["--threads", "1"], **kwargs)
+
+
+@dataclass
+class Result:
+    token_ids: list[int]
+    text: str
+    finish_reason: int
+    usage: common_pb2.Usage
+
+
+class GenClient:
+    """The public gRPC Generation API, token ids in and out."""
+
+    def __init__(self, port: int):
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = generation_pb2_grpc.GenerationStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    @staticmethod
+    def request(prompt: str, method: str | None = None, k: int = 4, max_tokens: int = 16,
+                temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                ignore_eos: bool = True) -> common_pb2.GenerateRequest:
+        spec = (common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_OFF)
+                if method is None else
+                common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON, method=method,
+                                             num_speculative_tokens=k))
+        sampling = common_pb2.SamplingParams(temperature=temperature, top_p=top_p)
+        if seed is not None:
+            sampling.seed = seed
+        return common_pb2.GenerateRequest(
+            text=prompt, sampling=sampling, speculation=spec,
+            stopping=common_pb2.StoppingCriteria(max_tokens=max_tokens, ignore_eos=ignore_eos))
+
+    def generate(self, req: common_pb2.GenerateRequest, timeout: float = 120.0,
+                 on_chunk=None) -> Result:
+        ids, text, finish, usage = [], "", 0, None
+        for chunk in self.stub.Generate(req, timeout=timeout):
+            ids += chunk.token_ids
+            text += chunk.text
+            finish = chunk.finish_reason or finish
+            if chunk.HasField("usage"):
+                usage = chunk.usage
+            if on_chunk is not None:
+                on_chunk(len(ids))
+        return Result(ids, text, finish, usage)
+
+    def generate_all(self, reqs: list[common_pb2.GenerateRequest], workers: int = 8
+                     ) -> list[Result]:
+        """Concurrently, so that the verifier batches them into shared steps."""
+        with ThreadPoolExecutor(workers) as pool:
+            return list(pool.map(self.generate, reqs))
+
+
+@contextlib.contextmanager
+def gen_client(stack: Stack):
+    client = GenClient(stack.config.grpc_port)
+    try:
+        yield client
+    finally:
+        client.close()

@@ -1,0 +1,148 @@
+"""The MLP speculator proposer's session: drafts from the step's hidden state, capped at the
+speculator's heads, batched, sampled with a sparse q, resync/release, and what Info reports."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+import pytest
+import torch
+
+from proposer_service.mlp import MlpSpeculatorProposer
+from proposer_service.mlp_speculator import MLPSpeculator
+from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
+from splitspec.params import SamplingParams
+from splitspec.proposal import SequenceStep, step_from_pb, step_to_pb
+from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
+
+CPU = torch.device("cpu")
+HIDDEN = 64  # tests/fixtures/tiny-llama's hidden size
+
+@pytest.fixture(scope="session")
+def tiny_target_dir() -> str:
+    return TINY_TARGET
+
+
+
+@pytest.fixture(scope="module")
+def spec_dir(tiny_target_dir, tmp_path_factory):
+    return str(make_mlp_speculator(tiny_target_dir, tmp_path_factory.mktemp("mlp"), n_predict=4))
+
+
+@pytest.fixture(scope="module")
+def proposer(spec_dir):
+    torch.set_num_threads(1)
+    return MlpSpeculatorProposer.load(spec_dir, CPU, torch.float32, draft_top_k=16)
+
+
+def hidden(seed: int) -> torch.Tensor:
+    return torch.randn(HIDDEN, generator=torch.Generator().manual_seed(seed))  # [H] float32
+
+
+def step(sid, tokens, k, seed=0, full=True, history_len=None, **kw):
+    return SequenceStep(sid, tokens, history_len or len(tokens), k, full_history=full,
+                        hidden_state=hidden(seed), **kw)
+
+
+def test_greedy_drafts_are_the_speculators_suggestions(proposer):
+    session = proposer.open_session()
+    (d,) = session.propose([step("s", [5, 6, 7], 4)])
+    ref = proposer.model.generate_suggestions(hidden(0)[None], torch.tensor([7]), 4)[0].tolist()
+    assert d.tokens == ref and d.distributions is None and not d.resync
+    # next step: a delta, and the last token of the new history is what head 0 conditions on
+    (d,) = session.propose([step("s", [9, 10], 4, seed=1, full=False, history_len=5)])
+    ref = proposer.model.generate_suggestions(hidden(1)[None], torch.tensor([10]), 4)[0].tolist()
+    assert d.tokens == ref
+
+
+def test_k_is_capped_at_the_trained_heads_and_a_missing_state_drafts_nothing(proposer):
+    session = proposer.open_session()
+    (d,) = session.propose([step("s", [1, 2], 8)])
+    assert len(d.tokens) == 4 and proposer.describe().max_num_speculative_tokens == 4
+    no_state = SequenceStep("t", [1, 2], 2, 4, full_history=True)
+    wrong = SequenceStep("u", [1, 2], 2, 4, full_history=True, hidden_state=torch.zeros(7))
+    for d in session.propose([no_state, wrong]):
+        assert d.tokens == [] and not d.resync
+
+
+def test_batched_equals_single_and_mixes_greedy_with_sampled(proposer):
+    steps = [step(f"s{i}", [3 + i, 4 + i], k, seed=i,
+                  sampling=SamplingParams(temperature=0.0 if i % 2 else 0.8, top_p=0.95, seed=i))
+             for i, k in enumerate([4, 1, 3, 2])]
+    batched = proposer.open_session().propose(steps)
+    for s, b in zip(steps, batched):
+        (single,) = proposer.open_session().propose([s])
+        assert b.tokens == single.tokens and len(b.tokens) == s.k
+        assert (b.distributions is None) == s.sampling.greedy
+        if b.distributions:
+            for qb, qs, tok in zip(b.distributions, single.distributions, b.tokens):
+                assert qb.indices == qs.indices and tok in qb.indices
+                assert abs(sum(qb.probs) - 1) < 1e-4 and len(qb.indices) <= 16
+                assert qb.probs == pytest.approx(qs.probs, abs=1e-5)
+
+
+def test_the_hidden_state_survives_the_wire_in_fp16_and_fp32(proposer):
+    for dtype in (torch.float32, torch.float16):
+        s = step("s", [1, 2, 3], 3)
+        s.hidden_state = s.hidden_state.to(dtype)
+        back = step_from_pb(step_to_pb(s))
+        assert back.hidden_state.dtype == dtype and back.hidden_state.shape == (HIDDEN,)
+        (d,) = proposer.open_session().propose([back])
+        assert len(d.tokens) == 3
+
+
+def test_resync_release_and_idle_eviction(spec_dir):
+    proposer = MlpSpeculatorProposer.load(spec_dir, CPU, torch.float32, idle_timeout_s=0.05)
+    session = proposer.open_session()
+    (d,) = session.propose([step("a", [1], 2, full=False, history_len=2)])
+    assert d.resync
+    session.propose([step("a", [1, 2], 2), step("b", [1, 2], 2)])
+    session.release(["a"])
+    assert "a" not in session and "b" in session
+    time.sleep(0.1)
+    session.propose([step("c", [1], 1)])
+    assert "b" not in session
+
+
+def test_info_needs_the_hidden_state_and_names_the_targets_vocabulary(proposer, spec_dir,
+                                                                      tiny_target_dir,
+                                                                      tmp_path):
+    desc = proposer.describe()
+    fp = tokenizer_fingerprint(load_tokenizer(tiny_target_dir))
+    assert desc.method == "mlp" and desc.needs_hidden_state
+    assert desc.vocab_size == 1024 and desc.tokenizer_fingerprint == fp
+    # the recorded fingerprint (sha256 over the sorted (token, id) pairs) is checked at load
+    # time: the matching one loads, a different one is refused
+    spec = MLPSpeculator.from_pretrained(spec_dir, dtype=torch.float32)
+    items = sorted(load_tokenizer(tiny_target_dir).get_vocab().items(), key=lambda kv: kv[1])
+    spec.config.target_vocab_fingerprint = hashlib.sha256(
+        json.dumps(items, ensure_ascii=False).encode()).hexdigest()
+    spec.save_pretrained(tmp_path / "good")
+    MlpSpeculatorProposer.load(str(tmp_path / "good"), CPU, torch.float32)
+    spec.config.target_vocab_fingerprint = "0" * 64
+    spec.save_pretrained(tmp_path / "bad")
+    with pytest.raises(ValueError, match="different vocabulary"):
+        MlpSpeculatorProposer.load(str(tmp_path / "bad"), CPU, torch.float32)
+
+
+def test_the_tokenizer_is_found_from_the_speculators_config_or_flag(spec_dir, tiny_target_dir,
+                                                                    tmp_path):
+    from proposer_service.config import ProposerConfig
+    from proposer_service.server import build_proposer
+    from splitspec.config import parse_config
+
+    # recorded as an absolute path by the fixture; with --tokenizer given explicitly too
+    for extra in ([], ["--tokenizer", tiny_target_dir]):
+        built = build_proposer(parse_config(ProposerConfig, [
+            "--method", "mlp", "--model", spec_dir, "--device", "cpu", "--dtype", "float32",
+            *extra]))
+        assert isinstance(built, MlpSpeculatorProposer) and built.describe().needs_hidden_state
+    # a recorded target that cannot be found is an error naming the flag
+    spec = MLPSpeculator.from_pretrained(spec_dir, dtype=torch.float32)
+    spec.config.target_model = "no/such/target"
+    spec.save_pretrained(tmp_path / "lost")
+    with pytest.raises(SystemExit, match="--tokenizer"):
+        build_proposer(parse_config(ProposerConfig, ["--method", "mlp", "--model",
+                                                     str(tmp_path / "lost")]))

@@ -1,0 +1,114 @@
+"""Tiny learned proposers for tests, built next to the tiny target at test time.
+
+The shipped draft and speculator are trained for models/target, which is too slow on two CPU
+cores for the many requests these tests send; they run against tests/fixtures/tiny-llama
+(TINY_TARGET) and make their own proposers for it: a draft that shares the target's tokenizer
+(a noisy copy of the target's weights, so that some drafts are accepted and some rejected, or
+an unrelated random Llama), and a randomly initialised MLP speculator for the target's hidden size.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+TINY_TARGET = str(Path(__file__).resolve().parent / "fixtures" / "tiny-llama")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json")
+
+
+def copy_tokenizer(target_dir: str | Path, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        src = Path(target_dir) / name
+        if src.is_file():
+            shutil.copy(src, out / name)
+
+
+def make_noisy_draft(target_dir: str | Path, out: Path, noise: float = 0.02,
+                     seed: int = 1) -> Path:
+    """The target's weights plus N(0, noise^2) on every matrix: agrees with it often, not always."""
+    from transformers import AutoModelForCausalLM
+
+    copy_tokenizer(target_dir, out)
+    model = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
+                                                 dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=gen) * noise)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def make_random_draft(target_dir: str | Path, out: Path, seed: int = 7) -> Path:
+    """An unrelated random Llama (different size and seed) with the target's tokenizer."""
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    copy_tokenizer(target_dir, out)
+    tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=tc.max_position_embeddings,
+                         initializer_range=0.08, bos_token_id=tc.bos_token_id,
+                         eos_token_id=tc.eos_token_id, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def make_mlp_speculator(target_dir: str | Path, out: Path, n_predict: int = 4,
+                        seed: int = 0) -> Path:
+    """A randomly initialised speculator for the target (fp32), recording the target's dir."""
+    from transformers import AutoConfig
+
+    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+
+    tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    torch.manual_seed(seed)
+    spec = MLPSpeculator(MLPSpeculatorConfig(emb_dim=tc.hidden_size, vocab_size=tc.vocab_size,
+                                             n_predict=n_predict,
+                                             target_model=str(Path(target_dir).resolve())))
+    spec.save_pretrained(out)
+    return out
+
+
+def make_trained_mlp_speculator(target_dir: str | Path, out: Path, n_predict: int = 4,
+                                steps: int = 60, seed: int = 0) -> Path:
+    """A speculator fitted for a few seconds to the target's own greedy continuations.
+
+    Trained on the target's final-norm hidden states as the verifier sends them (head i at
+    position t sees h_t and x_{t+1..t+1+i}, predicts x_{t+2+i}), so its drafts are accepted only
+    if the verifier hands over the state of the right position: an end-to-end check of the
+    hidden-state contract that a random speculator cannot give.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+
+    tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
+                                                  dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randint(2, tc.vocab_size, (32, 4), generator=gen)  # [B, 4] random prompts
+    with torch.no_grad():
+        seqs = target.generate(start, attention_mask=torch.ones_like(start), max_new_tokens=40,
+                               do_sample=False, pad_token_id=0, eos_token_id=None)  # [B, L]
+        hidden = target.model(seqs).last_hidden_state  # [B, L, H], after the final norm
+    torch.manual_seed(seed)
+    spec = MLPSpeculator(MLPSpeculatorConfig(emb_dim=tc.hidden_size, vocab_size=tc.vocab_size,
+                                             n_predict=n_predict,
+                                             target_model=str(Path(target_dir).resolve())))
+    opt = torch.optim.AdamW(spec.parameters(), lr=3e-3)
+    lo, hi = start.shape[1], seqs.shape[1] - n_predict - 1
+    for _ in range(steps):
+        loss = sum(spec.training_losses(hidden[:, lo:hi], seqs, lo, hi))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    spec.eval()
+    spec.save_pretrained(out)
+    return out
