@@ -25,7 +25,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from splitspec.launcher import Stack, StackConfig  # noqa: E402
+from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
 from verifier_service.config import DEFAULT_MODEL  # noqa: E402
 
 FALLBACK_PROMPTS = [
@@ -63,11 +63,15 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 6])
     ap.add_argument("--verifier-threads", type=int, default=0,
-                    help="torch threads in the verifier (0: torch default); 1 on a busy machine")
+                    help="torch threads in the verifier and learned proposers (0: torch "
+                         "default); 1 on a busy machine")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/speculation.md"))
     args = ap.parse_args()
     prompts = held_out_prompts(args.prompts)
-    config = StackConfig.with_free_ports(model=args.model, device="cpu",
+    draft, mlp = sibling_proposer_models(args.model)  # as `splitspec up` finds them
+    threads = ["--threads", str(args.verifier_threads)] if args.verifier_threads else []
+    config = StackConfig.with_free_ports(model=args.model, device="cpu", draft_model=draft,
+                                         mlp_model=mlp, draft_args=threads, mlp_args=threads,
                                          log_dir=ROOT / "bench/out/logs",
                                          verifier_args=["--proposer-timeout-ms", "2000",
                                                         "--threads", str(args.verifier_threads)])
