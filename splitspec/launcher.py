@@ -16,6 +16,7 @@ the same `Stack` class with free ports.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
@@ -46,7 +47,7 @@ class Service:
     def start(self, env: dict[str, str]) -> None:
         out = open(self.log_path, "ab") if self.log_path else None
         self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         if out:
             out.close()
 
@@ -62,6 +63,15 @@ class Service:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, get SIGTERM when the launcher dies, even by SIGKILL,
+    so that no service outlives it. (The children have their own sessions, so a terminal's
+    Ctrl-C reaches only the launcher, which stops them in order.)"""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:

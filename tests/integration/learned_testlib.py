@@ -14,18 +14,8 @@ import torch
 
 from protos import common_pb2, generation_pb2_grpc
 from splitspec.launcher import Stack, StackConfig
+from testdata import PROMPTS  # noqa: F401 - re-exported for the learned-proposer tests
 from tiny_proposer_models import copy_tokenizer, make_noisy_draft, make_trained_mlp_speculator
-
-PROMPTS = [
-    "def add(a, b):\n    return a + b\n\ndef add(",
-    "import os\nimport sys\nimport os\n",
-    "for i in range(10):\n    print(i)\nfor i in range(",
-    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n",
-    "The quick brown fox jumps over the lazy dog. The quick brown",
-    "x = [1, 2, 3, 4, 5, 6, 7, 8]\ny = [1, 2, 3,",
-    "if __name__ == '__main__':\n    main()\n",
-    "return self._value",
-]
 
 
 def make_sharp_target(src: str | Path, out: Path, scale: float = 4.0) -> Path:

@@ -77,5 +77,35 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
             assert not alive(pid), f"service process {pid} survived SIGINT"
     finally:
         if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_services_do_not_outlive_a_killed_launcher(target_model_dir, tmp_path):
+    """Even SIGKILL of `splitspec up` (no chance to clean up) takes the services down."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitspec.launcher", "up", "--model", target_model_dir,
+         "--device", "cpu", "--no-draft", "--no-mlp", "--http-port", str(port),
+         "--grpc-port", str(free_port()), "--verifier-port", str(free_port()),
+         "--ngram-port", str(free_port()), "--log-dir", str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kids: list[int] = []
+    try:
+        while f"http://127.0.0.1:{port}" not in (line := proc.stdout.readline()):
+            assert line, "launcher exited early"
+        kids = children_of(proc.pid)
+        assert len(kids) == 3, kids
+    finally:
+        proc.kill()
+        proc.wait()
+    for pid in kids:
+        deadline = time.monotonic() + 15
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(pid), f"service process {pid} outlived its launcher"
+
