@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import abc
 import time
+from typing import Callable, Sequence, TypeVar
 
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
+
+W = TypeVar("W")
 
 
 class ProposerSession(abc.ABC):
@@ -82,3 +85,9 @@ class HistoryStore:
 
     def __contains__(self, seq_id: str) -> bool:
         return seq_id in self._histories
+
+
+def draft_in_batches(work: Sequence[W], max_batch: int,
+                     draft_batch: Callable[[Sequence[W]], list[Draft]]) -> list[Draft]:
+    """Run a model-backed proposer over a step's work, at most max_batch sequences per forward."""
+    return [d for i in range(0, len(work), max_batch) for d in draft_batch(work[i:i + max_batch])]

@@ -37,7 +37,8 @@ from typing import Sequence
 import torch
 
 from kernels.sampling import apply_sampling_params, sample
-from proposer_service.base import HistoryStore, Proposer, ProposerSession
+from proposer_service.base import (HistoryStore, Proposer, ProposerSession,
+                                   draft_in_batches)
 from splitspec.device import make_generator
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep, SparseDistribution
@@ -154,9 +155,8 @@ class DraftSession(ProposerSession):
                 drafts[step.seq_id] = Draft(step.seq_id)
                 continue
             work.append((step, list(history), state))
-        for start in range(0, len(work), self._p.max_batch):
-            for d in self._p.draft_batch(work[start:start + self._p.max_batch]):
-                drafts[d.seq_id] = d
+        for d in draft_in_batches(work, self._p.max_batch, self._p.draft_batch):
+            drafts[d.seq_id] = d
         return [drafts[s.seq_id] for s in steps]
 
     def release(self, seq_ids: list[str]) -> None:

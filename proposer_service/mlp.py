@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from proposer_service.base import HistoryStore, Proposer, ProposerSession
+from proposer_service.base import (HistoryStore, Proposer, ProposerSession,
+                                   draft_in_batches)
 from proposer_service.draft import choose_tokens, step_generator
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
@@ -50,9 +51,8 @@ class MlpSession(ProposerSession):
                 drafts[step.seq_id] = Draft(step.seq_id)  # nothing to draft from
                 continue
             work.append((step, history[-1], hidden))
-        for start in range(0, len(work), self._p.max_batch):
-            for d in self._p.draft_batch(work[start:start + self._p.max_batch]):
-                drafts[d.seq_id] = d
+        for d in draft_in_batches(work, self._p.max_batch, self._p.draft_batch):
+            drafts[d.seq_id] = d
         return [drafts[s.seq_id] for s in steps]
 
     def release(self, seq_ids: list[str]) -> None:
