@@ -214,7 +214,10 @@ def test_late_or_garbage_answers_change_no_output(models, fingerprint):
             if cur.full_history:
                 assert len(cur.new_tokens) == cur.history_len
             elif not prev.full_history:
-                assert t1 - t0 >= DEADLINE_S  # prev's RESYNC came too late to count
+                # prev's RESYNC came too late to count. The verifier's deadline starts before it
+                # sends, so on this (proposer's) clock the gap may fall short of the deadline by
+                # the message's delivery time on a busy machine: allow up to 50 ms of it.
+                assert t1 - t0 >= DEADLINE_S - 0.05
 
 
 # -- a proposer that does not fit the target ---------------------------------------------------
