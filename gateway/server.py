@@ -16,6 +16,7 @@ from gateway.policy import SpeculationPolicy
 from gateway.rest import build_app
 from gateway.verifier_pool import VerifierPool
 from splitspec.config import parse_config
+from splitspec.lifecycle import exit_with_launcher
 from splitspec.grpc_server import (add_health_and_reflection, make_server, mark_serving,
                                    setup_logging)
 from protos import generation_pb2, generation_pb2_grpc
@@ -50,6 +51,7 @@ async def serve(config: GatewayConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    exit_with_launcher()
     config = parse_config(GatewayConfig, argv)
     setup_logging(config.log_level)
     asyncio.run(serve(config))

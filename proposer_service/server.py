@@ -18,6 +18,7 @@ from proposer_service.mlp import MlpSpeculatorProposer
 from proposer_service.ngram import NgramProposer
 from proposer_service.servicer import ProposerServicer
 from splitspec.config import parse_config
+from splitspec.lifecycle import exit_with_launcher
 from splitspec.device import resolve_device, resolve_dtype
 from splitspec.grpc_server import (add_health_and_reflection, make_server, mark_serving,
                                    setup_logging)
@@ -69,6 +70,7 @@ async def serve(config: ProposerConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    exit_with_launcher()
     config = parse_config(ProposerConfig, argv)
     setup_logging(config.log_level)
     asyncio.run(serve(config))

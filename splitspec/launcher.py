@@ -16,7 +16,6 @@ the same `Stack` class with free ports.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -30,6 +29,7 @@ from typing import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from splitspec.lifecycle import LAUNCHER_PID_ENV
 from splitspec.net import free_port, wait_for_port
 from verifier_service.config import DEFAULT_MODEL
 
@@ -47,7 +47,7 @@ class Service:
     def start(self, env: dict[str, str]) -> None:
         out = open(self.log_path, "ab") if self.log_path else None
         self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True)
         if out:
             out.close()
 
@@ -63,15 +63,6 @@ class Service:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: on Linux, get SIGTERM when the launcher dies, even by SIGKILL,
-    so that no service outlives it. (The children have their own sessions, so a terminal's
-    Ctrl-C reaches only the launcher, which stops them in order.)"""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
@@ -180,6 +171,7 @@ class Stack:
         """The children's environment: offline model loading, this checkout importable."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1",
                    TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+        env[LAUNCHER_PID_ENV] = str(os.getpid())  # services exit with their launcher
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT),
                                                           env.get("PYTHONPATH")]))
         return env

@@ -12,6 +12,7 @@ import grpc
 import torch
 
 from splitspec.config import parse_config
+from splitspec.lifecycle import exit_with_launcher
 from splitspec.device import resolve_device, resolve_dtype
 from splitspec.grpc_server import (add_health_and_reflection, make_server, mark_not_serving,
                                    mark_serving, setup_logging)
@@ -113,6 +114,7 @@ async def serve(config: VerifierConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    exit_with_launcher()
     config = parse_config(VerifierConfig, argv)
     setup_logging(config.log_level)
     asyncio.run(serve(config))
