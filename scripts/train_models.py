@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import model_family as mf  # noqa: E402
 
 STAGES = ("tokenizer", "data", "target", "distill", "draft", "mlp")
-DEFAULT_MINUTES = 54 + 6 + 13  # target + distill + (draft || mlp) caps; tokenizer and data take ~1 min
+DEFAULT_MINUTES = 55 + 6 + 18  # target + distill + (draft || mlp) caps; tokenizer and data take ~1 min
 
 
 @dataclass
@@ -63,16 +63,17 @@ class TrainArgs:
     vocab_size: int = 4096
     threads: int = 2
     target_size: mf.LlamaSize = mf.TARGET_SIZE
+    target_init: Path | None = None  # continue training this checkpoint instead of a fresh model
     draft_size: mf.LlamaSize = mf.DRAFT_SIZE
     corpus: mf.CorpusConfig = field(default_factory=mf.CorpusConfig)
     target: LMTrainConfig = field(
-        default_factory=lambda: LMTrainConfig(steps=850, batch_size=8, seq_len=512, lr=1.5e-3, minutes=54)
+        default_factory=lambda: LMTrainConfig(steps=1700, batch_size=4, seq_len=512, lr=2e-3, minutes=55)
     )
     draft: LMTrainConfig = field(
-        default_factory=lambda: LMTrainConfig(steps=1500, batch_size=16, seq_len=256, lr=3e-3, minutes=13)
+        default_factory=lambda: LMTrainConfig(steps=1500, batch_size=8, seq_len=512, lr=3e-3, minutes=13)
     )
     # weight of KL(target || draft) in the draft loss; 0 = plain cross entropy (no target forward,
-    # so ~4x more tokens in the same time), the target's continuations still make up half of each batch
+    # so ~4x more tokens in the same time); the target's continuations are in every batch either way
     draft_kd: float = 0.0
     draft_distill_share: float = 0.25  # share of each draft batch taken from the target's continuations
     # distillation data: target greedy continuations
@@ -84,10 +85,10 @@ class TrainArgs:
     mlp_n_predict: int = 5
     mlp_inner_dim: int = 0  # 0 -> emb_dim
     mlp_tie_weights: bool = True
-    mlp_steps: int = 600
+    mlp_steps: int = 1200
     mlp_lr: float = 2e-3
     mlp_batch: int = 8  # sequences of target continuations per step
-    mlp_minutes: float = 12.0
+    mlp_minutes: float = 18.0
     mlp_corpus_windows: int = 2048  # teacher-forced train windows added to the continuations
     mlp_cache_minutes: float = 4.0  # cap on the target forward passes that cache states
 
@@ -170,13 +171,19 @@ def load_stream(a: TrainArgs, name: str) -> np.ndarray:
 
 def train_lm(model, cfg: LMTrainConfig, train: np.ndarray, val: torch.Tensor, tag: str,
              teacher=None, distill_seqs: torch.Tensor | None = None, kd_weight: float = 0.0,
-             distill_share: float = 0.5) -> dict:
+             distill_share: float = 0.5, distill_sep: int = 0) -> dict:
     """AdamW + cosine LM training. With a teacher, the loss mixes CE and KL(teacher || student).
 
-    distill_seqs [N, L+1]: extra sequences (target continuations); distill_share of each batch comes from them.
+    distill_seqs [N, L]: extra sequences (target continuations); distill_share of each batch comes from them.
+    They are joined into one stream (separated by distill_sep, the document separator) and cut into
+    seq_len windows like the corpus, so every row trains every position up to seq_len.
     """
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
+    distill_stream = None
+    if distill_seqs is not None:
+        sep = torch.full((len(distill_seqs), 1), distill_sep, dtype=distill_seqs.dtype)
+        distill_stream = torch.cat([distill_seqs, sep], 1).reshape(-1).numpy()
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     model.train()
     t0 = time.time()
@@ -187,14 +194,10 @@ def train_lm(model, cfg: LMTrainConfig, train: np.ndarray, val: torch.Tensor, ta
         lr = lr_at(step, cfg, time.time() - t0)
         for g in opt.param_groups:
             g["lr"] = lr
-        if distill_seqs is not None:
+        if distill_stream is not None:
             nb = max(1, int(round(cfg.batch_size * distill_share)))
-            corpus = random_windows(train, cfg.batch_size - nb, cfg.seq_len, rng)
-            idx = torch.from_numpy(rng.integers(0, len(distill_seqs), size=nb))
-            gen = distill_seqs[idx][:, : cfg.seq_len + 1]
-            if gen.size(1) < cfg.seq_len + 1:  # continuations are shorter than seq_len: crop corpus to match
-                corpus = corpus[:, : gen.size(1)]
-            batch = torch.cat([corpus, gen], 0)
+            batch = torch.cat([random_windows(train, cfg.batch_size - nb, cfg.seq_len, rng),
+                               random_windows(distill_stream, nb, cfg.seq_len, rng)], 0)
         else:
             batch = random_windows(train, cfg.batch_size, cfg.seq_len, rng)
         x, y = batch[:, :-1], batch[:, 1:]
@@ -239,13 +242,37 @@ def stage_target(a: TrainArgs) -> None:
 
     tok = mf.load_tokenizer(a.work / "tokenizer")
     torch.manual_seed(a.target.seed)
-    model = LlamaForCausalLM(mf.llama_config(a.target_size, tok))
+    prev = None
+    if a.target_init is not None:  # continue an earlier run: its weights, a fresh warmup + cosine
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(a.target_init), local_files_only=True,
+                                                     dtype=torch.float32)
+        if mf.vocab_fingerprint(mf.load_tokenizer(a.target_init)) != mf.vocab_fingerprint(tok):
+            raise SystemExit(f"{a.target_init} was trained with another tokenizer")
+        prev = json.loads((Path(a.target_init) / "training.json").read_text())
+        a.target.seed += prev["steps_done"]  # other batches than the run it continues
+        log(f"target: continuing {a.target_init} after {prev['steps_done']} steps, "
+            f"{prev['tokens_seen'] / 1e6:.2f} M tokens")
+    else:
+        model = LlamaForCausalLM(mf.llama_config(a.target_size, tok))
     n = mf.count_params(model)
-    log(f"target: {n / 1e6:.2f} M params, {asdict(a.target_size)}")
+    size = {k: getattr(model.config, k) for k in asdict(a.target_size)}
+    log(f"target: {n / 1e6:.2f} M params, {size}")
     train, held = load_stream(a, "train"), load_stream(a, "heldout")
     val = mf.fixed_windows(held, 16, a.target.seq_len)
     stats = train_lm(model, a.target, train, val, "target")
-    stats.update(params=n, size=asdict(a.target_size), vocab_fingerprint=mf.vocab_fingerprint(tok))
+    if prev is not None:  # totals over the whole lineage; each run's own record in "runs"
+        runs = prev.get("runs", [{k: prev[k] for k in ("steps_done", "tokens_seen", "train_minutes", "config")}])
+        runs.append({k: stats[k] for k in ("steps_done", "tokens_seen", "train_minutes", "config")})
+        stats["runs"] = runs
+        before = {k: sum(r[k] for r in runs[:-1]) for k in ("steps_done", "tokens_seen", "train_minutes")}
+        stats["history"] = prev.get("history", []) + [
+            {**h, "step": h["step"] + before["steps_done"], "tokens": h["tokens"] + before["tokens_seen"],
+             "minutes": h["minutes"] + before["train_minutes"]} for h in stats["history"]]
+        for k in ("steps_done", "tokens_seen", "train_minutes"):
+            stats[k] = sum(r[k] for r in runs)
+    stats.update(params=n, size=size, vocab_fingerprint=mf.vocab_fingerprint(tok))
     save_hf(model, tok, a.out / "target", stats)
     log(f"target saved: held-out loss {stats['final_heldout_loss_sample']:.3f}")
 
@@ -269,7 +296,7 @@ def stage_distill(a: TrainArgs) -> None:
     seqs = []
     bs = 64
     for i in range(0, a.distill_prompts, bs):
-        prompts = random_windows(train, bs, a.distill_prompt_len - 1, rng)
+        prompts = random_windows(train, min(bs, a.distill_prompts - i), a.distill_prompt_len - 1, rng)
         seqs.append(mf.greedy_continue(target, prompts, a.distill_gen_len))
         log(f"distill: {sum(len(s) for s in seqs)} continuations, {time.time() - t0:.0f}s")
         if time.time() - t0 > a.distill_minutes * 60:
@@ -295,11 +322,11 @@ def stage_draft(a: TrainArgs) -> None:
     log(f"draft: {n / 1e6:.2f} M params, {asdict(a.draft_size)}")
     train, held = load_stream(a, "train"), load_stream(a, "heldout")
     seqs = None
-    if (a.work / "data" / "distill.pt").exists():
+    if a.draft_distill_share > 0 and (a.work / "data" / "distill.pt").exists():
         seqs, _ = load_distill(a)
     val = mf.fixed_windows(held, 16, a.draft.seq_len)
     stats = train_lm(model, a.draft, train, val, "draft", teacher=target, distill_seqs=seqs, kd_weight=a.draft_kd,
-                     distill_share=a.draft_distill_share)
+                     distill_share=a.draft_distill_share, distill_sep=tok.convert_tokens_to_ids(mf.EOS))
     stats.update(params=n, size=asdict(a.draft_size), vocab_fingerprint=mf.vocab_fingerprint(tok),
                  data=f"corpus windows + target greedy continuations ({a.draft_distill_share:.0%} of each batch)"
                  if seqs is not None else "corpus windows",
@@ -443,9 +470,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--target-steps", type=int)
     p.add_argument("--target-minutes", type=float)
+    p.add_argument("--target-batch", type=int, help="sequences per optimiser step")
+    p.add_argument("--target-lr", type=float, help="peak learning rate")
+    p.add_argument("--target-warmup", type=int, help="linear warmup steps")
+    p.add_argument("--target-init", type=Path,
+                   help="continue training this target checkpoint (e.g. models/target) for another schedule")
     p.add_argument("--draft-steps", type=int)
     p.add_argument("--draft-minutes", type=float)
+    p.add_argument("--draft-batch", type=int, help="sequences per optimiser step")
+    p.add_argument("--draft-lr", type=float, help="peak learning rate")
     p.add_argument("--draft-kd", type=float, help="weight of the KL-to-target term in the draft loss")
+    p.add_argument("--draft-distill-share", type=float,
+                   help="share of each draft batch taken from the target's continuations (0: corpus only)")
     p.add_argument("--mlp-steps", type=int)
     p.add_argument("--mlp-minutes", type=float)
     p.add_argument("--mlp-corpus-windows", type=int)
@@ -468,14 +504,18 @@ def main(argv: list[str] | None = None) -> None:
         a.mlp_minutes *= f
         a.distill_minutes *= f
     a.target_size = ns.target_size or a.target_size
+    a.target_init = ns.target_init
     a.draft_size = ns.draft_size or a.draft_size
-    for attr, val in (("steps", ns.target_steps), ("minutes", ns.target_minutes)):
+    for attr, val in (("steps", ns.target_steps), ("minutes", ns.target_minutes), ("batch_size", ns.target_batch),
+                      ("lr", ns.target_lr), ("warmup", ns.target_warmup)):
         if val is not None:
             setattr(a.target, attr, val)
-    for attr, val in (("steps", ns.draft_steps), ("minutes", ns.draft_minutes)):
+    for attr, val in (("steps", ns.draft_steps), ("minutes", ns.draft_minutes), ("batch_size", ns.draft_batch),
+                      ("lr", ns.draft_lr)):
         if val is not None:
             setattr(a.draft, attr, val)
-    for attr, val in (("draft_kd", ns.draft_kd), ("mlp_steps", ns.mlp_steps), ("mlp_minutes", ns.mlp_minutes),
+    for attr, val in (("draft_kd", ns.draft_kd), ("draft_distill_share", ns.draft_distill_share),
+                      ("mlp_steps", ns.mlp_steps), ("mlp_minutes", ns.mlp_minutes),
                       ("mlp_corpus_windows", ns.mlp_corpus_windows),
                       ("distill_prompts", ns.distill_prompts), ("distill_minutes", ns.distill_minutes)):
         if val is not None:
