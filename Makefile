@@ -38,7 +38,7 @@ bench-spec: $(STAMP)
 bench: bench-kernels bench-engine bench-spec
 
 # Retrain the shipped model family (tokenizer, target, draft, MLP speculator) from the Python
-# standard library, about 75 minutes on 2 cores, then re-measure the model card's figures.
+# standard library, about 85 minutes on 2 cores, then re-measure the model card's figures.
 models: $(STAMP)
 	$(PY) scripts/train_models.py
 	$(PY) scripts/eval_models.py
