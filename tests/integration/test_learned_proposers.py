@@ -1,6 +1,7 @@
 """Draft-model and MLP-speculator proposers through real processes on 127.0.0.1: greedy output
-equals speculation off for every k and in mixed batches, sampled output with the draft proposer
-has the target's distribution, and seeded sampled runs are reproducible.
+equals speculation off for every k and in mixed batches, sampled output with each proposer (n-gram
+included) and with a batch mixing proposers and k has the target's distribution, and seeded sampled
+runs are reproducible.
 
 The stack runs a sharpened copy of tests/fixtures/tiny-llama as target (see learned_testlib), a noisy
 copy of it as draft and an MLP speculator fitted for a few seconds to the target's hidden
@@ -112,37 +113,75 @@ def two_sample_chi2(a: Counter, b: Counter, min_count: int = 10) -> tuple[float,
     return stat, max(len(bins) - 1, 1)
 
 
-def test_sampled_draft_speculation_has_the_targets_distribution(client):
-    """Distribution test, speculation on vs off (temperature 0.8, top_p 0.95).
+SAMPLED_N = 800  # requests per sample
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 3}
 
-    N = 800 seeded requests with the draft proposer (k = 4) and N with speculation off, each
-    generating 3 tokens from the same short prompt, with distinct seeds throughout (the two
-    samples are independent). For each output position the token histograms of the two samples
-    are compared with a two-sample chi-square test (rare tokens pooled, see two_sample_chi2) at
-    alpha = 0.001 per position (0.003 for the three together). The marginal distribution of
-    every position is the same under lossless speculation, so the test should pass. Its power is
-    checked on the spot: the same test tells temperature 0.8 from temperature 1.0 (speculation
-    off, N more requests), a smaller difference than a broken acceptance rule makes.
+
+@pytest.fixture(scope="module")
+def sampled_prompt(client) -> str:
+    """A prompt the n-gram proposer can draft from: a short prefix, the target's own greedy
+    continuation of it, then the prefix again. The n-gram proposer matches the repeated prefix and
+    proposes the continuation that followed it, tokens the target often (not always) samples, so
+    both the accept and the reject paths of the sampler run."""
+    prefix = "def add(a, b):"
+    greedy = client.generate(client.request(prefix, None, max_tokens=12))
+    return prefix + greedy.text + "\n" + prefix
+
+
+@pytest.fixture(scope="module")
+def sampled_off(client, sampled_prompt) -> list:
+    return client.generate_all([client.request(sampled_prompt, None, seed=20_000 + i, **SAMPLED)
+                                for i in range(SAMPLED_N)], workers=8)
+
+
+# (method, k) of each request of a sample, cycled: one method and k, or a batch mixing all of them
+SAMPLED_PLANS = {
+    "ngram-k3": [("ngram", 3)],
+    "draft-k4": [("draft", 4)],
+    "mlp-k2": [("mlp", 2)],
+    "mixed": [("ngram", 1), ("draft", 8), ("mlp", 5), ("ngram", 6), ("draft", 2), ("mlp", 8)],
+}
+
+
+@pytest.mark.parametrize("plan", list(SAMPLED_PLANS))
+def test_sampled_speculation_has_the_targets_distribution(client, sampled_prompt, sampled_off, plan):
+    """Distribution test, speculation on vs off (temperature 0.8, top_p 0.95), per proposer and
+    for a batch that mixes proposers and k.
+
+    N = 800 seeded requests with speculation on and N with it off, each generating 3 tokens from
+    the same prompt, with distinct seeds throughout (the samples are independent; the off sample
+    is shared by the plans). For each output position the token histograms of the two samples are
+    compared with a two-sample chi-square test (rare tokens pooled, see two_sample_chi2) at
+    alpha = 0.001 per position. The marginal distribution of every position is the same under
+    lossless speculation, so the test should pass; its power is checked by
+    test_the_distribution_test_tells_temperatures_apart.
     """
-    n, prompt = 800, "def add(a, b):"
-    on = client.generate_all([client.request(prompt, "draft", k=4, temperature=0.8, top_p=0.95,
-                                             seed=10_000 + i, max_tokens=3) for i in range(n)],
-                             workers=8)
-    off = client.generate_all([client.request(prompt, None, temperature=0.8, top_p=0.95,
-                                              seed=20_000 + i, max_tokens=3) for i in range(n)],
-                              workers=8)
-    assert sum(r.usage.speculation.accepted_tokens for r in on) > 0
-    for pos in range(3):
+    steps = SAMPLED_PLANS[plan]
+    on = client.generate_all([client.request(sampled_prompt, *steps[i % len(steps)], seed=10_000 + i,
+                                             **SAMPLED) for i in range(SAMPLED_N)], workers=8)
+    for method in {m for m, _ in steps}:
+        mine = [r.usage.speculation for r in on if r.usage.speculation.method == method]
+        assert mine and sum(s.proposed_tokens for s in mine) > 0, method
+        # the proposer is sometimes right and sometimes wrong: both sampler paths ran
+        accepted = sum(s.accepted_tokens for s in mine)
+        assert 0 < accepted < sum(s.proposed_tokens for s in mine), method
+    for pos in range(SAMPLED["max_tokens"]):
         a = Counter(r.token_ids[pos] for r in on)
-        b = Counter(r.token_ids[pos] for r in off)
+        b = Counter(r.token_ids[pos] for r in sampled_off)
         stat, df = two_sample_chi2(a, b)
         crit = chi2_critical(df)
-        print(f"position {pos}: chi2 = {stat:.1f}, df = {df}, critical(0.001) = {crit:.1f}")
+        print(f"{plan} position {pos}: chi2 = {stat:.1f}, df = {df}, critical(0.001) = {crit:.1f}")
         assert stat < crit, (pos, stat, df, a.most_common(8), b.most_common(8))
-    hotter = client.generate_all([client.request(prompt, None, temperature=1.0, top_p=0.95,
-                                                 seed=30_000 + i, max_tokens=3)
-                                  for i in range(n)], workers=8)
-    stat, df = two_sample_chi2(Counter(r.token_ids[0] for r in off),
+
+
+def test_the_distribution_test_tells_temperatures_apart(client, sampled_prompt, sampled_off):
+    """Power of the test above, checked on the spot: it tells temperature 0.8 from temperature
+    1.0 (speculation off, N more requests), a smaller difference than a broken acceptance rule
+    makes."""
+    hotter = client.generate_all([client.request(sampled_prompt, None, seed=30_000 + i,
+                                                 **{**SAMPLED, "temperature": 1.0})
+                                  for i in range(SAMPLED_N)], workers=8)
+    stat, df = two_sample_chi2(Counter(r.token_ids[0] for r in sampled_off),
                                Counter(r.token_ids[0] for r in hotter))
     print(f"power check, T=0.8 vs T=1.0 at position 0: chi2 = {stat:.1f}, df = {df}, "
           f"critical(0.001) = {chi2_critical(df):.1f}")
