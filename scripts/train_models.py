@@ -461,6 +461,16 @@ def mlp_accuracy(spec, states: torch.Tensor, seqs: torch.Tensor, lo: int, hi: in
     return (correct / total).tolist()
 
 
+# --<model>-<flag> -> (LMTrainConfig field, type, help)
+LM_FLAGS = {
+    "steps": ("steps", int, "optimiser steps of the schedule"),
+    "minutes": ("minutes", float, "wall-clock cap"),
+    "batch": ("batch_size", int, "sequences per optimiser step"),
+    "lr": ("lr", float, "peak learning rate"),
+    "warmup": ("warmup", int, "linear warmup steps"),
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma list out of {STAGES}")
@@ -468,17 +478,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--work", type=Path, default=mf.REPO / "runs" / "models", help="scratch dir (data, logs)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--target-steps", type=int)
-    p.add_argument("--target-minutes", type=float)
-    p.add_argument("--target-batch", type=int, help="sequences per optimiser step")
-    p.add_argument("--target-lr", type=float, help="peak learning rate")
-    p.add_argument("--target-warmup", type=int, help="linear warmup steps")
+    for model in ("target", "draft"):  # the LMTrainConfig fields a run may override, per model
+        for flag, (attr, typ, what) in LM_FLAGS.items():
+            p.add_argument(f"--{model}-{flag}", type=typ, dest=f"{model}_{attr}", help=f"{model}: {what}")
     p.add_argument("--target-init", type=Path,
                    help="continue training this target checkpoint (e.g. models/target) for another schedule")
-    p.add_argument("--draft-steps", type=int)
-    p.add_argument("--draft-minutes", type=float)
-    p.add_argument("--draft-batch", type=int, help="sequences per optimiser step")
-    p.add_argument("--draft-lr", type=float, help="peak learning rate")
     p.add_argument("--draft-kd", type=float, help="weight of the KL-to-target term in the draft loss")
     p.add_argument("--draft-distill-share", type=float,
                    help="share of each draft batch taken from the target's continuations (0: corpus only)")
@@ -506,14 +510,10 @@ def main(argv: list[str] | None = None) -> None:
     a.target_size = ns.target_size or a.target_size
     a.target_init = ns.target_init
     a.draft_size = ns.draft_size or a.draft_size
-    for attr, val in (("steps", ns.target_steps), ("minutes", ns.target_minutes), ("batch_size", ns.target_batch),
-                      ("lr", ns.target_lr), ("warmup", ns.target_warmup)):
-        if val is not None:
-            setattr(a.target, attr, val)
-    for attr, val in (("steps", ns.draft_steps), ("minutes", ns.draft_minutes), ("batch_size", ns.draft_batch),
-                      ("lr", ns.draft_lr)):
-        if val is not None:
-            setattr(a.draft, attr, val)
+    for model in ("target", "draft"):
+        for attr, _, _ in LM_FLAGS.values():
+            if (val := getattr(ns, f"{model}_{attr}")) is not None:
+                setattr(getattr(a, model), attr, val)
     for attr, val in (("draft_kd", ns.draft_kd), ("draft_distill_share", ns.draft_distill_share),
                       ("mlp_steps", ns.mlp_steps), ("mlp_minutes", ns.mlp_minutes),
                       ("mlp_corpus_windows", ns.mlp_corpus_windows),

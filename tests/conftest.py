@@ -1,4 +1,4 @@
-"""Shared fixtures: the model directory the suite runs against, and offline settings."""
+"""Shared fixtures: the model directories the suite runs against, and offline settings."""
 
 from __future__ import annotations
 
@@ -24,3 +24,11 @@ def target_model_dir() -> str:
     from verifier_service.config import DEFAULT_MODEL
 
     return str(REPO_ROOT / DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir() -> str:
+    """tests/fixtures/tiny-llama: a random tiny Llama for tests that build their own proposers."""
+    from tiny_proposer_models import TINY_TARGET
+
+    return TINY_TARGET

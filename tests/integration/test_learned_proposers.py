@@ -17,15 +17,9 @@ from pathlib import Path
 import pytest
 
 from learned_testlib import PROMPTS, gen_client, learned_stack_config, make_models
-from tiny_proposer_models import TINY_TARGET
 from splitspec.launcher import Stack, sibling_proposer_models
 
 pytestmark = pytest.mark.integration
-
-@pytest.fixture(scope="session")
-def tiny_target_dir() -> str:
-    return TINY_TARGET
-
 
 
 @pytest.fixture(scope="module")

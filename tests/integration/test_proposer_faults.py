@@ -20,7 +20,6 @@ import grpc
 import pytest
 
 from learned_testlib import PROMPTS, gen_client, learned_stack_config, make_models
-from tiny_proposer_models import TINY_TARGET
 from protos import proposer_pb2, proposer_pb2_grpc
 from splitspec.launcher import REPO_ROOT, Stack
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
@@ -29,11 +28,6 @@ from splitspec.net import free_port
 pytestmark = pytest.mark.integration
 VOCAB = 1024  # tests/fixtures/tiny-llama
 DEADLINE_S = 0.25  # the verifier's per-step deadline in the late/garbage test
-
-@pytest.fixture(scope="session")
-def tiny_target_dir() -> str:
-    return TINY_TARGET
-
 
 
 @pytest.fixture(scope="module")

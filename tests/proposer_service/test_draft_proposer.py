@@ -13,16 +13,11 @@ from proposer_service.draft import DraftModelProposer, choose_tokens
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
-from tiny_proposer_models import TINY_TARGET, make_noisy_draft, make_random_draft
+from tiny_proposer_models import make_noisy_draft, make_random_draft
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(temperature=0.0)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
-
-@pytest.fixture(scope="session")
-def tiny_target_dir() -> str:
-    return TINY_TARGET
-
 
 
 @pytest.fixture(scope="module")
