@@ -1,4 +1,5 @@
-"""Whether Triton can be used, decided lazily at call time (importing kernels never imports triton)."""
+"""Whether Triton can be used, decided lazily at call time (importing kernels never imports
+triton)."""
 
 from __future__ import annotations
 

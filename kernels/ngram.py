@@ -1,4 +1,5 @@
-"""N-gram (prompt-lookup) matching: continuations of the longest earlier match of the history's suffix.
+"""N-gram (prompt-lookup) matching: continuations of the longest earlier match of the history's
+suffix.
 
 Semantics of `ngram_candidates(tokens, min_n, max_n, k, max_candidates)`:
     L = the largest n, min_n <= n <= max_n and n < len(tokens), such that the suffix tokens[-n:]
@@ -59,7 +60,8 @@ def z_function(seq: np.ndarray, cap: int) -> np.ndarray:
 
 
 def _match_starts(rev: np.ndarray, max_n: int) -> tuple[int, np.ndarray]:
-    """(L, starts): L = longest match (<= max_n) of rev's prefix at some s >= 1; starts ascending."""
+    """(L, starts): L = longest match (<= max_n) of rev's prefix at some s >= 1; starts
+    ascending."""
     n = rev.shape[0]
     if max_n > _VECTOR_MAX_N:
         z = z_function(rev, max_n)
@@ -97,7 +99,9 @@ def ngram_candidates(
     t = np.arange(k, dtype=np.int64)
     if max_candidates == 1:
         return [arr[ends[0] + t % period[0]].tolist()]
-    conts = arr[ends[:, None] + t[None, :] % period[:, None]]  # [S, k], c_t = tokens[j + (t mod (len - j))]
+    conts = arr[
+        ends[:, None] + t[None, :] % period[:, None]
+    ]  # [S, k], c_t = tokens[j + (t mod (len - j))]
     if conts.shape[0] > 64:
         # many occurrences (repetitive history): dedupe in one vectorised pass, keep recency order
         _, first = np.unique(conts, axis=0, return_index=True)

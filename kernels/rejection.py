@@ -16,13 +16,20 @@ removed, renormalised. The emitted tokens are distributed exactly as sampling p 
 Greedy rows accept d_j iff d_j == argmax(p_j) and emit argmax of the first rejected (or bonus) row;
 they consume no random numbers.
 
-Random numbers (all drawn before any compute, so every implementation sees the same ones):
-    u  [D]     uniforms for acceptance, only for sampled rows with k_i > 0;
-    E  [B, V]  Exp(1) noise, one row per sampled sequence: exactly one non-draft token is emitted per
+Seeded sampled rows are verified by coupling instead: their token at position t is
+    g_t = argmax(p_t / E(seed, t)), E keyed noise (kernels.sampling.noise_key), whatever was
+    drafted; a draft is accepted iff it equals g_t. Accepting d costs probability p(d), exactly as
+    rejection sampling a one-hot draft does, and the output is a pure function of (seed, position,
+    p): the same with speculation on or off, any k, a dropped draft, any batch, or after a resume
+    elsewhere. The draft proposers sample seeded drafts with the same keyed noise, which makes
+    agreement likely.
+    In the kernels seeded rows therefore travel as greedy rows whose "argmax" is g_t.
+
+Random numbers of unseeded sampled rows (all drawn before any compute, so every implementation
+sees the same ones), from the default RNG:
+    u  [D]     uniforms for acceptance, only for rows with k_i > 0;
+    E  [S, V]  Exp(1) noise, one row per sequence: exactly one non-draft token is emitted per
                sequence, via the exponential race argmax(r / E) over its residual or bonus row r.
-Unseeded rows draw in one batched call from the default RNG; a seeded row draws from its own
-torch.Generator, its uniforms first, then its noise, so its output does not depend on the batch (and
-a seeded row with k_i = 0 emits the same token as `kernels.sampling.sample` on its bonus row).
 
 `rejection_sample(..., impl="auto")` runs the Triton kernel on CUDA / MLU tensors when triton is
 importable and this PyTorch reference otherwise. Importing this module never imports triton.
@@ -30,115 +37,30 @@ importable and this PyTorch reference otherwise. Importing this module never imp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import torch
 
-from kernels.sampling import draw_exponentials
+from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult, StepLayout
+from kernels.sampling import draw_exponentials, keyed_argmax, noise_key
+from kernels.sparse_probs import SparseProbs
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "SparseProbs",
     "RejectionResult",
-    "RaggedLayout",
+    "StepLayout",
     "rejection_sample",
     "typical_acceptance_sample",
 ]
 
-PLACEHOLDER_TOKEN_ID = -1  # pads output_token_ids after the last valid token of a row
-
-
-@dataclass
-class SparseProbs:
-    """A draft distribution restricted to K tokens per row.
-
-    indices: int64 [M, K] (distinct within a row); probs: float [M, K], each row sums to 1.
-    A one-hot draft (n-gram proposer, greedy draft model) is exactly SparseProbs with K = 1 and
-    probs 1.0, which is how deterministic and sampled drafts share one verifier batch.
-    """
-
-    indices: torch.Tensor  # int64 [M, K]
-    probs: torch.Tensor  # float [M, K]
-
-    def __post_init__(self) -> None:
-        if self.indices.dim() != 2 or self.indices.shape != self.probs.shape:
-            raise ValueError(
-                f"SparseProbs wants indices and probs of one [M, K] shape, got "
-                f"{tuple(self.indices.shape)} and {tuple(self.probs.shape)}"
-            )
-
-    @classmethod
-    def one_hot(cls, token_ids: torch.Tensor) -> "SparseProbs":
-        """The deterministic draft distribution at token_ids [M] (K = 1, prob 1)."""
-        idx = token_ids.reshape(-1, 1).to(torch.int64)
-        return cls(indices=idx, probs=torch.ones(idx.shape, dtype=torch.float32, device=idx.device))
-
-    @property
-    def num_rows(self) -> int:
-        return self.indices.shape[0]
-
-    def to_dense(self, vocab_size: int) -> torch.Tensor:
-        """Dense [M, V] float32 probabilities."""
-        dense = torch.zeros(self.num_rows, vocab_size, dtype=torch.float32, device=self.probs.device)
-        return dense.scatter_add_(1, self.indices, self.probs.to(torch.float32))
-
-
 DraftProbs = Union[None, torch.Tensor, SparseProbs]
+LayoutLike = Union[StepLayout, torch.Tensor, Sequence[int]]
 
 
-@dataclass
-class RejectionResult:
-    """output_token_ids: int64 [B, max_k + 1], row i = accepted drafts then one recovered/bonus
-    token, padded with PLACEHOLDER_TOKEN_ID; num_accepted: int64 [B]. Row i has num_accepted[i] + 1
-    valid tokens."""
-
-    output_token_ids: torch.Tensor  # int64 [B, max_k + 1]
-    num_accepted: torch.Tensor  # int64 [B]
-
-    def tokens(self) -> list[list[int]]:
-        """Valid tokens per row as Python lists (host copy; for tests and the servicer edge)."""
-        out = self.output_token_ids.cpu().tolist()
-        n = self.num_accepted.cpu().tolist()
-        return [row[: a + 1] for row, a in zip(out, n)]
-
-
-@dataclass(frozen=True)
-class RaggedLayout:
-    """Host-side index arithmetic for the ragged batch; built once per step from num_draft_tokens."""
-
-    num_draft_tokens: torch.Tensor  # int64 [B], CPU
-    draft_offsets: torch.Tensor  # int64 [B], CPU: first draft row of sequence i in [D]
-    target_offsets: torch.Tensor  # int64 [B], CPU: first target row of sequence i in [T]
-    batch_size: int
-    num_drafts: int  # D
-    max_k: int
-
-    @classmethod
-    def build(cls, num_draft_tokens: torch.Tensor) -> "RaggedLayout":
-        k = torch.as_tensor(num_draft_tokens, dtype=torch.int64).cpu().reshape(-1)
-        if k.numel() and int(k.min()) < 0:
-            raise ValueError("num_draft_tokens must be >= 0")
-        cum = k.cumsum(0)
-        draft_offsets = cum - k
-        target_offsets = draft_offsets + torch.arange(k.numel(), dtype=torch.int64)
-        return cls(
-            num_draft_tokens=k,
-            draft_offsets=draft_offsets,
-            target_offsets=target_offsets,
-            batch_size=k.numel(),
-            num_drafts=int(cum[-1]) if k.numel() else 0,
-            max_k=int(k.max()) if k.numel() else 0,
-        )
-
-    def padded_indices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(draft row, target row, valid), each [B, max_k]; invalid slots point at safe rows."""
-        j = torch.arange(self.max_k, dtype=torch.int64)
-        k = self.num_draft_tokens.unsqueeze(1)
-        valid = j.unsqueeze(0) < k  # [B, max_k]
-        draft_idx = (self.draft_offsets.unsqueeze(1) + j).clamp(max=max(self.num_drafts - 1, 0))
-        target_idx = self.target_offsets.unsqueeze(1) + torch.minimum(j.unsqueeze(0), k)
-        return draft_idx, target_idx, valid
+def as_layout(layout: LayoutLike) -> StepLayout:
+    """A StepLayout, or num_draft_tokens [S] for a sampler-only batch."""
+    return layout if isinstance(layout, StepLayout) else StepLayout.for_drafts(layout)
 
 
 def _host_bools(flags: Union[torch.Tensor, Sequence[bool]], n: int, name: str) -> torch.Tensor:
@@ -148,31 +70,56 @@ def _host_bools(flags: Union[torch.Tensor, Sequence[bool]], n: int, name: str) -
     return t
 
 
-def draw_uniforms(
-    layout: RaggedLayout,
-    sampled_rows: Sequence[int],
-    generators: Sequence[Optional[torch.Generator]],
-    device: torch.device,
-) -> torch.Tensor:
-    """Acceptance uniforms u [D] for the drafts of `sampled_rows`; other slots are left unset."""
+def draw_uniforms(layout: StepLayout, rows: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Acceptance uniforms u [D] for the drafts of sequences `rows` (default RNG); other slots are
+    left unset."""
     uniforms = torch.empty(layout.num_drafts, dtype=torch.float32, device=device)
     k = layout.num_draft_tokens.tolist()
     off = layout.draft_offsets.tolist()
-    unseeded = [i for i in sampled_rows if generators[i] is None and k[i] > 0]
-    n_unseeded = sum(k[i] for i in unseeded)
-    if n_unseeded == layout.num_drafts:
+    rows = [i for i in rows if k[i] > 0]
+    n = sum(k[i] for i in rows)
+    if n == layout.num_drafts:
         uniforms.uniform_()
-    elif n_unseeded:
-        idx = torch.cat([torch.arange(off[i], off[i] + k[i]) for i in unseeded]).to(device, non_blocking=True)
-        uniforms[idx] = torch.rand(n_unseeded, device=device)
-    for i in sampled_rows:
-        gen = generators[i]
-        if gen is not None and k[i] > 0:
-            uniforms[off[i] : off[i] + k[i]] = torch.rand(k[i], generator=gen, device=device)
+    elif n:
+        idx = torch.cat([torch.arange(off[i], off[i] + k[i]) for i in rows])
+        uniforms[idx.to(device, non_blocking=True)] = torch.rand(n, device=device)
     return uniforms
 
 
-def _draft_prob_at(draft_probs: DraftProbs, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def _seeded_rows(
+    greedy_host: torch.Tensor, seeds: Optional[Sequence[Optional[int]]], n: int
+) -> list[int]:
+    if seeds is None:
+        return []
+    if len(seeds) != n:
+        raise ValueError(f"seeds has {len(seeds)} entries for a batch of {n}")
+    return [
+        i for i, (g, s) in enumerate(zip(greedy_host.tolist(), seeds)) if s is not None and not g
+    ]
+
+
+def _coupled_argmax(
+    target_probs: torch.Tensor,
+    layout: StepLayout,
+    seeded: Sequence[int],
+    seeds: Sequence[Optional[int]],
+    target_argmax: torch.Tensor,
+) -> torch.Tensor:
+    """target_argmax [T] with every row of a seeded sequence replaced by its keyed sample g_t."""
+    k = layout.num_draft_tokens.tolist()
+    toff = layout.target_offsets.tolist()
+    pos = layout.sample_positions.tolist()
+    rows = [toff[i] + j for i in seeded for j in range(k[i] + 1)]
+    keys = [noise_key(seeds[i], pos[i] + j) for i in seeded for j in range(k[i] + 1)]
+    idx = torch.tensor(rows, dtype=torch.int64).to(target_probs.device, non_blocking=True)
+    out = target_argmax.clone()
+    out[idx] = keyed_argmax(target_probs[idx], keys)
+    return out
+
+
+def _draft_prob_at(
+    draft_probs: DraftProbs, rows: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
     """q at (rows, tokens), any matching shapes -> float32 of that shape."""
     if draft_probs is None:
         return torch.ones(tokens.shape, dtype=torch.float32, device=tokens.device)
@@ -208,26 +155,31 @@ def _draft_rows_dense(
 def _validate(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    layout: RaggedLayout,
+    layout: StepLayout,
     draft_probs: DraftProbs,
-    generators: Sequence[Optional[torch.Generator]],
 ) -> None:
     if target_probs.dim() != 2:
         raise ValueError(f"target_probs must be [T, V], got {tuple(target_probs.shape)}")
     expected_t = layout.num_drafts + layout.batch_size
     if target_probs.shape[0] != expected_t:
-        raise ValueError(f"target_probs has {target_probs.shape[0]} rows, expected sum(k_i + 1) = {expected_t}")
+        raise ValueError(
+            f"target_probs has {target_probs.shape[0]} rows, expected sum(k_i + 1) = {expected_t}"
+        )
     if draft_token_ids.numel() != layout.num_drafts:
-        raise ValueError(f"draft_token_ids has {draft_token_ids.numel()} entries, expected sum(k_i) = {layout.num_drafts}")
-    if len(generators) != layout.batch_size:
-        raise ValueError(f"generators has {len(generators)} entries for a batch of {layout.batch_size}")
+        raise ValueError(
+            f"draft_token_ids has {draft_token_ids.numel()} entries, "
+            f"expected sum(k_i) = {layout.num_drafts}"
+        )
     if isinstance(draft_probs, SparseProbs):
         if draft_probs.num_rows != layout.num_drafts:
-            raise ValueError(f"draft_probs has {draft_probs.num_rows} rows, expected {layout.num_drafts}")
+            raise ValueError(
+                f"draft_probs has {draft_probs.num_rows} rows, expected {layout.num_drafts}"
+            )
     elif draft_probs is not None:
         if tuple(draft_probs.shape) != (layout.num_drafts, target_probs.shape[1]):
             raise ValueError(
-                f"dense draft_probs must be [{layout.num_drafts}, {target_probs.shape[1]}], got {tuple(draft_probs.shape)}"
+                f"dense draft_probs must be [{layout.num_drafts}, {target_probs.shape[1]}], "
+                f"got {tuple(draft_probs.shape)}"
             )
 
 
@@ -246,33 +198,51 @@ def _use_triton(device: torch.device, impl: str) -> bool:
 def rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
+    layout: LayoutLike,
     draft_probs: DraftProbs,
     is_greedy: Union[torch.Tensor, Sequence[bool]],
-    generators: Sequence[Optional[torch.Generator]],
+    seeds: Optional[Sequence[Optional[int]]] = None,
     impl: str = "auto",
 ) -> RejectionResult:
     """Lossless speculative verification of a ragged batch (see the module docstring).
 
-    target_probs [T, V]; draft_token_ids int64 [D]; num_draft_tokens int64 [B] on CPU;
-    draft_probs None | dense [D, V] | SparseProbs (D rows); is_greedy bool [B] (keep it on the CPU
-    as well: it decides, on the host, which rows draw random numbers); generators: B entries of
-    torch.Generator | None. impl: "auto" | "reference" | "triton".
+    target_probs [T, V]; draft_token_ids int64 [D]; layout: the step's StepLayout, or
+    num_draft_tokens int64 [S] for a sampler-only batch (sample positions 1, 1, ...);
+    draft_probs None | dense [D, V] | SparseProbs (D rows); is_greedy bool [S] (keep it on the CPU
+    as well: it decides, on the host, which rows draw random numbers); seeds: S entries of
+    int | None (None for all: every sampled row unseeded). impl: "auto" | "reference" | "triton".
     """
-    layout = RaggedLayout.build(num_draft_tokens)
+    layout = as_layout(layout)
     draft_token_ids = draft_token_ids.reshape(-1).to(torch.int64)
-    _validate(target_probs, draft_token_ids, layout, draft_probs, generators)
+    _validate(target_probs, draft_token_ids, layout, draft_probs)
     device = target_probs.device
     vocab = target_probs.shape[1]
     greedy_host = _host_bools(is_greedy, layout.batch_size, "is_greedy")
-    sampled_rows = [i for i, g in enumerate(greedy_host.tolist()) if not g]
+    seeded = _seeded_rows(greedy_host, seeds, layout.batch_size)
+    # seeded rows are verified by coupling: deterministic given their keyed argmax
+    det_host = greedy_host.clone()
+    det_host[seeded] = True
+    sampled_rows = [i for i, g in enumerate(det_host.tolist()) if not g]
 
-    # all randomness first, in a fixed order per generator: uniforms, then noise
-    uniforms = draw_uniforms(layout, sampled_rows, generators, device) if sampled_rows else None
-    exps = draw_exponentials(layout.batch_size, vocab, generators, device, rows=sampled_rows) if sampled_rows else None
-    target_argmax = target_probs.argmax(dim=-1) if len(sampled_rows) < layout.batch_size else None  # [T]
+    # all randomness first: uniforms, then noise (default RNG, unseeded sampled rows only)
+    uniforms = draw_uniforms(layout, sampled_rows, device) if sampled_rows else None
+    exps = draw_exponentials(layout.batch_size, vocab, device) if sampled_rows else None
+    target_argmax = None
+    if len(sampled_rows) < layout.batch_size:
+        target_argmax = target_probs.argmax(dim=-1)  # [T]
+        if seeded:
+            target_argmax = _coupled_argmax(target_probs, layout, seeded, seeds, target_argmax)
 
-    args = (target_probs, draft_token_ids, layout, draft_probs, greedy_host, uniforms, exps, target_argmax)
+    args = (
+        target_probs,
+        draft_token_ids,
+        layout,
+        draft_probs,
+        det_host,
+        uniforms,
+        exps,
+        target_argmax,
+    )
     if _use_triton(device, impl):
         from kernels.triton_rejection import rejection_sample_triton
 
@@ -283,7 +253,7 @@ def rejection_sample(
 def rejection_sample_reference(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    layout: RaggedLayout,
+    layout: StepLayout,
     draft_probs: DraftProbs,
     greedy_host: torch.Tensor,
     uniforms: Optional[torch.Tensor],
@@ -301,7 +271,9 @@ def rejection_sample_reference(
     out = torch.full((b, max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
 
     if max_k > 0:
-        draft_idx, target_idx, valid = (t.to(device, non_blocking=True) for t in layout.padded_indices())
+        draft_idx, target_idx, valid = (
+            t.to(device, non_blocking=True) for t in layout.padded_indices()
+        )
         d = draft_token_ids[draft_idx]  # [B, max_k]
         accept = torch.zeros(b, max_k, dtype=torch.bool, device=device)
         if any_sampled:
@@ -315,7 +287,9 @@ def rejection_sample_reference(
         # accepted prefix = drafts before the first rejection
         num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
         j = torch.arange(max_k, device=device)
-        out[:, :max_k] = torch.where(j < num_accepted.unsqueeze(1), d, torch.full_like(d, PLACEHOLDER_TOKEN_ID))
+        out[:, :max_k] = torch.where(
+            j < num_accepted.unsqueeze(1), d, torch.full_like(d, PLACEHOLDER_TOKEN_ID)
+        )
     else:
         num_accepted = torch.zeros(b, dtype=torch.int64, device=device)
 
@@ -330,7 +304,8 @@ def rejection_sample_reference(
             draft_offsets = layout.draft_offsets.to(device, non_blocking=True)
             x_draft_rows = (draft_offsets + num_accepted).clamp(max=layout.num_drafts - 1)
             q_x = _draft_rows_dense(draft_probs, draft_token_ids, x_draft_rows, rejected, vocab)
-            # residual max(0, p - q); zero everywhere only through rounding (p == q), then fall back to p
+            # residual max(0, p - q); zero everywhere only through rounding (p == q), then fall back
+            # to p
             r = (p_x - q_x).clamp_(min=0.0)
             r = torch.where((r > 0).any(dim=1, keepdim=True), r, p_x)
         else:
@@ -346,35 +321,43 @@ def rejection_sample_reference(
 def typical_acceptance_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    num_draft_tokens: torch.Tensor,
+    layout: LayoutLike,
     is_greedy: Union[torch.Tensor, Sequence[bool]],
-    generators: Sequence[Optional[torch.Generator]],
+    seeds: Optional[Sequence[Optional[int]]] = None,
     posterior_threshold: float = 0.09,
     posterior_alpha: float = 0.3,
 ) -> RejectionResult:
     """Typical acceptance (Medusa): NOT lossless; trades exactness for acceptance rate.
 
-    A sampled row accepts d_j iff p_j(d_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j))),
-    H the entropy of p_j: confident (low-entropy) targets demand a high probability, flat ones accept
-    anything plausible. At the first rejection (or after all drafts) one token is sampled from the
-    target row itself (no residual). Greedy rows behave exactly as in `rejection_sample`. The
-    output format and the per-row generator rules are those of `rejection_sample`; no uniforms are
-    drawn (acceptance is deterministic given p).
+    A sampled row accepts d_j iff
+        p_j(d_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j))),
+    H the entropy of p_j: confident (low-entropy) targets demand a high probability, flat ones
+    accept anything plausible. At the first rejection (or after all drafts) one token is sampled
+    from the target row itself (no residual). Greedy rows behave exactly as in `rejection_sample`.
+    The output format and the seeded-row rules (keyed noise) are those of `rejection_sample`; no
+    uniforms are drawn (acceptance is deterministic given p).
     """
-    layout = RaggedLayout.build(num_draft_tokens)
+    layout = as_layout(layout)
     draft_token_ids = draft_token_ids.reshape(-1).to(torch.int64)
-    _validate(target_probs, draft_token_ids, layout, None, generators)
+    _validate(target_probs, draft_token_ids, layout, None)
     device = target_probs.device
     b, max_k, vocab = layout.batch_size, layout.max_k, target_probs.shape[1]
     greedy_host = _host_bools(is_greedy, b, "is_greedy")
+    seeded = _seeded_rows(greedy_host, seeds, b)
+    greedy_host = greedy_host.clone()
+    greedy_host[seeded] = True  # seeded rows: keyed samples, as in rejection_sample
     sampled_rows = [i for i, g in enumerate(greedy_host.tolist()) if not g]
-    exps = draw_exponentials(b, vocab, generators, device, rows=sampled_rows) if sampled_rows else None
+    exps = draw_exponentials(b, vocab, device) if sampled_rows else None
     greedy = greedy_host.to(device, non_blocking=True)
     target_argmax = target_probs.argmax(dim=-1)  # [T]
+    if seeded:
+        target_argmax = _coupled_argmax(target_probs, layout, seeded, seeds, target_argmax)
     out = torch.full((b, max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
 
     if max_k > 0:
-        draft_idx, target_idx, valid = (t.to(device, non_blocking=True) for t in layout.padded_indices())
+        draft_idx, target_idx, valid = (
+            t.to(device, non_blocking=True) for t in layout.padded_indices()
+        )
         d = draft_token_ids[draft_idx]  # [B, max_k]
         p = target_probs[target_idx].to(torch.float32)  # [B, max_k, V]
         # entropy H = -sum p log p (0 log 0 = 0)
@@ -383,10 +366,15 @@ def typical_acceptance_sample(
             torch.full_like(entropy, posterior_threshold), posterior_alpha * torch.exp(-entropy)
         )
         p_d = p.gather(2, d.unsqueeze(2)).squeeze(2)
-        accept = torch.where(greedy.unsqueeze(1), d == target_argmax[target_idx], p_d > threshold) & valid
+        accept = (
+            torch.where(greedy.unsqueeze(1), d == target_argmax[target_idx], p_d > threshold)
+            & valid
+        )
         num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
         j = torch.arange(max_k, device=device)
-        out[:, :max_k] = torch.where(j < num_accepted.unsqueeze(1), d, torch.full_like(d, PLACEHOLDER_TOKEN_ID))
+        out[:, :max_k] = torch.where(
+            j < num_accepted.unsqueeze(1), d, torch.full_like(d, PLACEHOLDER_TOKEN_ID)
+        )
     else:
         num_accepted = torch.zeros(b, dtype=torch.int64, device=device)
 

@@ -6,7 +6,8 @@ by identical temperature / top-k / top-p / min-p rules. That is what keeps rejec
 lossless with respect to the *processed* target distribution.
 
 Processing order (per row):
-    1. temperature: temperature == 0 means greedy -> one-hot at argmax(logits); otherwise logits / T.
+    1. temperature: temperature == 0 means greedy -> one-hot at argmax(logits); otherwise
+       logits / T.
     2. top-k: keep the k largest logits (ties with the k-th value are kept); k <= 0 means off.
     3. top-p: keep the smallest prefix of the sorted distribution whose mass reaches top_p
        (the most likely token is always kept); top_p >= 1 means off.
@@ -15,8 +16,9 @@ Processing order (per row):
 
 Sampling uses the exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. picks i with
 probability p_i / sum(p), needs no normalisation and no cumulative sum, and draws a fixed number of
-random values per row (vocab uniforms, E = -log(U)). Rows with their own torch.Generator draw only from it, so a seeded row's
-token does not depend on the rest of the batch.
+random values per row (vocab uniforms, E = -log(U)). Unseeded rows draw from the default RNG; a
+seeded row's noise is a pure function of (seed, position) (`noise_key`, `keyed_exponentials`), so
+its token depends neither on the rest of the batch nor on how many numbers were drawn before.
 
 Per-row parameter tensors may live on the CPU (recommended): then "is any row using top-k?" style
 checks are free and skip work; when they live on the device the checks are skipped (all stages run,
@@ -25,12 +27,21 @@ which is still correct, and never forces a host-device sync).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
-__all__ = ["SamplingTensors", "apply_sampling_params", "sample", "draw_exponentials"]
+__all__ = [
+    "SamplingTensors",
+    "apply_sampling_params",
+    "draw_exponentials",
+    "keyed_argmax",
+    "keyed_exponentials",
+    "noise_key",
+    "sample",
+]
 
 
 @dataclass(frozen=True)
@@ -54,8 +65,12 @@ class SamplingTensors:
         return cls(
             temperature=torch.tensor(list(temperature), dtype=torch.float32),
             top_k=torch.tensor(list(top_k) if top_k is not None else [0] * n, dtype=torch.int64),
-            top_p=torch.tensor(list(top_p) if top_p is not None else [1.0] * n, dtype=torch.float32),
-            min_p=torch.tensor(list(min_p) if min_p is not None else [0.0] * n, dtype=torch.float32),
+            top_p=torch.tensor(
+                list(top_p) if top_p is not None else [1.0] * n, dtype=torch.float32
+            ),
+            min_p=torch.tensor(
+                list(min_p) if min_p is not None else [0.0] * n, dtype=torch.float32
+            ),
         )
 
     @property
@@ -83,7 +98,11 @@ def _mask_below_kth(x: torch.Tensor, k: torch.Tensor, top_k_host: torch.Tensor) 
     """-inf below each row's k-th largest value (ties with it are kept). x: [N, V]; k: [N]."""
     vocab = x.shape[1]
     if top_k_host.device.type == "cpu":
-        k_max = int(torch.where(top_k_host > 0, top_k_host, torch.full_like(top_k_host, vocab)).clamp(max=vocab).max())
+        k_max = int(
+            torch.where(top_k_host > 0, top_k_host, torch.full_like(top_k_host, vocab))
+            .clamp(max=vocab)
+            .max()
+        )
         top_vals = x.topk(k_max, dim=-1).values  # [N, k_max], descending
     else:
         top_vals = x.sort(dim=-1, descending=True).values
@@ -127,7 +146,9 @@ def apply_sampling_params(
         width = vocab
         if use_top_k and logits.device.type == "cpu" and bool((top_k > 0).all()):
             width = int((x > float("-inf")).sum(dim=-1).max())
-        x_sorted, order = x.topk(width, dim=-1) if width < vocab else x.sort(dim=-1, descending=True)
+        x_sorted, order = (
+            x.topk(width, dim=-1) if width < vocab else x.sort(dim=-1, descending=True)
+        )
         p_sorted = x_sorted.softmax(dim=-1)  # [N, width]
         # mass strictly before each token; drop a token once that mass already reaches top_p
         mass_before = p_sorted.cumsum(dim=-1) - p_sorted
@@ -153,46 +174,82 @@ def apply_sampling_params(
     return probs
 
 
-def draw_exponentials(
-    num_rows: int,
-    vocab: int,
-    generators: Sequence[Optional[torch.Generator]],
-    device: torch.device,
-    rows: Optional[Sequence[int]] = None,
-) -> torch.Tensor:
-    """Exp(1) noise [num_rows, vocab] for the exponential race, as E = -log(U), U ~ U[0, 1).
+def draw_exponentials(num_rows: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """Exp(1) noise [num_rows, vocab] from the default RNG, as E = -log(U), U ~ U[0, 1).
 
-    Only the rows listed in `rows` (default: all) are drawn: unseeded ones in one batched call on
-    the default RNG, seeded ones one by one from their own generator (vocab uniforms each). Rows
-    not listed are left undefined (callers never read them). -log(U) is several times cheaper than
-    Tensor.exponential_ on CPU; U = 0 gives E = inf, which removes that token from one draw with
-    probability 2**-24, far below anything measurable.
+    -log(U) is several times cheaper than Tensor.exponential_ on CPU; U = 0 gives E = inf, which
+    removes that token from one draw with probability 2**-24, far below anything measurable.
     """
-    exps = torch.empty(num_rows, vocab, dtype=torch.float32, device=device)
-    rows = range(num_rows) if rows is None else rows
-    unseeded = [i for i in rows if generators[i] is None]
-    if len(unseeded) == num_rows:
-        exps.uniform_()
-    elif unseeded:
-        idx = torch.tensor(unseeded, dtype=torch.long).to(device, non_blocking=True)
-        exps[idx] = torch.rand(len(unseeded), vocab, device=device)
-    for i in rows:
-        gen = generators[i]
-        if gen is not None:
-            exps[i].uniform_(generator=gen)
+    exps = torch.empty(num_rows, vocab, dtype=torch.float32, device=device).uniform_()
     # E = -log(U) > 0 for U < 1, so p / E never divides by zero
     return exps.log_().neg_()
 
 
-def sample(probs: torch.Tensor, generators: Sequence[Optional[torch.Generator]]) -> torch.Tensor:
+# -- keyed noise: a seeded request's random numbers as a function of (seed, position) ----------
+
+_MASK32 = 0xFFFFFFFF
+# odd multipliers below 2**31: a 32-bit value times one stays below 2**63, so int64 never wraps
+_MUL1, _MUL2 = 0x7FEB352D, 0x2C1B3C6D
+
+
+def noise_key(seed: int, position: int) -> int:
+    """The 64-bit key of the noise that picks the token at `position` of a request seeded `seed`.
+
+    Every random number a seeded request consumes is keyed by where it is used, never by how many
+    were drawn before: a dropped draft, another batch, another k, a preemption or a resume on
+    another replica all see the same numbers. The draft proposers key their own sampling the same
+    way, which couples their drafts with the verifier's choice (higher acceptance)."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL1) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL2) & _MASK32
+    return x ^ (x >> 16)
+
+
+def keyed_exponentials(keys: Sequence[int], index: torch.Tensor) -> torch.Tensor:
+    """Exp(1) noise at token ids `index` [N, K] for rows keyed `keys` (N ints) -> float32 [N, K].
+
+    A pure function of (key, token id), integer arithmetic only, so it gives the same numbers on
+    every device and in every process: E(key, v) = -log(U), U from 24 hashed bits."""
+    # index: [N, K]
+    device = index.device
+    k = torch.tensor([[key & _MASK32, key >> 32] for key in keys], dtype=torch.int64)
+    lo, hi = k.to(device).unbind(1)  # [N] each
+    v = index.to(torch.int64)
+    h = _mix32(_mix32(v ^ hi.unsqueeze(1)) ^ lo.unsqueeze(1))
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+    return u.log_().neg_()
+
+
+def keyed_argmax(probs: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
+    """The exponential race over probs [N, V] with keyed noise -> int64 [N]: a sample of each row
+    that depends only on (row, key)."""
+    vocab = probs.shape[1]
+    index = torch.arange(vocab, device=probs.device).expand(probs.shape[0], vocab)
+    return (probs.to(torch.float32) / keyed_exponentials(keys, index)).argmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, keys: Optional[Sequence[Optional[int]]] = None) -> torch.Tensor:
     """One token per row of probs [N, V] (rows need not be normalised) -> int64 [N].
 
-    generators[i] is a torch.Generator (seeded row: draws only from it) or None (default RNG).
+    keys[i] is a noise key (`noise_key(seed, position)`: a seeded row, reproducible anywhere) or
+    None (the default RNG). keys=None: every row uses the default RNG.
     """
     # probs: [N, V]
     n, vocab = probs.shape
-    if len(generators) != n:
-        raise ValueError(f"generators has {len(generators)} entries for {n} rows")
-    exps = draw_exponentials(n, vocab, generators, probs.device)
+    keys = [None] * n if keys is None else list(keys)
+    if len(keys) != n:
+        raise ValueError(f"keys has {len(keys)} entries for {n} rows")
     # exponential race: P(argmax_i p_i / E_i = i) = p_i / sum_j p_j
-    return (probs.to(torch.float32) / exps).argmax(dim=-1)
+    out = (probs.to(torch.float32) / draw_exponentials(n, vocab, probs.device)).argmax(dim=-1)
+    keyed = [i for i, key in enumerate(keys) if key is not None]
+    if keyed:
+        rows = torch.tensor(keyed, device=probs.device)
+        out[rows] = keyed_argmax(probs[rows], [keys[i] for i in keyed])
+    return out

@@ -1,4 +1,5 @@
-"""Triton rejection sampler: one program per sequence, same inputs and random numbers as the reference.
+"""Triton rejection sampler: one program per sequence, same inputs and random numbers as the
+reference.
 
 Used by `kernels.rejection.rejection_sample` on CUDA (and on MLU with Cambricon's Triton); tested on
 the CPU against the PyTorch reference through Triton's interpreter (TRITON_INTERPRET=1, read when
@@ -20,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.rejection import PLACEHOLDER_TOKEN_ID, RaggedLayout, RejectionResult, SparseProbs
+from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult, StepLayout
+from kernels.sparse_probs import SparseProbs
 
 __all__ = ["rejection_sample_triton"]
 
@@ -29,18 +31,27 @@ _Q_ONE_HOT, _Q_DENSE, _Q_SPARSE = 0, 1, 2
 
 @triton.jit
 def _rejection_kernel(
-    target_ptr, stride_t,  # target_probs [T, V]
+    target_ptr,
+    stride_t,  # target_probs [T, V]
     draft_ids_ptr,  # [D]
-    q_ptr, stride_q,  # dense q [D, V] or sparse probs [D, K]
-    q_idx_ptr, stride_qi,  # sparse indices [D, K]
-    num_draft_ptr, draft_off_ptr, target_off_ptr,  # [B] each
+    q_ptr,
+    stride_q,  # dense q [D, V] or sparse probs [D, K]
+    q_idx_ptr,
+    stride_qi,  # sparse indices [D, K]
+    num_draft_ptr,
+    draft_off_ptr,
+    target_off_ptr,  # [B] each
     greedy_ptr,  # int8 [B]
     uniform_ptr,  # [D]
-    exp_ptr, stride_e,  # [B, V]
+    exp_ptr,
+    stride_e,  # [B, V]
     argmax_ptr,  # [T]
-    out_ptr, stride_o,  # [B, max_k + 1], pre-filled with the placeholder
+    out_ptr,
+    stride_o,  # [B, max_k + 1], pre-filled with the placeholder
     num_acc_ptr,  # [B]
-    V, MAX_K, K_SPARSE,
+    V,
+    MAX_K,
+    K_SPARSE,
     Q_MODE: tl.constexpr,
     HAS_GREEDY: tl.constexpr,
     HAS_SAMPLED: tl.constexpr,
@@ -67,11 +78,15 @@ def _rejection_kernel(
             if Q_MODE == 0:
                 q = 1.0
             elif Q_MODE == 1:
-                q = tl.load(q_ptr + (d_off + j) * stride_q + d, mask=valid, other=0.0).to(tl.float32)
+                q = tl.load(q_ptr + (d_off + j) * stride_q + d, mask=valid, other=0.0).to(
+                    tl.float32
+                )
             else:
                 km = koffs < tl.where(valid, K_SPARSE, 0)
                 idx = tl.load(q_idx_ptr + (d_off + j) * stride_qi + koffs, mask=km, other=-1)
-                pr = tl.load(q_ptr + (d_off + j) * stride_q + koffs, mask=km, other=0.0).to(tl.float32)
+                pr = tl.load(q_ptr + (d_off + j) * stride_q + koffs, mask=km, other=0.0).to(
+                    tl.float32
+                )
                 q = tl.sum(tl.where(idx == d, pr, 0.0), axis=0)
             u = tl.load(uniform_ptr + d_off + j, mask=valid & (greedy == 0), other=1.0)
             # accept with prob min(1, p / q)
@@ -107,7 +122,9 @@ def _rejection_kernel(
             if Q_MODE == 0:
                 q = tl.where(offs == d_rej, 1.0, 0.0)  # d_rej = -1 when all were accepted
             elif Q_MODE == 1:
-                q = tl.load(q_ptr + x_draft * stride_q + offs, mask=offs < v_q, other=0.0).to(tl.float32)
+                q = tl.load(q_ptr + x_draft * stride_q + offs, mask=offs < v_q, other=0.0).to(
+                    tl.float32
+                )
             else:
                 km = koffs < tl.where(rejected, K_SPARSE, 0)
                 idx = tl.load(q_idx_ptr + x_draft * stride_qi + koffs, mask=km, other=-1)
@@ -140,7 +157,7 @@ def _rejection_kernel(
 def rejection_sample_triton(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    layout: RaggedLayout,
+    layout: StepLayout,
     draft_probs,
     greedy_host: torch.Tensor,
     uniforms: Optional[torch.Tensor],
@@ -157,7 +174,11 @@ def rejection_sample_triton(
         return RejectionResult(out, num_acc)
 
     target = target_probs if target_probs.stride(1) == 1 else target_probs.contiguous()
-    draft_ids = draft_token_ids.contiguous() if draft_token_ids.numel() else torch.zeros(1, dtype=torch.int64, device=device)
+    draft_ids = (
+        draft_token_ids.contiguous()
+        if draft_token_ids.numel()
+        else torch.zeros(1, dtype=torch.int64, device=device)
+    )
     dummy_f = torch.zeros(1, dtype=torch.float32, device=device)
     dummy_i = torch.zeros(1, dtype=torch.int64, device=device)
 
@@ -182,18 +203,27 @@ def rejection_sample_triton(
     has_greedy = target_argmax is not None
     to_dev = lambda t: t.to(device, non_blocking=True)  # noqa: E731
     _rejection_kernel[(b,)](
-        target, target.stride(0),
+        target,
+        target.stride(0),
         draft_ids,
-        q, q.stride(0) if q.dim() == 2 else 0,
-        q_idx, q_idx.stride(0) if q_idx.dim() == 2 else 0,
-        to_dev(layout.num_draft_tokens), to_dev(layout.draft_offsets), to_dev(layout.target_offsets),
+        q,
+        q.stride(0) if q.dim() == 2 else 0,
+        q_idx,
+        q_idx.stride(0) if q_idx.dim() == 2 else 0,
+        to_dev(layout.num_draft_tokens),
+        to_dev(layout.draft_offsets),
+        to_dev(layout.target_offsets),
         to_dev(greedy_host.to(torch.int8)),
         uniforms if uniforms is not None and uniforms.numel() else dummy_f,
-        exps if has_sampled else dummy_f, exps.stride(0) if has_sampled else 0,
+        exps if has_sampled else dummy_f,
+        exps.stride(0) if has_sampled else 0,
         target_argmax if has_greedy else dummy_i,
-        out, out.stride(0),
+        out,
+        out.stride(0),
         num_acc,
-        vocab, layout.max_k, k_sparse,
+        vocab,
+        layout.max_k,
+        k_sparse,
         Q_MODE=q_mode,
         HAS_GREEDY=has_greedy,
         HAS_SAMPLED=has_sampled,

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from kernels.rejection import SparseProbs
+from kernels.sampling import keyed_exponentials, noise_key
 
 
 @dataclass
@@ -19,12 +20,18 @@ class RaggedBatch:
     is_greedy: torch.Tensor  # [B]
 
 
-def random_probs(rows: int, vocab: int, gen: torch.Generator, sharpness: float = 1.0) -> torch.Tensor:
+def random_probs(
+    rows: int, vocab: int, gen: torch.Generator, sharpness: float = 1.0
+) -> torch.Tensor:
     return torch.softmax(torch.randn(rows, vocab, generator=gen) * sharpness, dim=-1)
 
 
 def random_sparse(rows: int, vocab: int, top: int, gen: torch.Generator) -> SparseProbs:
-    idx = torch.stack([torch.randperm(vocab, generator=gen)[:top] for _ in range(rows)]) if rows else torch.zeros(0, top, dtype=torch.long)
+    idx = (
+        torch.stack([torch.randperm(vocab, generator=gen)[:top] for _ in range(rows)])
+        if rows
+        else torch.zeros(0, top, dtype=torch.long)
+    )
     probs = torch.softmax(torch.randn(rows, top, generator=gen), dim=-1)
     return SparseProbs(indices=idx, probs=probs)
 
@@ -76,11 +83,11 @@ def naive_rejection_row(
     drafts: list[int],
     q_rows: torch.Tensor,  # [k, V] dense
     greedy: bool,
-    gen: torch.Generator,
+    u: Optional[torch.Tensor],  # [k] acceptance uniforms (sampled rows)
+    exps: Optional[torch.Tensor],  # [V] Exp(1) noise for the extra token (sampled rows)
 ) -> list[int]:
-    """One sequence, written as the textbook loop; draws from `gen` in the documented order:
-    k uniforms (sampled rows with k > 0), then V uniforms U giving E = -log(U) for the extra token."""
-    k, vocab = len(drafts), p_rows.shape[1]
+    """One unseeded sequence, written as the textbook loop over given random numbers."""
+    k = len(drafts)
     if greedy:
         out = []
         for j, d in enumerate(drafts):
@@ -89,8 +96,6 @@ def naive_rejection_row(
                 return out + [best]
             out.append(d)
         return out + [int(torch.argmax(p_rows[k]))]
-    u = torch.rand(k, generator=gen) if k else None
-    exps = -torch.empty(vocab).uniform_(generator=gen).log()  # Exp(1) as E = -log(U)
     out = []
     for j, d in enumerate(drafts):
         if bool(u[j] * q_rows[j, d] < p_rows[j, d]):  # float32, as the kernels compare
@@ -101,3 +106,19 @@ def naive_rejection_row(
             r = p_rows[j]
         return out + [int(torch.argmax(r / exps))]
     return out + [int(torch.argmax(p_rows[k] / exps))]
+
+
+def naive_coupled_row(
+    p_rows: torch.Tensor, drafts: list[int], seed: int, first_pos: int
+) -> list[int]:
+    """One seeded sequence as the textbook loop: the token at position t is the keyed sample
+    argmax(p_t / E(seed, t)); a draft is accepted iff it equals it."""
+    out = []
+    for j in range(len(drafts) + 1):
+        key = noise_key(seed, first_pos + j)
+        e = keyed_exponentials([key], torch.arange(p_rows.shape[1])[None])[0]
+        g = int(torch.argmax(p_rows[j] / e))
+        out.append(g)
+        if j == len(drafts) or drafts[j] != g:
+            return out
+    return out

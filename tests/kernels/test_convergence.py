@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from kernels import SparseProbs, rejection_sample
+from kernels.sampling import keyed_argmax, noise_key
 
 pytestmark = pytest.mark.slow  # statistical; still part of the default run
 NS = [10, 100, 1_000, 10_000, 100_000]
@@ -26,7 +27,9 @@ NS = [10, 100, 1_000, 10_000, 100_000]
 @dataclass
 class Step:
     p: torch.Tensor  # [k + 1, V] target rows of one sequence
-    q_dense: torch.Tensor | None  # [k, V] the distribution the drafts are sampled from (None: fixed drafts)
+    q_dense: (
+        torch.Tensor | None
+    )  # [k, V] the distribution the drafts are sampled from (None: fixed drafts)
     q_given: object  # what the sampler is told: None | dense [k, V] | SparseProbs [k, K]
 
 
@@ -46,12 +49,20 @@ def slope(ns: list[int], ds: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def run_many(step: Step, k: int, n: int, gen: torch.Generator, fixed_drafts: torch.Tensor | None = None):
-    """n copies of the step as one ragged batch -> emitted tokens [n, k + 1] and num_accepted [n]."""
+def run_many(
+    step: Step,
+    k: int,
+    n: int,
+    gen: torch.Generator,
+    fixed_drafts: torch.Tensor | None = None,
+    seeds: list[int] | None = None,
+):
+    """n copies of the step as one ragged batch -> emitted tokens [n, k + 1] and num_accepted
+    [n]."""
     vocab = step.p.shape[1]
     target = step.p.repeat(n, 1)  # [n (k + 1), V]
     if fixed_drafts is not None:
-        drafts = fixed_drafts.repeat(n)
+        drafts = fixed_drafts.repeat(n) if fixed_drafts.numel() == k else fixed_drafts
     elif isinstance(step.q_given, SparseProbs):
         pick = torch.multinomial(step.q_given.probs.repeat(n, 1), 1, generator=gen).squeeze(1)
         drafts = step.q_given.indices.repeat(n, 1).gather(1, pick.unsqueeze(1)).squeeze(1)
@@ -67,7 +78,9 @@ def run_many(step: Step, k: int, n: int, gen: torch.Generator, fixed_drafts: tor
         q = None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(torch.randint(2**31, (1,), generator=gen)))
-        res = rejection_sample(target, drafts, torch.full((n,), k), q, torch.zeros(n, dtype=torch.bool), [None] * n)
+        res = rejection_sample(
+            target, drafts, torch.full((n,), k), q, torch.zeros(n, dtype=torch.bool), seeds
+        )
     return res.output_token_ids, res.num_accepted
 
 
@@ -82,7 +95,8 @@ def distances(samples: torch.Tensor, p: torch.Tensor, ref: torch.Tensor):
 
 
 def unrelated_to(p: torch.Tensor) -> torch.Tensor:
-    """Same values as p on other tokens: the most likely token of p gets the least mass, and so on."""
+    """Same values as p on other tokens: the most likely token of p gets the least mass, and so
+    on."""
     ref = torch.empty_like(p)
     ref[p.argsort(descending=True)] = p.sort().values
     return ref
@@ -93,7 +107,9 @@ def assert_converges(samples: torch.Tensor, p: torch.Tensor) -> None:
     true_ref = tv(p, ref)
     assert true_ref > 0.2, true_ref
     d_p, d_ref = distances(samples, p, ref)
-    ratio = d_p[1] / d_p[-1]  # N = 100 vs N = 100000: ~ sqrt(1000) = 31.6, within a generous factor 5
+    ratio = (
+        d_p[1] / d_p[-1]
+    )  # N = 100 vs N = 100000: ~ sqrt(1000) = 31.6, within a generous factor 5
     assert math.sqrt(1000) / 5 < ratio < math.sqrt(1000) * 5, (d_p, ratio)
     s = slope(NS, d_p)
     assert -0.7 < s < -0.35, (d_p, s)
@@ -105,9 +121,13 @@ def assert_converges(samples: torch.Tensor, p: torch.Tensor) -> None:
 
 
 def make_step(vocab: int, k: int, mode: str, gen: torch.Generator, top: int = 5) -> Step:
-    p = torch.softmax(2.0 * torch.randn(k + 1, vocab, generator=gen, dtype=torch.float64), -1).float()
+    p = torch.softmax(
+        2.0 * torch.randn(k + 1, vocab, generator=gen, dtype=torch.float64), -1
+    ).float()
     if mode == "dense":
-        q = torch.softmax(2.0 * torch.randn(k, vocab, generator=gen, dtype=torch.float64), -1).float()
+        q = torch.softmax(
+            2.0 * torch.randn(k, vocab, generator=gen, dtype=torch.float64), -1
+        ).float()
         return Step(p, q, q)
     if mode == "sparse":
         idx = torch.stack([torch.randperm(vocab, generator=gen)[:top] for _ in range(k)])
@@ -118,9 +138,21 @@ def make_step(vocab: int, k: int, mode: str, gen: torch.Generator, top: int = 5)
 
 @pytest.mark.parametrize(
     "vocab,k,mode",
-    [(10, 1, "dense"), (20, 3, "dense"), (50, 2, "dense"), (30, 2, "sparse"), (12, 4, "sparse"), (25, 4, "one_hot"), (40, 1, "one_hot")],
+    [
+        (10, 1, "dense"),
+        (20, 3, "dense"),
+        (50, 2, "dense"),
+        (30, 2, "sparse"),
+        (12, 4, "sparse"),
+        (25, 4, "one_hot"),
+        (40, 1, "one_hot"),
+    ],
 )
 def test_first_token_converges_to_target(vocab, k, mode):
+    check_first_token_converges(vocab, k, mode)
+
+
+def check_first_token_converges(vocab: int, k: int, mode: str) -> None:
     gen = torch.Generator().manual_seed(1000 * vocab + 10 * k + len(mode))
     step = make_step(vocab, k, mode, gen)
     out, _ = run_many(step, k, NS[-1], gen)
@@ -136,17 +168,36 @@ def test_one_hot_fixed_drafts_converge():
     assert_converges(out[:, 0], step.p[0])
 
 
-def test_later_positions_converge_given_acceptance():
-    # with position-independent target rows, the j-th emitted token, among runs that emitted it, is ~ p_j
+def check_every_position_converges(seeded: bool = False) -> None:
+    """With position-independent target rows, the j-th emitted token, among runs that emitted it,
+    is ~ p_j: j = 1 .. k - 1 after accepted drafts, and j = k, the bonus row after all k."""
     gen = torch.Generator().manual_seed(6)
     vocab, k = 8, 3
     p = torch.softmax(0.5 * torch.randn(k + 1, vocab, generator=gen), -1)
     q = (0.5 * p + 0.5 * torch.softmax(torch.randn(k + 1, vocab, generator=gen), -1))[:k]
-    out, n_acc = run_many(Step(p, q, q), k, 400_000, gen)
-    for j in (1, 2):
+    n = 400_000
+    drafts = None
+    if seeded:  # drafted as the proposers do: with the same keyed noise (position 1 + j)
+        keys = [noise_key(i, 1 + j) for i in range(n) for j in range(k)]
+        drafts = keyed_argmax(q.repeat(n, 1), keys)
+    out, n_acc = run_many(
+        Step(p, q, q), k, n, gen, fixed_drafts=drafts, seeds=list(range(n)) if seeded else None
+    )
+    assert_converges(out[:, 0], p[0])
+    for j in range(1, k + 1):
         samples = out[n_acc >= j, j]
-        assert samples.numel() >= NS[-1]
+        assert samples.numel() >= NS[-1], (j, samples.numel())
         assert_converges(samples, p[j])
+
+
+def test_every_position_converges_including_the_bonus():
+    check_every_position_converges()
+
+
+def test_seeded_rows_converge_to_target():
+    # seeded rows are sampled by keyed noise (one key per seed and position): across seeds each
+    # position is distributed as p, the bonus row included
+    check_every_position_converges(seeded=True)
 
 
 def test_negative_control_wrong_q_is_detected():

@@ -12,7 +12,9 @@ import torch
 from kernels.ngram import ngram_candidates, z_function
 
 
-def naive_ngram(tokens: list[int], min_n: int, max_n: int, k: int, max_candidates: int = 1) -> list[list[int]]:
+def naive_ngram(
+    tokens: list[int], min_n: int, max_n: int, k: int, max_candidates: int = 1
+) -> list[list[int]]:
     """The documented semantics, written as directly as possible (quadratic)."""
     n_tok = len(tokens)
     if k <= 0 or max_candidates <= 0:
@@ -80,7 +82,9 @@ def _cases(rng: random.Random, n: int):
 def test_random_histories_match_naive():
     rng = random.Random(0)
     for toks, min_n, max_n, k, m in _cases(rng, 1500):
-        assert ngram_candidates(toks, min_n, max_n, k, m) == naive_ngram(toks, min_n, max_n, k, m), (toks, min_n, max_n, k, m)
+        assert ngram_candidates(toks, min_n, max_n, k, m) == naive_ngram(
+            toks, min_n, max_n, k, m
+        ), (toks, min_n, max_n, k, m)
 
 
 def _adversarial(rng: random.Random) -> list[list[int]]:
@@ -133,5 +137,7 @@ def test_long_repetitive_history_is_fast():
     assert ngram_candidates(hist, 1, 8, 8, 4) == [[3] * 8]
     periodic = np.tile(np.arange(7), 32_000 // 7)
     assert len(ngram_candidates(periodic, 2, 5, 8, 4)) == 1
-    assert ngram_candidates(periodic, 2, 128, 8, 4) == [[int(x) for x in (np.arange(8) + len(periodic)) % 7]]
+    assert ngram_candidates(periodic, 2, 128, 8, 4) == [
+        [int(x) for x in (np.arange(8) + len(periodic)) % 7]
+    ]
     assert time.perf_counter() - t0 < 5.0

@@ -1,15 +1,20 @@
-"""apply_sampling_params against a per-row naive implementation; sample() seeding and distribution."""
+"""apply_sampling_params against a per-row naive implementation; sample() seeding and
+distribution."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 import kernels.sampling as sampling_mod
-from kernels import SamplingTensors, apply_sampling_params, sample
+from kernels import SamplingTensors, apply_sampling_params, noise_key, sample
 
 
-def naive_row(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+def naive_row(
+    logits: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float
+) -> torch.Tensor:
     """One row, in the documented order: temperature, top-k, top-p, min-p."""
     v = logits.shape[0]
     if temperature == 0:
@@ -54,7 +59,13 @@ def test_matches_naive_rows():
     got = params.apply(logits)
     assert got.dtype == torch.float32 and got.shape == (n, v)
     for i in range(n):
-        exp = naive_row(logits[i], float(params.temperature[i]), int(params.top_k[i]), float(params.top_p[i]), float(params.min_p[i]))
+        exp = naive_row(
+            logits[i],
+            float(params.temperature[i]),
+            int(params.top_k[i]),
+            float(params.top_p[i]),
+            float(params.min_p[i]),
+        )
         torch.testing.assert_close(got[i], exp, atol=1e-6, rtol=1e-5, msg=f"row {i}")
 
 
@@ -75,7 +86,9 @@ def test_device_path_without_host_shortcuts(monkeypatch):
 def test_top_k_only_path_matches_sort_path(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(32, 100, generator=gen)
-    params = SamplingTensors.from_lists([0.8] * 32, [int(k) for k in torch.randint(0, 101, (32,), generator=gen)])
+    params = SamplingTensors.from_lists(
+        [0.8] * 32, [int(k) for k in torch.randint(0, 101, (32,), generator=gen)]
+    )
     expected = params.apply(logits)  # top-k via topk(max k)
     monkeypatch.setattr(sampling_mod, "_host_any", lambda mask: True)  # top-k via the sort path
     torch.testing.assert_close(params.apply(logits), expected)
@@ -84,24 +97,32 @@ def test_top_k_only_path_matches_sort_path(monkeypatch):
 
 def test_greedy_rows_are_one_hot_and_ties_in_top_k_are_kept():
     logits = torch.tensor([[1.0, 3.0, 2.0, 3.0], [1.0, 3.0, 2.0, 3.0]])
-    probs = apply_sampling_params(logits, torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.0]))
+    probs = apply_sampling_params(
+        logits,
+        torch.tensor([0.0, 1.0]),
+        torch.tensor([0, 1]),
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([0.0, 0.0]),
+    )
     assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0]
     assert probs[1, 1] == probs[1, 3] == pytest.approx(0.5)
 
 
 def test_top_p_keeps_most_likely_token_even_for_tiny_p():
     logits = torch.tensor([[0.0, 5.0, 1.0]])
-    probs = apply_sampling_params(logits, torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1e-6]), torch.tensor([0.0]))
+    probs = apply_sampling_params(
+        logits, torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1e-6]), torch.tensor([0.0])
+    )
     assert probs.tolist() == [[0.0, 1.0, 0.0]]
 
 
 def test_sample_seeded_rows_independent_of_batch():
     gen = torch.Generator().manual_seed(3)
     probs = torch.softmax(torch.randn(6, 500, generator=gen), -1)
-    alone = [int(sample(probs[i : i + 1], [torch.Generator().manual_seed(i)])) for i in range(6)]
+    alone = [int(sample(probs[i : i + 1], [noise_key(i, 4)])) for i in range(6)]
     for mask in ([1, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0], [0, 0, 0, 1, 0, 0]):
-        gens = [torch.Generator().manual_seed(i) if m else None for i, m in enumerate(mask)]
-        got = sample(probs, gens).tolist()
+        keys = [noise_key(i, 4) if m else None for i, m in enumerate(mask)]
+        got = sample(probs, keys).tolist()
         assert [g for g, m in zip(got, mask) if m] == [a for a, m in zip(alone, mask) if m]
 
 
@@ -120,3 +141,31 @@ def test_sample_distribution_and_zero_probability():
     with pytest.raises(ValueError):
         sample(p.unsqueeze(0), [None, None])
     del gen
+
+
+def test_keyed_noise_is_exponential_and_a_pure_function_of_key_and_token():
+    from kernels.sampling import keyed_exponentials, noise_key
+
+    idx = torch.arange(200_000).reshape(2, -1)
+    e = keyed_exponentials([noise_key(3, 10), noise_key(3, 11)], idx)
+    # Exp(1): mean 1, variance 1, P(E > 1) = 1/e (each within 5 sigma of 100k draws)
+    for row in e:
+        assert abs(float(row.mean()) - 1) < 5 * (1 / 100_000) ** 0.5
+        assert abs(float(row.var()) - 1) < 5 * (8 / 100_000) ** 0.5
+        frac = float((row > 1).float().mean())
+        assert abs(frac - math.exp(-1)) < 5 * (0.25 / 100_000) ** 0.5
+    # the two positions' noise is uncorrelated, and a subset of token ids reads the same numbers
+    assert abs(float(torch.corrcoef(e)[0, 1])) < 0.02
+    assert torch.equal(
+        keyed_exponentials([noise_key(3, 10)], torch.tensor([[5, 17]])), e[0, [5, 17]].unsqueeze(0)
+    )
+
+
+def test_keyed_sampling_matches_the_distribution():
+    p = torch.tensor([0.05, 0.15, 0.0, 0.3, 0.5])
+    n = 40_000
+    toks = sample(p.expand(n, -1).contiguous(), [noise_key(99, t) for t in range(n)])
+    hist = torch.bincount(toks, minlength=5).float() / n
+    sigma = (p * (1 - p) / n).sqrt()
+    assert hist[2] == 0
+    assert ((hist - p).abs() <= 5 * sigma + 1e-9).all(), hist

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 import torch
+from kernels_testlib import random_batch
 
 from kernels import SparseProbs, rejection_sample
-from kernels_testlib import random_batch
 
 if importlib.util.find_spec("triton") is None:
     pytest.skip("triton is not installed", allow_module_level=True)
@@ -38,7 +38,9 @@ def interpreted():
         mp.setenv("TRITON_INTERPRET", "1")
     if not _interpreter_active():
         mp.undo()
-        pytest.skip("triton was imported without TRITON_INTERPRET; see test_interpreted_in_subprocess")
+        pytest.skip(
+            "triton was imported without TRITON_INTERPRET; see test_interpreted_in_subprocess"
+        )
     mp.setenv("TRITON_INTERPRET", "1")
     sys.modules.pop("kernels.triton_rejection", None)
     mod = importlib.import_module("kernels.triton_rejection")
@@ -46,7 +48,9 @@ def interpreted():
 
     assert isinstance(mod._rejection_kernel, InterpretedFunction)
     yield mod
-    sys.modules.pop("kernels.triton_rejection", None)  # a later import re-defines it under the real env
+    sys.modules.pop(
+        "kernels.triton_rejection", None
+    )  # a later import re-defines it under the real env
     mp.undo()
 
 
@@ -54,8 +58,13 @@ def test_interpreted_in_subprocess():
     if "triton" not in sys.modules or _interpreter_active() or os.environ.get("KERNELS_TEST_CHILD"):
         pytest.skip("the in-process tests ran under the interpreter")
     env = dict(os.environ, TRITON_INTERPRET="1", KERNELS_TEST_CHILD="1")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
@@ -63,13 +72,19 @@ def both(batch, seeds=None, greedy=None):
     results = []
     b = len(batch.num_draft_tokens)
     for impl in ("reference", "triton"):
-        gens = [torch.Generator().manual_seed(s) if s is not None else None for s in (seeds or [None] * b)]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(123)  # unseeded rows draw the same default-RNG numbers for both
-            results.append(rejection_sample(
-                batch.target_probs, batch.draft_token_ids, batch.num_draft_tokens, batch.draft_probs,
-                batch.is_greedy if greedy is None else greedy, gens, impl=impl,
-            ))
+            results.append(
+                rejection_sample(
+                    batch.target_probs,
+                    batch.draft_token_ids,
+                    batch.num_draft_tokens,
+                    batch.draft_probs,
+                    batch.is_greedy if greedy is None else greedy,
+                    seeds or [None] * b,
+                    impl=impl,
+                )
+            )
     ref, tri = results
     assert torch.equal(ref.output_token_ids, tri.output_token_ids), (ref, tri)
     assert torch.equal(ref.num_accepted, tri.num_accepted)
@@ -93,7 +108,9 @@ def test_triton_equals_reference(interpreted, mode, ks, vocab):
     gen = torch.Generator().manual_seed(len(ks) * 1000 + vocab)
     for trial, sharp in enumerate((0.3, 2.0, 6.0)):  # flat targets reject often, sharp ones accept
         greedy = [(i + trial) % 3 == 0 for i in range(len(ks))]
-        batch = random_batch(ks, vocab, mode, gen, greedy=greedy, top=min(5, vocab), sharpness=sharp)
+        batch = random_batch(
+            ks, vocab, mode, gen, greedy=greedy, top=min(5, vocab), sharpness=sharp
+        )
         seeds = [i if (i + trial) % 2 else None for i in range(len(ks))]
         both(batch, seeds)
 
@@ -143,8 +160,15 @@ def test_half_precision_inputs(interpreted):
 
 
 def test_empty_batch(interpreted):
-    res = rejection_sample(torch.zeros(0, 10), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
-                           None, torch.zeros(0, dtype=torch.bool), [], impl="triton")
+    res = rejection_sample(
+        torch.zeros(0, 10),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, dtype=torch.long),
+        None,
+        torch.zeros(0, dtype=torch.bool),
+        [],
+        impl="triton",
+    )
     assert res.output_token_ids.shape == (0, 1)
 
 
@@ -154,7 +178,8 @@ def test_auto_uses_reference_on_cpu_and_import_needs_no_triton():
         "import sys, torch, kernels\n"
         "assert 'triton' not in sys.modules\n"
         "p = torch.softmax(torch.randn(3, 9), -1)\n"
-        "kernels.rejection_sample(p, torch.tensor([1]), torch.tensor([1, 0]), None, [False, False], [None, None])\n"
+        "kernels.rejection_sample(p, torch.tensor([1]), torch.tensor([1, 0]), None, "
+        "[False, False], [None, None])\n"
         "assert 'triton' not in sys.modules\n"
     )
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -169,14 +194,19 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import kernels.triton_rejection as tr
 fn = tr._rejection_kernel
-sig = {n: "i64" if n.startswith("stride") else "i32" for n in ("stride_t", "stride_q", "stride_qi", "stride_e", "stride_o", "V", "MAX_K", "K_SPARSE")}
+sig = {n: "i64" if n.startswith("stride") else "i32"
+       for n in ("stride_t", "stride_q", "stride_qi", "stride_e", "stride_o",
+                 "V", "MAX_K", "K_SPARSE")}
 for n in fn.arg_names:
     if n.endswith("_ptr"):
-        sig[n] = "*i8" if n == "greedy_ptr" else ("*fp32" if n in ("target_ptr", "q_ptr", "uniform_ptr", "exp_ptr") else "*i64")
+        sig[n] = "*i8" if n == "greedy_ptr" else (
+            "*fp32" if n in ("target_ptr", "q_ptr", "uniform_ptr", "exp_ptr") else "*i64")
 for q_mode in (0, 1, 2):
-    consts = {"Q_MODE": q_mode, "HAS_GREEDY": True, "HAS_SAMPLED": True, "BLOCK_V": 1024, "BLOCK_K": 8 if q_mode == 2 else 1}
+    consts = {"Q_MODE": q_mode, "HAS_GREEDY": True, "HAS_SAMPLED": True, "BLOCK_V": 1024,
+              "BLOCK_K": 8 if q_mode == 2 else 1}
     s = dict(sig, **{k: "constexpr" for k in consts})
-    src = ASTSource(fn=fn, signature=s, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    src = ASTSource(fn=fn, signature=s,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     assert "cubin" in triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm
 """
 
@@ -187,7 +217,14 @@ def test_kernel_compiles_for_cuda_without_a_gpu():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_CHECK], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _COMPILE_CHECK],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0 and ("ptxas" in proc.stderr and "not found" in proc.stderr.lower()):
         pytest.skip("no ptxas available for the ahead-of-time compile")
     assert proc.returncode == 0, proc.stderr[-3000:]

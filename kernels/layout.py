@@ -1,0 +1,149 @@
+"""Where every sequence's rows sit in one engine step: built once per step, read by the model
+runner (packed input, positions, which rows get logits) and by the rejection sampler (draft and
+target offsets), so the index arithmetic lives in one place.
+
+A step packs, per sequence i, its uncached tokens followed by its k_i draft tokens:
+    input rows      [T_in],  T_in = sum_i query_len_i, query_len_i = num_new_i + k_i
+    logits rows     [T_out], T_out = sum over emitting i of (k_i + 1): the last k_i + 1 input
+                    rows of i (p at d_1..d_k, then the bonus position)
+    draft rows      [D],     D = sum over emitting i of k_i
+A sequence *emits* when the step caches the end of its prompt (decoding always does; a prefill
+chunk that stops short of the end emits nothing and drafts nothing). The sampler's batch is the
+emitting sequences, in step order.
+
+Example: sequence 0 decodes with k = 2, sequence 1 is a 3-token prefill chunk that emits nothing,
+sequence 2 decodes with k = 0:
+    input rows   [a d1 d2 | x y z | b]      query_start = [0, 3, 6]
+    logits rows  [0 1 2 6]                  target_offsets = [0, 3]  (over emitting 0 and 2)
+    draft rows   [d1 d2]                    draft_offsets  = [0, 2]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["PLACEHOLDER_TOKEN_ID", "RejectionResult", "StepLayout"]
+
+PLACEHOLDER_TOKEN_ID = -1  # pads output_token_ids after the last valid token of a row
+
+
+def _host(values, dtype=torch.int64) -> torch.Tensor:
+    return torch.as_tensor(values, dtype=dtype).cpu().reshape(-1)
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Host-side (CPU) index tensors of one step. Sampler fields cover emitting sequences only."""
+
+    # -- the whole step, one entry per sequence [B]
+    query_lens: torch.Tensor  # int64 [B]: uncached tokens + drafts fed this step
+    start_pos: torch.Tensor  # int64 [B]: tokens already cached (position of the first fed row)
+    query_start: torch.Tensor  # int64 [B]: first input row of each sequence
+    emits: torch.Tensor  # bool [B]
+    logits_indices: torch.Tensor  # int64 [T_out]: input rows whose logits are needed
+    # -- the sampler's batch: emitting sequences only [S]
+    seq_index: torch.Tensor  # int64 [S]: which step sequence each sampler row is
+    num_draft_tokens: torch.Tensor  # int64 [S]
+    draft_offsets: torch.Tensor  # int64 [S]: first draft row of each in [D]
+    target_offsets: torch.Tensor  # int64 [S]: first logits row of each in [T_out]
+    sample_positions: torch.Tensor  # int64 [S]: position of the token the first logits row picks
+    num_drafts: int  # D
+    max_k: int
+
+    @classmethod
+    def build(cls, query_lens: Sequence[int], start_pos: Sequence[int],
+              num_draft_tokens: Sequence[int], emits: Sequence[bool]) -> "StepLayout":
+        """From per-sequence counts; num_draft_tokens of a non-emitting sequence must be 0."""
+        q, s = _host(query_lens), _host(start_pos)
+        k_all, e = _host(num_draft_tokens), _host(emits, torch.bool)
+        if not (q.numel() == s.numel() == k_all.numel() == e.numel()):
+            raise ValueError("query_lens, start_pos, num_draft_tokens, emits differ in length")
+        if k_all.numel() and int(k_all.min()) < 0:
+            raise ValueError("num_draft_tokens must be >= 0")
+        if bool((k_all[~e] != 0).any()):
+            raise ValueError("a sequence that does not emit cannot verify drafts")
+        if bool((q < k_all + e.to(torch.int64)).any()):
+            raise ValueError("an emitting sequence feeds at least its k drafts + 1 rows")
+        query_start = q.cumsum(0) - q
+        seq_index = e.nonzero().reshape(-1)
+        k = k_all[seq_index]
+        ends = (query_start + q)[seq_index]
+        rows = k + 1
+        target_offsets = rows.cumsum(0) - rows
+        logits_indices = (torch.cat([torch.arange(int(end) - int(n), int(end))
+                                     for end, n in zip(ends, rows)])
+                          if seq_index.numel() else torch.zeros(0, dtype=torch.int64))
+        return cls(query_lens=q, start_pos=s, query_start=query_start, emits=e,
+                   logits_indices=logits_indices, seq_index=seq_index, num_draft_tokens=k,
+                   draft_offsets=k.cumsum(0) - k, target_offsets=target_offsets,
+                   sample_positions=(s + q)[seq_index] - k,
+                   num_drafts=int(k.sum()), max_k=int(k.max()) if k.numel() else 0)
+
+    @classmethod
+    def for_drafts(cls, num_draft_tokens, sample_positions: Optional[Sequence[int]] = None
+                   ) -> "StepLayout":
+        """A sampler-only layout: every sequence emits, feeding its last token + k drafts.
+        sample_positions (default 1 each) sets where each sequence's first sampled token sits."""
+        k = _host(num_draft_tokens)
+        pos = _host(sample_positions) if sample_positions is not None else torch.ones_like(k)
+        if pos.numel() != k.numel():
+            raise ValueError("sample_positions needs one entry per sequence")
+        if pos.numel() and int(pos.min()) < 1:
+            raise ValueError("a sampled token has position >= 1 (it follows at least one token)")
+        return cls.build(k + 1, pos - 1, k, torch.ones(k.numel(), dtype=torch.bool))
+
+    @property
+    def num_seqs(self) -> int:
+        return self.query_lens.numel()
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences the sampler sees (the emitting ones)."""
+        return self.seq_index.numel()
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_lens.sum())
+
+    def positions(self) -> torch.Tensor:
+        """int64 [T_in]: the position of every input row."""
+        if not self.num_seqs:
+            return torch.zeros(0, dtype=torch.int64)
+        return torch.cat([torch.arange(int(s), int(s) + int(n))
+                          for s, n in zip(self.start_pos, self.query_lens)])
+
+    def padded_indices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(draft row, target row, valid), each [S, max_k]; invalid slots point at safe rows."""
+        j = torch.arange(self.max_k, dtype=torch.int64)
+        k = self.num_draft_tokens.unsqueeze(1)
+        valid = j.unsqueeze(0) < k  # [S, max_k]
+        draft_idx = (self.draft_offsets.unsqueeze(1) + j).clamp(max=max(self.num_drafts - 1, 0))
+        target_idx = self.target_offsets.unsqueeze(1) + torch.minimum(j.unsqueeze(0), k)
+        return draft_idx, target_idx, valid
+
+    def row_positions(self) -> torch.Tensor:
+        """int64 [T_out]: the position of the token each logits row picks."""
+        k = self.num_draft_tokens
+        if not k.numel():
+            return torch.zeros(0, dtype=torch.int64)
+        return torch.cat([torch.arange(int(p), int(p) + int(n) + 1)
+                          for p, n in zip(self.sample_positions, k)])
+
+
+@dataclass
+class RejectionResult:
+    """output_token_ids: int64 [S, max_k + 1], row i = accepted drafts then one recovered/bonus
+    token, padded with PLACEHOLDER_TOKEN_ID; num_accepted: int64 [S]. Row i has
+    num_accepted[i] + 1 valid tokens."""
+
+    output_token_ids: torch.Tensor  # int64 [S, max_k + 1]
+    num_accepted: torch.Tensor  # int64 [S]
+
+    def tokens(self) -> list[list[int]]:
+        """Valid tokens per row as Python lists (host copy; for tests and the servicer edge)."""
+        out = self.output_token_ids.cpu().tolist()
+        n = self.num_accepted.cpu().tolist()
+        return [row[: a + 1] for row, a in zip(out, n)]
