@@ -24,8 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from splitspec.config import DEFAULT_MODEL  # noqa: E402
 from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria  # noqa: E402
-from verifier_service.config import DEFAULT_MODEL, VerifierConfig  # noqa: E402
+from verifier_service.config import VerifierConfig  # noqa: E402
 from verifier_service.server import build_engine  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):\n", "import json\n\nclass Config:\n", "for line in sys.stdin:\n",
@@ -88,7 +89,8 @@ def main() -> None:
         f"{args.requests_per_client} requests per client, greedy, in-process engine "
         f"(no gRPC). Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}. Produced by `python bench/engine_bench.py`.", "",
-        "| concurrency | output tokens | seconds | tokens/s | x vs C=1 | ms/token per client | steps |",
+        "| concurrency | output tokens | seconds | tokens/s | x vs C=1 | ms/token per client "
+        "| steps |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

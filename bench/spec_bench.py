@@ -25,8 +25,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from splitspec.config import DEFAULT_MODEL  # noqa: E402
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
-from verifier_service.config import DEFAULT_MODEL  # noqa: E402
 
 FALLBACK_PROMPTS = [
     "def fibonacci(n):\n", "import json\n\nclass Config:\n    def __init__(self, path):\n",
@@ -68,10 +68,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench/reports/speculation.md"))
     args = ap.parse_args()
     prompts = held_out_prompts(args.prompts)
-    draft, mlp = sibling_proposer_models(args.model)  # as `splitspec up` finds them
+    models = sibling_proposer_models(args.model)  # as `splitspec up` finds them
     threads = ["--threads", str(args.verifier_threads)] if args.verifier_threads else []
-    config = StackConfig.with_free_ports(model=args.model, device="cpu", draft_model=draft,
-                                         mlp_model=mlp, draft_args=threads, mlp_args=threads,
+    config = StackConfig.with_free_ports(model=args.model, device="cpu", models=models,
+                                         proposer_args={m: threads for m in models},
                                          log_dir=ROOT / "bench/out/logs",
                                          verifier_args=["--proposer-timeout-ms", "2000",
                                                         "--threads", str(args.verifier_threads)])

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import abc
 import time
-from typing import Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
+
+if TYPE_CHECKING:
+    from proposer_service.config import ProposerConfig
 
 W = TypeVar("W")
 
@@ -29,11 +32,38 @@ class ProposerSession(abc.ABC):
 
 
 class Proposer(abc.ABC):
+    @classmethod
+    def from_config(cls, config: "ProposerConfig") -> "Proposer":
+        """Build from the proposer process's flags (SystemExit with one line on bad ones).
+        Every method the registry names implements it; in-process test doubles need not."""
+        raise NotImplementedError(f"{cls.__name__} cannot be served by a proposer process")
+
     @abc.abstractmethod
     def describe(self) -> ProposerDescription: ...
 
     @abc.abstractmethod
     def open_session(self) -> ProposerSession: ...
+
+
+def load_learned(cls, config: "ProposerConfig"):
+    """The shared loader of model-backed proposers: threads, device, dtype, one-line errors."""
+    import torch
+
+    from splitspec.device import resolve_device, resolve_dtype
+
+    if not config.model:
+        raise SystemExit(f"error: --method {config.method} needs --model DIR")
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    try:
+        return cls.load(config.model, device, resolve_dtype(config.dtype, device),
+                        tokenizer=config.tokenizer, trust_remote_code=config.trust_remote_code,
+                        max_k=config.max_num_speculative_tokens,
+                        draft_top_k=config.draft_top_k, max_batch=config.max_batch,
+                        idle_timeout_s=config.idle_timeout_s)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"error: cannot load the {config.method} proposer: {exc}") from None
 
 
 class HistoryStore:
@@ -85,6 +115,41 @@ class HistoryStore:
 
     def __contains__(self, seq_id: str) -> bool:
         return seq_id in self._histories
+
+    def __iter__(self):
+        return iter(list(self._histories))
+
+
+class HistorySession(ProposerSession):
+    """A session that drafts for one sequence at a time from its token history: applies each
+    step's delta (RESYNC when it cannot be trusted), then asks `draft`."""
+
+    def __init__(self, idle_timeout_s: float):
+        self._store = HistoryStore(idle_timeout_s)
+
+    @abc.abstractmethod
+    def draft(self, step: SequenceStep, history: list[int]) -> Draft:
+        """Up to step.k tokens continuing `history` (the sequence's tokens after this step)."""
+
+    def forget(self, seq_ids: list[str]) -> None:
+        """Hook: sequences released or gone idle."""
+
+    def propose(self, steps: list[SequenceStep]) -> list[Draft]:
+        self.forget(self._store.evict_idle())
+        drafts = []
+        for step in steps:
+            history = self._store.apply(step)
+            drafts.append(Draft(step.seq_id, resync=True) if history is None
+                          else self.draft(step, history))
+        return drafts
+
+    def release(self, seq_ids: list[str]) -> None:
+        self._store.release(seq_ids)
+        self.forget(seq_ids)
+
+    def close(self) -> None:
+        self.forget(list(self._store))
+        self._store.clear()
 
 
 def draft_in_batches(work: Sequence[W], max_batch: int,

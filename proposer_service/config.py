@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitspec.config import option
+from splitspec.methods import method_names
 
 
 @dataclass(frozen=True)
 class ProposerConfig:
     """Serve one proposer method over gRPC."""
 
-    method: str = option("ngram", "proposer method", choices=("ngram", "draft", "mlp"))
+    method: str = option("ngram", "proposer method (splitspec/methods.py)", choices=method_names())
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50052, "gRPC port")
     # Learned proposers (draft, mlp): their own model, device and dtype, independent of the target.
@@ -29,5 +30,17 @@ class ProposerConfig:
     ngram_min: int = option(1, "shortest suffix the n-gram proposer matches")
     ngram_max: int = option(4, "longest suffix the n-gram proposer matches")
     max_num_speculative_tokens: int = option(16, "largest k this proposer serves")
+    method_option: tuple[str, ...] = option(
+        (), "a method-specific setting as KEY=VALUE (see the method's docs), e.g. max_depth=32")
     idle_timeout_s: float = option(600.0, "forget a sequence not heard of for this long")
     log_level: str = option("INFO", "logging level")
+
+    def method_options(self) -> dict[str, str]:
+        """--method-option KEY=VALUE pairs as a dict (a malformed one exits with its name)."""
+        out = {}
+        for item in self.method_option:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise SystemExit(f"error: --method-option expects KEY=VALUE, got {item!r}")
+            out[key.strip()] = value.strip()
+        return out

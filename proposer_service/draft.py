@@ -20,79 +20,28 @@ so that one long prompt does not pad every row. Trade-off: building the padded c
 O(batch x longest history) of KV per step, small next to k forward passes for the small drafts
 this serves; a paged cache would avoid the copy.
 
-Greedy requests (temperature 0) get argmax drafts, sent as token ids only (one-hot). Sampled
-requests: q = apply_sampling_params(draft logits, the request's own temperature/top-k/top-p/min-p),
-the same processing the verifier applies to the target's p; q is truncated to its top-K entries
-(K = --draft-top-k) and renormalised, the draft token is sampled from that truncated q, and
-exactly that sparse q is sent. Rejection sampling is lossless as long as the token came from the q
-that is sent, so the truncation costs acceptance, never correctness.
+Draft tokens are chosen by proposer_service/drafting.py (argmax for greedy requests; for sampled
+ones a token drawn from the top-K-truncated q, K = --draft-top-k, sent with exactly that q).
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from kernels.sampling import apply_sampling_params, sample
-from proposer_service.base import (HistoryStore, Proposer, ProposerSession,
-                                   draft_in_batches)
-from splitspec.device import make_generator
-from splitspec.params import SamplingParams
-from splitspec.proposal import Draft, ProposerDescription, SequenceStep, SparseDistribution
+from kernels.sparse_probs import SparseProbs
+from proposer_service.base import (
+    HistoryStore,
+    Proposer,
+    ProposerSession,
+    draft_in_batches,
+    load_learned,
+)
+from proposer_service.drafting import Row, choose_tokens, draft_keys
+from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, H_kv, L, D]
-
-
-# -- choosing draft tokens (shared with the MLP speculator) ------------------------------------
-
-def step_generator(device: torch.device, seed: int | None, history_len: int, salt: str
-                   ) -> torch.Generator | None:
-    """The draft's generator for one step of a seeded request (None: unseeded, default RNG).
-
-    Derived from (seed, history length) rather than kept per sequence, so a seeded request drafts
-    the same tokens whether or not the proposer restarted or resynced in between; the salt keeps
-    it independent of the verifier's generator, which is seeded with the same request seed.
-    """
-    if seed is None:
-        return None
-    digest = hashlib.sha256(f"{salt}:{seed}:{history_len}".encode()).digest()
-    return make_generator(device, int.from_bytes(digest[:8], "little") & (2**63 - 1))
-
-
-def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
-                  generators: Sequence[torch.Generator | None], top_k: int
-                  ) -> tuple[list[int], list[SparseDistribution | None]]:
-    """One draft token per row of logits [B, V].
-
-    Greedy rows: argmax, no distribution. Sampled rows: q = apply_sampling_params(logits, the
-    row's params), truncated to its top_k entries and renormalised; the token is sampled from
-    that truncated q, which is returned as the row's distribution (zero entries dropped).
-    """
-    # logits: [B, V]
-    tokens = logits.argmax(dim=-1).tolist()
-    dists: list[SparseDistribution | None] = [None] * len(params)
-    rows = [i for i, p in enumerate(params) if not p.greedy]
-    if not rows:
-        return tokens, dists
-    sel = [params[i] for i in rows]
-    q = apply_sampling_params(
-        logits[rows].float(),
-        torch.tensor([p.temperature for p in sel], dtype=torch.float32),
-        torch.tensor([p.top_k for p in sel], dtype=torch.int64),
-        torch.tensor([p.top_p for p in sel], dtype=torch.float32),
-        torch.tensor([p.min_p for p in sel], dtype=torch.float32))  # [n, V]
-    vals, idx = q.topk(min(top_k, q.shape[-1]), dim=-1)  # [n, K]
-    vals = vals / vals.sum(dim=-1, keepdim=True)  # the truncated q the token is sampled from
-    picks = sample(vals, [generators[i] for i in rows])  # [n] positions into the top-K
-    for r, i in enumerate(rows):
-        keep = vals[r] > 0
-        tok_idx, tok_p = idx[r][keep], vals[r][keep]
-        tokens[i] = int(idx[r, picks[r]])
-        dists[i] = SparseDistribution(tok_idx.tolist(), tok_p.tolist())
-    return tokens, dists
 
 
 # -- the session -------------------------------------------------------------------------------
@@ -195,10 +144,18 @@ class DraftModelProposer(Proposer):
         self.max_batched_catch_up = 8
 
     @classmethod
+    def from_config(cls, config) -> "DraftModelProposer":
+        return load_learned(cls, config)
+
+    @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
              trust_remote_code: bool = False, **kwargs) -> "DraftModelProposer":
-        from splitspec.modelio import (load_causal_lm, load_tokenizer, model_name,
-                                       tokenizer_fingerprint)
+        from splitspec.modelio import (
+            load_causal_lm,
+            load_tokenizer,
+            model_name,
+            tokenizer_fingerprint,
+        )
 
         model = load_causal_lm(path, device, dtype, trust_remote_code)
         tok = load_tokenizer(tokenizer or path, trust_remote_code)
@@ -251,15 +208,13 @@ class DraftModelProposer(Proposer):
         of them go in iteration 0, whose logits are read at each row's last real position. Pads
         are zero KV or masked-out queries: every query still sees at least its own token.
         """
-        for step, history, state in work:
+        for _, history, state in work:
             # Longest cached prefix still valid; the last history token is never cached here.
             state.truncate(min(_common_prefix(state.cached, history), len(history) - 1))
             if len(history) - state.length() > self.max_batched_catch_up:
                 self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
         ks = [min(step.k, self.max_k) for step, _, _ in work]
         params = [step.sampling for step, _, _ in work]
-        gens = [None if p.greedy else step_generator(self.device, p.seed, len(h), "draft")
-                for p, (_, h, _) in zip(params, work)]
         lens = [state.length() for _, _, state in work]
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
         b, lmax, kmax = len(work), max(lens), max(ks)
@@ -277,7 +232,8 @@ class DraftModelProposer(Proposer):
         next_pos = torch.tensor([n + len(p) for n, p in zip(lens, pending)],
                                 device=self.device)  # [B], position of d1
         out_tokens: list[list[int]] = [[] for _ in work]
-        out_dists: list[list[SparseDistribution | None]] = [[] for _ in work]
+        out_dists: list[list[Row | None]] = [[] for _ in work]
+        first_pos = [len(h) for _, h, _ in work]  # position of d1
         inputs, width = ids.to(self.device), lmax + s0
         for j in range(kmax):
             res = self.model(input_ids=inputs, position_ids=pos, past_key_values=cache,
@@ -287,7 +243,8 @@ class DraftModelProposer(Proposer):
                 logits = res.logits[torch.arange(b, device=self.device), last]  # [B, V]
             else:
                 logits = res.logits[:, -1]
-            picked, dists = choose_tokens(logits.float(), params, gens, self.draft_top_k)
+            keys = draft_keys(params, [p + j for p in first_pos])
+            picked, dists = choose_tokens(logits.float(), params, keys, self.draft_top_k)
             for i, (t, d) in enumerate(zip(picked, dists)):
                 out_tokens[i].append(t)
                 out_dists[i].append(d)
@@ -306,7 +263,7 @@ class DraftModelProposer(Proposer):
             state.cached = history + out_tokens[i][:k - 1]
             sampled = out_dists[i][0] is not None
             drafts.append(Draft(step.seq_id, out_tokens[i][:k],
-                                distributions=out_dists[i][:k] if sampled else None))
+                                q=SparseProbs.from_rows(out_dists[i][:k]) if sampled else None))
         return drafts
 
     def _padded_cache(self, kvs: list[KV | None], lens: list[int], lmax: int):

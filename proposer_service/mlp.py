@@ -10,7 +10,7 @@ All sequences of a step run as one batch [B, H]. Up to min(k, n_predict) tokens 
 sequence (the trained heads; deeper recurrence reuses the shared head and decays quickly).
 Greedy requests get argmax drafts (token ids only); sampled requests get tokens sampled from the
 top-K-truncated q = apply_sampling_params(head logits, the request's params), sent with exactly
-that sparse q, as in the draft-model proposer.
+that sparse q, as in the draft-model proposer (proposer_service/drafting.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,15 @@ from pathlib import Path
 
 import torch
 
-from proposer_service.base import (HistoryStore, Proposer, ProposerSession,
-                                   draft_in_batches)
-from proposer_service.draft import choose_tokens, step_generator
+from kernels.sparse_probs import SparseProbs
+from proposer_service.base import (
+    HistoryStore,
+    Proposer,
+    ProposerSession,
+    draft_in_batches,
+    load_learned,
+)
+from proposer_service.drafting import choose_tokens, draft_keys
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
@@ -94,6 +100,10 @@ class MlpSpeculatorProposer(Proposer):
         self.idle_timeout_s = idle_timeout_s
 
     @classmethod
+    def from_config(cls, config) -> "MlpSpeculatorProposer":
+        return load_learned(cls, config)
+
+    @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
              trust_remote_code: bool = False, **kwargs) -> "MlpSpeculatorProposer":
         from splitspec.modelio import load_tokenizer, model_name, tokenizer_fingerprint
@@ -127,8 +137,6 @@ class MlpSpeculatorProposer(Proposer):
         """Run the heads over the whole batch; row i keeps its first k_i tokens."""
         ks = [min(step.k, self.max_k) for step, _, _ in work]
         params = [step.sampling for step, _, _ in work]
-        gens = [None if p.greedy else step_generator(self.device, p.seed, step.history_len, "mlp")
-                for p, (step, _, _) in zip(params, work)]
         dtype = self.model.head[0].weight.dtype
         hidden = torch.stack([h for _, _, h in work]).to(self.device, dtype)  # [B, H]
         tok = torch.tensor([t for _, t, _ in work], dtype=torch.long, device=self.device)  # [B]
@@ -137,7 +145,8 @@ class MlpSpeculatorProposer(Proposer):
         out_dists: list[list] = [[] for _ in work]
         for i in range(max(ks)):
             state, logits = self.model.step(state, tok, i)  # [B, inner], [B, V]
-            picked, dists = choose_tokens(logits.float(), params, gens, self.draft_top_k)
+            keys = draft_keys(params, [step.history_len + i for step, _, _ in work])
+            picked, dists = choose_tokens(logits.float(), params, keys, self.draft_top_k)
             for r, (t, d) in enumerate(zip(picked, dists)):
                 out_tokens[r].append(t)
                 out_dists[r].append(d)
@@ -146,5 +155,5 @@ class MlpSpeculatorProposer(Proposer):
         for (step, _, _), k, toks, dists in zip(work, ks, out_tokens, out_dists):
             sampled = dists[0] is not None
             drafts.append(Draft(step.seq_id, toks[:k],
-                                distributions=dists[:k] if sampled else None))
+                                q=SparseProbs.from_rows(dists[:k]) if sampled else None))
         return drafts

@@ -4,7 +4,8 @@ The architecture follows the design IBM published for fms-extras ("Accelerating 
 with Combined Token/Embedding Speculators", arXiv 2404.19124). Head ``i`` keeps a running state:
 
     s_0   = LN0(h_t) / sqrt(2)                         # h_t: target's final hidden state [B, H]
-    s_i+1 = GELU(LN_i(W_i s_i * a + E_i[x_{t+1+i}] * b))  # x_{t+1}: the token the target just emitted
+    # x_{t+1}: the token the target just emitted
+    s_i+1 = GELU(LN_i(W_i s_i * a + E_i[x_{t+1+i}] * b))
     logits_i = U_i s_i+1                               # predicts x_{t+2+i}
 
 with ``a = 0.5 ** (0.5 / n_predict)`` and ``b = sqrt((1 - a^2) * inner_dim / 2)`` so that, in
@@ -73,7 +74,9 @@ class MLPSpeculator(nn.Module):
             + [nn.Linear(c.inner_dim, c.inner_dim, bias=False) for _ in range(max(n_proj_rest, 0))]
         )
         self.ln = nn.ModuleList(nn.LayerNorm(c.inner_dim) for _ in range(n_ln))
-        self.head = nn.ModuleList(nn.Linear(c.inner_dim, c.vocab_size, bias=False) for _ in range(n_head))
+        self.head = nn.ModuleList(
+            nn.Linear(c.inner_dim, c.vocab_size, bias=False) for _ in range(n_head)
+        )
         self.state_weight = 0.5 ** (0.5 / c.n_predict)
         self.emb_weight = math.sqrt((1 - self.state_weight**2) * (c.inner_dim / 2))
         self.reset_parameters()
@@ -90,7 +93,8 @@ class MLPSpeculator(nn.Module):
             nn.init.ones_(ln.weight)
             nn.init.zeros_(ln.bias)
 
-    # head i -> index into the (possibly shared) module lists; steps past n_predict reuse the last one
+    # head i -> index into the (possibly shared) module lists; steps past n_predict reuse the last
+    # one
     def _idx(self, i: int, n: int) -> int:
         return min(i, n - 1)
 
@@ -99,7 +103,8 @@ class MLPSpeculator(nn.Module):
 
     @property
     def max_steps(self) -> int:
-        """How many tokens one call can draft (unbounded recurrence when tied; capped at 8 by convention)."""
+        """How many tokens one call can draft (unbounded recurrence when tied; capped at 8 by
+        convention)."""
         return max(self.config.n_predict, 8) if self.config.tie_weights else self.config.n_predict
 
     def input_state(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -108,7 +113,9 @@ class MLPSpeculator(nn.Module):
             hidden = F.layer_norm(hidden, hidden.shape[-1:]) / math.sqrt(2)
         return hidden
 
-    def step(self, state: torch.Tensor, token: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(
+        self, state: torch.Tensor, token: torch.Tensor, i: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """One head: state [..., D_in], token [...] -> (new state [..., inner], logits [..., V])."""
         z = self.emb[self._idx(i, len(self.emb))](token)
         s = self.proj[self._proj_idx(i)](state)
@@ -130,32 +137,48 @@ class MLPSpeculator(nn.Module):
             out.append(logits)
         return torch.stack(out, 0)
 
-    # ---- training helpers (sequence layout: s [B, L] tokens, h [B, T, H] states at positions lo..hi-1)
+    # ---- training helpers (sequence layout: s [B, L] tokens, h [B, T, H] states at positions
+    # lo..hi-1)
 
-    def teacher_forced_logits(self, h: torch.Tensor, s: torch.Tensor, lo: int, hi: int) -> list[torch.Tensor]:
+    def teacher_forced_logits(
+        self, h: torch.Tensor, s: torch.Tensor, lo: int, hi: int
+    ) -> list[torch.Tensor]:
         n = self.config.n_predict
         toks = torch.stack([s[:, lo + 1 + i : hi + 1 + i] for i in range(n)], -1)  # [B, T, n]
         return list(self.forward(h, toks))
 
-    def training_losses(self, h: torch.Tensor, s: torch.Tensor, lo: int, hi: int,
-                        next_tokens: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def training_losses(
+        self,
+        h: torch.Tensor,
+        s: torch.Tensor,
+        lo: int,
+        hi: int,
+        next_tokens: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
         """Per-head cross entropy over positions t in [lo, hi).
 
-        Head i at t conditions on s[t+1..t+1+i]. Its label is next_tokens[t+1+i] when given (e.g. the
-        target's own argmax after the prefix s[:t+2+i], which is what greedy verification accepts),
-        else the next token of the sequence, s[t+2+i].
+        Head i at t conditions on s[t+1..t+1+i]. Its label is next_tokens[t+1+i] when given (e.g.
+        the target's own argmax after the prefix s[:t+2+i], which is what greedy verification
+        accepts), else the next token of the sequence, s[t+2+i].
         """
         losses = []
         for i, lg in enumerate(self.teacher_forced_logits(h, s, lo, hi)):
-            y = s[:, lo + 2 + i : hi + 2 + i] if next_tokens is None else next_tokens[:, lo + 1 + i : hi + 1 + i]
+            y = (
+                s[:, lo + 2 + i : hi + 2 + i]
+                if next_tokens is None
+                else next_tokens[:, lo + 1 + i : hi + 1 + i]
+            )
             losses.append(F.cross_entropy(lg.float().reshape(-1, lg.size(-1)), y.reshape(-1)))
         return losses
 
     # ---- inference
 
     @torch.no_grad()
-    def generate_suggestions(self, hidden: torch.Tensor, last_token: torch.Tensor, k: int | None = None) -> torch.Tensor:
-        """Greedy draft. hidden [B, H] (target state that produced last_token), last_token [B] -> [B, k]."""
+    def generate_suggestions(
+        self, hidden: torch.Tensor, last_token: torch.Tensor, k: int | None = None
+    ) -> torch.Tensor:
+        """Greedy draft. hidden [B, H] (target state that produced last_token), last_token [B] ->
+        [B, k]."""
         k = self.config.n_predict if k is None else k
         if k > self.max_steps:
             raise ValueError(f"k={k} exceeds what this speculator can draft ({self.max_steps})")
@@ -169,10 +192,16 @@ class MLPSpeculator(nn.Module):
         return torch.stack(out, -1)
 
     @torch.no_grad()
-    def sample_suggestions(self, hidden: torch.Tensor, last_token: torch.Tensor, k: int | None = None,
-                           temperature: float = 1.0, generator: torch.Generator | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sampled draft. Returns (tokens [B, k], probs [B, k, V]): the exact q each token was drawn from."""
+    def sample_suggestions(
+        self,
+        hidden: torch.Tensor,
+        last_token: torch.Tensor,
+        k: int | None = None,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sampled draft. Returns (tokens [B, k], probs [B, k, V]): the exact q each token was
+        drawn from."""
         k = self.config.n_predict if k is None else k
         if k > self.max_steps:
             raise ValueError(f"k={k} exceeds what this speculator can draft ({self.max_steps})")
@@ -201,14 +230,17 @@ class MLPSpeculator(nn.Module):
         (path / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None,
-                        device: str | torch.device = "cpu") -> "MLPSpeculator":
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    ) -> "MLPSpeculator":
         from safetensors.torch import load_file
 
         path = Path(path)
         raw = json.loads((path / CONFIG_NAME).read_text())
         if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
-            raise ValueError(f"{path} is not an {MODEL_TYPE} checkpoint (model_type={raw.get('model_type')!r})")
+            raise ValueError(
+                f"{path} is not an {MODEL_TYPE} checkpoint (model_type={raw.get('model_type')!r})"
+            )
         config = MLPSpeculatorConfig.from_dict(raw)
         model = cls(config)
         state = load_file(str(path / WEIGHTS_NAME))

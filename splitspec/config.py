@@ -13,6 +13,8 @@ from typing import Any, Sequence, TypeVar
 
 T = TypeVar("T")
 
+DEFAULT_MODEL = "models/target"  # the target shipped in the repository (relative to its root)
+
 
 def option(default: Any, help: str, **kwargs: Any) -> Any:
     """A dataclass field with CLI help text."""
@@ -50,7 +52,11 @@ def parse_config(cls: type[T], argv: Sequence[str] | None = None,
                  description: str | None = None) -> T:
     parser = argparse.ArgumentParser(description=description or cls.__doc__)
     add_arguments(parser, cls)
-    ns = parser.parse_args(argv)
+    return from_namespace(cls, parser.parse_args(argv))
+
+
+def from_namespace(cls: type[T], ns: argparse.Namespace) -> T:
+    """The config object from parsed arguments (extra attributes of `ns` are ignored)."""
     values = {}
     for f in dataclasses.fields(cls):
         value = getattr(ns, f.name)

@@ -2,11 +2,11 @@
 
     splitspec up [--model DIR] [--http-port 8000] [--no-draft] [--no-mlp] ...
 
-The n-gram proposer always runs. A draft-model proposer and an MLP speculator proposer run too
-when their models are given (--draft-model, --mlp-model) or, by default, when `draft/` and
-`mlp-speculator/` sit next to the target model directory and fit it (same tokenizer file; a
-speculator with the target's hidden and vocabulary sizes). Each is its own process, added to the
-verifier's --proposer list.
+One proposer process per method of the registry (splitspec/methods.py), each added to the
+verifier's --proposer list. Methods without a model (n-gram) always run; a model-backed method
+runs when its model is given (--draft-model, --mlp-model, ...) or, by default, when its directory
+(`draft/`, `mlp-speculator/`) sits next to the target and fits it (same tokenizer file; a
+speculator with the target's hidden and vocabulary sizes). --no-METHOD leaves one out.
 
 Prints the gateway URL once every service reports healthy; SIGINT or SIGTERM stops all of them
 (children are in their own process group, so nothing is left behind). The integration tests use
@@ -16,7 +16,6 @@ the same `Stack` class with free ports.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -29,9 +28,11 @@ from typing import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from splitspec.config import DEFAULT_MODEL
 from splitspec.lifecycle import LAUNCHER_PID_ENV
+from splitspec.methods import METHODS, HiddenState, find_model
 from splitspec.net import free_port, wait_for_port
-from verifier_service.config import DEFAULT_MODEL
+from splitspec.telemetry.config import GATEWAY_METRICS_PORT, stack_metrics_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,27 +76,20 @@ def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bo
         return False
 
 
-def sibling_proposer_models(model: str | Path) -> tuple[str | None, str | None]:
-    """(draft dir, speculator dir) found next to the target directory, each only when it fits the
-    target: a draft with a byte-identical tokenizer.json, a speculator whose config has the
-    target's hidden and vocabulary sizes. Cheap file checks; the verifier still checks Info."""
-    target = Path(model)
-    draft, spec = target.parent / "draft", target.parent / "mlp-speculator"
-    tok = target / "tokenizer.json"
-    found_draft = found_spec = None
-    if (draft / "config.json").is_file() and tok.is_file() and \
-            (draft / "tokenizer.json").is_file() and \
-            (draft / "tokenizer.json").read_bytes() == tok.read_bytes():
-        found_draft = str(draft)
-    try:
-        tcfg = json.loads((target / "config.json").read_text())
-        scfg = json.loads((spec / "config.json").read_text())
-        if (scfg.get("emb_dim"), scfg.get("vocab_size")) == (tcfg.get("hidden_size"),
-                                                              tcfg.get("vocab_size")):
-            found_spec = str(spec)
-    except (OSError, ValueError):
-        pass
-    return found_draft, found_spec
+def sibling_proposer_models(model: str | Path) -> dict[str, str]:
+    """Per model-backed method, its model directory found next to the target, when it fits
+    (cheap file checks; the verifier still checks Info)."""
+    found = {name: find_model(spec, model) for name, spec in METHODS.items()}
+    return {name: path for name, path in found.items() if path}
+
+
+@dataclass
+class ProposerLaunch:
+    """How one proposer method is started."""
+
+    port: int
+    model: str | None = None  # model-backed methods: None leaves the method out
+    args: list[str] = field(default_factory=list)  # extra flags; the last one given wins
 
 
 @dataclass
@@ -105,24 +99,35 @@ class StackConfig:
     http_port: int = 8000
     grpc_port: int = 50050
     verifier_port: int = 50051
-    ngram_port: int = 50052
     device: str = "auto"
     log_dir: Path | None = None
     verifier_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 180.0
-    # Learned proposers: None leaves them out. Each gets --device `device` and --dtype auto
-    # unless its extra args say otherwise (the last flag wins).
-    draft_model: str | None = None
-    draft_port: int = 50053
-    draft_args: list[str] = field(default_factory=list)
-    mlp_model: str | None = None
-    mlp_port: int = 50054
-    mlp_args: list[str] = field(default_factory=list)
+    # Per method; each gets --device `device` and --dtype auto unless its args say otherwise.
+    # Methods missing here are not started; model-backed ones also need a model.
+    proposers: dict[str, ProposerLaunch] = field(default_factory=lambda: {
+        name: ProposerLaunch(spec.default_port) for name, spec in METHODS.items()})
+    # Prometheus /metrics: the gateway on this port, the verifier on the next, then the
+    # proposers; None: each on a free port; 0: off.
+    metrics_port: int | None = GATEWAY_METRICS_PORT
 
     @classmethod
-    def with_free_ports(cls, **kwargs) -> "StackConfig":
+    def with_free_ports(cls, models: dict[str, str] | None = None,
+                        proposer_args: dict[str, list[str]] | None = None,
+                        methods: Sequence[str] | None = None, **kwargs) -> "StackConfig":
+        """Every port free; `models` gives model-backed methods their directories."""
+        models, proposer_args = models or {}, proposer_args or {}
+        names = list(METHODS) if methods is None else list(methods)
+        kwargs.setdefault("metrics_port", None)
         return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=free_port(),
-                   ngram_port=free_port(), draft_port=free_port(), mlp_port=free_port(), **kwargs)
+                   proposers={m: ProposerLaunch(free_port(), models.get(m),
+                                                list(proposer_args.get(m, [])))
+                              for m in names}, **kwargs)
+
+    def launched(self) -> dict[str, ProposerLaunch]:
+        """The methods that will actually start."""
+        return {m: p for m, p in self.proposers.items()
+                if not METHODS[m].capabilities.needs_model or p.model}
 
 
 class Stack:
@@ -132,24 +137,17 @@ class Stack:
         c = self.config = config
         py = sys.executable
         log = (lambda n: c.log_dir / f"{n}.log") if c.log_dir else (lambda n: None)
-        proposer = [py, "-m", "proposer_service.server", "--host", c.host]
-        self.proposer = Service("proposer-ngram", [
-            *proposer, "--method", "ngram", "--port", str(c.ngram_port)],
-            c.ngram_port, log("proposer-ngram"))
-        self.draft = None if c.draft_model is None else Service("proposer-draft", [
-            *proposer, "--method", "draft", "--port", str(c.draft_port), "--model",
-            c.draft_model, "--device", c.device, *c.draft_args], c.draft_port,
-            log("proposer-draft"))
-        # The speculator conditions on the target's hidden states: the target's tokenizer is its.
-        self.mlp = None if c.mlp_model is None else Service("proposer-mlp", [
-            *proposer, "--method", "mlp", "--port", str(c.mlp_port), "--model", c.mlp_model,
-            "--tokenizer", c.model, "--device", c.device, *c.mlp_args], c.mlp_port,
-            log("proposer-mlp"))
-        self.proposers = {"ngram": self.proposer}
-        if self.draft is not None:
-            self.proposers["draft"] = self.draft
-        if self.mlp is not None:
-            self.proposers["mlp"] = self.mlp
+        base = [py, "-m", "proposer_service.server", "--host", c.host]
+        self.proposers: dict[str, Service] = {}
+        for method, launch in c.launched().items():
+            argv = [*base, "--method", method, "--port", str(launch.port)]
+            if launch.model:
+                argv += ["--model", launch.model, "--device", c.device]
+            if METHODS[method].capabilities.hidden_state is not HiddenState.NONE:
+                # it conditions on the target's hidden states: the target's tokenizer is its
+                argv += ["--tokenizer", c.model]
+            self.proposers[method] = Service(f"proposer-{method}", [*argv, *launch.args],
+                                             launch.port, log(f"proposer-{method}"))
         self.verifier = Service("verifier", [
             py, "-m", "verifier_service.server", "--model", c.model, "--host", c.host,
             "--port", str(c.verifier_port), "--device", c.device,
@@ -161,6 +159,17 @@ class Stack:
             "--grpc-port", str(c.grpc_port), "--verifier", f"{c.host}:{c.verifier_port}"],
             c.grpc_port, log("gateway"))
         self.services = [*self.proposers.values(), self.verifier, self.gateway]
+        self.metrics_ports = stack_metrics_ports(
+            [s.name for s in (self.gateway, self.verifier, *self.proposers.values())],
+            c.metrics_port)
+        for svc in self.services:
+            svc.argv += ["--metrics-port", str(self.metrics_ports[svc.name])]
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        """Service name -> its /metrics URL (none when metrics are off)."""
+        return {name: f"http://{self.config.host}:{port}/metrics"
+                for name, port in self.metrics_ports.items() if port}
 
     @property
     def url(self) -> str:
@@ -227,39 +236,43 @@ def main(argv: Sequence[str] | None = None) -> None:
     up = sub.add_parser("up", help="serve gateway + verifier + proposers locally")
     d = StackConfig()
     up.add_argument("--model", default=d.model, help="target model directory")
-    up.add_argument("--draft-model", default=None,
-                    help="draft model directory (default: draft/ next to the target, if it fits)")
-    up.add_argument("--mlp-model", default=None, help="MLP speculator directory "
-                    "(default: mlp-speculator/ next to the target, if it fits)")
-    up.add_argument("--draft", action=argparse.BooleanOptionalAction, default=True,
-                    help="run the draft-model proposer when a draft model is found")
-    up.add_argument("--mlp", action=argparse.BooleanOptionalAction, default=True,
-                    help="run the MLP speculator proposer when a speculator is found")
-    up.add_argument("--draft-port", type=int, default=d.draft_port)
-    up.add_argument("--mlp-port", type=int, default=d.mlp_port)
-    up.add_argument("--draft-device", default=None, help="device of the draft proposer "
-                    "(default: --device)")
-    up.add_argument("--mlp-device", default=None, help="device of the MLP proposer "
-                    "(default: --device)")
     up.add_argument("--host", default=d.host)
     up.add_argument("--http-port", type=int, default=d.http_port)
     up.add_argument("--grpc-port", type=int, default=d.grpc_port)
     up.add_argument("--verifier-port", type=int, default=d.verifier_port)
-    up.add_argument("--ngram-port", type=int, default=d.ngram_port)
     up.add_argument("--device", default=d.device)
     up.add_argument("--log-dir", type=Path, default=None,
                     help="write each service's log here (default: this terminal)")
+    up.add_argument("--metrics-port", type=int, default=d.metrics_port,
+                    help="Prometheus /metrics of the gateway; the verifier and proposers get the "
+                    "next ports (0: off)")
+    for name, spec in METHODS.items():  # per registered method: on/off, port, model, device
+        up.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"run the {name} proposer ({spec.summary})"
+                        + (" when its model is found" if spec.capabilities.needs_model else ""))
+        up.add_argument(f"--{name}-port", type=int, default=spec.default_port)
+        if spec.capabilities.needs_model:
+            up.add_argument(f"--{name}-model", default=None,
+                            help=f"its model directory (default: {spec.model_dir}/ next to the "
+                            "target, if it fits)")
+            up.add_argument(f"--{name}-device", default=None,
+                            help="its device (default: --device)")
     args = ap.parse_args(argv)
-    found_draft, found_mlp = sibling_proposer_models(args.model)
-    draft_model = (args.draft_model or found_draft) if args.draft else None
-    mlp_model = (args.mlp_model or found_mlp) if args.mlp else None
+    found = sibling_proposer_models(args.model)
+    launches = {}
+    for name, spec in METHODS.items():
+        opt = name.replace("-", "_")
+        if not getattr(args, opt):
+            continue
+        model = (getattr(args, f"{opt}_model") or found.get(name)
+                 if spec.capabilities.needs_model else None)
+        device = getattr(args, f"{opt}_device", None)
+        launches[name] = ProposerLaunch(getattr(args, f"{opt}_port"), model,
+                                        ["--device", device] if device else [])
     stack = Stack(StackConfig(
         model=args.model, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-        verifier_port=args.verifier_port, ngram_port=args.ngram_port, device=args.device,
-        log_dir=args.log_dir, draft_model=draft_model, draft_port=args.draft_port,
-        draft_args=["--device", args.draft_device] if args.draft_device else [],
-        mlp_model=mlp_model, mlp_port=args.mlp_port,
-        mlp_args=["--device", args.mlp_device] if args.mlp_device else []))
+        verifier_port=args.verifier_port, device=args.device, log_dir=args.log_dir,
+        proposers=launches, metrics_port=args.metrics_port))
     stopping = False
 
     def on_signal(signum, frame):
@@ -276,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"splitspec is serving {args.model} (proposers: {', '.join(stack.proposers)})\n"
           f"  REST (OpenAI-compatible): {stack.url}\n"
           f"  gRPC (splitspec.v1.Generation): {args.host}:{args.grpc_port}\n"
-          f"Ctrl-C stops everything.", flush=True)
+          + "".join(f"  metrics of {name}: {url}\n" for name, url in stack.metrics_urls.items())
+          + "Ctrl-C stops everything.", flush=True)
     try:
         while not stopping:
             for svc in stack.services:

@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from splitspec.errors import InvalidArgument
-
-SPECULATION_METHODS = ("ngram", "draft", "mlp")
+from splitspec.methods import method_names
 
 
 class SpeculationMode(str, enum.Enum):
@@ -80,10 +79,10 @@ class SpeculationRequest:
     def validate(self, available_methods: tuple[str, ...] | None = None,
                  max_k: int | None = None) -> "SpeculationRequest":
         if self.method is not None:
-            if self.method not in SPECULATION_METHODS:
+            if self.method not in method_names():
                 raise InvalidArgument(
                     "speculation.method",
-                    f"unknown method {self.method!r}; known: {', '.join(SPECULATION_METHODS)}")
+                    f"unknown method {self.method!r}; known: {', '.join(method_names())}")
             if available_methods is not None and self.method not in available_methods:
                 served = ", ".join(available_methods) or "none"
                 raise InvalidArgument(

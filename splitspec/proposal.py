@@ -1,8 +1,11 @@
 """The per-step exchange between verifier and proposers, as dataclasses plus their protobuf edge.
 
 A `SequenceStep` tells a proposer what happened to one sequence since it last heard of it and
-how many draft tokens are wanted; a `Draft` is the answer. Both sides convert at their edge with
-the functions below, so the services work on these types only.
+how many draft tokens are wanted; a `Draft` is the answer: token ids and, for sampled drafts,
+the q they were drawn from as one `kernels.SparseProbs` ([k, K] tensors, the type the rejection
+sampler reads). Both sides convert at their edge with the functions below, so the services work
+on these types only. Layers, wire to kernel:
+    protobuf SequenceDraft --draft_from_pb--> Draft(tokens, q: SparseProbs) --engine--> kernels
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kernels.sparse_probs import SparseProbs
+from protos import common_pb2
+from protos import proposer_pb2 as pb
 from splitspec.params import SamplingParams
 from splitspec.wire import sampling_from_pb, sampling_to_pb
-from protos import common_pb2, proposer_pb2 as pb
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -32,19 +37,12 @@ class SequenceStep:
 
 
 @dataclass
-class SparseDistribution:
-    """Support and probabilities of the distribution one draft token was sampled from."""
-
-    indices: list[int]
-    probs: list[float]
-
-
-@dataclass
 class Draft:
     seq_id: str
     tokens: list[int] = field(default_factory=list)
-    # None: deterministic drafts (one-hot); else one distribution per draft token.
-    distributions: list[SparseDistribution] | None = None
+    # None: deterministic drafts (one-hot); else q [len(tokens), K], row j the distribution
+    # tokens[j] was drawn from.
+    q: SparseProbs | None = None
     resync: bool = False  # the proposer lost or distrusts its state: resend the full history
 
 
@@ -100,14 +98,16 @@ def draft_to_pb(draft: Draft) -> pb.SequenceDraft:
     msg = pb.SequenceDraft(seq_id=draft.seq_id, tokens=draft.tokens,
                            status=(pb.SEQUENCE_STATUS_RESYNC if draft.resync
                                    else pb.SEQUENCE_STATUS_OK))
-    for d in draft.distributions or ():
-        msg.distributions.add(indices=d.indices, probs=d.probs)
+    if draft.q is not None:
+        for indices, probs in draft.q.rows():
+            msg.distributions.add(indices=indices, probs=probs)
     return msg
 
 
 def draft_from_pb(msg: pb.SequenceDraft) -> Draft:
-    dists = [SparseDistribution(list(d.indices), list(d.probs)) for d in msg.distributions]
-    return Draft(seq_id=msg.seq_id, tokens=list(msg.tokens), distributions=dists or None,
+    rows = [(list(d.indices), list(d.probs)) for d in msg.distributions]
+    return Draft(seq_id=msg.seq_id, tokens=list(msg.tokens),
+                 q=SparseProbs.from_rows(rows) if rows else None,
                  resync=msg.status == pb.SEQUENCE_STATUS_RESYNC)
 
 

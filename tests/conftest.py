@@ -21,7 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session")
 def target_model_dir() -> str:
-    from verifier_service.config import DEFAULT_MODEL
+    from splitspec.config import DEFAULT_MODEL
 
     return str(REPO_ROOT / DEFAULT_MODEL)
 

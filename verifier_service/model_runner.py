@@ -7,20 +7,11 @@ only for the rows that are verified: the last k+1 of each sequence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
+from kernels.layout import StepLayout
 from verifier_service.kv_cache import BlockTable, PagedKVCache
 from verifier_service.paged_attention import ATTENTION_NAME, PagedBatch
-
-
-@dataclass
-class SeqForward:
-    table: BlockTable  # must already hold slots for start_pos + len(input_ids) positions
-    input_ids: list[int]  # tokens not in the cache yet, then the draft tokens
-    start_pos: int  # position of input_ids[0] (= tokens already in the cache)
-    num_logits: int  # rows wanted from the end: k drafts + 1
 
 
 class ModelRunner:
@@ -40,22 +31,20 @@ class ModelRunner:
         self.hidden_size = model.config.hidden_size
 
     @torch.inference_mode()
-    def forward(self, seqs: list[SeqForward]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per sequence: float32 logits [num_logits, vocab] for its last positions, and the
-        final hidden states [num_logits, hidden] they came from (the MLP speculator's input)."""
-        lens = [len(s.input_ids) for s in seqs]
-        ids = torch.tensor([t for s in seqs for t in s.input_ids], device=self.device)  # [T]
-        pos = torch.cat([torch.arange(s.start_pos, s.start_pos + n) for s, n in zip(seqs, lens)])
-        slot_mapping = torch.cat([self.kv.slots(s.table, s.start_pos, s.start_pos + n)
-                                  for s, n in zip(seqs, lens)])
-        context = [self.kv.slots(s.table, 0, s.start_pos + n) for s, n in zip(seqs, lens)]
+    def forward(self, input_ids: list[int], tables: list[BlockTable], layout: StepLayout
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward over the packed step: input_ids [T_in] laid out as `layout` says, each
+        sequence's table already holding slots for start_pos + query_len positions.
+        Returns float32 logits [T_out, V] at layout.logits_indices, and the final hidden states
+        [T_out, H] they came from (after the final norm: what hidden-state proposers read)."""
+        ids = torch.tensor(input_ids, device=self.device)  # [T_in]
+        starts, lens = layout.start_pos.tolist(), layout.query_lens.tolist()
+        slot_mapping = torch.cat([self.kv.slots(t, s, s + n)
+                                  for t, s, n in zip(tables, starts, lens)])
+        context = [self.kv.slots(t, 0, s + n) for t, s, n in zip(tables, starts, lens)]
         batch = PagedBatch.build(self.kv.k, self.kv.v, slot_mapping, context, lens, self.device)
-        res = self._decoder(input_ids=ids[None], position_ids=pos.to(self.device)[None],
+        res = self._decoder(input_ids=ids[None],
+                            position_ids=layout.positions().to(self.device)[None],
                             use_cache=False, paged=batch)
-        hidden = res.last_hidden_state[0]  # [T, H], after the final norm
-        ends = torch.tensor(lens).cumsum(0)
-        rows = torch.cat([torch.arange(e - s.num_logits, e) for s, e in zip(seqs, ends.tolist())])
-        h = hidden[rows.to(self.device)]  # [sum(num_logits), H]
-        logits = self._head(h).float()
-        sizes = [s.num_logits for s in seqs]
-        return list(zip(logits.split(sizes), h.split(sizes)))
+        hidden = res.last_hidden_state[0][layout.logits_indices.to(self.device)]  # [T_out, H]
+        return self._head(hidden).float(), hidden

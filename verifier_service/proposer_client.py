@@ -18,11 +18,16 @@ import time
 
 import grpc
 
-from proposer_service.base import Proposer
-from splitspec.grpc_server import insecure_channel
-from splitspec.proposal import (Draft, ProposerDescription, SequenceStep, description_from_pb,
-                                draft_from_pb, step_to_pb)
 from protos import common_pb2, proposer_pb2, proposer_pb2_grpc
+from splitspec.grpc_server import insecure_channel
+from splitspec.proposal import (
+    Draft,
+    ProposerDescription,
+    SequenceStep,
+    description_from_pb,
+    draft_from_pb,
+    step_to_pb,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +84,10 @@ class ProposerClient(abc.ABC):
 
 
 class InProcessProposerClient(ProposerClient):
-    """Calls a Proposer in this process: for fast tests of the engine without gRPC."""
+    """Calls a proposer in this process (anything with describe() and open_session(), i.e. a
+    proposer_service.base.Proposer): for fast tests of the engine without gRPC."""
 
-    def __init__(self, proposer: Proposer):
+    def __init__(self, proposer):
         desc = proposer.describe()
         super().__init__(desc.method)
         self.description = desc
@@ -98,7 +104,7 @@ class InProcessProposerClient(ProposerClient):
     async def flush_released(self) -> None:
         self._session.release(self._take_released())
 
-    def restart(self, proposer: Proposer) -> None:
+    def restart(self, proposer) -> None:
         """Simulate a proposer restart: its state is gone, a new epoch begins."""
         self._session.close()
         self._session = proposer.open_session()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitspec.params import GenerationInput
+from verifier_service.engine_stats import RequestTimeline
 from verifier_service.kv_cache import BlockTable
 from verifier_service.output import OutputTracker
 
@@ -30,13 +31,16 @@ class Usage:
     proposed_tokens: int
     accepted_tokens: int
     steps: int
+    # accepted_per_position[j]: steps whose draft token j+1 was accepted
+    accepted_per_position: list[int] = field(default_factory=list)
+    step_counts: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
+    reason: str = ""  # why speculation did not run although planned, e.g. proposer_incompatible
 
 
 @dataclass(eq=False)
 class Sequence:
     inp: GenerationInput
     tracker: OutputTracker
-    generator: torch.Generator | None
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     tokens: list[int] = field(default_factory=list)  # prompt + output, last one not cached yet
     num_computed: int = 0  # leading tokens whose KV is in the cache
@@ -44,19 +48,26 @@ class Sequence:
     # Proposer bookkeeping: how many tokens the proposer's stream has heard of, on which epoch.
     proposer_heard: int = 0
     proposer_epoch: int = -1
-    # The target's final hidden state at the position that produced the last token [hidden];
-    # kept only for sequences whose proposer conditions on it (MLP speculator).
-    last_hidden: torch.Tensor | None = None
-    wants_hidden: bool = False
+    # The target's final hidden state [hidden] at the position that produced the last token;
+    # kept only while the sequence's proposer declares that it conditions on it.
+    target_hidden: torch.Tensor | None = None
+    speculation_reason: str = ""
     aborted: bool = False
     finished: bool = False
     proposed: int = 0
     accepted: int = 0
     steps: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    step_counts: list[tuple[int, int]] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
+    timeline: RequestTimeline | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.inp.prompt_token_ids)
+        plan = self.inp.speculation
+        self.timeline = RequestTimeline(self.request_id, plan.method if plan.enabled else None,
+                                        arrival=time.time(),
+                                        prompt_tokens=len(self.inp.prompt_token_ids))
 
     @property
     def request_id(self) -> str:
@@ -66,8 +77,19 @@ class Sequence:
     def num_prompt_tokens(self) -> int:
         return len(self.inp.prompt_token_ids)
 
+    def record_draft(self, k: int, accepted: int) -> None:
+        self.proposed += k
+        self.accepted += accepted
+        self.step_counts.append((k, accepted))
+        if len(self.accepted_per_position) < k:
+            self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
+        for j in range(accepted):
+            self.accepted_per_position[j] += 1
+
     def usage(self) -> Usage:
         plan = self.inp.speculation
         return Usage(self.num_prompt_tokens, len(self.tracker.output_ids),
                      plan.method if plan.enabled else None, plan.k if plan.enabled else 0,
-                     self.proposed, self.accepted, self.steps)
+                     self.proposed, self.accepted, self.steps,
+                     list(self.accepted_per_position), list(self.step_counts),
+                     self.speculation_reason)

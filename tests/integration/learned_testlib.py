@@ -10,37 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import torch
+from testdata import PROMPTS  # noqa: F401 - re-exported for the learned-proposer tests
+from tiny_proposer_models import make_models, make_sharp_target  # noqa: F401 - re-exported
 
 from protos import common_pb2, generation_pb2_grpc
 from splitspec.launcher import Stack, StackConfig
-from testdata import PROMPTS  # noqa: F401 - re-exported for the learned-proposer tests
-from tiny_proposer_models import copy_tokenizer, make_noisy_draft, make_trained_mlp_speculator
-
-
-def make_sharp_target(src: str | Path, out: Path, scale: float = 4.0) -> Path:
-    """tests/fixtures/tiny-llama with its final norm scaled: logits `scale` times larger.
-
-    The random tiny model is almost uniform over its 1024 tokens (top-1 about 1% at T=0.8), which
-    leaves a distribution test no power and a draft nothing to agree on; scaled, its next-token
-    distribution keeps tens of tokens, like a trained model's.
-    """
-    from transformers import AutoModelForCausalLM
-
-    copy_tokenizer(src, out)
-    model = AutoModelForCausalLM.from_pretrained(src, local_files_only=True, dtype=torch.float32)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(scale)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
-
-
-def make_models(target_model_dir: str, root: Path) -> tuple[str, str, str]:
-    """(target, draft, speculator) directories under root."""
-    target = make_sharp_target(target_model_dir, root / "target")
-    draft = make_noisy_draft(target, root / "draft", noise=0.02)
-    spec = make_trained_mlp_speculator(target, root / "mlp-speculator", n_predict=4)
-    return str(target), str(draft), str(spec)
 
 
 def learned_stack_config(target: str, draft: str | None, spec: str | None, log_dir: Path,
@@ -51,8 +25,8 @@ def learned_stack_config(target: str, draft: str | None, spec: str | None, log_d
                      "--proposer-reconnect-s", "0.5", *kwargs.pop("verifier_args", [])]
     return StackConfig.with_free_ports(
         model=target, device="cpu", log_dir=log_dir, verifier_args=verifier_args,
-        draft_model=draft, draft_args=["--threads", "1"], mlp_model=spec,
-        mlp_args=["--threads", "1"], **kwargs)
+        models={"draft": draft, "mlp": spec},
+        proposer_args={"draft": ["--threads", "1"], "mlp": ["--threads", "1"]}, **kwargs)
 
 
 @dataclass

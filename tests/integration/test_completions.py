@@ -8,12 +8,15 @@ import json
 import grpc
 import httpx
 import pytest
+from testdata import PROMPTS
 
 from protos import common_pb2, generation_pb2_grpc
-from testdata import PROMPTS
+from splitspec.methods import METHODS
 
 pytestmark = pytest.mark.integration
 
+# what the default stack serves: every registered method that needs no model
+MODEL_FREE = [m for m, spec in METHODS.items() if not spec.capabilities.needs_model]
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +40,16 @@ def baseline(client):
     return {p: greedy(client, p, {"mode": "off"}) for p in PROMPTS}
 
 
+@pytest.mark.parametrize("method", MODEL_FREE)
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_greedy_is_identical_with_speculation_on_and_off(client, baseline, k):
+def test_greedy_is_identical_with_speculation_on_and_off(client, baseline, method, k):
     accepted = 0
     for p in PROMPTS:
-        on = greedy(client, p, {"mode": "on", "method": "ngram", "num_speculative_tokens": k})
+        on = greedy(client, p, {"mode": "on", "method": method, "num_speculative_tokens": k})
         assert on["choices"][0]["text"] == baseline[p]["choices"][0]["text"], p
         assert on["usage"]["completion_tokens"] == baseline[p]["usage"]["completion_tokens"]
         spec = on["usage"]["speculation"]
-        assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == k
+        assert spec["method"] == method and spec["num_speculative_tokens"] == k
         assert 0 <= spec["accepted_tokens"] <= spec["proposed_tokens"]
         accepted += spec["accepted_tokens"]
         off = baseline[p]["usage"]["speculation"]
@@ -60,6 +64,18 @@ def test_a_repetitive_prompt_gets_drafts_accepted(client):
     assert spec["proposed_tokens"] > 0 and spec["accepted_tokens"] > 0
     # Accepted drafts save steps: fewer steps than tokens.
     assert spec["steps"] < out["usage"]["completion_tokens"]
+
+
+def test_auto_and_on_without_a_method_speculate_with_the_first_method_and_the_default_k(
+        client):
+    """docs/api.md: `auto` is on whenever a proposer is served; `method` defaults to the first
+    served (n-gram) and k to the verifier's --default-num-speculative-tokens (4)."""
+    prompt = "alpha beta gamma delta " * 8
+    for body in ({}, {"speculation": {"mode": "auto"}}, {"speculation": {"mode": "on"}}):
+        out = complete(client, prompt, max_tokens=16, temperature=0, **body)
+        spec = out["usage"]["speculation"]
+        assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == 4, body
+        assert spec["proposed_tokens"] > 0, body
 
 
 def test_streaming_delivers_the_same_text_as_non_streaming(client, baseline):
@@ -124,7 +140,7 @@ def test_bad_requests_get_400_naming_the_field_and_the_gateway_keeps_serving(cli
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == field and field in err["message"]
+    assert err["param"] == field and err["message"].startswith(f"{field}: ")
     assert err["type"] == "invalid_request_error"
     ok = complete(client, PROMPTS[1], max_tokens=4, temperature=0)
     assert ok["usage"]["completion_tokens"] == 4
@@ -138,7 +154,7 @@ def test_malformed_json_is_a_400(client):
 
 def test_models_and_health(client):
     models = client.get("/v1/models").json()
-    assert models["object"] == "list" and models["data"][0]["speculation_methods"] == ["ngram"]
+    assert models["object"] == "list" and models["data"][0]["speculation_methods"] == MODEL_FREE
     assert client.get("/health").json() == {"status": "ok"}
 
 
@@ -168,9 +184,10 @@ def test_grpc_generation_service_streams_the_same_text(stack, baseline):
         with pytest.raises(grpc.RpcError) as e:
             list(stub.Generate(bad, timeout=60))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "max_tokens" in e.value.details()
+        assert e.value.details().startswith("max_tokens: ")  # the field first
         with pytest.raises(grpc.RpcError) as e:
             list(stub.Generate(common_pb2.GenerateRequest(), timeout=60))
-        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt" in e.value.details()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details().startswith("prompt: ")
         models = stub.ListModels(common_pb2.Empty(), timeout=10)
-        assert models.models[0].speculation_methods == ["ngram"]
+        assert models.models[0].speculation_methods == MODEL_FREE

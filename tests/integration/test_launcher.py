@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from splitspec.launcher import sibling_proposer_models
+from splitspec.methods import METHODS
 from splitspec.net import free_port
 
 pytestmark = pytest.mark.integration
@@ -62,9 +63,11 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
             if f"http://127.0.0.1:{port}" in line:
                 break
         kids = children_of(proc.pid)
-        # gateway, verifier, n-gram proposer, plus the learned proposers shipped beside the model
-        learned = [m for m in sibling_proposer_models(target_model_dir) if m is not None]
-        assert len(kids) == 3 + len(learned), kids
+        # gateway, verifier, the model-free proposers, plus the learned ones shipped beside the
+        # model
+        model_free = [m for m, spec in METHODS.items() if not spec.capabilities.needs_model]
+        learned = sibling_proposer_models(target_model_dir)
+        assert len(kids) == 2 + len(model_free) + len(learned), kids
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                        json={"prompt": "def f(", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200

@@ -3,8 +3,8 @@ equals speculation off for every k and in mixed batches, sampled output with eac
 included) and with a batch mixing proposers and k has the target's distribution, and seeded sampled
 runs are reproducible.
 
-The stack runs a sharpened copy of tests/fixtures/tiny-llama as target (see learned_testlib), a noisy
-copy of it as draft and an MLP speculator fitted for a few seconds to the target's hidden
+The stack runs a sharpened copy of tests/fixtures/tiny-llama as target (see learned_testlib), a
+noisy copy of it as draft and an MLP speculator fitted for a few seconds to the target's hidden
 states, so that both proposers' drafts are sometimes accepted and sometimes rejected.
 """
 
@@ -15,9 +15,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from learned_testlib import PROMPTS, gen_client, learned_stack_config, make_models
+
 from splitspec.launcher import Stack, sibling_proposer_models
+from splitspec.methods import METHODS
 
 pytestmark = pytest.mark.integration
 
@@ -61,23 +62,37 @@ def test_greedy_equals_speculation_off(client, baseline, method, k):
 def test_a_mixed_batch_of_methods_equals_speculation_off(client, baseline):
     """ngram, draft, mlp and off requests in flight together share the verifier's steps."""
     methods = ["ngram", "draft", "mlp", None]
-    reqs = [client.request(p, methods[(i + j) % 4], k=3)
-            for i, p in enumerate(PROMPTS) for j in range(2)]
+    reqs = [
+        client.request(p, methods[(i + j) % 4], k=3)
+        for i, p in enumerate(PROMPTS)
+        for j in range(2)
+    ]
     results = client.generate_all(reqs, workers=16)
-    for i, p in enumerate(PROMPTS):
+    for i, _ in enumerate(PROMPTS):
         for j in range(2):
             assert results[2 * i + j].token_ids == baseline[i].token_ids
 
 
 def test_seeded_sampled_runs_are_reproducible(client):
-    reqs = [client.request(PROMPTS[i], method, k=4, temperature=0.8, top_p=0.95, seed=100 + i,
-                           max_tokens=12) for i in range(4) for method in ("draft", "mlp")]
+    reqs = [
+        client.request(
+            PROMPTS[i], method, k=4, temperature=0.8, top_p=0.95, seed=100 + i, max_tokens=12
+        )
+        for i in range(4)
+        for method in ("draft", "mlp")
+    ]
     first = client.generate_all(reqs)
     again = client.generate_all(reqs[::-1])[::-1]  # other batch partners and order
     assert [r.token_ids for r in first] == [r.token_ids for r in again]
     for method in ("draft", "mlp"):
-        assert sum(r.usage.speculation.proposed_tokens for r in first
-                   if r.usage.speculation.method == method) > 0
+        assert (
+            sum(
+                r.usage.speculation.proposed_tokens
+                for r in first
+                if r.usage.speculation.method == method
+            )
+            > 0
+        )
 
 
 def chi2_critical(df: int, z: float = 3.09) -> float:
@@ -108,7 +123,8 @@ def two_sample_chi2(a: Counter, b: Counter, min_count: int = 10) -> tuple[float,
 
 
 SAMPLED_N = 800  # requests per sample
-SAMPLED = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 3}
+# 9 tokens: a k = 8 draft at the first decoding step covers positions 0..7 and the bonus at 8
+SAMPLED = {"temperature": 0.8, "top_p": 0.95, "max_tokens": 9}
 
 
 @pytest.fixture(scope="module")
@@ -124,41 +140,59 @@ def sampled_prompt(client) -> str:
 
 @pytest.fixture(scope="module")
 def sampled_off(client, sampled_prompt) -> list:
-    return client.generate_all([client.request(sampled_prompt, None, seed=20_000 + i, **SAMPLED)
-                                for i in range(SAMPLED_N)], workers=8)
+    return client.generate_all(
+        [
+            client.request(sampled_prompt, None, seed=20_000 + i, **SAMPLED)
+            for i in range(SAMPLED_N)
+        ],
+        workers=8,
+    )
 
 
 # (method, k) of each request of a sample, cycled: one method and k, or a batch mixing all of them
 SAMPLED_PLANS = {
-    "ngram-k3": [("ngram", 3)],
-    "draft-k4": [("draft", 4)],
-    "mlp-k2": [("mlp", 2)],
-    "mixed": [("ngram", 1), ("draft", 8), ("mlp", 5), ("ngram", 6), ("draft", 2), ("mlp", 8)],
+    "ngram-k8": [("ngram", 8)],
+    "draft-k8": [("draft", 8)],
+    "mlp-k4": [("mlp", 4)],  # the test speculator has 4 heads
+    "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("ngram", 6), ("draft", 2), ("mlp", 8)],
 }
 
 
-@pytest.mark.parametrize("plan", list(SAMPLED_PLANS))
-def test_sampled_speculation_has_the_targets_distribution(client, sampled_prompt, sampled_off, plan):
-    """Distribution test, speculation on vs off (temperature 0.8, top_p 0.95), per proposer and
-    for a batch that mixes proposers and k.
+def draft_paths_ran(responses, methods) -> None:
+    """Every method drafted, and the sampler both accepted and rejected: both paths ran."""
+    proposed = accepted = 0
+    for method in methods:
+        mine = [r.usage.speculation for r in responses if r.usage.speculation.method == method]
+        assert mine and sum(s.proposed_tokens for s in mine) > 0, method
+        proposed += sum(s.proposed_tokens for s in mine)
+        accepted += sum(s.accepted_tokens for s in mine)
+    assert 0 < accepted < proposed, (accepted, proposed)
 
-    N = 800 seeded requests with speculation on and N with it off, each generating 3 tokens from
-    the same prompt, with distinct seeds throughout (the samples are independent; the off sample
-    is shared by the plans). For each output position the token histograms of the two samples are
-    compared with a two-sample chi-square test (rare tokens pooled, see two_sample_chi2) at
+
+@pytest.mark.parametrize("plan", list(SAMPLED_PLANS))
+def test_sampled_speculation_has_the_targets_distribution(
+    client, sampled_prompt, sampled_off, plan
+):
+    """Distribution test, speculation on vs off (temperature 0.8, top_p 0.95), per proposer and
+    for a batch that mixes proposers and k up to 8.
+
+    N = 800 unseeded requests with speculation on (the rejection sampler's path) and N seeded ones
+    with it off, each generating 9 tokens from the same prompt, so that a k = 8 draft and its
+    bonus position are checked. For each output position the token histograms of the two samples
+    are compared with a two-sample chi-square test (rare tokens pooled, see two_sample_chi2) at
     alpha = 0.001 per position. The marginal distribution of every position is the same under
     lossless speculation, so the test should pass; its power is checked by
     test_the_distribution_test_tells_temperatures_apart.
     """
     steps = SAMPLED_PLANS[plan]
-    on = client.generate_all([client.request(sampled_prompt, *steps[i % len(steps)], seed=10_000 + i,
-                                             **SAMPLED) for i in range(SAMPLED_N)], workers=8)
-    for method in {m for m, _ in steps}:
-        mine = [r.usage.speculation for r in on if r.usage.speculation.method == method]
-        assert mine and sum(s.proposed_tokens for s in mine) > 0, method
-        # the proposer is sometimes right and sometimes wrong: both sampler paths ran
-        accepted = sum(s.accepted_tokens for s in mine)
-        assert 0 < accepted < sum(s.proposed_tokens for s in mine), method
+    on = client.generate_all(
+        [
+            client.request(sampled_prompt, *steps[i % len(steps)], **SAMPLED)
+            for i in range(SAMPLED_N)
+        ],
+        workers=8,
+    )
+    draft_paths_ran(on, {m for m, _ in steps})
     for pos in range(SAMPLED["max_tokens"]):
         a = Counter(r.token_ids[pos] for r in on)
         b = Counter(r.token_ids[pos] for r in sampled_off)
@@ -168,17 +202,43 @@ def test_sampled_speculation_has_the_targets_distribution(client, sampled_prompt
         assert stat < crit, (pos, stat, df, a.most_common(8), b.most_common(8))
 
 
+@pytest.mark.parametrize("plan", list(SAMPLED_PLANS))
+def test_seeded_sampled_output_is_identical_with_speculation_on_and_off(
+    client, sampled_prompt, sampled_off, plan
+):
+    """A seeded request's token at position t is argmax(p_t / E(seed, t)) whatever was drafted
+    (kernels/rejection.py): with speculation on, any method, any k and any batch, it gives the
+    very tokens it gives with speculation off."""
+    steps = SAMPLED_PLANS[plan]
+    n = 96
+    on = client.generate_all(
+        [
+            client.request(sampled_prompt, *steps[i % len(steps)], seed=20_000 + i, **SAMPLED)
+            for i in range(n)
+        ]
+    )
+    draft_paths_ran(on, {m for m, _ in steps})
+    assert [r.token_ids for r in on] == [r.token_ids for r in sampled_off[:n]]
+
+
 def test_the_distribution_test_tells_temperatures_apart(client, sampled_prompt, sampled_off):
     """Power of the test above, checked on the spot: it tells temperature 0.8 from temperature
     1.0 (speculation off, N more requests), a smaller difference than a broken acceptance rule
     makes."""
-    hotter = client.generate_all([client.request(sampled_prompt, None, seed=30_000 + i,
-                                                 **{**SAMPLED, "temperature": 1.0})
-                                  for i in range(SAMPLED_N)], workers=8)
-    stat, df = two_sample_chi2(Counter(r.token_ids[0] for r in sampled_off),
-                               Counter(r.token_ids[0] for r in hotter))
-    print(f"power check, T=0.8 vs T=1.0 at position 0: chi2 = {stat:.1f}, df = {df}, "
-          f"critical(0.001) = {chi2_critical(df):.1f}")
+    hotter = client.generate_all(
+        [
+            client.request(sampled_prompt, None, seed=30_000 + i, **{**SAMPLED, "temperature": 1.0})
+            for i in range(SAMPLED_N)
+        ],
+        workers=8,
+    )
+    stat, df = two_sample_chi2(
+        Counter(r.token_ids[0] for r in sampled_off), Counter(r.token_ids[0] for r in hotter)
+    )
+    print(
+        f"power check, T=0.8 vs T=1.0 at position 0: chi2 = {stat:.1f}, df = {df}, "
+        f"critical(0.001) = {chi2_critical(df):.1f}"
+    )
     assert stat > chi2_critical(df)
 
 
@@ -187,24 +247,31 @@ def test_up_finds_a_fitting_draft_and_speculator_next_to_the_target(stack, tiny_
     sit next to the target and fit it; the module's stack uses that layout."""
     target = stack.config.model
     root = Path(target).parent
-    assert sibling_proposer_models(target) == (str(root / "draft"), str(root / "mlp-speculator"))
-    # tests/fixtures/tiny-llama's neighbours (if built) are for another vocabulary: not started with it
-    assert sibling_proposer_models(tiny_target_dir) == (None, None)
+    assert sibling_proposer_models(target) == {
+        "draft": str(root / "draft"),
+        "mlp": str(root / "mlp-speculator"),
+    }
+    # tests/fixtures/tiny-llama's neighbours (if built) are for another vocabulary: not started with
+    # it
+    assert sibling_proposer_models(tiny_target_dir) == {}
     argv = stack.verifier.argv
-    assert [argv[i + 1].split("=")[0] for i, a in enumerate(argv) if a == "--proposer"] == \
-        ["ngram", "draft", "mlp"]
+    assert [argv[i + 1].split("=")[0] for i, a in enumerate(argv) if a == "--proposer"] == list(
+        METHODS
+    )  # every registered method, in registry order
 
 
 SHIPPED = Path(__file__).resolve().parents[2] / "models"
 
 
-@pytest.mark.skipif(not all((SHIPPED / d / "config.json").is_file()
-                            for d in ("target", "draft", "mlp-speculator")),
-                    reason="the trained models are not in models/ (make models)")
+@pytest.mark.skipif(
+    not all((SHIPPED / d / "config.json").is_file() for d in ("target", "draft", "mlp-speculator")),
+    reason="the trained models are not in models/ (make models)",
+)
 def test_shipped_proposers_are_lossless_and_accepted(tmp_path):
     """The trained target with its trained draft and speculator, as `splitspec up` runs them."""
     target = str(SHIPPED / "target")
-    draft, spec = sibling_proposer_models(target)
+    found = sibling_proposer_models(target)
+    draft, spec = found.get("draft"), found.get("mlp")
     assert draft and spec
     with Stack(learned_stack_config(target, draft, spec, tmp_path)) as s, gen_client(s) as c:
         base = c.generate_all([c.request(p, None, max_tokens=32) for p in PROMPTS])

@@ -7,13 +7,14 @@ import time
 
 import pytest
 import torch
+from tiny_proposer_models import make_noisy_draft, make_random_draft
 
 from kernels.sampling import apply_sampling_params
-from proposer_service.draft import DraftModelProposer, choose_tokens
+from proposer_service.draft import DraftModelProposer
+from proposer_service.drafting import choose_tokens, draft_keys
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
-from tiny_proposer_models import make_noisy_draft, make_random_draft
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(temperature=0.0)
@@ -53,7 +54,7 @@ def test_greedy_drafts_follow_the_draft_model(proposer, prompts):
     session = proposer.open_session()
     for i, p in enumerate(prompts):
         (d,) = session.propose([SequenceStep(f"s{i}", p, len(p), 4, full_history=True)])
-        assert not d.resync and d.distributions is None
+        assert not d.resync and d.q is None
         assert d.tokens == reference_greedy(proposer.model, p, 4)
 
 
@@ -116,23 +117,23 @@ def test_batched_drafting_equals_one_sequence_at_a_time(proposer, prompts):
         (single,) = proposer.open_session().propose([step])
         assert b.tokens == single.tokens and len(b.tokens) == step.k
         if step.sampling.greedy:
-            assert b.distributions is None
+            assert b.q is None
         else:
-            for qb, qs in zip(b.distributions, single.distributions):
-                assert qb.indices == qs.indices
-                assert qb.probs == pytest.approx(qs.probs, abs=1e-5)
+            for qb, qs in zip(b.q.rows(), single.q.rows()):
+                assert qb[0] == qs[0]
+                assert qb[1] == pytest.approx(qs[1], abs=1e-5)
 
 
 def test_sampled_drafts_send_the_truncated_q_they_were_drawn_from(proposer, prompts):
     p = prompts[1]
     step = SequenceStep("s", p, len(p), 4, full_history=True, sampling=SAMPLED)
     (d,) = proposer.open_session().propose([step])
-    assert len(d.tokens) == 4 and len(d.distributions) == 4
+    assert len(d.tokens) == 4 and d.q.num_rows == 4
     history = list(p)
-    for tok, q in zip(d.tokens, d.distributions):
-        assert 0 < len(q.indices) <= proposer.draft_top_k
-        assert abs(sum(q.probs) - 1.0) < 1e-4 and min(q.probs) > 0
-        assert tok in q.indices
+    for tok, q in zip(d.tokens, d.q.rows()):
+        assert 0 < len(q[0]) <= proposer.draft_top_k
+        assert abs(sum(q[1]) - 1.0) < 1e-4 and min(q[1]) > 0
+        assert tok in q[0]
         # q is apply_sampling_params of the draft's logits, top-K truncated and renormalised
         with torch.inference_mode():
             logits = proposer.model(input_ids=torch.tensor([history])).logits[0, -1:]
@@ -141,8 +142,8 @@ def test_sampled_drafts_send_the_truncated_q_they_were_drawn_from(proposer, prom
         top = full.topk(proposer.draft_top_k)
         expected = {int(i): float(v) for i, v in zip(top.indices, top.values / top.values.sum())
                     if v > 0}
-        assert set(q.indices) == set(expected)
-        for i, prob in zip(q.indices, q.probs):
+        assert set(q[0]) == set(expected)
+        for i, prob in zip(q[0], q[1]):
             assert prob == pytest.approx(expected[i], abs=1e-4)
         history.append(tok)
     # seeded: the same tokens again, in a fresh session too
@@ -150,17 +151,33 @@ def test_sampled_drafts_send_the_truncated_q_they_were_drawn_from(proposer, prom
     assert again.tokens == d.tokens
 
 
-def test_choose_tokens_samples_in_proportion_to_the_truncated_q():
+@pytest.mark.parametrize("seeded", [False, True])
+def test_choose_tokens_samples_in_proportion_to_the_truncated_q(seeded):
+    # unseeded: the default RNG; seeded: keyed noise, one key per position, still distributed as q
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
-    gen = torch.Generator().manual_seed(0)
     counts = torch.zeros(5)
     n = 4000
-    for _ in range(n):
-        toks, dists = choose_tokens(logits, [SamplingParams(temperature=1.0)], [gen], top_k=3)
+    params = [SamplingParams(temperature=1.0, seed=5 if seeded else None)]
+    torch.manual_seed(0)
+    for pos in range(n):
+        toks, dists = choose_tokens(logits, params, draft_keys(params, [pos]), top_k=3)
         counts[toks[0]] += 1
-    q = torch.tensor(dists[0].probs)
-    assert dists[0].indices == [0, 1, 2] and counts[3:].sum() == 0
+    q = torch.tensor(dists[0][1])
+    assert dists[0][0] == [0, 1, 2] and counts[3:].sum() == 0
     assert torch.allclose(counts[:3] / n, q, atol=0.03)
+
+
+def test_seeded_drafts_use_the_verifiers_keyed_noise():
+    # the draft for position t of a seeded request is argmax(q / E(seed, t)) at q's token ids:
+    # when q equals the target's p it is exactly the token the verifier will emit there
+    from kernels.sampling import keyed_argmax, noise_key
+
+    logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(3))
+    params = [SamplingParams(temperature=1.0, seed=11)]
+    p = torch.softmax(logits, -1)
+    for pos in range(20, 60):
+        toks, _ = choose_tokens(logits, params, draft_keys(params, [pos]), top_k=50)
+        assert toks[0] == int(keyed_argmax(p, [noise_key(11, pos)])[0])
 
 
 def test_k_zero_records_and_unknown_or_inconsistent_sequences_resync(proposer, prompts):
@@ -237,7 +254,7 @@ def test_a_bfloat16_draft_sends_float32_distributions_that_sum_to_one(draft_dir,
              SequenceStep("s", prompts[1], len(prompts[1]), 3, full_history=True,
                           sampling=SAMPLED)]
     greedy, sampled = low.open_session().propose(steps)
-    assert len(greedy.tokens) == 3 and greedy.distributions is None
+    assert len(greedy.tokens) == 3 and greedy.q is None
     assert all(0 <= t < low.vocab_size for t in greedy.tokens + sampled.tokens)
-    for tok, q in zip(sampled.tokens, sampled.distributions):
-        assert tok in q.indices and abs(sum(q.probs) - 1) < 1e-4 and len(q.indices) <= 8
+    for tok, q in zip(sampled.tokens, sampled.q.rows()):
+        assert tok in q[0] and abs(sum(q[1]) - 1) < 1e-4 and len(q[0]) <= 8

@@ -9,13 +9,13 @@ import time
 
 import pytest
 import torch
+from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
 
 from proposer_service.mlp import MlpSpeculatorProposer
 from proposer_service.mlp_speculator import MLPSpeculator
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep, step_from_pb, step_to_pb
-from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
 
 CPU = torch.device("cpu")
 HIDDEN = 64  # tests/fixtures/tiny-llama's hidden size
@@ -50,7 +50,7 @@ def test_greedy_drafts_are_the_speculators_suggestions(proposer):
     session = proposer.open_session()
     (d,) = session.propose([step("s", [5, 6, 7], 4)])
     ref = proposer.model.generate_suggestions(hidden(0)[None], torch.tensor([7]), 4)[0].tolist()
-    assert d.tokens == ref and d.distributions is None and not d.resync
+    assert d.tokens == ref and d.q is None and not d.resync
     # next step: a delta, and the last token of the new history is what head 0 conditions on
     (d,) = session.propose([step("s", [9, 10], 4, seed=1, full=False, history_len=5)])
     ref = proposer.model.generate_suggestions(hidden(1)[None], torch.tensor([10]), 4)[0].tolist()
@@ -75,12 +75,12 @@ def test_batched_equals_single_and_mixes_greedy_with_sampled(proposer):
     for s, b in zip(steps, batched):
         (single,) = proposer.open_session().propose([s])
         assert b.tokens == single.tokens and len(b.tokens) == s.k
-        assert (b.distributions is None) == s.sampling.greedy
-        if b.distributions:
-            for qb, qs, tok in zip(b.distributions, single.distributions, b.tokens):
-                assert qb.indices == qs.indices and tok in qb.indices
-                assert abs(sum(qb.probs) - 1) < 1e-4 and len(qb.indices) <= 16
-                assert qb.probs == pytest.approx(qs.probs, abs=1e-5)
+        assert (b.q is None) == s.sampling.greedy
+        if b.q is not None:
+            for qb, qs, tok in zip(b.q.rows(), single.q.rows(), b.tokens):
+                assert qb[0] == qs[0] and tok in qb[0]
+                assert abs(sum(qb[1]) - 1) < 1e-4 and len(qb[0]) <= 16
+                assert qb[1] == pytest.approx(qs[1], abs=1e-5)
 
 
 def test_the_hidden_state_survives_the_wire_in_fp16_and_fp32(proposer):

@@ -1,4 +1,5 @@
-"""Unit tests of the MLP speculator module: shapes, recurrence, save/load round trip, determinism."""
+"""Unit tests of the MLP speculator module: shapes, recurrence, save/load round trip,
+determinism."""
 
 import json
 
@@ -10,7 +11,9 @@ from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 
 def make(tie: bool = True, n_predict: int = 3, seed: int = 0) -> MLPSpeculator:
     torch.manual_seed(seed)
-    cfg = MLPSpeculatorConfig(emb_dim=24, inner_dim=16, vocab_size=50, n_predict=n_predict, tie_weights=tie)
+    cfg = MLPSpeculatorConfig(
+        emb_dim=24, inner_dim=16, vocab_size=50, n_predict=n_predict, tie_weights=tie
+    )
     return MLPSpeculator(cfg).eval()
 
 
@@ -21,7 +24,9 @@ def test_shapes(tie):
     toks = m.generate_suggestions(hidden, last)
     assert toks.shape == (4, 3) and toks.dtype == torch.long
     assert int(toks.min()) >= 0 and int(toks.max()) < 50
-    sampled, probs = m.sample_suggestions(hidden, last, k=2, generator=torch.Generator().manual_seed(0))
+    sampled, probs = m.sample_suggestions(
+        hidden, last, k=2, generator=torch.Generator().manual_seed(0)
+    )
     assert sampled.shape == (4, 2) and probs.shape == (4, 2, 50)
     torch.testing.assert_close(probs.sum(-1), torch.ones(4, 2))
     logits = m(torch.randn(2, 7, 24), torch.randint(0, 50, (2, 7, 3)))
@@ -35,7 +40,9 @@ def test_tied_weights_are_shared_and_recurrence_extends():
     assert sum(p.numel() for p in tied.parameters()) < sum(p.numel() for p in untied.parameters())
     hidden, last = torch.randn(2, 24), torch.randint(0, 50, (2,))
     # tied: k beyond n_predict reuses the shared head, and the first n_predict tokens are unchanged
-    assert torch.equal(tied.generate_suggestions(hidden, last, k=8)[:, :4], tied.generate_suggestions(hidden, last))
+    assert torch.equal(
+        tied.generate_suggestions(hidden, last, k=8)[:, :4], tied.generate_suggestions(hidden, last)
+    )
     with pytest.raises(ValueError):
         untied.generate_suggestions(hidden, last, k=5)
 
@@ -54,7 +61,9 @@ def test_greedy_is_deterministic():
     m = make()
     hidden, last = torch.randn(5, 24), torch.randint(0, 50, (5,))
     assert torch.equal(m.generate_suggestions(hidden, last), m.generate_suggestions(hidden, last))
-    assert torch.equal(make(seed=0).generate_suggestions(hidden, last), m.generate_suggestions(hidden, last))
+    assert torch.equal(
+        make(seed=0).generate_suggestions(hidden, last), m.generate_suggestions(hidden, last)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -63,7 +72,9 @@ def test_save_load_round_trip(tmp_path, dtype):
     m.config.target_model = "models/target"
     m.save_pretrained(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
-    assert raw["model_type"] == "mlp_speculator" and raw["emb_dim"] == 24 and raw["vocab_size"] == 50
+    assert (
+        raw["model_type"] == "mlp_speculator" and raw["emb_dim"] == 24 and raw["vocab_size"] == 50
+    )
     assert raw["n_predict"] == 3 and raw["dtype"] == str(dtype).removeprefix("torch.")
     loaded = MLPSpeculator.from_pretrained(tmp_path)
     assert loaded.config == m.config
@@ -71,7 +82,9 @@ def test_save_load_round_trip(tmp_path, dtype):
         assert k1 == k2 and v2.dtype == dtype and torch.equal(v1, v2)
     hidden, last = torch.randn(2, 24), torch.randint(0, 50, (2,))
     m32, l32 = m.float(), MLPSpeculator.from_pretrained(tmp_path, dtype=torch.float32)
-    assert torch.equal(m32.generate_suggestions(hidden, last), l32.generate_suggestions(hidden, last))
+    assert torch.equal(
+        m32.generate_suggestions(hidden, last), l32.generate_suggestions(hidden, last)
+    )
 
 
 def test_training_losses_decrease():
@@ -79,11 +92,11 @@ def test_training_losses_decrease():
     m = make().train()
     h, s = torch.randn(2, 10, 24), torch.randint(0, 50, (2, 14))
     opt = torch.optim.Adam(m.parameters(), lr=1e-2)
-    first = [l.item() for l in m.training_losses(h, s, 0, 10)]
+    first = [head_loss.item() for head_loss in m.training_losses(h, s, 0, 10)]
     for _ in range(30):
         loss = sum(m.training_losses(h, s, 0, 10))
         opt.zero_grad()
         loss.backward()
         opt.step()
-    last = [l.item() for l in m.training_losses(h, s, 0, 10)]
+    last = [head_loss.item() for head_loss in m.training_losses(h, s, 0, 10)]
     assert all(b < a for a, b in zip(first, last))

@@ -22,7 +22,7 @@ def test_ngram_session_proposes_from_the_latest_match_and_asks_for_resync():
     session = NgramProposer(min_n=1, max_n=3).open_session()
     hist = [7, 8, 9, 1, 2, 7, 8]
     (d,) = session.propose([SequenceStep("s", hist, len(hist), 3, full_history=True)])
-    assert d.tokens == [9, 1, 2] and d.distributions is None and not d.resync
+    assert d.tokens == [9, 1, 2] and d.q is None and not d.resync
     (d,) = session.propose([SequenceStep("s", [9], len(hist) + 1, 2)])
     assert d.tokens == [1, 2]
     (d,) = session.propose([SequenceStep("unknown", [1], 5, 2)])

@@ -1,8 +1,13 @@
 import pytest
 
 from splitspec.errors import InvalidArgument
-from splitspec.params import (SamplingParams, SpeculationMode, SpeculationRequest,
-                              StoppingCriteria, resolve_speculation)
+from splitspec.params import (
+    SamplingParams,
+    SpeculationMode,
+    SpeculationRequest,
+    StoppingCriteria,
+    resolve_speculation,
+)
 
 
 @pytest.mark.parametrize("kwargs, field", [

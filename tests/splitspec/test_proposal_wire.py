@@ -1,9 +1,17 @@
 import torch
 
+from kernels.sparse_probs import SparseProbs
 from splitspec.params import SamplingParams
-from splitspec.proposal import (Draft, SequenceStep, SparseDistribution, draft_from_pb,
-                                draft_to_pb, step_from_pb, step_to_pb, tensor_from_pb,
-                                tensor_to_pb)
+from splitspec.proposal import (
+    Draft,
+    SequenceStep,
+    draft_from_pb,
+    draft_to_pb,
+    step_from_pb,
+    step_to_pb,
+    tensor_from_pb,
+    tensor_to_pb,
+)
 
 
 def test_tensor_round_trip_is_exact_for_each_dtype():
@@ -24,7 +32,10 @@ def test_step_and_draft_round_trip():
         ("s1", [1, 2, 3], 10, 4, True)
     assert back.sampling == step.sampling and torch.equal(back.hidden_state, step.hidden_state)
 
-    d = Draft("s1", [5, 6], [SparseDistribution([5, 9], [0.75, 0.25]),
-                             SparseDistribution([6], [1.0])])
-    assert draft_from_pb(draft_to_pb(d)) == d
+    d = Draft("s1", [5, 6], SparseProbs.from_rows([([5, 9], [0.75, 0.25]), ([6], [1.0])]))
+    back = draft_from_pb(draft_to_pb(d))
+    assert (back.seq_id, back.tokens, back.resync) == ("s1", [5, 6], False)
+    assert back.q.rows() == [([5, 9], [0.75, 0.25]), ([6], [1.0])]
+    assert torch.equal(back.q.indices, d.q.indices) and torch.equal(back.q.probs, d.q.probs)
+    assert draft_from_pb(draft_to_pb(Draft("s3", [4]))).q is None
     assert draft_from_pb(draft_to_pb(Draft("s2", resync=True))).resync

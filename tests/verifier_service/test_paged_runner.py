@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig,
-                          MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
+from kernels.layout import StepLayout
 from verifier_service.kv_cache import BlockTable, KVCacheSpec, OutOfBlocks, PagedKVCache
-from verifier_service.model_runner import ModelRunner, SeqForward
+from verifier_service.model_runner import ModelRunner
 from verifier_service.paged_attention import ATTENTION_NAME, register
 
 SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -44,18 +52,23 @@ def test_paged_ragged_logits_equal_plain_forward(tmp_path, cls, config):
     tables = [BlockTable() for _ in seqs]
 
     # Step 1: prefill all but the last 2 tokens of the first three; the fourth is not there yet.
-    step1 = [SeqForward(t, s[:n - 2], 0, 1) for t, s, n in zip(tables[:3], seqs, lengths)]
-    for f in step1:
-        kv.reserve(f.table, len(f.input_ids))
-    runner.forward(step1)
+    # (a prefill chunk: it emits nothing, so no logits rows)
+    inputs1 = [s[:n - 2] for s, n in zip(seqs, lengths)][:3]
+    for t, ids in zip(tables, inputs1):
+        kv.reserve(t, len(ids))
+    layout1 = StepLayout.build([len(i) for i in inputs1], [0, 0, 0], [0, 0, 0], [False] * 3)
+    logits1, _ = runner.forward([t for i in inputs1 for t in i], tables[:3], layout1)
+    assert logits1.shape == (0, config.vocab_size)
 
     # Step 2, ragged: 2 uncached tokens + k drafts each, and a brand-new sequence's prefill.
-    step2 = [SeqForward(t, s[n - 2:], n - 2, k + 1)
-             for t, s, n, k in zip(tables[:3], seqs, lengths, ks)]
-    step2.append(SeqForward(tables[3], seqs[3], 0, ks[3] + 1))
-    for f in step2:
-        kv.reserve(f.table, f.start_pos + len(f.input_ids))
-    out = runner.forward(step2)
+    inputs2 = [s[n - 2:] for s, n in zip(seqs[:3], lengths)] + [seqs[3]]
+    starts = [n - 2 for n in lengths[:3]] + [0]
+    for t, ids, st in zip(tables, inputs2, starts):
+        kv.reserve(t, st + len(ids))
+    layout2 = StepLayout.build([len(i) for i in inputs2], starts, ks, [True] * 4)
+    logits2, hidden2 = runner.forward([t for i in inputs2 for t in i], tables, layout2)
+    rows = [k + 1 for k in ks]
+    out = list(zip(logits2.split(rows), hidden2.split(rows)))
 
     with torch.no_grad():
         for s, k, (logits, hidden) in zip(seqs, ks, out):

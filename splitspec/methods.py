@@ -1,0 +1,96 @@
+"""The registry of proposer methods: every method's name, implementation and declared capabilities.
+
+Everything that needs to know which methods exist reads this table: request validation
+(splitspec/params.py), the proposer service's --method choices and loader
+(proposer_service/server.py), the local launcher (which proposers `splitspec up` starts, on which
+ports, with which model) and the docs. The verifier's engine never branches on a method's name:
+it asks the capabilities a proposer declares (Proposer/Info: vocabulary, hidden-state needs).
+
+Adding a method = its own file in proposer_service/ (a `Proposer` with `from_config`) plus one
+entry below.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+class HiddenState(str, enum.Enum):
+    NONE = "none"
+    # The target's final-norm hidden state at the position that produced the sequence's last
+    # token (the verifier sends it with every step message).
+    FINAL = "final"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    hidden_state: HiddenState = HiddenState.NONE
+    # Drafts for sampled requests carry the q they were drawn from; False: ids only (one-hot).
+    sampled_drafts: bool = False
+    precompute: bool = False  # can draft ahead for likely outcomes while the verifier verifies
+    needs_model: bool = False  # loads a model directory (--model)
+    # One state across all sequences and verifiers it serves (e.g. an index of past outputs):
+    # what a proposer in its own service can offer and an in-process one cannot.
+    cross_request: bool = False
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    summary: str
+    implementation: str  # "module:Class", a proposer_service.base.Proposer; imported lazily
+    capabilities: Capabilities
+    default_port: int  # the launcher's port for it
+    model_dir: str = ""  # the launcher looks for its model here, next to the target directory
+    # Cheap file check that a model found next to the target fits it: (target dir, model dir).
+    fits: Callable[[Path, Path], bool] | None = None
+
+
+def _same_tokenizer(target: Path, model: Path) -> bool:
+    tok = target / "tokenizer.json"
+    return ((model / "config.json").is_file() and tok.is_file()
+            and (model / "tokenizer.json").is_file()
+            and (model / "tokenizer.json").read_bytes() == tok.read_bytes())
+
+
+def _speculator_fits(target: Path, model: Path) -> bool:
+    try:
+        tcfg = json.loads((target / "config.json").read_text())
+        scfg = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (scfg.get("emb_dim"), scfg.get("vocab_size")) == (tcfg.get("hidden_size"),
+                                                              tcfg.get("vocab_size"))
+
+
+METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
+    MethodSpec("ngram", "prompt lookup: copies what followed the longest earlier match of the "
+               "sequence's suffix", "proposer_service.ngram:NgramProposer",
+               Capabilities(), default_port=50052),
+    MethodSpec("draft", "a small causal LM with its own KV cache per sequence",
+               "proposer_service.draft:DraftModelProposer",
+               Capabilities(sampled_drafts=True, needs_model=True), default_port=50053,
+               model_dir="draft", fits=_same_tokenizer),
+    MethodSpec("mlp", "an MLP speculator conditioned on the target's last hidden state",
+               "proposer_service.mlp:MlpSpeculatorProposer",
+               Capabilities(hidden_state=HiddenState.FINAL, sampled_drafts=True,
+                            needs_model=True), default_port=50054,
+               model_dir="mlp-speculator", fits=_speculator_fits),
+)}
+
+
+def method_names() -> tuple[str, ...]:
+    return tuple(METHODS)
+
+
+def find_model(spec: MethodSpec, target: str | Path) -> str | None:
+    """The method's model directory next to the target, when there is one and it fits."""
+    if not spec.model_dir or spec.fits is None:
+        return None
+    target = Path(target)
+    found = target.parent / spec.model_dir
+    return str(found) if spec.fits(target, found) else None

@@ -1,0 +1,85 @@
+"""Planted bugs for the negative controls: each is a small monkeypatch of one product function
+that breaks one invariant the suite claims to guard. A control test plants one, runs the guarding
+check, and asserts that the check fails. They live in the test tree only."""
+
+from __future__ import annotations
+
+import torch
+
+import kernels.rejection as rejection
+import proposer_service.drafting as drafting
+from kernels.sampling import keyed_argmax, noise_key
+from verifier_service.drafts import DraftCollector
+from verifier_service.model_runner import ModelRunner
+
+
+def residual_from_p(monkeypatch) -> None:
+    """The recovered token drawn from p instead of max(0, p - q): q is taken as zero."""
+    def no_q(draft_probs, draft_token_ids, rows, present, vocab):
+        return torch.zeros(rows.shape[0], vocab)
+
+    monkeypatch.setattr(rejection, "_draft_rows_dense", no_q)
+
+
+def bonus_row_off_by_one(monkeypatch) -> None:
+    """The bonus token read from the last draft's row instead of the row after it."""
+    original = rejection.rejection_sample_reference
+
+    def shifted(target_probs, draft_token_ids, layout, *rest):
+        k = layout.num_draft_tokens
+        bonus = (layout.target_offsets + k)[k > 0]
+        probs = target_probs.clone()
+        probs[bonus] = target_probs[bonus - 1]
+        return original(probs, draft_token_ids, layout, *rest)
+
+    monkeypatch.setattr(rejection, "rejection_sample_reference", shifted)
+
+
+def seeded_draws_depend_on_k(monkeypatch) -> None:
+    """A seeded row's noise keyed by (k, index in the step's window) instead of its position."""
+    def by_window(target_probs, layout, seeded, seeds, target_argmax):
+        k = layout.num_draft_tokens.tolist()
+        toff = layout.target_offsets.tolist()
+        rows = torch.tensor([toff[i] + j for i in seeded for j in range(k[i] + 1)])
+        keys = [noise_key(seeds[i], k[i] * 100 + j) for i in seeded for j in range(k[i] + 1)]
+        out = target_argmax.clone()
+        out[rows] = keyed_argmax(target_probs[rows], keys)
+        return out
+
+    monkeypatch.setattr(rejection, "_coupled_argmax", by_window)
+
+
+def _runner_returning(monkeypatch, change) -> None:
+    original = ModelRunner.forward
+
+    def forward(self, *args):
+        logits, hidden = original(self, *args)
+        return logits, change(hidden)
+
+    monkeypatch.setattr(ModelRunner, "forward", forward)
+
+
+def hidden_state_zeroed(monkeypatch) -> None:
+    """The hidden state handed to a conditioning proposer is zeros."""
+    _runner_returning(monkeypatch, torch.zeros_like)
+
+
+def hidden_state_shifted_by_one_position(monkeypatch) -> None:
+    """The hidden state of the neighbouring row (one position off)."""
+    _runner_returning(monkeypatch, lambda h: torch.roll(h, 1, dims=0))
+
+
+def draft_q_is_not_the_sampled_one(monkeypatch) -> None:
+    """Draft tokens drawn from another distribution than the q the proposer reports: a sharper
+    one when unseeded, a flatter one (cubed noise) when seeded."""
+    sample, noise = drafting.sample, drafting.keyed_exponentials
+    monkeypatch.setattr(drafting, "sample", lambda probs, keys=None: sample(probs ** 3, keys))
+    monkeypatch.setattr(drafting, "keyed_exponentials", lambda keys, idx: noise(keys, idx) ** 3)
+
+
+def mismatch_escapes_the_step(monkeypatch) -> None:
+    """A proposer's late vocabulary mismatch raised out of the step (fails the whole batch)."""
+    async def connected(self, method, client, group):
+        return await client.ensure_connected()
+
+    monkeypatch.setattr(DraftCollector, "_connected", connected)

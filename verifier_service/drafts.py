@@ -1,0 +1,169 @@
+"""Collecting one step's drafts from the proposers, and never trusting them.
+
+Per proposer, one message carries every speculating sequence's new tokens and k (plus what the
+proposer declared it conditions on, e.g. the target's hidden state); all proposers are asked
+concurrently and awaited until the per-step deadline. Whatever comes back is checked before the
+verifier uses it: wrong lengths, unknown ids, or a q that cannot have produced its token drop
+that sequence's draft, and the step decodes it plainly.
+
+A proposer that is late, gone, or incompatible (a different vocabulary: e.g. a pod replaced by
+a wrong image) costs only speculation. An incompatible one is refused at every reconnection
+attempt until a compatible one answers; meanwhile its method counts as unavailable in the stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import torch
+
+from kernels.sparse_probs import SparseProbs
+from splitspec.proposal import Draft, SequenceStep
+from verifier_service.engine_stats import EngineStats, MethodStepStats
+from verifier_service.proposer_client import ProposerClient, ProposerMismatch
+from verifier_service.scheduler import Scheduled
+from verifier_service.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+UNAVAILABLE = "proposer_unavailable"
+INCOMPATIBLE = "proposer_incompatible"
+
+
+class DraftCollector:
+    def __init__(self, proposers: dict[str, ProposerClient], vocab_size: int, timeout_s: float,
+                 stats: EngineStats):
+        self.proposers = proposers
+        self.vocab_size = vocab_size
+        self.timeout_s = timeout_s
+        self.stats = stats
+        self.incompatible: dict[str, str] = {}  # method -> why it is refused right now
+
+    def needs_hidden_state(self, seq: Sequence) -> bool:
+        """Whether the sequence's proposer declared that it conditions on the target's state."""
+        client = self.proposers.get(seq.inp.speculation.method or "")
+        desc = client.description if client is not None else None
+        return desc is not None and desc.needs_hidden_state
+
+    async def collect(self, plan: list[Scheduled]
+                      ) -> tuple[dict[Sequence, Draft], dict[str, MethodStepStats]]:
+        by_method: dict[str, list[Scheduled]] = {}
+        for s in plan:
+            if s.k > 0:
+                by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
+        for method, client in self.proposers.items():
+            if method not in by_method:
+                await client.flush_released()
+        step_stats = {m: MethodStepStats() for m in by_method}
+        results = await asyncio.gather(*(self._ask(m, group, step_stats[m])
+                                         for m, group in by_method.items()))
+        merged: dict[Sequence, Draft] = {}
+        for r in results:
+            merged.update(r)
+        return merged, step_stats
+
+    async def _ask(self, method: str, group: list[Scheduled], step: MethodStepStats
+                   ) -> dict[Sequence, Draft]:
+        client = self.proposers[method]
+        stats = self.stats.method(method)
+        stats.steps += 1
+        if not await self._connected(method, client, group):
+            stats.missed_steps += 1
+            step.missed = True
+            return {}
+        steps, wanted = self._messages(client, group)
+        if not steps:
+            return {}
+        start = time.perf_counter()
+        drafts = await client.propose(steps, self.timeout_s)
+        if drafts is None:
+            stats.missed_steps += 1
+            step.missed = True
+            return {}
+        step.round_trip_s = time.perf_counter() - start
+        out: dict[Sequence, Draft] = {}
+        for d in drafts:
+            if d.seq_id not in wanted:
+                continue
+            seq, k = wanted.pop(d.seq_id)
+            if d.resync:
+                seq.proposer_epoch = -1  # full history on the next step
+                step.resyncs += 1
+                continue
+            checked = self.checked(d, k) if d.tokens else None
+            if checked is not None:
+                out[seq] = checked
+            elif d.tokens:
+                step.garbage += 1
+        return out
+
+    async def _connected(self, method: str, client: ProposerClient,
+                         group: list[Scheduled]) -> bool:
+        try:
+            ok = await client.ensure_connected()
+        except ProposerMismatch as exc:
+            if self.incompatible.get(method) != str(exc):
+                log.error("disabling speculation with %s: %s", method, exc)
+            self.incompatible[method] = str(exc)
+            self.stats.method(method).unavailable = INCOMPATIBLE
+            for s in group:
+                s.seq.speculation_reason = INCOMPATIBLE
+            return False
+        if method in self.incompatible and ok:
+            log.info("%s proposer is compatible again", method)
+            del self.incompatible[method]
+        self.stats.method(method).unavailable = "" if ok else UNAVAILABLE
+        if not ok:
+            for s in group:
+                s.seq.speculation_reason = s.seq.speculation_reason or UNAVAILABLE
+        return ok
+
+    @staticmethod
+    def _messages(client: ProposerClient, group: list[Scheduled]
+                  ) -> tuple[list[SequenceStep], dict[str, tuple[Sequence, int]]]:
+        """One SequenceStep per sequence: only what the proposer has not heard yet, unless its
+        stream is new (another epoch), then the whole history."""
+        needs_hidden = client.description is not None and client.description.needs_hidden_state
+        steps, wanted = [], {}
+        for s in group:
+            seq = s.seq
+            if needs_hidden and seq.target_hidden is None:
+                continue  # before the first verification there is no hidden state yet
+            full = seq.proposer_epoch != client.epoch
+            new = seq.tokens if full else seq.tokens[seq.proposer_heard:]
+            steps.append(SequenceStep(seq.request_id, list(new), len(seq.tokens), s.k,
+                                      full_history=full, sampling=seq.inp.sampling,
+                                      hidden_state=seq.target_hidden if needs_hidden else None))
+            wanted[seq.request_id] = (seq, s.k)
+            seq.proposer_heard, seq.proposer_epoch = len(seq.tokens), client.epoch
+        return steps, wanted
+
+    def checked(self, d: Draft, k: int) -> Draft | None:
+        """The draft with its q renormalised, or None (not used) for wrong lengths, unknown ids,
+        or a q that cannot have produced its token."""
+        if len(d.tokens) > k or any(not 0 <= t < self.vocab_size for t in d.tokens):
+            return None
+        if d.q is None:
+            return d
+        idx, p = d.q.indices, d.q.probs.to(torch.float32)
+        if idx.shape[0] != len(d.tokens) or idx.numel() == 0:
+            return None
+        if bool((idx < 0).any() or (idx >= self.vocab_size).any()):
+            return None
+        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
+            return None
+        total = p.sum(-1, keepdim=True)
+        if bool(((total - 1.0).abs() > 1e-3).any()):
+            return None
+        q = SparseProbs(idx, p / total)
+        # each token must have positive probability under the q it claims to come from
+        if not bool((q.prob_of(torch.tensor(d.tokens)) > 0).all()):
+            return None
+        return Draft(d.seq_id, list(d.tokens), q)
+
+    def release(self, seq: Sequence) -> None:
+        client = self.proposers.get(seq.inp.speculation.method or "")
+        if client is not None and seq.proposer_epoch == client.epoch:
+            client.release([seq.request_id])

@@ -1,0 +1,121 @@
+"""What the engine measures, as plain dataclasses, kept apart from any exporter.
+
+Three kinds of record:
+  * `EngineStats`: counters since start (monotonic) plus gauges filled in by Engine.snapshot();
+    streamed by Verifier/WatchStats (operators, tests; the gateway's policy does not read it yet).
+  * `StepStats`: one engine step (its duration, batch size, per-method drafting outcome),
+    handed to every `EngineObserver` when the step ends.
+  * `RequestTimeline`: one request's life (arrival, admission, first token, finish, per-step
+    records), handed to observers when the request ends; tracing turns it into spans.
+Observers run on the engine's event loop between steps: they must be cheap and never raise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass
+class MethodStats:
+    """Counters per proposer method (monotonic)."""
+
+    proposed_tokens: int = 0  # draft tokens verified
+    accepted_tokens: int = 0
+    drafts: int = 0  # sequence-steps that verified a non-empty draft
+    steps: int = 0  # steps that asked this method
+    missed_steps: int = 0  # asked, but no usable answer before the deadline
+    # why the method gets no drafts right now ("" when it does): proposer_unavailable (not
+    # connected) or proposer_incompatible (its vocabulary or tokenizer differs from the target's)
+    unavailable: str = ""
+    # accepted_per_position[j]: drafts whose token j+1 was accepted (sums to accepted_tokens)
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def add_draft(self, k: int, accepted: int) -> None:
+        self.drafts += 1
+        self.proposed_tokens += k
+        self.accepted_tokens += accepted
+        if len(self.accepted_per_position) < k:
+            self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
+        for j in range(accepted):
+            self.accepted_per_position[j] += 1
+
+
+@dataclass
+class EngineStats:
+    """Counters since start (monotonic) plus gauges filled in by Engine.snapshot()."""
+
+    steps: int = 0
+    generated_tokens: int = 0
+    finished_requests: int = 0
+    aborted_requests: int = 0
+    per_method: dict[str, MethodStats] = field(default_factory=dict)
+    preemptions: int = 0
+    step_seconds_total: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
+
+    def method(self, name: str) -> MethodStats:
+        return self.per_method.setdefault(name, MethodStats())
+
+
+@dataclass
+class MethodStepStats:
+    """One method's share of one step."""
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    drafts: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    round_trip_s: float | None = None  # None: not asked, or no answer
+    missed: bool = False  # asked, but no usable answer before the deadline (or not connected)
+    garbage: int = 0  # drafts dropped as untrustworthy (wrong length, ids, or q)
+    resyncs: int = 0  # sequences the proposer asked to resend in full
+
+
+@dataclass
+class StepStats:
+    """One engine step, as observers see it."""
+
+    start: float  # time.time() at the step's start (wall clock, for spans)
+    seconds: float  # its duration (perf_counter)
+    num_seqs: int  # sequences in the batch
+    num_tokens: int  # tokens forwarded (uncached + drafts)
+    emitted_tokens: int
+    per_method: dict[str, MethodStepStats] = field(default_factory=dict)
+
+
+@dataclass
+class StepRecord:
+    """One step of one request."""
+
+    start: float  # time.time()
+    end: float
+    k: int  # draft tokens verified (0: none this step)
+    accepted: int
+    prefill_tokens: int  # uncached prompt tokens fed this step (0 when decoding)
+    round_trip_s: float | None = None  # its proposer's answer time, when asked
+
+
+@dataclass
+class RequestTimeline:
+    """One request's life, for traces and latency histograms (wall clock, time.time())."""
+
+    request_id: str
+    method: str | None
+    arrival: float
+    admitted: float | None = None  # first scheduled
+    first_token: float | None = None
+    finished: float | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    steps: list[StepRecord] = field(default_factory=list)
+
+
+class EngineObserver(Protocol):
+    def on_step(self, step: StepStats) -> None: ...
+
+    def on_request_done(self, timeline: RequestTimeline) -> None: ...
