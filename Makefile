@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 
-.PHONY: setup run test protos bench bench-kernels bench-engine bench-spec models models-eval clean
+.PHONY: setup run lint test protos bench bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,10 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(PY) -m splitspec.launcher up
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+test: $(STAMP) lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 protos: $(STAMP)
@@ -35,7 +38,10 @@ bench-engine: $(STAMP)
 bench-spec: $(STAMP)
 	$(PY) bench/spec_bench.py
 
-bench: bench-kernels bench-engine bench-spec
+bench-repeat: $(STAMP)
+	$(PY) bench/repeat_bench.py
+
+bench: bench-kernels bench-engine bench-spec bench-repeat
 
 # Retrain the shipped model family (tokenizer, target, draft, MLP speculator) from the Python
 # standard library, about 85 minutes on 2 cores, then re-measure the model card's figures.
@@ -46,6 +52,21 @@ models: $(STAMP)
 # Re-measure models/README.md's figures (held-out loss, acceptance per proposer and position).
 models-eval: $(STAMP)
 	$(PY) scripts/eval_models.py
+
+# Render the Helm chart (k8s/splitspec) into the plain manifests in k8s/manifests/ (one
+# kustomize directory per preset); a test fails when they are stale.
+k8s-render: $(STAMP)
+	$(PY) scripts/render_k8s.py
+
+# Observability: every dashboard query evaluated by a real Prometheus (Debian's package,
+# installed with apt when missing) scraping a running stack; see docs/observability.md.
+.PHONY: e2e-metrics bench-observability
+e2e-metrics: $(STAMP)
+	$(PY) scripts/e2e_metrics.py
+
+# Tokens/s with tracing and metrics on vs off; report in bench/reports/observability.md.
+bench-observability: $(STAMP)
+	$(PY) bench/observability_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

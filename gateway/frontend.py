@@ -1,17 +1,23 @@
 """What the REST and gRPC front doors share: apply the speculation policy, pick a verifier,
-stream its answer, and collect a finished result."""
+stream its answer, and collect a finished result; metrics and the request's span, when the
+gateway has them, are fed here too."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from gateway.policy import SpeculationPolicy
 from gateway.verifier_pool import VerifierPool
+from protos import common_pb2
 from splitspec.errors import NotFound
 from splitspec.params import SamplingParams, SpeculationRequest, StoppingCriteria
 from splitspec.wire import FINISH_REASON_NAMES, sampling_to_pb, stopping_to_pb
-from protos import common_pb2
+
+if TYPE_CHECKING:
+    from gateway.metrics import GatewayMetrics
+    from gateway.tracing import GatewayTracer
 
 
 @dataclass
@@ -25,9 +31,12 @@ class Collected:
 
 
 class Frontend:
-    def __init__(self, pool: VerifierPool, policy: SpeculationPolicy):
+    def __init__(self, pool: VerifierPool, policy: SpeculationPolicy,
+                 metrics: "GatewayMetrics | None" = None, tracer: "GatewayTracer | None" = None):
         self.pool = pool
         self.policy = policy
+        self.metrics = metrics
+        self.tracer = tracer
 
     async def model_id(self) -> str:
         return (await self.pool.info()).model
@@ -38,23 +47,50 @@ class Frontend:
             raise NotFound(f"model: {model!r} is not served here; served: {served!r}", "model")
         return served
 
-    async def build_request(self, request_id: str, prompt: str | list[int],
-                            sampling: SamplingParams, stopping: StoppingCriteria,
-                            speculation: SpeculationRequest) -> common_pb2.GenerateRequest:
-        plan = self.policy.decide(speculation, await self.pool.info())
-        req = common_pb2.GenerateRequest(request_id=request_id,
-                                         sampling=sampling_to_pb(sampling),
-                                         stopping=stopping_to_pb(stopping),
-                                         speculation=self.policy.to_pb(plan))
-        if isinstance(prompt, str):
-            req.text = prompt
-        else:
-            req.token_ids.ids.extend(prompt)
-        return req
+    async def build_requests(self, request_ids: list[str], prompts: list[str | list[int]],
+                             sampling: SamplingParams, stopping: StoppingCriteria,
+                             speculation: SpeculationRequest, details: bool = False,
+                             span=None) -> list[common_pb2.GenerateRequest]:
+        """One GenerateRequest per prompt, all under one speculation decision."""
+        plan, reason = self.policy.decide_with_reason(speculation, await self.pool.info())
+        spec = self.policy.to_pb(plan)
+        spec.details = details
+        if self.metrics is not None:
+            for _ in prompts:
+                self.metrics.on_decision(plan.method if plan.enabled else None, reason)
+        if span is not None and self.tracer is not None:
+            self.tracer.on_plan(span, spec, reason)
+        sampling_pb, stopping_pb = sampling_to_pb(sampling), stopping_to_pb(stopping)
+        out = []
+        for request_id, prompt in zip(request_ids, prompts):
+            req = common_pb2.GenerateRequest(request_id=request_id, sampling=sampling_pb,
+                                             stopping=stopping_pb, speculation=spec)
+            if isinstance(prompt, str):
+                req.text = prompt
+            else:
+                req.token_ids.ids.extend(prompt)
+            out.append(req)
+        return out
 
     def stream(self, request: common_pb2.GenerateRequest
                ) -> AsyncIterator[common_pb2.GenerateResponse]:
-        return self.pool.generate(request)
+        if self.metrics is None:
+            return self.pool.generate(request)
+        return self._measured(request, self.metrics)
+
+    async def _measured(self, request: common_pb2.GenerateRequest, metrics: "GatewayMetrics"
+                        ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        start = time.perf_counter()
+        waiting_first = True
+        async for msg in self.pool.generate(request):
+            if waiting_first and msg.token_ids:
+                waiting_first = False
+                metrics.on_first_token(time.perf_counter() - start)
+            if msg.finish_reason:
+                u = msg.usage
+                metrics.on_finished(time.perf_counter() - start, u.prompt_tokens,
+                                    u.completion_tokens, u.speculation.method or None)
+            yield msg
 
     async def collect(self, request: common_pb2.GenerateRequest) -> Collected:
         out = Collected()

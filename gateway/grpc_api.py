@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import uuid
 
+import grpc
+from opentelemetry import trace
+
 from gateway.frontend import Frontend
-from splitspec.errors import InvalidArgument
-from splitspec.wire import sampling_from_pb, speculation_from_pb, stopping_from_pb
 from protos import generation_pb2, generation_pb2_grpc
+from splitspec.errors import InvalidArgument, ServiceError
+from splitspec.wire import (
+    FINISH_REASON_NAMES,
+    sampling_from_pb,
+    speculation_from_pb,
+    stopping_from_pb,
+)
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
@@ -15,18 +23,50 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._frontend = frontend
 
     async def Generate(self, request, context):
+        tracer, metrics = self._frontend.tracer, self._frontend.metrics
+        span = tracer.start_grpc() if tracer is not None else None
+        usage, reason, error, code = None, None, None, grpc.StatusCode.OK
+        try:
+            async for msg in self._generate(request, span):
+                if msg.finish_reason:
+                    usage, reason = msg.usage, FINISH_REASON_NAMES[msg.finish_reason]
+                yield msg
+        except ServiceError as exc:
+            error, code = exc, exc.code
+            raise
+        except BaseException as exc:
+            error, code = exc, grpc.StatusCode.CANCELLED if isinstance(
+                exc, (GeneratorExit, grpc.aio.AbortError)) else grpc.StatusCode.UNKNOWN
+            raise
+        finally:
+            if metrics is not None:
+                metrics.on_request("grpc", code.name)
+            if span is not None:
+                tracer.finish(span, None, None, [usage] if usage is not None else [],
+                              [reason], error, code.name)
+
+    async def _generate(self, request, span):
         which = request.WhichOneof("prompt")
         if which is None or (which == "text" and not request.text) or (
                 which == "token_ids" and not request.token_ids.ids):
             raise InvalidArgument("prompt", "is required (text or token_ids)")
         prompt = request.text if which == "text" else list(request.token_ids.ids)
-        pb = await self._frontend.build_request(
-            request.request_id or "gen-" + uuid.uuid4().hex, prompt,
-            sampling_from_pb(request.sampling, request.HasField("sampling")).validate(),
-            stopping_from_pb(request.stopping, request.HasField("stopping")).validate(),
-            speculation_from_pb(request.speculation))
-        async for msg in self._frontend.stream(pb):
-            yield msg
+        sampling = sampling_from_pb(request.sampling, request.HasField("sampling")).validate()
+        stopping = stopping_from_pb(request.stopping, request.HasField("stopping")).validate()
+        if span is not None:
+            self._frontend.tracer.on_parsed(span, await self._frontend.model_id(), sampling,
+                                            stopping, 1, True)
+        (pb,) = await self._frontend.build_requests(
+            [request.request_id or "gen-" + uuid.uuid4().hex], [prompt], sampling, stopping,
+            speculation_from_pb(request.speculation), request.speculation.details, span)
+        stream = self._frontend.stream(pb)
+        if span is None:
+            async for msg in stream:
+                yield msg
+            return
+        with trace.use_span(span, end_on_exit=False):
+            async for msg in stream:
+                yield msg
 
     async def ListModels(self, request, context):
         info = await self._frontend.pool.info()

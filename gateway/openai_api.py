@@ -2,8 +2,9 @@
 and stream-chunk bodies. Pure functions; no I/O.
 
 Extensions beyond OpenAI's fields: `top_k`, `min_p`, `ignore_eos`, and `speculation`
-(`{"mode": "on"|"off"|"auto", "method": "ngram"|"draft"|"mlp", "num_speculative_tokens": k}`);
-the response's `usage.speculation` reports proposed and accepted draft tokens.
+(`{"mode": "on"|"off"|"auto", "method": "ngram"|"draft"|"mlp", "num_speculative_tokens": k,
+"details": bool}`); the response's `usage.speculation` reports proposed and accepted draft
+tokens, and with `details` also acceptance per draft position and per step.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitspec.errors import InvalidArgument
-from splitspec.params import (SamplingParams, SpeculationMode, SpeculationRequest,
-                              StoppingCriteria)
+from splitspec.params import SamplingParams, SpeculationMode, SpeculationRequest, StoppingCriteria
 
 Prompt = str | list[int]
 
@@ -37,6 +37,7 @@ class CompletionRequest:
     speculation: SpeculationRequest
     stream: bool = False
     include_usage: bool = False
+    speculation_details: bool = False  # per-position and per-step counts in usage.speculation
 
 
 def parse_completion_request(body: Any, max_prompts: int = 16) -> CompletionRequest:
@@ -74,11 +75,12 @@ def parse_completion_request(body: Any, max_prompts: int = 16) -> CompletionRequ
     stopping = StoppingCriteria(max_tokens=_get(body, "max_tokens", int, 16), stop=stops,
                                 stop_token_ids=tuple(stop_ids),
                                 ignore_eos=_get(body, "ignore_eos", bool, False)).validate()
+    speculation, details = _parse_speculation(body.get("speculation"))
     return CompletionRequest(
         model=model, prompts=_parse_prompts(body, max_prompts), sampling=sampling,
-        stopping=stopping, speculation=_parse_speculation(body.get("speculation")),
-        stream=_get(body, "stream", bool, False),
-        include_usage=bool(stream_options.get("include_usage", False)))
+        stopping=stopping, speculation=speculation, stream=_get(body, "stream", bool, False),
+        include_usage=bool(stream_options.get("include_usage", False)),
+        speculation_details=details)
 
 
 def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
@@ -104,12 +106,12 @@ def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
     return prompts
 
 
-def _parse_speculation(spec: Any) -> SpeculationRequest:
+def _parse_speculation(spec: Any) -> tuple[SpeculationRequest, bool]:
     if spec is None:
-        return SpeculationRequest()
+        return SpeculationRequest(), False
     if not isinstance(spec, dict):
         raise InvalidArgument("speculation", "must be an object")
-    unknown = sorted(set(spec) - {"mode", "method", "num_speculative_tokens"})
+    unknown = sorted(set(spec) - {"mode", "method", "num_speculative_tokens", "details"})
     if unknown:
         raise InvalidArgument(f"speculation.{unknown[0]}", "is not a supported field")
     mode = spec.get("mode", "auto")
@@ -123,7 +125,11 @@ def _parse_speculation(spec: Any) -> SpeculationRequest:
     k = spec.get("num_speculative_tokens")
     if k is not None and not _is_int(k):
         raise InvalidArgument("speculation.num_speculative_tokens", "must be an integer")
-    return SpeculationRequest(mode=mode, method=method, num_speculative_tokens=k).validate()
+    details = spec.get("details", False)
+    if not isinstance(details, bool):
+        raise InvalidArgument("speculation.details", "must be a boolean")
+    return (SpeculationRequest(mode=mode, method=method, num_speculative_tokens=k).validate(),
+            details)
 
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",
@@ -153,16 +159,39 @@ def new_completion_id() -> str:
     return "cmpl-" + uuid.uuid4().hex
 
 
+@dataclass(frozen=True)
+class SpeculationDetails:
+    """Per-request detail, reported when the request asked for `speculation.details`."""
+
+    accepted_per_position: list[int]  # [j]: steps whose draft token j+1 was accepted
+    step_counts: list[tuple[int, int]]  # per step, in order: (draft tokens, accepted)
+
+    def body(self) -> dict:
+        # acceptance at position j: of the steps that drafted a token j+1, the share accepted
+        drafted = [sum(1 for d, _ in self.step_counts if d > j)
+                   for j in range(len(self.accepted_per_position))]
+        return {"accepted_per_position": list(self.accepted_per_position),
+                "acceptance_per_position": [(a / n) if n else None for a, n in
+                                            zip(self.accepted_per_position, drafted)],
+                "step_counts": [[d, a] for d, a in self.step_counts]}
+
+
 def usage_body(prompt_tokens: int, completion_tokens: int, method: str | None, k: int,
-               proposed: int, accepted: int, steps: int) -> dict:
+               proposed: int, accepted: int, steps: int,
+               details: SpeculationDetails | None = None, reason: str = "") -> dict:
+    speculation = {"method": method, "num_speculative_tokens": k, "proposed_tokens": proposed,
+                   "accepted_tokens": accepted,
+                   "acceptance_rate": (accepted / proposed) if proposed else None,
+                   "steps": steps}
+    if reason:
+        speculation["reason"] = reason
+    if details is not None:
+        speculation.update(details.body())
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "speculation": {"method": method, "num_speculative_tokens": k,
-                        "proposed_tokens": proposed, "accepted_tokens": accepted,
-                        "acceptance_rate": (accepted / proposed) if proposed else None,
-                        "steps": steps},
+        "speculation": speculation,
     }
 
 

@@ -1,4 +1,5 @@
-"""Entry point of the gateway: REST on --http-port and gRPC on --grpc-port, one event loop."""
+"""Entry point of the gateway: REST on --http-port and gRPC on --grpc-port, one event loop;
+Prometheus metrics on --metrics-port."""
 
 from __future__ import annotations
 
@@ -14,20 +15,28 @@ from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
 from gateway.policy import SpeculationPolicy
 from gateway.rest import build_app
+from gateway.telemetry import SERVICE_NAME as TELEMETRY_NAME
+from gateway.telemetry import GatewayTelemetry
 from gateway.verifier_pool import VerifierPool
-from splitspec.config import parse_config
-from splitspec.lifecycle import exit_with_launcher
-from splitspec.grpc_server import (add_health_and_reflection, make_server, mark_serving,
-                                   setup_logging)
 from protos import generation_pb2, generation_pb2_grpc
+from splitspec.grpc_server import (
+    add_health_and_reflection,
+    make_server,
+    mark_serving,
+    setup_logging,
+)
+from splitspec.lifecycle import exit_with_launcher
+from splitspec.telemetry.config import GATEWAY_METRICS_PORT, TelemetryConfig, parse_service_config
+from splitspec.telemetry.tracing import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("splitspec.gateway")
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 
 
-async def serve(config: GatewayConfig) -> None:
+async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     pool = VerifierPool(config.verifier, config.info_ttl_s)
-    frontend = Frontend(pool, SpeculationPolicy())
+    telemetry = GatewayTelemetry(config.host, pool, telemetry_config)
+    frontend = Frontend(pool, SpeculationPolicy(), telemetry.metrics, telemetry.tracer)
     grpc_server = make_server()
     generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend),
                                                          grpc_server)
@@ -35,6 +44,7 @@ async def serve(config: GatewayConfig) -> None:
     grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
     await grpc_server.start()
     await mark_serving(health, [SERVICE_NAME])
+    telemetry.start()
 
     http = uvicorn.Server(uvicorn.Config(build_app(frontend, config.max_prompts),
                                          host=config.host, port=config.http_port,
@@ -48,13 +58,18 @@ async def serve(config: GatewayConfig) -> None:
     await http.serve()
     await grpc_server.stop(grace=2.0)
     await pool.close()
+    telemetry.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     exit_with_launcher()
-    config = parse_config(GatewayConfig, argv)
+    config, telemetry_config = parse_service_config(GatewayConfig, argv, GATEWAY_METRICS_PORT)
     setup_logging(config.log_level)
-    asyncio.run(serve(config))
+    setup_tracing(TELEMETRY_NAME)
+    try:
+        asyncio.run(serve(config, telemetry_config))
+    finally:
+        shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -11,9 +11,9 @@ from typing import AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 from splitspec.errors import Unavailable, from_rpc_error
 from splitspec.grpc_server import insecure_channel
-from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 
 
 @dataclass(eq=False)

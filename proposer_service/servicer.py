@@ -1,34 +1,54 @@
-"""gRPC edge of a proposer: protobuf in, ProposerSession calls, protobuf out."""
+"""gRPC edge of a proposer: protobuf in, ProposerSession calls, protobuf out; per message, its
+metrics and (for traced requests) its span."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from proposer_service.base import Proposer
-from splitspec.proposal import description_to_pb, draft_to_pb, step_from_pb
+from proposer_service.metrics import ProposerMetrics
+from proposer_service.tracing import ProposerTracer
 from protos import proposer_pb2, proposer_pb2_grpc
+from splitspec.proposal import description_to_pb, draft_to_pb, step_from_pb
 
 log = logging.getLogger(__name__)
 
 
 class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
-    def __init__(self, proposer: Proposer):
+    def __init__(self, proposer: Proposer, metrics: ProposerMetrics | None = None,
+                 tracer: ProposerTracer | None = None):
         self._proposer = proposer
+        self._metrics = metrics
+        self._tracer = tracer
 
     async def Propose(self, request_iterator, context):
         # One session per stream: a verifier's sequences live as long as its stream.
         session = self._proposer.open_session()
+        metrics, tracer = self._metrics, self._tracer
+        if metrics is not None:
+            metrics.streams += 1
         try:
             async for request in request_iterator:
+                start = time.perf_counter()
+                span = tracer.start(request) if tracer is not None else None
                 session.release(list(request.released))
                 steps = [step_from_pb(s) for s in request.sequences]
                 # Proposing may run a model: keep the event loop free for other streams.
                 drafts = await asyncio.to_thread(session.propose, steps)
+                if metrics is not None:
+                    metrics.released += len(request.released)
+                    if steps:
+                        metrics.on_message(len(steps), drafts, time.perf_counter() - start)
+                if span is not None:
+                    tracer.finish(span, drafts)
                 yield proposer_pb2.ProposeResponse(step_id=request.step_id,
                                                    drafts=[draft_to_pb(d) for d in drafts])
         finally:
             session.close()
+            if metrics is not None:
+                metrics.streams -= 1
 
     async def Info(self, request, context):
         return description_to_pb(self._proposer.describe())

@@ -16,7 +16,14 @@ SEQUENCE_STATUS_OK: SequenceStatus
 SEQUENCE_STATUS_RESYNC: SequenceStatus
 
 class SequenceStep(_message.Message):
-    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state")
+    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FULL_HISTORY_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +31,7 @@ class SequenceStep(_message.Message):
     K_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATE_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
     full_history: bool
@@ -31,7 +39,8 @@ class SequenceStep(_message.Message):
     k: int
     sampling: _common_pb2.SamplingParams
     hidden_state: _common_pb2.Tensor
-    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("step_id", "sequences", "released")

@@ -1,7 +1,9 @@
 """gRPC server plumbing shared by every service: error mapping, health, reflection.
 
 `ErrorInterceptor` is the one place where a ServiceError raised by a handler becomes a gRPC
-status; handlers never call `context.abort` for domain errors themselves.
+status; handlers never call `context.abort` for domain errors themselves. When tracing is on
+(splitspec.telemetry.tracing), servers and channels also get the interceptors that carry the
+trace context in gRPC metadata.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from splitspec.errors import FIELD_METADATA_KEY, ServiceError
+from splitspec.telemetry import tracing
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ CHANNEL_OPTIONS = [
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, ServiceError):
-        metadata = ((FIELD_METADATA_KEY, exc.field),) if exc.field else None
+        metadata = ((FIELD_METADATA_KEY, exc.field),) if exc.field else ()  # never None
         await context.abort(exc.code, exc.message, trailing_metadata=metadata)
     log.exception("unhandled error in handler")
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
@@ -79,8 +82,13 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         return grpc.stream_stream_rpc_method_handler(_wrap_stream(h.stream_stream), **common)
 
 
+# A second server on a taken port fails to start instead of silently sharing it.
+SERVER_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)]
+
+
 def make_server() -> grpc.aio.Server:
-    return grpc.aio.server(interceptors=[ErrorInterceptor()], options=CHANNEL_OPTIONS)
+    return grpc.aio.server(interceptors=[*tracing.server_interceptors(), ErrorInterceptor()],
+                           options=SERVER_OPTIONS)
 
 
 def add_health_and_reflection(server: grpc.aio.Server,
@@ -108,7 +116,8 @@ async def mark_not_serving(health_servicer: health.aio.HealthServicer,
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
+                                     interceptors=tracing.channel_interceptors() or None)
 
 
 def setup_logging(level: str = "INFO") -> None:

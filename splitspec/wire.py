@@ -5,9 +5,8 @@ Services call these at their edge only; everything behind the edge works on data
 
 from __future__ import annotations
 
-from splitspec.params import (SamplingParams, SpeculationMode, SpeculationRequest,
-                              StoppingCriteria)
 from protos import common_pb2 as pb
+from splitspec.params import SamplingParams, SpeculationMode, SpeculationRequest, StoppingCriteria
 
 _MODE_FROM_PB = {
     pb.SPECULATION_MODE_UNSPECIFIED: SpeculationMode.AUTO,

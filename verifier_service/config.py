@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splitspec.config import option
+from splitspec.config import DEFAULT_MODEL, option
 
-DEFAULT_MODEL = "models/target"
+__all__ = ["DEFAULT_MODEL", "VerifierConfig"]
 
 
 @dataclass(frozen=True)
@@ -20,18 +20,35 @@ class VerifierConfig:
     device: str = option("auto", "cpu | cuda | mlu | auto")
     dtype: str = option("auto", "float32 | bfloat16 | float16 | auto (fp32 on cpu, bf16 otherwise)")
     trust_remote_code: bool = option(False, "allow model code shipped in the model directory")
-    proposer: tuple[str, ...] = option((), "a proposer as METHOD=HOST:PORT, e.g. ngram=127.0.0.1:50052")
+    proposer: tuple[str, ...] = option(
+        (),
+        "a proposer as METHOD=HOST:PORT, e.g. ngram=127.0.0.1:50052; a HOST with several "
+        "addresses (a headless Service) or a list HOST:PORT,HOST:PORT is a pool of them",
+    )
     default_num_speculative_tokens: int = option(4, "k used when a request does not set one")
     max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
-    proposer_timeout_ms: float = option(250.0, "per-step deadline for proposals; late ones are dropped")
-    proposer_reconnect_s: float = option(1.0, "least time between reconnection attempts to a proposer")
+    proposer_timeout_ms: float = option(
+        250.0, "per-step deadline for proposals; late ones are dropped"
+    )
+    proposer_reconnect_s: float = option(
+        1.0, "least time between reconnection attempts to a proposer"
+    )
+    proposer_resolve_interval_s: float = option(
+        5.0, "how often proposer host names are looked up again (pods that came or went)"
+    )
     max_num_seqs: int = option(8, "sequences decoded together (running batch)")
     max_num_batched_tokens: int = option(
-        2048, "tokens per step; longer prompts are prefilled in chunks (0: no limit)")
-    max_waiting: int = option(256, "queued requests beyond the running batch; more get RESOURCE_EXHAUSTED")
+        2048, "tokens per step; longer prompts are prefilled in chunks (0: no limit)"
+    )
+    max_waiting: int = option(
+        256, "queued requests beyond the running batch; more get RESOURCE_EXHAUSTED"
+    )
     block_size: int = option(16, "tokens per KV cache block")
     kv_cache_memory_mb: int = option(512, "memory for the paged KV cache (K and V, all layers)")
     num_kv_blocks: int = option(0, "KV cache blocks (0: from --kv-cache-memory-mb)")
     max_model_len: int = option(0, "context length limit (0: the model's own)")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
+    warmup: bool = option(True, "run one short generation before reporting SERVING")
+    # On SIGTERM: NOT_SERVING at once, new requests refused, running ones get this long to end.
+    shutdown_grace_s: float = option(2.0, "seconds running requests may take to end on SIGTERM")
     log_level: str = option("INFO", "logging level")

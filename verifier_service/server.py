@@ -1,31 +1,47 @@
 """Entry point of the verifier process: `splitspec-verifier --model models/target
---proposer ngram=127.0.0.1:50052`."""
+--proposer ngram=127.0.0.1:50052`.
+
+Each `--proposer METHOD=TARGET` becomes a `ProposerPool` over every address TARGET resolves to
+(one, for a plain HOST:PORT); see verifier_service/proposer_pool.py."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+import time
+import uuid
 from typing import Sequence
 
 import grpc
 import torch
 
-from splitspec.config import parse_config
-from splitspec.lifecycle import exit_with_launcher
+from protos import verifier_pb2, verifier_pb2_grpc
 from splitspec.device import resolve_device, resolve_dtype
-from splitspec.grpc_server import (add_health_and_reflection, make_server, mark_not_serving,
-                                   mark_serving, setup_logging)
+from splitspec.grpc_server import (
+    add_health_and_reflection,
+    make_server,
+    mark_not_serving,
+    mark_serving,
+    setup_logging,
+)
+from splitspec.lifecycle import exit_with_launcher
 from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
+from splitspec.params import GenerationInput, SamplingParams, StoppingCriteria
+from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig, parse_service_config
+from splitspec.telemetry.tracing import setup_tracing, shutdown_tracing
 from verifier_service.config import VerifierConfig
 from verifier_service.engine import Engine
 from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
 from verifier_service.model_runner import ModelRunner
 from verifier_service.paged_attention import ATTENTION_NAME
 from verifier_service.paged_attention import register as register_paged_attention
+from verifier_service.proposer_addresses import split_target
 from verifier_service.proposer_client import GrpcProposerClient, ProposerClient, ProposerMismatch
+from verifier_service.proposer_pool import ProposerPool
 from verifier_service.servicer import VerifierServicer
-from protos import verifier_pb2, verifier_pb2_grpc
+from verifier_service.telemetry import SERVICE_NAME as TELEMETRY_NAME
+from verifier_service.telemetry import VerifierTelemetry
 
 log = logging.getLogger("splitspec.verifier")
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
@@ -37,8 +53,23 @@ def parse_proposers(specs: Sequence[str]) -> dict[str, str]:
         method, sep, address = spec.partition("=")
         if not sep or not address:
             raise SystemExit(f"--proposer expects METHOD=HOST:PORT, got {spec!r}")
+        try:
+            split_target(address)
+        except ValueError as exc:
+            raise SystemExit(f"--proposer {spec!r}: {exc}") from None
         out[method] = address
     return out
+
+
+def proposer_pools(config: VerifierConfig, vocab_size: int,
+                   fingerprint: str) -> dict[str, ProposerClient]:
+    """One pool per method over every address its HOST:PORT resolves to (often just one)."""
+    def member_factory(method: str):
+        return lambda address: GrpcProposerClient(method, address, vocab_size, fingerprint,
+                                                  config.proposer_reconnect_s)
+
+    return {m: ProposerPool(m, target, member_factory(m), config.proposer_resolve_interval_s)
+            for m, target in parse_proposers(config.proposer).items()}
 
 
 def eos_ids(tokenizer, model) -> set[int]:
@@ -52,7 +83,8 @@ def eos_ids(tokenizer, model) -> set[int]:
     return ids
 
 
-def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | None = None):
+def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | None = None,
+                 observers: Sequence = ()):
     """Load the target and tokenizer; returns (engine, fingerprint, device, dtype)."""
     if config.threads > 0:
         torch.set_num_threads(config.threads)
@@ -69,35 +101,55 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
     fingerprint = tokenizer_fingerprint(tokenizer)
     max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
     if proposers is None:
-        proposers = {m: GrpcProposerClient(m, addr, runner.vocab_size, fingerprint,
-                                           config.proposer_reconnect_s)
-                     for m, addr in parse_proposers(config.proposer).items()}
-    engine = Engine(config, runner, tokenizer, proposers, eos_ids(tokenizer, model), max_len)
+        proposers = proposer_pools(config, runner.vocab_size, fingerprint)
+    engine = Engine(config, runner, tokenizer, proposers, eos_ids(tokenizer, model), max_len,
+                    observers=observers)
     return engine, fingerprint, device, dtype
 
 
-async def serve(config: VerifierConfig) -> None:
-    engine, fingerprint, device, dtype = build_engine(config)
+async def warm_up(engine: Engine) -> None:
+    """One short greedy generation without speculation before the first client's: lazy setup
+    (kernel selection, allocator growth) happens while the verifier still reports NOT_SERVING.
+    It counts in the engine's stats as one finished request."""
+    prompt = tuple(range(min(8, engine.runner.vocab_size)))
+    inp = GenerationInput(f"warmup-{uuid.uuid4().hex}", prompt, SamplingParams(temperature=0.0),
+                          StoppingCriteria(max_tokens=2, ignore_eos=True))
+    start = time.perf_counter()
+    async for _ in engine.generate(inp):
+        pass
+    log.info("warm-up generation took %.2f s", time.perf_counter() - start)
+
+
+async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None = None) -> None:
+    # metrics and spans observe the engine; tracing interceptors must exist before any channel
+    telemetry = VerifierTelemetry(config.host, config.served_model_name or model_name(config.model),
+                                  telemetry_config)
+    engine, fingerprint, device, dtype = build_engine(config, observers=telemetry.observers)
+    telemetry.bind(engine)
     for client in engine.proposers.values():
         # Refuses an incompatible proposer now; one that is not up yet is retried per step.
         try:
             await client.connect()
         except ProposerMismatch as exc:
             raise SystemExit(f"error: {exc}") from None
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError):
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError):
             log.warning("%s proposer at %s not reachable yet; will retry", client.method,
                         client.address)
     engine.start()
+    if config.warmup:
+        await warm_up(engine)
     server = make_server()
     name = config.served_model_name or model_name(config.model)
     verifier_pb2_grpc.add_VerifierServicer_to_server(
-        VerifierServicer(engine, name, fingerprint, str(device), str(dtype).removeprefix("torch.")),
+        VerifierServicer(engine, name, fingerprint, str(device), str(dtype).removeprefix("torch."),
+                         tracer=telemetry.tracer),
         server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"
     server.add_insecure_port(address)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
+    telemetry.start()
     kv = engine.runner.kv
     log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens", name,
              address, device, dtype, kv.num_blocks, kv.block_size)
@@ -107,17 +159,22 @@ async def serve(config: VerifierConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await mark_not_serving(health, [SERVICE_NAME])
-    await server.stop(grace=2.0)
+    await server.stop(grace=config.shutdown_grace_s)
     await engine.shutdown()
     for client in engine.proposers.values():
         await client.close()
+    telemetry.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     exit_with_launcher()
-    config = parse_config(VerifierConfig, argv)
+    config, telemetry_config = parse_service_config(VerifierConfig, argv, VERIFIER_METRICS_PORT)
     setup_logging(config.log_level)
-    asyncio.run(serve(config))
+    setup_tracing(TELEMETRY_NAME)
+    try:
+        asyncio.run(serve(config, telemetry_config))
+    finally:
+        shutdown_tracing()
 
 
 if __name__ == "__main__":

@@ -1,25 +1,37 @@
-"""gRPC edge of the verifier: protobuf <-> GenerationInput / StepOutput, thin handlers."""
+"""gRPC edge of the verifier: protobuf <-> GenerationInput / StepOutput, thin handlers.
+
+With tracing on, Generate starts the request's span under the incoming context (the gRPC
+server span, whose parent came in the metadata); the engine's RequestTimeline completes it
+(verifier_service/tracing.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 
+from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 from splitspec.errors import InvalidArgument
 from splitspec.params import GenerationInput, resolve_speculation
-from splitspec.wire import (FINISH_REASON_FROM_NAME, sampling_from_pb, speculation_from_pb,
-                            stopping_from_pb)
-from verifier_service.engine import Engine, EngineStats
+from splitspec.wire import (
+    FINISH_REASON_FROM_NAME,
+    sampling_from_pb,
+    speculation_from_pb,
+    stopping_from_pb,
+)
+from verifier_service.engine import Engine
+from verifier_service.engine_stats import EngineStats
 from verifier_service.sequence import StepOutput
-from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_service.tracing import VerifierTracer
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, engine: Engine, model_name: str, fingerprint: str, device: str,
-                 dtype: str):
+                 dtype: str, tracer: VerifierTracer | None = None):
         self._engine = engine
         self._model_name = model_name
         self._fingerprint = fingerprint
         self._device, self._dtype = device, dtype
+        self._tracer = tracer
 
     def _from_pb(self, req: common_pb2.GenerateRequest) -> GenerationInput:
         which = req.WhichOneof("prompt")
@@ -35,15 +47,31 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                                    cfg.default_num_speculative_tokens,
                                    cfg.max_num_speculative_tokens)
         return GenerationInput(
-            request_id=req.request_id, prompt_token_ids=tuple(ids),
+            # assigned here rather than by the engine: the span and the stream know it too
+            request_id=req.request_id or uuid.uuid4().hex, prompt_token_ids=tuple(ids),
             sampling=sampling_from_pb(req.sampling, req.HasField("sampling")).validate(),
             stopping=stopping_from_pb(req.stopping, req.HasField("stopping")).validate(),
             speculation=plan)
 
     async def Generate(self, request, context):
         inp = self._from_pb(request)
-        async for out in self._engine.generate(inp):
-            yield _output_to_pb(inp.request_id, out)
+        details = request.speculation.details
+        tracer = self._tracer
+        if tracer is None:
+            async for out in self._engine.generate(inp):
+                yield _output_to_pb(inp.request_id, out, details)
+            return
+        plan = inp.speculation
+        traced = tracer.begin(inp.request_id, plan.method if plan.enabled else None,
+                              plan.k if plan.enabled else 0)
+        try:
+            async for out in self._engine.generate(inp):
+                yield _output_to_pb(inp.request_id, out, details)
+        except Exception as exc:
+            tracer.fail(traced, exc)
+            raise
+        finally:
+            tracer.settle(traced)
 
     async def Abort(self, request, context):
         return verifier_pb2.AbortResponse(found=self._engine.abort(request.request_id))
@@ -75,11 +103,13 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
         preemptions=s.preemptions, step_seconds_total=s.step_seconds_total,
         methods=[verifier_pb2.MethodStats(method=m, proposed_tokens=v.proposed_tokens,
                                           accepted_tokens=v.accepted_tokens, steps=v.steps,
-                                          missed_steps=v.missed_steps)
+                                          missed_steps=v.missed_steps,
+                                          unavailable=v.unavailable)
                  for m, v in sorted(s.per_method.items())])
 
 
-def _output_to_pb(request_id: str, out: StepOutput) -> common_pb2.GenerateResponse:
+def _output_to_pb(request_id: str, out: StepOutput,
+                  details: bool = False) -> common_pb2.GenerateResponse:
     msg = common_pb2.GenerateResponse(request_id=request_id, token_ids=out.token_ids,
                                       text=out.text)
     if out.finish_reason is not None:
@@ -88,8 +118,15 @@ def _output_to_pb(request_id: str, out: StepOutput) -> common_pb2.GenerateRespon
         u = out.usage
         msg.usage.prompt_tokens = u.prompt_tokens
         msg.usage.completion_tokens = u.completion_tokens
-        msg.usage.speculation.CopyFrom(common_pb2.SpeculationStats(
-            method=u.method or "", num_speculative_tokens=u.num_speculative_tokens,
-            proposed_tokens=u.proposed_tokens, accepted_tokens=u.accepted_tokens,
-            steps=u.steps))
+        spec = msg.usage.speculation
+        spec.method = u.method or ""
+        spec.num_speculative_tokens = u.num_speculative_tokens
+        spec.proposed_tokens = u.proposed_tokens
+        spec.accepted_tokens = u.accepted_tokens
+        spec.steps = u.steps
+        spec.reason = u.reason
+        if details:
+            spec.accepted_per_position.extend(u.accepted_per_position)
+            spec.step_draft_tokens.extend(d for d, _ in u.step_counts)
+            spec.step_accepted_tokens.extend(a for _, a in u.step_counts)
     return msg

@@ -1,0 +1,61 @@
+"""A proposer's Prometheus exporter: what it was asked and what it answered, per method.
+
+Counters add to plain integers on the stream's task; the collector reads them at scrape time.
+Proposer-side time per message is a histogram; the verifier measures the round trip
+(splitspec_spec_decode_proposer_round_trip_seconds), which adds the network and queueing.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from splitspec.proposal import Draft
+from splitspec.telemetry.metrics import STEP_BUCKETS, counter, gauge
+
+
+class ProposerMetrics:
+    def __init__(self, registry: CollectorRegistry, method: str):
+        self.method = method
+        self.messages = 0
+        self.sequences = 0
+        self.draft_tokens = 0
+        self.resyncs = 0
+        self.released = 0
+        self.streams = 0  # open Propose streams (one per connected verifier)
+        self._seconds = Histogram(
+            "splitspec_proposer_propose_seconds",
+            "Time a proposer took to answer one Propose message (all its sequences)",
+            ["method"], buckets=STEP_BUCKETS, registry=registry).labels(method)
+        registry.register(self)
+
+    def on_message(self, sequences: int, drafts: list[Draft], seconds: float) -> None:
+        self.messages += 1
+        self.sequences += sequences
+        for d in drafts:
+            self.draft_tokens += len(d.tokens)
+            if d.resync:
+                self.resyncs += 1
+        self._seconds.observe(seconds)
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> Iterator:
+        m = (self.method,)
+        yield counter("splitspec_proposer_propose_messages",
+                      "Propose messages answered (one per verifier step that asked)",
+                      ["method"], [(m, self.messages)])
+        yield counter("splitspec_proposer_sequences", "Sequences drafted for, over all messages",
+                      ["method"], [(m, self.sequences)])
+        yield counter("splitspec_proposer_draft_tokens",
+                      "Draft tokens sent (the verifier may drop late or invalid ones)",
+                      ["method"], [(m, self.draft_tokens)])
+        yield counter("splitspec_proposer_resyncs",
+                      "Sequences answered with RESYNC: state lost or inconsistent, history "
+                      "needed", ["method"], [(m, self.resyncs)])
+        yield counter("splitspec_proposer_released_sequences",
+                      "Sequences the verifier said ended", ["method"], [(m, self.released)])
+        yield gauge("splitspec_proposer_streams", "Open Propose streams (connected verifiers)",
+                    labels=["method"], samples=[(m, self.streams)])
