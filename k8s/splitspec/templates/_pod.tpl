@@ -1,0 +1,168 @@
+{{/* The pod template every workload uses. Parameters (dict):
+  root        the chart's root context ($)
+  component   gateway | verifier | proposer
+  method      proposer method, or ""
+  name        the component's object name (ConfigMap, container)
+  command     the console script (pyproject.toml [project.scripts])
+  flags       the component's flag list (splitspec.*Flags | fromYamlArray)
+  device      cpu | cuda | mlu          count: accelerators per pod
+  resources   requests/limits           models: whether the model volume is mounted
+  ports       list of {name, port}      metricsPort: 0 for none
+  probes      YAML of the probes        grace: terminationGracePeriodSeconds
+  preStop     seconds of preStop sleep  placement: {nodeSelector, tolerations, affinity} */}}
+{{- define "splitspec.podTemplate" -}}
+{{- $root := .root }}
+{{- $v := $root.Values -}}
+metadata:
+  labels:
+    {{- include "splitspec.labels" (dict "root" $root "component" .component "method" .method) | nindent 4 }}
+    {{- with $v.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    checksum/flags: {{ include "splitspec.flagData" .flags | sha256sum }}
+    {{- if and $v.metrics.enabled .metricsPort }}
+    prometheus.io/scrape: "true"
+    prometheus.io/port: {{ .metricsPort | quote }}
+    prometheus.io/path: /metrics
+    {{- end }}
+    {{- with $v.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "splitspec.serviceAccountName" $root }}
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml $v.podSecurityContext | nindent 4 }}
+  terminationGracePeriodSeconds: {{ int .grace }}
+  {{- if and .models (eq $v.models.source "image") }}
+  initContainers:
+    - name: copy-models
+      image: {{ printf "%s:%s" $v.models.image.repository (default $root.Chart.AppVersion $v.models.image.tag) | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command: ["cp", "-R", "{{ $v.models.image.sourcePath }}/.", "/models-volume/"]
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      resources:
+        requests: {cpu: 100m, memory: 64Mi}
+        limits: {cpu: 500m, memory: 128Mi}
+      volumeMounts:
+        - name: models
+          mountPath: /models-volume
+  {{- end }}
+  containers:
+    - name: {{ .component }}
+      image: {{ include "splitspec.image" (dict "root" $root "device" .device) | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy }}
+      command: [{{ .command | quote }}]
+      args:
+        {{- include "splitspec.flagArgs" .flags | trim | nindent 8 }}
+      envFrom:
+        - configMapRef:
+            name: {{ .name }}
+      env:
+        - name: POD_NAME
+          valueFrom: {fieldRef: {fieldPath: metadata.name}}
+        - name: POD_NAMESPACE
+          valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+        - name: HOME
+          value: /tmp
+        {{- if $v.otel.enabled }}
+        - name: OTEL_EXPORTER_OTLP_ENDPOINT
+          value: {{ $v.otel.endpoint | quote }}
+        - name: OTEL_EXPORTER_OTLP_PROTOCOL
+          value: {{ $v.otel.protocol | quote }}
+        - name: OTEL_SERVICE_NAME
+          value: {{ printf "splitspec-%s" (ternary (printf "proposer-%s" .method) .component (ne .method "")) | quote }}
+        - name: OTEL_TRACES_SAMPLER
+          value: {{ $v.otel.sampler | quote }}
+        - name: OTEL_TRACES_SAMPLER_ARG
+          value: {{ $v.otel.samplerArg | quote }}
+        {{- $attrs := list "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" (printf "service.namespace=%s" $root.Release.Name) }}
+        {{- range $k, $val := $v.otel.resourceAttributes }}
+        {{- $attrs = append $attrs (printf "%s=%s" $k $val) }}
+        {{- end }}
+        - name: OTEL_RESOURCE_ATTRIBUTES
+          value: {{ join "," $attrs | quote }}
+        {{- end }}
+      ports:
+        {{- range .ports }}
+        - name: {{ .name }}
+          containerPort: {{ int .port }}
+          protocol: TCP
+        {{- end }}
+        {{- if and $v.metrics.enabled .metricsPort }}
+        - name: metrics
+          containerPort: {{ int .metricsPort }}
+          protocol: TCP
+        {{- end }}
+      {{- .probes | nindent 6 }}
+      lifecycle:
+        preStop:
+          exec:
+            command: ["sleep", {{ .preStop | toString | quote }}]
+      resources:
+        {{- include "splitspec.resources" (dict "root" $root "device" .device "count" .count "resources" .resources) | nindent 8 }}
+      securityContext:
+        {{- toYaml $v.securityContext | nindent 8 }}
+      volumeMounts:
+        - name: tmp
+          mountPath: /tmp
+        {{- if .models }}
+        - name: models
+          mountPath: {{ $v.models.path }}
+          readOnly: true
+        {{- end }}
+  volumes:
+    - name: tmp
+      emptyDir:
+        sizeLimit: {{ $v.tmpSizeLimit }}
+    {{- if .models }}
+    - name: models
+      {{- if eq $v.models.source "pvc" }}
+      persistentVolumeClaim:
+        claimName: {{ required "models.pvc.claimName is required when models.source is pvc" $v.models.pvc.claimName }}
+        readOnly: true
+      {{- else }}
+      emptyDir:
+        sizeLimit: {{ $v.models.image.sizeLimit }}
+      {{- end }}
+    {{- end }}
+  {{- with .placement.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .placement.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .placement.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/* Native gRPC probes against grpc.health.v1 (SERVING only once the model is loaded and
+warmed up): (dict "port" 50051 "startup" {periodSeconds, failureThreshold}) */}}
+{{- define "splitspec.grpcProbes" -}}
+startupProbe:
+  grpc: {port: {{ int .port }}}
+  periodSeconds: {{ int .startup.periodSeconds }}
+  failureThreshold: {{ int .startup.failureThreshold }}
+  timeoutSeconds: 2
+readinessProbe:
+  grpc: {port: {{ int .port }}}
+  periodSeconds: 5
+  failureThreshold: 2
+  timeoutSeconds: 2
+livenessProbe:
+  grpc: {port: {{ int .port }}}
+  periodSeconds: 10
+  failureThreshold: 6
+  timeoutSeconds: 5
+{{- end }}
