@@ -5,6 +5,8 @@ cores for the many requests these tests send; they run against tests/fixtures/ti
 (TINY_TARGET) and make their own proposers for it: a draft that shares the target's tokenizer
 (a noisy copy of the target's weights, so that some drafts are accepted and some rejected, or
 an unrelated random Llama), and a randomly initialised MLP speculator for the target's hidden size.
+`make_models` builds the set most tests use: a sharpened copy of the tiny target, a noisy draft
+and a speculator fitted to it.
 """
 
 from __future__ import annotations
@@ -112,3 +114,28 @@ def make_trained_mlp_speculator(target_dir: str | Path, out: Path, n_predict: in
     spec.eval()
     spec.save_pretrained(out)
     return out
+
+
+def make_sharp_target(src: str | Path, out: Path, scale: float = 4.0) -> Path:
+    """tests/fixtures/tiny-llama with its final norm scaled: logits `scale` times larger.
+
+    The random tiny model is almost uniform over its 1024 tokens (top-1 about 1% at T=0.8), which
+    leaves a distribution test no power and a draft nothing to agree on; scaled, its next-token
+    distribution keeps tens of tokens, like a trained model's.
+    """
+    from transformers import AutoModelForCausalLM
+
+    copy_tokenizer(src, out)
+    model = AutoModelForCausalLM.from_pretrained(src, local_files_only=True, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(scale)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def make_models(target_model_dir: str, root: Path) -> tuple[str, str, str]:
+    """(target, draft, speculator) directories under root."""
+    target = make_sharp_target(target_model_dir, root / "target")
+    draft = make_noisy_draft(target, root / "draft", noise=0.02)
+    spec = make_trained_mlp_speculator(target, root / "mlp-speculator", n_predict=4)
+    return str(target), str(draft), str(spec)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
     ("gateway", "splitspec.v1.Generation"),
 ])
 def test_health_and_reflection(stack, which, service):
-    port = getattr(stack, which).port
+    port = (stack.proposers["ngram"] if which == "proposer" else getattr(stack, which)).port
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         health = health_pb2_grpc.HealthStub(ch)
         for name in ("", service):
@@ -38,13 +38,29 @@ def test_verifier_info_lists_the_connected_proposer(stack):
     assert [(p.method, p.connected) for p in info.proposers] == [("ngram", True)]
 
 
-def test_verifier_streams_its_stats(stack):
-    from protos import verifier_pb2, verifier_pb2_grpc
+def test_verifier_stats_count_exactly_what_a_request_did(stack):
+    """WatchStats counters move by what one request did, as its own usage reports it."""
+    from learned_testlib import GenClient
+    from stats_testlib import idle, method, watch_until
 
-    with grpc.insecure_channel(f"127.0.0.1:{stack.verifier.port}") as ch:
-        stream = verifier_pb2_grpc.VerifierStub(ch).WatchStats(
-            verifier_pb2.WatchStatsRequest(interval_ms=50), timeout=10)
-        first, second = next(stream), next(stream)
-        stream.cancel()
-    assert first.kv_blocks_total > 0 and first.kv_blocks_free <= first.kv_blocks_total
-    assert second.steps >= first.steps
+    port = stack.verifier.port
+    before = watch_until(port, idle)  # nothing left in flight by earlier tests
+    client = GenClient(stack.config.grpc_port)
+    try:
+        res = client.generate(client.request("alpha beta gamma delta " * 8, "ngram", k=4,
+                                             max_tokens=24))
+    finally:
+        client.close()
+    spec = res.usage.speculation
+    assert len(res.token_ids) == 24 and spec.proposed_tokens > 0 and spec.accepted_tokens > 0
+    after = watch_until(port, lambda s: idle(s) and s.finished_requests > before.finished_requests)
+    assert after.finished_requests - before.finished_requests == 1
+    assert after.aborted_requests == before.aborted_requests
+    assert after.generated_tokens - before.generated_tokens == 24
+    assert after.steps - before.steps >= spec.steps > 0
+    assert after.step_seconds_total > before.step_seconds_total
+    assert after.kv_blocks_total == before.kv_blocks_total > 0
+    ngram_before, ngram_after = method(before, "ngram"), method(after, "ngram")
+    assert ngram_after.proposed_tokens - ngram_before.proposed_tokens == spec.proposed_tokens
+    assert ngram_after.accepted_tokens - ngram_before.accepted_tokens == spec.accepted_tokens
+    assert ngram_after.steps > ngram_before.steps

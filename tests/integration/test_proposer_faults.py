@@ -1,12 +1,15 @@
-"""Proposer faults through real processes: a proposer killed mid-generation, one that answers
-late or with garbage, and one whose vocabulary does not fit the target. None of them may change
-an output or fail a request; a misfit proposer stops the verifier at startup with a clear error.
+"""Proposer faults through real processes: a proposer killed mid-generation or restarted, one
+that answers late (with correct drafts), with garbage or with RESYNC, and one whose vocabulary
+does not fit the target. None of them may change an output or fail a request, and a late answer is
+never waited for; a misfit proposer stops the verifier at startup with a clear error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -18,16 +21,21 @@ from dataclasses import dataclass, field
 
 import grpc
 import pytest
+from learned_testlib import PROMPTS, GenClient, gen_client, learned_stack_config, make_models
+from services_testlib import on_port
+from stats_testlib import idle, method, watch_until
 
-from learned_testlib import PROMPTS, gen_client, learned_stack_config, make_models
-from protos import proposer_pb2, proposer_pb2_grpc
-from splitspec.launcher import REPO_ROOT, Stack
+from protos import proposer_pb2, proposer_pb2_grpc, verifier_pb2_grpc
+from splitspec.launcher import REPO_ROOT, Service, Stack
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.net import free_port
 
 pytestmark = pytest.mark.integration
 VOCAB = 1024  # tests/fixtures/tiny-llama
 DEADLINE_S = 0.25  # the verifier's per-step deadline in the late/garbage test
+# Reconnection attempts 1 s apart (--proposer-reconnect-s) + channel backoff capped at 1 s
+# (+20% jitter), plus room for a loaded 2-core machine.
+RECONNECT_BOUND_S = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +63,7 @@ def test_killing_proposers_mid_generation_fails_no_request_and_speculation_resum
         with ThreadPoolExecutor(n) as pool:
             running = [pool.submit(client.generate, r, 120, on_chunk) for r in reqs]
             assert streaming.wait(60)
-            for svc in (stack.draft, stack.mlp):
+            for svc in (stack.proposers["draft"], stack.proposers["mlp"]):
                 os.killpg(svc.proc.pid, signal.SIGKILL)
             in_flight = sum(not f.done() for f in running)
             results = [f.result() for f in running]
@@ -65,7 +73,7 @@ def test_killing_proposers_mid_generation_fails_no_request_and_speculation_resum
 
         # Restarted on the same ports: the verifier reconnects (a new stream epoch, so full
         # histories are resent) and drafts reach verification again.
-        for svc in (stack.draft, stack.mlp):
+        for svc in (stack.proposers["draft"], stack.proposers["mlp"]):
             stack.restart(svc)
         deadline = time.monotonic() + 60
         accepted = {"draft": 0, "mlp": 0}
@@ -80,20 +88,59 @@ def test_killing_proposers_mid_generation_fails_no_request_and_speculation_resum
         assert accepted["draft"] > 0 and accepted["mlp"] > 0
 
 
-# -- late and garbage proposers --------------------------------------------------------------
+def test_the_verifier_reconnects_to_a_restarted_proposer_within_about_a_second(stack):
+    """The package stack's n-gram proposer killed and restarted on its port: requests meanwhile
+    are served without speculation (same output), and drafts are accepted again soon after the
+    proposer is back (reconnection attempts at most a second apart, channel backoff capped at
+    1 s), not after gRPC's default backoff of up to two minutes."""
+    ngram = stack.proposers["ngram"]
+    client = GenClient(stack.config.grpc_port)
+    req = client.request("alpha beta gamma delta " * 8, "ngram", k=4, max_tokens=8)
+    try:
+        base = client.generate(req)
+        assert base.usage.speculation.accepted_tokens > 0
+        os.killpg(ngram.proc.pid, signal.SIGKILL)
+        ngram.proc.wait()
+        gone = client.generate(req)
+        assert gone.token_ids == base.token_ids and gone.usage.speculation.proposed_tokens == 0
+        stack.restart(ngram)
+        back_at = time.monotonic()
+        while True:
+            res = client.generate(req)
+            assert res.token_ids == base.token_ids
+            if res.usage.speculation.accepted_tokens > 0:
+                break
+            assert time.monotonic() - back_at < RECONNECT_BOUND_S, \
+                "speculation did not resume after the proposer restarted"
+    finally:
+        client.close()
+        if not ngram.alive():
+            stack.restart(ngram)  # the package stack stays whole for the tests after this one
+
+
+# -- late, garbage and resyncing proposers -------------------------------------------------------
 
 @dataclass
 class FakeProposer(proposer_pb2_grpc.ProposerServicer):
-    """Serves the real Proposer service, badly: late, or with drafts the verifier must drop."""
+    """Serves the real Proposer service with scripted behaviour (`mode`, switchable at any time):
+
+    - "oracle": in time, the drafts the target will accept: the next k tokens of the reference
+      continuation that extends the sequence's history (well-formed, fresh, correct);
+    - "late": the same drafts, each sent delay_s after its step's request arrived;
+    - "garbage": in time, drafts of every malformed kind the verifier must drop;
+    - "resync": RESYNC for every delta (full histories get garbage).
+    """
 
     method: str
     vocab_size: int
     fingerprint: str
     needs_hidden_state: bool = False
-    mode: str = "garbage"  # "late" | "garbage" | "resync" (RESYNC for every delta)
+    mode: str = "garbage"
     delay_s: float = 0.0
+    # token sequences (prompt + output) the oracle drafts from, per request seed (None: greedy)
+    references: dict = field(default_factory=dict)
     seen_steps: list = field(default_factory=list)  # the SequenceStep messages received
-    arrivals: list = field(default_factory=list)  # time.monotonic() of each of them
+    answers: int = 0  # responses sent
 
     def Info(self, request, context):
         return proposer_pb2.ProposerInfo(method=self.method, vocab_size=self.vocab_size,
@@ -103,23 +150,56 @@ class FakeProposer(proposer_pb2_grpc.ProposerServicer):
                                          model="fake")
 
     def Propose(self, request_iterator, context):
+        outbox: queue.Queue = queue.Queue()
+        histories: dict[str, list[int]] = {}  # this stream's view of its sequences
         kinds = itertools.cycle(["too_long", "out_of_vocab", "negative", "sum_not_one",
                                  "token_not_in_support", "rows_mismatch", "unknown_seq",
                                  "stale_step"])
-        for req in request_iterator:
-            self.seen_steps.extend(req.sequences)
-            self.arrivals.extend([time.monotonic()] * len(req.sequences))
-            if self.mode == "late":
-                time.sleep(self.delay_s)
-            kind = next(kinds)
-            resp = proposer_pb2.ProposeResponse(
-                step_id=req.step_id + (1000 if kind == "stale_step" else 0))
-            for s in req.sequences:
-                if self.mode == "resync" and not s.full_history:
-                    resp.drafts.add(seq_id=s.seq_id, status=proposer_pb2.SEQUENCE_STATUS_RESYNC)
-                else:
-                    resp.drafts.append(self._bad_draft(s, kind))
+
+        def read() -> None:  # answers are due delay_s after their request, not after the last
+            try:
+                for req in request_iterator:
+                    arrived, mode = time.monotonic(), self.mode
+                    self.seen_steps.extend(req.sequences)
+                    resp = self._answer(req, mode, next(kinds), histories)
+                    outbox.put((arrived + (self.delay_s if mode == "late" else 0.0), resp))
+            except grpc.RpcError:
+                pass  # the verifier closed the stream
+            finally:
+                outbox.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while (item := outbox.get()) is not None:
+            due, resp = item
+            time.sleep(max(0.0, due - time.monotonic()))
+            self.answers += 1
             yield resp
+
+    def _answer(self, req, mode: str, kind: str, histories: dict) -> proposer_pb2.ProposeResponse:
+        for seq_id in req.released:
+            histories.pop(seq_id, None)
+        resp = proposer_pb2.ProposeResponse(
+            step_id=req.step_id + (1000 if mode == "garbage" and kind == "stale_step" else 0))
+        for s in req.sequences:
+            history = histories.setdefault(s.seq_id, [])
+            if s.full_history:
+                history.clear()
+            history.extend(s.new_tokens)
+            if mode in ("oracle", "late") and len(history) == s.history_len:
+                seed = s.sampling.seed if s.sampling.HasField("seed") else None
+                resp.drafts.add(seq_id=s.seq_id, tokens=self._oracle(history, s.k, seed))
+            elif mode != "garbage" and not s.full_history:
+                resp.drafts.add(seq_id=s.seq_id, status=proposer_pb2.SEQUENCE_STATUS_RESYNC)
+            else:
+                resp.drafts.append(self._bad_draft(s, kind))
+        return resp
+
+    def _oracle(self, history: list[int], k: int, seed) -> list[int]:
+        n = len(history)
+        for ref in self.references.get(seed, []):
+            if len(ref) > n and ref[:n] == history:
+                return ref[n:n + k]
+        return []
 
     def _bad_draft(self, s, kind: str) -> proposer_pb2.SequenceDraft:
         k = max(s.k, 1)
@@ -157,38 +237,128 @@ def fingerprint(tiny_target_dir):
     return tokenizer_fingerprint(load_tokenizer(tiny_target_dir))
 
 
-def test_late_or_garbage_answers_change_no_output(models, fingerprint):
-    """A "draft" proposer that answers every step after the deadline, then in time with drafts
-    of every malformed kind, then with RESYNC for every delta; and an "mlp" proposer with
-    garbage. Greedy and seeded sampled outputs equal speculation off (every draft is dropped, so
-    even the sampled requests draw exactly what they draw without speculation)."""
+class VerifierClient(GenClient):
+    """GenClient on a verifier's own Generate (same messages as the gateway's)."""
+
+    def __init__(self, port: int):
+        super().__init__(port)
+        self.stub = verifier_pb2_grpc.VerifierStub(self._channel)
+
+
+@dataclass
+class Phase:
+    """What one batch of requests did, seen from the client and from the verifier's stats."""
+
+    outputs: list[list[int]]
+    proposed: int  # draft tokens verified, summed over the requests' usage
+    accepted: int
+    steps: int  # verifier steps that asked the "draft" proposer
+    missed: int  # of those, steps without a usable answer before the deadline
+    answers: int  # answers the fake proposer sent meanwhile
+
+
+def run_phase(port: int, fake: FakeProposer, reqs) -> Phase:
+    before = watch_until(port, idle)
+    fake.answers = 0
+    with contextlib.closing(VerifierClient(port)) as client:
+        results = client.generate_all(reqs)
+    after = watch_until(port, lambda s: idle(s) and s.finished_requests
+                        >= before.finished_requests + len(reqs))
+    m0, m1 = method(before, "draft"), method(after, "draft")
+    return Phase([r.token_ids for r in results],
+                 sum(r.usage.speculation.proposed_tokens for r in results),
+                 sum(r.usage.speculation.accepted_tokens for r in results),
+                 m1.steps - m0.steps, m1.missed_steps - m0.missed_steps, fake.answers)
+
+
+def check_late_drafts_were_not_waited_for(phase: Phase, base: list[list[int]]) -> None:
+    """Correct drafts that come after the deadline: the step went on without them."""
+    assert phase.answers > 0, "the proposer sent no answer at all"
+    assert phase.outputs == base
+    assert phase.proposed == 0, f"{phase.proposed} late draft tokens reached verification"
+    assert phase.steps > 0 and phase.missed == phase.steps, \
+        f"{phase.missed} of {phase.steps} steps counted as missed"
+
+
+def test_late_or_garbage_answers_change_no_output(models, fingerprint, tiny_target_dir,
+                                                 tmp_path):
+    """A "draft" proposer that answers first in time with correct drafts (they are accepted),
+    then with the same correct drafts after the deadline, then in time with drafts of every
+    malformed kind, then with RESYNC for every delta; and an "mlp" proposer with garbage.
+
+    Late answers are not waited for: the output is unchanged, no draft is verified, and every
+    step counts as missed in the verifier's stats. The check is shown to catch a verifier that
+    waits past its deadline (the same phase against a verifier whose deadline exceeds the delay
+    fails it). Greedy and seeded sampled outputs equal speculation off whenever every draft is
+    dropped."""
     (target, _, _), root = models
-    late = FakeProposer("draft", VOCAB, fingerprint, mode="late", delay_s=2 * DEADLINE_S)
+    late = FakeProposer("draft", VOCAB, fingerprint, delay_s=2 * DEADLINE_S)
     mlp = FakeProposer("mlp", VOCAB, fingerprint, needs_hidden_state=True)
     servers = [serve_fake(late), serve_fake(mlp)]
+    waiting_verifier = None
     try:
         config = learned_stack_config(
             target, None, None, root / "fake-logs", timeout_ms=DEADLINE_S * 1000,
             verifier_args=["--proposer", f"draft=127.0.0.1:{servers[0][1]}",
                            "--proposer", f"mlp=127.0.0.1:{servers[1][1]}"])
-        with Stack(config) as stack, gen_client(stack) as client:
+        with Stack(config) as stack:
+            port = stack.verifier.port
+            # For the negative control below: a verifier that waits longer than the late
+            # answers take (its deadline far beyond the delay), on the same proposers. It starts
+            # now, loading its model while the phases before it run.
+            waiting_port = free_port()
+            waiting_verifier = Service("verifier-waits", [
+                *on_port(stack.verifier.argv, waiting_port),
+                "--proposer-timeout-ms", str(20_000 * late.delay_s)], waiting_port,
+                tmp_path / "verifier-waits.log")
+            waiting_verifier.start(Stack.environment())
+
+            def requests(method, sampled=True):
+                reqs = [GenClient.request(p, method, k=4, max_tokens=8) for p in PROMPTS[:4]]
+                if sampled:
+                    reqs += [GenClient.request(p, method, k=4, max_tokens=8, temperature=0.8,
+                                               top_p=0.95, seed=7 + i)
+                             for i, p in enumerate(PROMPTS[:4])]
+                return reqs
+
             def both(method):
-                greedy = [client.request(p, method, k=4, max_tokens=12) for p in PROMPTS[:4]]
-                sampled = [client.request(p, method, k=4, max_tokens=12, temperature=0.8,
-                                          top_p=0.95, seed=7 + i)
-                           for i, p in enumerate(PROMPTS[:4])]
-                return [r.token_ids for r in client.generate_all(greedy + sampled)]
+                return run_phase(port, late if method == "draft" else mlp,
+                                 requests(method)).outputs
 
             base = both(None)
-            assert both("draft") == base  # late: every answer dropped at the deadline
-            assert late.seen_steps
+            tok = load_tokenizer(target)
+            for req, out in zip(requests(None), base):
+                seed = req.sampling.seed if req.sampling.HasField("seed") else None
+                late.references.setdefault(seed, []).append(
+                    tok.encode(req.text, add_special_tokens=False) + out)
+
+            # In time, the oracle's drafts are accepted: they are well-formed and correct.
+            late.mode = "oracle"
+            on_time = run_phase(port, late, requests("draft", sampled=False))
+            assert on_time.outputs == base[:4] and on_time.accepted > 0
+            assert on_time.missed < on_time.steps
+
+            late.mode = "late"
+            check_late_drafts_were_not_waited_for(run_phase(port, late, requests("draft")), base)
+
+            # Negative control: the verifier that waits uses the late drafts, and the check
+            # above catches it.
+            waited = run_phase(waiting_port, late, requests("draft", sampled=False))
+            assert waited.proposed > 0  # the planted bug is the one meant: late drafts were used
+            with pytest.raises(AssertionError):
+                check_late_drafts_were_not_waited_for(waited, base[:4])
+            waiting_verifier.stop()
+
             late.mode = "garbage"
             assert both("draft") == base
             assert both("mlp") == base
-            late.mode, late.seen_steps, late.arrivals = "resync", [], []
-            assert both("draft") == base
-            resyncs, arrivals = late.seen_steps, late.arrivals
+            late.mode, late.seen_steps = "resync", []
+            resync = run_phase(port, late, requests("draft"))
+            assert resync.outputs == base
+            resyncs = late.seen_steps
     finally:
+        if waiting_verifier is not None:
+            waiting_verifier.stop()
         for server, _ in servers:
             server.stop(0)
     # The hidden state goes to the proposer that asked for it, and only there.
@@ -196,22 +366,23 @@ def test_late_or_garbage_answers_change_no_output(models, fingerprint):
     h = mlp.seen_steps[-1].hidden_state
     assert list(h.shape) == [64] and h.dtype == "float32" and len(h.data) == 64 * 4
     assert not any(s.HasField("hidden_state") for s in late.seen_steps)
-    # Every RESYNC answer is followed by the sequence's full history on its next step.
-    # (A RESYNC that misses the deadline is dropped like any late answer: then the next step
-    # is a delta again, answered RESYNC again.)
+    # RESYNC for every delta: each sequence starts with its full history, a full history is
+    # always followed by a delta, and RESYNC answers did bring full histories back. When no
+    # answer missed its deadline, every delta (answered RESYNC) is followed by a full history.
     by_seq: dict[str, list] = {}
-    for s, t in zip(resyncs, arrivals):
-        by_seq.setdefault(s.seq_id, []).append((s, t))
+    for s in resyncs:
+        by_seq.setdefault(s.seq_id, []).append(s)
+    assert len(by_seq) == 8
     for steps in by_seq.values():
-        assert steps[0][0].full_history and len(steps) > 2
-        for (prev, t0), (cur, t1) in zip(steps, steps[1:]):
+        assert steps[0].full_history and len(steps) > 2
+        assert sum(s.full_history for s in steps[1:]) >= 1
+        for prev, cur in zip(steps, steps[1:]):
             if cur.full_history:
                 assert len(cur.new_tokens) == cur.history_len
-            elif not prev.full_history:
-                # prev's RESYNC came too late to count. The verifier's deadline starts before it
-                # sends, so on this (proposer's) clock the gap may fall short of the deadline by
-                # the message's delivery time on a busy machine: allow up to 50 ms of it.
-                assert t1 - t0 >= DEADLINE_S - 0.05
+            if prev.full_history:
+                assert not cur.full_history
+            elif resync.missed == 0:
+                assert cur.full_history
 
 
 # -- a proposer that does not fit the target ---------------------------------------------------

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
+
+from testdata import PROMPTS  # noqa: F401 - re-exported for the engine tests
 
 from proposer_service.base import Proposer
 from proposer_service.ngram import NgramProposer
-from testdata import PROMPTS  # noqa: F401 - re-exported for the engine tests
 from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria
 from verifier_service.config import VerifierConfig
 from verifier_service.proposer_client import InProcessProposerClient
 from verifier_service.server import build_engine
-
 
 
 def make_engine(model_dir: str, proposers: dict[str, Proposer] | None = None, **overrides):
@@ -31,6 +32,37 @@ def request(engine, rid: str, prompt: str, max_tokens: int = 24, method: str | N
     return GenerationInput(rid, ids, sampling or SamplingParams(temperature=0.0),
                            StoppingCriteria(max_tokens=max_tokens, **stop),
                            SpeculationPlan(method, k) if k else SpeculationPlan())
+
+
+def request_ids(rid: str, prompt_ids: list[int], max_tokens: int = 24, k: int = 0,
+                method: str = "ngram", sampling: SamplingParams | None = None,
+                **stop) -> GenerationInput:
+    """A request whose prompt is given as token ids."""
+    return GenerationInput(rid, tuple(prompt_ids), sampling or SamplingParams(temperature=0.0),
+                           StoppingCriteria(max_tokens=max_tokens, **stop),
+                           SpeculationPlan(method, k) if k else SpeculationPlan())
+
+
+async def stream(engine, inp: GenerationInput) -> list:
+    """Every output chunk of a request, as streamed."""
+    return [out async for out in engine.generate(inp)]
+
+
+async def until(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Poll predicate() on the event loop (so the engine keeps stepping) until it returns a
+    truthy value, which is returned; AssertionError after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"
+        await asyncio.sleep(0.005)
+    return value
+
+
+def drained(engine):
+    """The engine's stats once nothing runs or waits and every KV block is free, else None."""
+    s = engine.snapshot()
+    return s if (s.running == 0 and s.waiting == 0
+                 and s.kv_blocks_free == s.kv_blocks_total) else None
 
 
 async def collect(engine, inp: GenerationInput):

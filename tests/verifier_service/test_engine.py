@@ -1,4 +1,5 @@
-"""Engine behaviour with in-process proposers: losslessness, seeding, robustness, accounting."""
+"""Engine behaviour with in-process proposers: losslessness, seeding, robustness, accounting,
+stops inside accepted drafts, and characters split over tokens streamed whole."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ import asyncio
 import random
 
 import pytest
+from engine_testlib import PROMPTS, collect, make_engine, request, request_ids, run_all, stream
 
-from engine_testlib import PROMPTS, collect, make_engine, request, run_all
+from kernels.sparse_probs import SparseProbs
 from proposer_service.base import Proposer, ProposerSession
 from proposer_service.ngram import NgramProposer
 from splitspec.errors import InvalidArgument, ResourceExhausted
 from splitspec.params import SamplingParams
-from splitspec.proposal import Draft, ProposerDescription, SparseDistribution
+from splitspec.proposal import Draft, ProposerDescription
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,12 @@ def test_mixed_batch_with_different_k_and_off(target_model_dir, baseline):
                                            for i, (p, k) in enumerate(zip(PROMPTS, ks))]))
     for p, k, (tokens, _, last) in zip(PROMPTS, ks, results):
         assert tokens == baseline[p]
-        assert (last.usage.proposed_tokens > 0) == (k > 0) or last.usage.proposed_tokens == 0
+        if k == 0:  # speculation off: never drafted for
+            assert last.usage.method is None and last.usage.proposed_tokens == 0
+        else:  # every one of these prompts' outputs repeats itself: prompt lookup finds drafts
+            assert last.usage.method == "ngram" and last.usage.num_speculative_tokens == k
+            assert last.usage.proposed_tokens > 0, (p, k)
+            assert last.usage.accepted_tokens <= last.usage.proposed_tokens
 
 
 class GarbageSession(ProposerSession):
@@ -67,7 +74,7 @@ class GarbageSession(ProposerSession):
                 out.append(Draft(s.seq_id, [-1] * s.k))
             elif kind == 3:
                 out.append(Draft(s.seq_id, [2] * s.k,
-                                 [SparseDistribution([3], [1.0])] * s.k))  # q(d) = 0
+                                 SparseProbs.from_rows([([3], [1.0])] * s.k)))  # q(d) = 0
             elif kind == 4:
                 out.append(Draft(s.seq_id, [self.rng.randrange(self.vocab) for _ in range(s.k)]))
             else:
@@ -182,4 +189,100 @@ def test_stop_strings_and_stop_tokens(target_model_dir, baseline):
     ]))
     (_, text, last), (tokens2, _, last2) = results
     assert last.finish_reason == "stop" and text == full_text[:full_text.find(stop)]
-    assert last2.finish_reason == "stop" and tokens2 == full_tokens[:full_tokens.index(full_tokens[4]) + 1]
+    assert (last2.finish_reason == "stop"
+            and tokens2 == full_tokens[:full_tokens.index(full_tokens[4]) + 1])
+
+
+# -- a target that follows a script: stops inside accepted drafts, characters split over steps --
+
+@pytest.fixture(scope="module")
+def shipped_tokenizer(target_model_dir):
+    from splitspec.modelio import load_tokenizer
+
+    return load_tokenizer(target_model_dir)
+
+
+def scripted_engine(target_model_dir, tmp_path_factory, script: list[int]):
+    from scripted_model import make_scripted_target
+
+    model = make_scripted_target(target_model_dir, tmp_path_factory.mktemp("scripted"), script)
+    return make_engine(str(model), num_kv_blocks=64)
+
+
+def test_eos_or_a_stop_token_inside_an_accepted_draft_ends_the_output_exactly_there(
+        target_model_dir, tmp_path_factory, shipped_tokenizer):
+    """The target's greedy output is "x = 1\n<|endoftext|>return y" in a loop; the prompt holds
+    one loop, so from the second step on the n-gram proposer drafts exactly what the target
+    emits: the EOS (or the stop token) arrives inside an accepted draft, with accepted drafts
+    after it that must not be emitted. Speculation on and off give the same output."""
+    tok = shipped_tokenizer
+    eos = tok.eos_token_id
+    script = (tok.encode("x = 1\n", add_special_tokens=False) + [eos]
+              + tok.encode("return y", add_special_tokens=False))
+    i_eos = script.index(eos)
+    stop_tok = script[i_eos + 2]  # a plain token two after the EOS
+    prompt = script + script[:2]  # the output starts at script[2]
+    engine = scripted_engine(target_model_dir, tmp_path_factory, script)
+    cases = [  # (stopping, expected output tokens)
+        (dict(), script[2:i_eos + 1]),
+        (dict(stop_token_ids=(stop_tok,), ignore_eos=True), script[2:i_eos + 3]),
+        (dict(ignore_eos=True, max_tokens=12), (script[2:] + script)[:12]),
+    ]
+
+    def inputs(k, rid):
+        return [request_ids(f"{rid}-{j}", prompt, **{"max_tokens": 16, **stopping}, k=k)
+                for j, (stopping, _) in enumerate(cases)]
+
+    async def scenario():
+        engine.start()
+        try:
+            return {k: [await stream(engine, inp) for inp in inputs(k, f"k{k}")] for k in (0, 6)}
+        finally:
+            await engine.shutdown()
+
+    runs = asyncio.run(scenario())
+    for j, (stopping, expected) in enumerate(cases):
+        off, on = runs[0][j], runs[6][j]
+        tokens = [t for out in on for t in out.token_ids]
+        text = "".join(out.text for out in on)
+        assert tokens == expected, stopping
+        assert [t for out in off for t in out.token_ids] == tokens
+        assert "".join(out.text for out in off) == text
+        stopped = [t for t in expected if t not in (eos, stop_tok)] if j < 2 else expected
+        assert text == tok.decode(stopped, skip_special_tokens=True)
+        assert on[-1].finish_reason == off[-1].finish_reason == ("stop" if j < 2 else "length")
+        usage = on[-1].usage
+        # The stop came inside a multi-token step of accepted drafts.
+        assert usage.accepted_tokens > 0 and usage.steps < len(tokens), usage
+        assert all(len(out.token_ids) <= 1 for out in off)
+
+
+def test_characters_split_over_tokens_and_steps_stream_whole(target_model_dir, tmp_path_factory,
+                                                            shipped_tokenizer):
+    """"é日🐍" is nine byte-level tokens: most tokens end inside a character. Streamed pieces
+    never carry a replacement character, and they add up to the decoded output, whether the
+    characters' bytes arrive one step at a time or several per step (speculation on)."""
+    tok = shipped_tokenizer
+    script = tok.encode("é日🐍\n", add_special_tokens=False)
+    prompt = script + script[:2]
+    engine = scripted_engine(target_model_dir, tmp_path_factory, script)
+
+    async def scenario():
+        engine.start()
+        try:
+            return [await stream(engine, request_ids(f"u{k}", prompt, max_tokens=40, k=k))
+                    for k in (0, 5)]
+        finally:
+            await engine.shutdown()
+
+    off, on = asyncio.run(scenario())
+    tokens = [t for out in off for t in out.token_ids]
+    assert tokens == (script[2:] + script * 5)[:40]
+    for outs in (off, on):
+        assert all("\ufffd" not in out.text for out in outs)
+        assert "".join(out.text for out in outs) == tok.decode(tokens)
+    assert [t for out in on for t in out.token_ids] == tokens
+    assert on[-1].usage.accepted_tokens > 0
+    # The partial-character branch ran: one-token steps whose token ends inside a character
+    # stream no text yet.
+    assert sum(1 for out in off if out.token_ids and not out.text) >= 10

@@ -1,0 +1,97 @@
+"""The 429 at the front door: when the verifier's queue is full (`--max-num-seqs` running and
+`--max-waiting` queued), a new request gets HTTP 429 from the gateway's REST API and
+RESOURCE_EXHAUSTED from its gRPC API, and the stack serves again once the queue drains."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import grpc
+import httpx
+import pytest
+from learned_testlib import GenClient
+from stats_testlib import idle, watch_until
+
+from splitspec.launcher import Stack, StackConfig
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def small_stack(target_model_dir, tmp_path_factory):
+    config = StackConfig.with_free_ports(
+        model=target_model_dir, device="cpu", log_dir=tmp_path_factory.mktemp("queue-logs"),
+        verifier_args=["--threads", "1", "--max-num-seqs", "1", "--max-waiting", "1"])
+    with Stack(config) as s:
+        yield s
+
+
+@pytest.fixture
+def full_queue(small_stack):
+    """One request running and one waiting: the verifier's queue is full until the test ends."""
+    port = small_stack.verifier.port
+    watch_until(port, idle)
+    client = GenClient(small_stack.config.grpc_port)
+    outcomes: list = []
+
+    def hold(i: int) -> None:
+        try:  # ~480 decode steps: still running when the test is done with it
+            client.generate(client.request(f"def f{i}(x):\n", None, max_tokens=480), 120)
+            outcomes.append("finished")
+        except grpc.RpcError as exc:
+            outcomes.append(exc.code())
+
+    threads = [threading.Thread(target=hold, args=(i,), daemon=True) for i in range(2)]
+    threads[0].start()
+    watch_until(port, lambda s: s.running == 1)
+    threads[1].start()
+    watch_until(port, lambda s: s.running == 1 and s.waiting == 1)
+    try:
+        yield small_stack
+        stats = watch_until(port, lambda s: True)
+        assert stats.running == 1 and stats.waiting == 1, "the queue drained during the test"
+    finally:
+        client.close()  # cancels both held requests
+        for t in threads:
+            t.join(30)
+    assert outcomes == [grpc.StatusCode.CANCELLED] * 2
+    watch_until(port, idle)
+
+
+def test_rest_gets_429_when_the_verifier_queue_is_full(full_queue):
+    with httpx.Client(base_url=full_queue.url, timeout=60) as client:
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
+        assert r.status_code == 429, r.text
+        err = r.json()["error"]
+        assert err["code"] == 429 and err["type"] == "rate_limit_error"
+        assert "queue" in err["message"]
+
+
+def test_grpc_gets_resource_exhausted_when_the_verifier_queue_is_full(full_queue):
+    client = GenClient(full_queue.config.grpc_port)
+    try:
+        with pytest.raises(grpc.RpcError) as err:
+            client.generate(client.request("x", None, max_tokens=4), 60)
+    finally:
+        client.close()
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.value.details()
+    assert "queue" in err.value.details()
+
+
+def test_a_streamed_request_gets_an_error_event_with_429(full_queue):
+    with httpx.Client(base_url=full_queue.url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions",
+                           json={"prompt": "x", "max_tokens": 4, "stream": True}) as r:
+            events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][len("data: "):])["error"]
+    assert error["code"] == 429 and error["type"] == "rate_limit_error"
+
+
+def test_the_stack_serves_again_once_the_queue_drains(small_stack):
+    watch_until(small_stack.verifier.port, idle)
+    with httpx.Client(base_url=small_stack.url, timeout=60) as client:
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4,
+                                                 "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
