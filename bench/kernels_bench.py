@@ -120,15 +120,34 @@ def bench_rejection(full: bool) -> list[tuple]:
         sparse = SparseProbs(topk.indices, topk.values / topk.values.sum(-1, keepdim=True))
         sparse_drafts = sparse.indices[:, 0].contiguous()
         cases = {
-            "dense q": lambda: rejection_sample(target, drafts, num, q, greedy, gens, impl="reference"),
-            "sparse q (K=8)": lambda: rejection_sample(target, sparse_drafts, num, sparse, greedy, gens, impl="reference"),
-            "one-hot q": lambda: rejection_sample(target, drafts, num, None, greedy, gens, impl="reference"),
-            "greedy": lambda: rejection_sample(target, drafts, num, None, ~greedy, gens, impl="reference"),
+            "dense q": lambda: rejection_sample(
+                target, drafts, num, q, greedy, gens, impl="reference"
+            ),
+            "sparse q (K=8)": lambda: rejection_sample(
+                target, sparse_drafts, num, sparse, greedy, gens, impl="reference"
+            ),
+            "one-hot q": lambda: rejection_sample(
+                target, drafts, num, None, greedy, gens, impl="reference"
+            ),
+            "greedy": lambda: rejection_sample(
+                target, drafts, num, None, ~greedy, gens, impl="reference"
+            ),
         }
-        naive_ms = timeit(lambda: naive_rejection(target, drafts, ks, q, greedy.tolist()), min_repeats=1, budget_s=0.5)
+        naive_ms = timeit(
+            lambda: naive_rejection(target, drafts, ks, q, greedy.tolist()),
+            min_repeats=1,
+            budget_s=0.5,
+        )
         for name, fn in cases.items():
             ours = timeit(fn, budget_s=0.5)
-            rows.append((f"rejection, {name}", f"B={b} k={k} V={v // 1000}k", ours, naive_ms if name == "dense q" else None))
+            rows.append(
+                (
+                    f"rejection, {name}",
+                    f"B={b} k={k} V={v // 1000}k",
+                    ours,
+                    naive_ms if name == "dense q" else None,
+                )
+            )
     return rows
 
 
@@ -143,9 +162,22 @@ def bench_sampling(full: bool) -> list[tuple]:
         top_p = torch.full((n,), 0.9)
         min_p = torch.zeros(n)
         gens = [None] * n
-        ours = timeit(lambda: sample(apply_sampling_params(logits, temp, top_k, top_p, min_p), gens), budget_s=0.5)
-        plain = timeit(lambda: sample(apply_sampling_params(logits, temp, torch.zeros_like(top_k), torch.ones(n), min_p), gens), budget_s=0.5)
-        naive = timeit(lambda: naive_sampling(logits, temp.tolist(), top_k.tolist(), top_p.tolist()), min_repeats=1, budget_s=0.5)
+        ours = timeit(
+            lambda: sample(apply_sampling_params(logits, temp, top_k, top_p, min_p), gens),
+            budget_s=0.5,
+        )
+        plain = timeit(
+            lambda: sample(
+                apply_sampling_params(logits, temp, torch.zeros_like(top_k), torch.ones(n), min_p),
+                gens,
+            ),
+            budget_s=0.5,
+        )
+        naive = timeit(
+            lambda: naive_sampling(logits, temp.tolist(), top_k.tolist(), top_p.tolist()),
+            min_repeats=1,
+            budget_s=0.5,
+        )
         rows.append(("sample, T=0.8 top-k=50 top-p=0.9", f"N={n} V={v // 1000}k", ours, naive))
         rows.append(("sample, temperature only", f"N={n} V={v // 1000}k", plain, None))
     return rows
@@ -165,10 +197,14 @@ def bench_ngram(full: bool) -> list[tuple]:
             as_list = hist.tolist()
             ours = timeit(lambda: ngram_candidates(hist, 1, 4, 8), budget_s=0.3)
             naive = timeit(lambda: naive_ngram(as_list, 1, 4, 8), min_repeats=1, budget_s=0.3)
-            assert ngram_candidates(hist, 1, 4, 8) == ([naive_ngram(as_list, 1, 4, 8)] if naive_ngram(as_list, 1, 4, 8) else [])
+            assert ngram_candidates(hist, 1, 4, 8) == (
+                [naive_ngram(as_list, 1, 4, 8)] if naive_ngram(as_list, 1, 4, 8) else []
+            )
             rows.append((f"ngram, {name}", f"len={n} n=1..4 k=8", ours, naive))
             if name.startswith("natural"):
-                ours4 = timeit(lambda: ngram_candidates(hist, 1, 4, 8, max_candidates=4), budget_s=0.3)
+                ours4 = timeit(
+                    lambda: ngram_candidates(hist, 1, 4, 8, max_candidates=4), budget_s=0.3
+                )
                 rows.append((f"ngram, {name}, 4 candidates", f"len={n} n=1..4 k=8", ours4, None))
     return rows
 
@@ -178,14 +214,20 @@ def render(rows: list[tuple], full: bool, elapsed: float) -> str:
         "# kernels micro-benchmark",
         "",
         f"`python bench/kernels_bench.py{' --full' if full else ''}` on {platform.machine()} CPU, "
-        f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores visible, torch {torch.__version__}; "
+        f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores visible, "
+        f"torch {torch.__version__}; "
         f"run took {elapsed:.0f} s. Median wall time per call.",
         "",
-        "\"ours\" = the vectorised PyTorch reference in `kernels/` (the Triton kernel replaces it on CUDA/MLU);",
-        "\"naive\" = a per-row Python loop (rejection, sampling) or the quadratic suffix search (n-gram).",
-        "Rejection rows: drafts sampled from q, so acceptance is realistic; the naive column is timed for dense q.",
-        "N-gram rows: the naive search stops at the most recent match, so repetitive histories (a match a few",
-        "tokens back) are its best case; the vectorised matcher's cost does not depend on where the match lies.",
+        '"ours" = the vectorised PyTorch reference in `kernels/` '
+        "(the Triton kernel replaces it on CUDA/MLU);",
+        '"naive" = a per-row Python loop (rejection, sampling) '
+        "or the quadratic suffix search (n-gram).",
+        "Rejection rows: drafts sampled from q, so acceptance is realistic; "
+        "the naive column is timed for dense q.",
+        "N-gram rows: the naive search stops at the most recent match, "
+        "so repetitive histories (a match a few",
+        "tokens back) are its best case; "
+        "the vectorised matcher's cost does not depend on where the match lies.",
         "",
         "| kernel | size | ours (ms) | naive (ms) | naive / ours |",
         "|---|---|---:|---:|---:|",
@@ -198,10 +240,21 @@ def render(rows: list[tuple], full: bool, elapsed: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--full", action="store_true", help="add the large sizes (vocab 128k, 32k histories)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the cores are shared)")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "reports" / "kernels.md"))
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--full", action="store_true", help="add the large sizes (vocab 128k, 32k histories)"
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: the cores are shared)",
+    )
+    ap.add_argument(
+        "--out", default=str(Path(__file__).resolve().parent / "reports" / "kernels.md")
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()

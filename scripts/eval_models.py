@@ -1,6 +1,7 @@
 """Evaluates the shipped model family and writes the model card's figures.
 
-    python scripts/eval_models.py            # writes models/eval.json and the generated section of models/README.md
+    # writes models/eval.json and the generated section of models/README.md
+    python scripts/eval_models.py
 
 Measures, on the held-out split (files never seen by the tokenizer or any model):
   - next-token loss / perplexity of target and draft (fixed evenly spaced 512-token windows, and the
@@ -50,8 +51,12 @@ def load_models(models: Path):
     from proposer_service.mlp_speculator import MLPSpeculator
 
     tok = mf.load_tokenizer(models / "target")
-    target = AutoModelForCausalLM.from_pretrained(str(models / "target"), local_files_only=True, dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(str(models / "draft"), local_files_only=True, dtype=torch.float32).eval()
+    target = AutoModelForCausalLM.from_pretrained(
+        str(models / "target"), local_files_only=True, dtype=torch.float32
+    ).eval()
+    draft = AutoModelForCausalLM.from_pretrained(
+        str(models / "draft"), local_files_only=True, dtype=torch.float32
+    ).eval()
     mlp = MLPSpeculator.from_pretrained(models / "mlp-speculator", dtype=torch.float32)
     return tok, target, draft, mlp
 
@@ -60,8 +65,11 @@ def load_models(models: Path):
 
 
 @torch.no_grad()
-def draft_match_lengths(draft, seqs: torch.Tensor, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
-    """For every p in [start, end): draft's greedy K_MAX tokens from seqs[:, :p], matched vs seqs[:, p:].
+def draft_match_lengths(
+    draft, seqs: torch.Tensor, start: int, end: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """For every p in [start, end): draft's greedy K_MAX tokens from seqs[:, :p], matched vs
+    seqs[:, p:].
 
     Returns (matched [B, end-start], proposed [B, end-start]). The draft's KV cache over the whole
     reference is computed once and cropped to p - 1 tokens for each position.
@@ -87,7 +95,8 @@ def draft_match_lengths(draft, seqs: torch.Tensor, start: int, end: int) -> tupl
 
 @torch.no_grad()
 def mlp_match_lengths(mlp, hidden: torch.Tensor, seqs: torch.Tensor, start: int, end: int):
-    """MLP drafts from (h_{p-2}, x_{p-1}): the state that produced the last token, and that token."""
+    """MLP drafts from (h_{p-2}, x_{p-1}): the state that produced the last token, and that
+    token."""
     k = min(K_MAX, mlp.max_steps)
     matched = np.zeros((seqs.size(0), end - start), dtype=np.int64)
     for p in range(start, end):
@@ -170,7 +179,9 @@ def conditional(matched, proposed, start, gen_end, k) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", type=Path, default=mf.REPO / "models")
     p.add_argument("--prompts", type=int, default=48)
     p.add_argument("--prompt-len", type=int, default=128)
@@ -193,7 +204,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---- losses on evenly spaced 512-token windows of the held-out stream
     windows = mf.fixed_windows(held, ns.loss_windows, 512)
-    res: dict = {"vocab_size": len(tok), "random_model_loss": math.log(len(tok)), "loss_windows": ns.loss_windows}
+    res: dict = {
+        "vocab_size": len(tok),
+        "random_model_loss": math.log(len(tok)),
+        "loss_windows": ns.loss_windows,
+    }
     for name, m in (("target", target), ("draft", draft)):
         loss = mf.lm_loss(m, windows)
         res[name] = {
@@ -221,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
         "sample_head1_threshold": round(acc[0] - 0.05, 2),
     }
 
-    # ---- held-out prompts and the target's greedy continuation (+K_MAX so late steps can match fully)
+    # ---- held-out prompts and the target's greedy continuation (+K_MAX so late steps can match
+    # fully)
     P, G = ns.prompt_len, ns.gen_len
     starts = np.linspace(0, len(held) - P - 1, ns.prompts).astype(np.int64)
     prompts = torch.from_numpy(np.stack([held[s : s + P] for s in starts]).astype(np.int64))
@@ -230,7 +246,9 @@ def main(argv: list[str] | None = None) -> None:
         seqs = mf.greedy_continue(target, prompts, G + K_MAX)
         hidden = target.model(input_ids=seqs).last_hidden_state  # [B, L, H] final-norm states
     log(f"target continuations {tuple(seqs.shape)} in {time.time() - t0:.0f}s")
-    with torch.no_grad():  # the cached greedy chain vs a full forward's argmax (float-order noise only)
+    with (
+        torch.no_grad()
+    ):  # the cached greedy chain vs a full forward's argmax (float-order noise only)
         full_argmax = target.lm_head(hidden[:, P - 1 : P + G - 1]).argmax(-1)
     res["greedy_cache_consistency"] = float((full_argmax == seqs[:, P : P + G]).float().mean())
     res["continuations"] = continuation_stats(tok, seqs, P, G)
@@ -240,7 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         lg = mlp.teacher_forced_logits(hidden[:, lo:hi], seqs, lo, hi)
     res["mlp"]["heldout_head_top1_on_target_continuations"] = [
-        float((l.argmax(-1) == seqs[:, lo + 2 + j : hi + 2 + j]).float().mean()) for j, l in enumerate(lg)
+        float((head_logits.argmax(-1) == seqs[:, lo + 2 + j : hi + 2 + j]).float().mean())
+        for j, head_logits in enumerate(lg)
     ]
 
     start, gen_end = P + 1, P + G
@@ -255,15 +274,27 @@ def main(argv: list[str] | None = None) -> None:
     for name, (m, pr) in matches.items():
         acc_tab[name] = [replay(m, pr, start, gen_end, k) for k in range(1, K_MAX + 1)]
         r5 = acc_tab[name][4]
-        log(f"{name}: k=5 mean accepted/step {r5['mean_accepted_per_step']:.2f} rate {r5['acceptance_rate']:.2f}")
+        log(
+            f"{name}: k=5 mean accepted/step {r5['mean_accepted_per_step']:.2f} "
+            f"rate {r5['acceptance_rate']:.2f}"
+        )
     res["acceptance"] = {
-        "setup": {"prompts": ns.prompts, "prompt_len": P, "gen_len": G, "greedy": True,
-                  "ngram": {"min_n": ns.ngram_min, "max_n": ns.ngram_max},
-                  "mlp_note": f"k > n_predict={mlp.config.n_predict} reuses the tied head"},
+        "setup": {
+            "prompts": ns.prompts,
+            "prompt_len": P,
+            "gen_len": G,
+            "greedy": True,
+            "ngram": {"min_n": ns.ngram_min, "max_n": ns.ngram_max},
+            "mlp_note": f"k > n_predict={mlp.config.n_predict} reuses the tied head",
+        },
         "table": acc_tab,
     }
-    res["training"] = {name: training_summary(ns.models / name) for name in ("target", "draft", "mlp-speculator")}
-    res["files_mb"] = {name: dir_mb(ns.models / name) for name in ("target", "draft", "mlp-speculator")}
+    res["training"] = {
+        name: training_summary(ns.models / name) for name in ("target", "draft", "mlp-speculator")
+    }
+    res["files_mb"] = {
+        name: dir_mb(ns.models / name) for name in ("target", "draft", "mlp-speculator")
+    }
     res["files_mb"]["total"] = dir_mb(ns.models)
     res["eval_seconds"] = time.time() - t_start
     res["command"] = "python scripts/eval_models.py"
@@ -276,7 +307,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def continuation_stats(tok, seqs: torch.Tensor, P: int, G: int) -> dict:
-    """How repetitive the target's greedy continuations are (repetition inflates every acceptance rate)."""
+    """How repetitive the target's greedy continuations are (repetition inflates every acceptance
+    rate)."""
     gen = seqs[:, P : P + G].tolist()
     distinct = [len({tuple(g[i : i + 4]) for i in range(len(g) - 3)}) / (len(g) - 3) for g in gen]
     return {
@@ -291,7 +323,15 @@ def training_summary(path: Path) -> dict:
     if not f.exists():
         return {}
     t = json.loads(f.read_text())
-    keep = ("params", "steps_done", "tokens_seen", "positions_seen", "train_minutes", "data", "loss")
+    keep = (
+        "params",
+        "steps_done",
+        "tokens_seen",
+        "positions_seen",
+        "train_minutes",
+        "data",
+        "loss",
+    )
     return {k: t[k] for k in keep if k in t}
 
 
@@ -307,31 +347,48 @@ def render(res: dict) -> str:
         "",
         "| model | params | stored | optimiser steps | seen | wall time |",
         "|---|---:|---:|---:|---:|---:|",
-        f"| target | {t['params'] / 1e6:.2f} M | {mb['target']:.1f} MiB | {tr['target'].get('steps_done', '?')} | "
-        f"{tr['target'].get('tokens_seen', 0) / 1e6:.2f} M tokens | {tr['target'].get('train_minutes', 0):.0f} min |",
-        f"| draft | {d['params'] / 1e6:.2f} M | {mb['draft']:.1f} MiB | {tr['draft'].get('steps_done', '?')} | "
-        f"{tr['draft'].get('tokens_seen', 0) / 1e6:.2f} M tokens | {tr['draft'].get('train_minutes', 0):.0f} min |",
+        f"| target | {t['params'] / 1e6:.2f} M | {mb['target']:.1f} MiB | "
+        f"{tr['target'].get('steps_done', '?')} | "
+        f"{tr['target'].get('tokens_seen', 0) / 1e6:.2f} M tokens | "
+        f"{tr['target'].get('train_minutes', 0):.0f} min |",
+        f"| draft | {d['params'] / 1e6:.2f} M | {mb['draft']:.1f} MiB | "
+        f"{tr['draft'].get('steps_done', '?')} | "
+        f"{tr['draft'].get('tokens_seen', 0) / 1e6:.2f} M tokens | "
+        f"{tr['draft'].get('train_minutes', 0):.0f} min |",
         f"| mlp-speculator | {m['params'] / 1e6:.2f} M | {mb['mlp-speculator']:.1f} MiB | "
-        f"{tr['mlp-speculator'].get('steps_done', '?')} | {tr['mlp-speculator'].get('positions_seen', 0) / 1e6:.2f} M positions | "
+        f"{tr['mlp-speculator'].get('steps_done', '?')} | "
+        f"{tr['mlp-speculator'].get('positions_seen', 0) / 1e6:.2f} M positions | "
         f"{tr['mlp-speculator'].get('train_minutes', 0):.0f} min |",
         "",
         f"All of models/: {mb['total']:.1f} MiB.",
         "",
-        f"### Held-out loss ({res['loss_windows']} evenly spaced 512-token windows of the held-out split)",
+        f"### Held-out loss ({res['loss_windows']} evenly spaced 512-token windows "
+        "of the held-out split)",
         "",
-        "| model | params | loss (nats/token) | perplexity | bits/byte | test threshold (sample loss) |",
+        "| model | params | loss (nats/token) | perplexity | bits/byte "
+        "| test threshold (sample loss) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, r in (("target", t), ("draft", d)):
-        lines.append(f"| {name} | {r['params'] / 1e6:.2f} M | {r['heldout_loss']:.3f} | {r['heldout_ppl']:.2f} | "
-                     f"{r['heldout_bits_per_byte']:.3f} | {r['sample_loss']:.3f} < {r['sample_loss_threshold']} |")
+        lines.append(
+            f"| {name} | {r['params'] / 1e6:.2f} M | {r['heldout_loss']:.3f} | "
+            f"{r['heldout_ppl']:.2f} | "
+            f"{r['heldout_bits_per_byte']:.3f} | "
+            f"{r['sample_loss']:.3f} < {r['sample_loss_threshold']} |"
+        )
     lines += [
-        f"| random init | | {res['random_model_loss']:.2f} (= ln {res['vocab_size']}) | {res['vocab_size']} | | |",
+        f"| random init | | {res['random_model_loss']:.2f} (= ln {res['vocab_size']}) | "
+        f"{res['vocab_size']} | | |",
         "",
-        f"MLP speculator ({m['params'] / 1e6:.2f} M params, {m['config']['n_predict']} heads, tied): per-head top-1 "
+        f"MLP speculator ({m['params'] / 1e6:.2f} M params, "
+        f"{m['config']['n_predict']} heads, tied): per-head top-1 "
         "accuracy, teacher-forced, on the target's greedy continuations of held-out prompts: "
-        + ", ".join(f"head {i + 1} {a:.3f}" for i, a in enumerate(m["heldout_head_top1_on_target_continuations"]))
-        + f". Against the held-out text itself (sample): head 1 {m['sample_head_top1_vs_text'][0]:.3f} "
+        + ", ".join(
+            f"head {i + 1} {a:.3f}"
+            for i, a in enumerate(m["heldout_head_top1_on_target_continuations"])
+        )
+        + ". Against the held-out text itself (sample): "
+        f"head 1 {m['sample_head_top1_vs_text'][0]:.3f} "
         f"(test threshold {m['sample_head1_threshold']}).",
         "",
     ]
@@ -339,9 +396,10 @@ def render(res: dict) -> str:
     tab = res["acceptance"]["table"]
     c = res["continuations"]
     lines += [
-        f"The target's greedy continuations are repetitive: on average {c['distinct_4gram_ratio']:.0%} of their "
-        "4-grams are distinct (100% = no 4-gram repeats). Example, the end of a held-out prompt and the first "
-        "64 greedy tokens:",
+        "The target's greedy continuations are repetitive: on average "
+        f"{c['distinct_4gram_ratio']:.0%} of their "
+        "4-grams are distinct (100% = no 4-gram repeats). Example, the end of a held-out prompt "
+        "and the first 64 greedy tokens:",
         "",
         "```python",
         c["example_prompt_tail"] + "│" + c["example_continuation"],
@@ -350,17 +408,23 @@ def render(res: dict) -> str:
         "(│ marks where the prompt ends.)",
         "",
         f"### Greedy acceptance ({s['prompts']} held-out prompts of {s['prompt_len']} tokens, "
-        f"{s['gen_len']} generated tokens each; n-gram min_n={s['ngram']['min_n']}, max_n={s['ngram']['max_n']})",
+        f"{s['gen_len']} generated tokens each; n-gram min_n={s['ngram']['min_n']}, "
+        f"max_n={s['ngram']['max_n']})",
         "",
-        "Mean accepted draft tokens per step (tokens emitted per step = this + 1) and acceptance rate "
-        "(accepted / proposed):",
+        "Mean accepted draft tokens per step (tokens emitted per step = this + 1) and "
+        "acceptance rate (accepted / proposed):",
         "",
         "| proposer | " + " | ".join(f"k={k}" for k in range(1, K_MAX + 1)) + " |",
         "|---|" + "---:|" * K_MAX,
     ]
     for name in ("ngram", "draft", "mlp"):
-        lines.append(f"| {name} | " + " | ".join(
-            f"{r['mean_accepted_per_step']:.2f} ({r['acceptance_rate']:.2f})" for r in tab[name]) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(
+                f"{r['mean_accepted_per_step']:.2f} ({r['acceptance_rate']:.2f})" for r in tab[name]
+            )
+            + " |"
+        )
     lines += [
         "",
         "Per position at k=8: P(draft i accepted | drafts 1..i-1 accepted):",
@@ -369,13 +433,23 @@ def render(res: dict) -> str:
         "|---|" + "---:|" * K_MAX,
     ]
     for name in ("ngram", "draft", "mlp"):
-        lines.append(f"| {name} | " + " | ".join(
-            "n/a" if math.isnan(x) else f"{x:.2f}" for x in tab[name][-1]["conditional_acceptance"]) + " |")
+        lines.append(
+            f"| {name} | "
+            + " | ".join(
+                "n/a" if math.isnan(x) else f"{x:.2f}"
+                for x in tab[name][-1]["conditional_acceptance"]
+            )
+            + " |"
+        )
     lines += [
         "",
-        "At k=5: " + "; ".join(
-            f"{n} {tab[n][4]['mean_accepted_per_step']:.2f} accepted/step, rate {tab[n][4]['acceptance_rate']:.2f}"
-            for n in ("ngram", "draft", "mlp")) + ".",
+        "At k=5: "
+        + "; ".join(
+            f"{n} {tab[n][4]['mean_accepted_per_step']:.2f} accepted/step, "
+            f"rate {tab[n][4]['acceptance_rate']:.2f}"
+            for n in ("ngram", "draft", "mlp")
+        )
+        + ".",
     ]
     return "\n".join(lines) + "\n"
 

@@ -28,7 +28,8 @@ class CorpusConfig:
     seed: int = 1234  # seeds the file shuffle that decides the split
     heldout_fraction: float = 0.05  # share of files held out (by file, never by line)
     max_file_bytes: int = 200_000  # skips a handful of generated tables / huge test files
-    # Directories that are data rather than code (pydoc topics are prose; site-packages is not stdlib).
+    # Directories that are data rather than code (pydoc topics are prose; site-packages is not
+    # stdlib).
     exclude_dirs: tuple[str, ...] = ("site-packages", "dist-packages", "pydoc_data", "__pycache__")
 
 
@@ -146,7 +147,8 @@ def load_tokenizer(path: Path | str):
 
 
 def vocab_fingerprint(tokenizer) -> str:
-    """sha256 over the sorted (token, id) pairs; equal fingerprints mean interchangeable vocabularies."""
+    """sha256 over the sorted (token, id) pairs; equal fingerprints mean interchangeable
+    vocabularies."""
     items = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
@@ -175,8 +177,12 @@ class LlamaSize:
     max_position_embeddings: int = 512
 
 
-TARGET_SIZE = LlamaSize(hidden_size=512, num_hidden_layers=5, num_attention_heads=8, intermediate_size=1376)
-DRAFT_SIZE = LlamaSize(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=384)
+TARGET_SIZE = LlamaSize(
+    hidden_size=512, num_hidden_layers=5, num_attention_heads=8, intermediate_size=1376
+)
+DRAFT_SIZE = LlamaSize(
+    hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=384
+)
 
 
 def llama_config(size: LlamaSize, tokenizer):
@@ -221,7 +227,8 @@ def set_threads(n: int | None) -> int:
 
 
 def fixed_windows(stream: np.ndarray, n: int, length: int):
-    """n evenly spaced windows of length+1 tokens: a deterministic evaluation sample [n, length+1]."""
+    """n evenly spaced windows of length+1 tokens: a deterministic evaluation sample
+    [n, length+1]."""
     import torch
 
     starts = np.linspace(0, len(stream) - length - 2, n).astype(np.int64)
@@ -240,7 +247,9 @@ def lm_loss(model, windows, batch: int = 8) -> float:
         for i in range(0, len(windows), batch):
             w = windows[i : i + batch]
             logits = model(input_ids=w[:, :-1]).logits.float()
-            tot += F.cross_entropy(logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum").item()
+            tot += F.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), w[:, 1:].reshape(-1), reduction="sum"
+            ).item()
             n += w[:, 1:].numel()
     model.train(was_training)
     return tot / n
@@ -263,12 +272,15 @@ def heldout_sample(cfg: CorpusConfig, max_bytes: int = 24_000) -> list[dict]:
 
 
 def sample_windows(tokenizer, texts: list[str], length: int = 512):
-    """Token stream of the sample cut into non-overlapping windows of length+1 tokens [N, length+1]."""
+    """Token stream of the sample cut into non-overlapping windows of length+1 tokens
+    [N, length+1]."""
     import torch
 
     ids = encode_stream(tokenizer, texts).astype(np.int64)
     n = (len(ids) - 1) // length
-    return torch.stack([torch.from_numpy(ids[i * length : i * length + length + 1]) for i in range(n)])
+    return torch.stack(
+        [torch.from_numpy(ids[i * length : i * length + length + 1]) for i in range(n)]
+    )
 
 
 def mlp_head_accuracy(target, spec, windows) -> list[float]:

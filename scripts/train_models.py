@@ -1,9 +1,11 @@
-"""Trains the shipped model family (tokenizer, target, draft, MLP speculator) from the stdlib corpus.
+"""Trains the shipped model family (tokenizer, target, draft, MLP speculator) from the stdlib
+corpus.
 
 Runs end to end on a CPU with only the pinned dependencies:
 
     python scripts/train_models.py                      # all stages, writes models/
-    python scripts/train_models.py --stages target      # one stage (earlier stages' outputs must exist)
+    # one stage (earlier stages' outputs must exist)
+    python scripts/train_models.py --stages target
 
 Stages (in order):
   tokenizer  byte-level BPE on the train split -> models/{target,draft}/tokenizer files
@@ -38,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import model_family as mf  # noqa: E402
 
 STAGES = ("tokenizer", "data", "target", "distill", "draft", "mlp")
-DEFAULT_MINUTES = 55 + 6 + 18  # target + distill + (draft || mlp) caps; tokenizer and data take ~1 min
+DEFAULT_MINUTES = (
+    55 + 6 + 18
+)  # target + distill + (draft || mlp) caps; tokenizer and data take ~1 min
 
 
 @dataclass
@@ -67,15 +71,21 @@ class TrainArgs:
     draft_size: mf.LlamaSize = mf.DRAFT_SIZE
     corpus: mf.CorpusConfig = field(default_factory=mf.CorpusConfig)
     target: LMTrainConfig = field(
-        default_factory=lambda: LMTrainConfig(steps=1700, batch_size=4, seq_len=512, lr=2e-3, minutes=55)
+        default_factory=lambda: LMTrainConfig(
+            steps=1700, batch_size=4, seq_len=512, lr=2e-3, minutes=55
+        )
     )
     draft: LMTrainConfig = field(
-        default_factory=lambda: LMTrainConfig(steps=1500, batch_size=8, seq_len=512, lr=3e-3, minutes=13)
+        default_factory=lambda: LMTrainConfig(
+            steps=1500, batch_size=8, seq_len=512, lr=3e-3, minutes=13
+        )
     )
     # weight of KL(target || draft) in the draft loss; 0 = plain cross entropy (no target forward,
     # so ~4x more tokens in the same time); the target's continuations are in every batch either way
     draft_kd: float = 0.0
-    draft_distill_share: float = 0.25  # share of each draft batch taken from the target's continuations
+    draft_distill_share: float = (
+        0.25  # share of each draft batch taken from the target's continuations
+    )
     # distillation data: target greedy continuations
     distill_prompts: int = 1536
     distill_prompt_len: int = 64
@@ -113,14 +123,19 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
         lr=lr,
         betas=(0.9, 0.95),
         eps=1e-8,
     )
 
 
-def random_windows(stream: np.ndarray, batch: int, length: int, rng: np.random.Generator) -> torch.Tensor:
+def random_windows(
+    stream: np.ndarray, batch: int, length: int, rng: np.random.Generator
+) -> torch.Tensor:
     starts = rng.integers(0, len(stream) - length - 1, size=batch)
     return torch.from_numpy(np.stack([stream[s : s + length + 1] for s in starts]).astype(np.int64))
 
@@ -140,16 +155,24 @@ def save_hf(model, tokenizer, out: Path, meta: dict) -> None:
 
 def stage_tokenizer(a: TrainArgs) -> None:
     train_files, held_files = mf.split_files(a.corpus)
-    log(f"corpus: {len(train_files)} train files, {len(held_files)} held-out files from {mf.stdlib_root()}")
+    log(
+        f"corpus: {len(train_files)} train files, {len(held_files)} held-out files "
+        f"from {mf.stdlib_root()}"
+    )
     texts = mf.read_texts(train_files)
     t0 = time.time()
     tok = mf.wrap_tokenizer(mf.train_tokenizer(texts, a.vocab_size))
-    log(f"tokenizer: vocab {len(tok)} in {time.time() - t0:.0f}s, fingerprint {mf.vocab_fingerprint(tok)[:16]}")
+    log(
+        f"tokenizer: vocab {len(tok)} in {time.time() - t0:.0f}s, "
+        f"fingerprint {mf.vocab_fingerprint(tok)[:16]}"
+    )
     tok_dir = a.work / "tokenizer"
     mf.save_tokenizer(tok, tok_dir)
     manifest = json.dumps(mf.split_manifest(a.corpus), indent=1) + "\n"
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "split.json").write_text(manifest)  # shipped: lets a rerun check it reproduces the split
+    (a.out / "split.json").write_text(
+        manifest
+    )  # shipped: lets a rerun check it reproduces the split
 
 
 def stage_data(a: TrainArgs) -> None:
@@ -161,22 +184,34 @@ def stage_data(a: TrainArgs) -> None:
         ids = mf.encode_stream(tok, texts)
         ids.tofile(a.work / "data" / f"{name}.bin")
         nbytes = sum(len(t.encode()) for t in texts)
-        log(f"data: {name} {len(texts)} files, {nbytes / 1e6:.1f} MB -> {len(ids) / 1e6:.2f} M tokens "
-            f"({nbytes / len(ids):.2f} bytes/token)")
+        log(
+            f"data: {name} {len(texts)} files, {nbytes / 1e6:.1f} MB -> "
+            f"{len(ids) / 1e6:.2f} M tokens "
+            f"({nbytes / len(ids):.2f} bytes/token)"
+        )
 
 
 def load_stream(a: TrainArgs, name: str) -> np.ndarray:
     return np.fromfile(a.work / "data" / f"{name}.bin", dtype=np.uint16)
 
 
-def train_lm(model, cfg: LMTrainConfig, train: np.ndarray, val: torch.Tensor, tag: str,
-             teacher=None, distill_seqs: torch.Tensor | None = None, kd_weight: float = 0.0,
-             distill_share: float = 0.5, distill_sep: int = 0) -> dict:
+def train_lm(
+    model,
+    cfg: LMTrainConfig,
+    train: np.ndarray,
+    val: torch.Tensor,
+    tag: str,
+    teacher=None,
+    distill_seqs: torch.Tensor | None = None,
+    kd_weight: float = 0.0,
+    distill_share: float = 0.5,
+    distill_sep: int = 0,
+) -> dict:
     """AdamW + cosine LM training. With a teacher, the loss mixes CE and KL(teacher || student).
 
-    distill_seqs [N, L]: extra sequences (target continuations); distill_share of each batch comes from them.
-    They are joined into one stream (separated by distill_sep, the document separator) and cut into
-    seq_len windows like the corpus, so every row trains every position up to seq_len.
+    distill_seqs [N, L]: extra sequences (target continuations); distill_share of each batch comes
+    from them. They are joined into one stream (separated by distill_sep, the document separator)
+    and cut into seq_len windows like the corpus, so every row trains every position up to seq_len.
     """
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -196,8 +231,13 @@ def train_lm(model, cfg: LMTrainConfig, train: np.ndarray, val: torch.Tensor, ta
             g["lr"] = lr
         if distill_stream is not None:
             nb = max(1, int(round(cfg.batch_size * distill_share)))
-            batch = torch.cat([random_windows(train, cfg.batch_size - nb, cfg.seq_len, rng),
-                               random_windows(distill_stream, nb, cfg.seq_len, rng)], 0)
+            batch = torch.cat(
+                [
+                    random_windows(train, cfg.batch_size - nb, cfg.seq_len, rng),
+                    random_windows(distill_stream, nb, cfg.seq_len, rng),
+                ],
+                0,
+            )
         else:
             batch = random_windows(train, cfg.batch_size, cfg.seq_len, rng)
         x, y = batch[:, :-1], batch[:, 1:]
@@ -217,11 +257,15 @@ def train_lm(model, cfg: LMTrainConfig, train: np.ndarray, val: torch.Tensor, ta
         tokens += x.numel()
         elapsed = time.time() - t0
         if step % 10 == 0:
-            log(f"{tag} step {step}/{cfg.steps} loss {loss.item():.3f} lr {lr:.2e} "
-                f"{tokens / max(elapsed, 1e-6):.0f} tok/s")
+            log(
+                f"{tag} step {step}/{cfg.steps} loss {loss.item():.3f} lr {lr:.2e} "
+                f"{tokens / max(elapsed, 1e-6):.0f} tok/s"
+            )
         if (step + 1) % cfg.eval_every == 0:
             vl = mf.lm_loss(model, val)
-            hist.append({"step": step + 1, "tokens": tokens, "heldout_loss": vl, "minutes": elapsed / 60})
+            hist.append(
+                {"step": step + 1, "tokens": tokens, "heldout_loss": vl, "minutes": elapsed / 60}
+            )
             log(f"{tag} eval step {step + 1}: held-out loss {vl:.3f} (ppl {math.exp(vl):.1f})")
         if elapsed > cfg.minutes * 60:
             log(f"{tag}: wall-clock cap of {cfg.minutes} min reached at step {step + 1}")
@@ -246,14 +290,17 @@ def stage_target(a: TrainArgs) -> None:
     if a.target_init is not None:  # continue an earlier run: its weights, a fresh warmup + cosine
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(a.target_init), local_files_only=True,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(a.target_init), local_files_only=True, dtype=torch.float32
+        )
         if mf.vocab_fingerprint(mf.load_tokenizer(a.target_init)) != mf.vocab_fingerprint(tok):
             raise SystemExit(f"{a.target_init} was trained with another tokenizer")
         prev = json.loads((Path(a.target_init) / "training.json").read_text())
         a.target.seed += prev["steps_done"]  # other batches than the run it continues
-        log(f"target: continuing {a.target_init} after {prev['steps_done']} steps, "
-            f"{prev['tokens_seen'] / 1e6:.2f} M tokens")
+        log(
+            f"target: continuing {a.target_init} after {prev['steps_done']} steps, "
+            f"{prev['tokens_seen'] / 1e6:.2f} M tokens"
+        )
     else:
         model = LlamaForCausalLM(mf.llama_config(a.target_size, tok))
     n = mf.count_params(model)
@@ -263,13 +310,23 @@ def stage_target(a: TrainArgs) -> None:
     val = mf.fixed_windows(held, 16, a.target.seq_len)
     stats = train_lm(model, a.target, train, val, "target")
     if prev is not None:  # totals over the whole lineage; each run's own record in "runs"
-        runs = prev.get("runs", [{k: prev[k] for k in ("steps_done", "tokens_seen", "train_minutes", "config")}])
+        runs = prev.get(
+            "runs", [{k: prev[k] for k in ("steps_done", "tokens_seen", "train_minutes", "config")}]
+        )
         runs.append({k: stats[k] for k in ("steps_done", "tokens_seen", "train_minutes", "config")})
         stats["runs"] = runs
-        before = {k: sum(r[k] for r in runs[:-1]) for k in ("steps_done", "tokens_seen", "train_minutes")}
+        before = {
+            k: sum(r[k] for r in runs[:-1]) for k in ("steps_done", "tokens_seen", "train_minutes")
+        }
         stats["history"] = prev.get("history", []) + [
-            {**h, "step": h["step"] + before["steps_done"], "tokens": h["tokens"] + before["tokens_seen"],
-             "minutes": h["minutes"] + before["train_minutes"]} for h in stats["history"]]
+            {
+                **h,
+                "step": h["step"] + before["steps_done"],
+                "tokens": h["tokens"] + before["tokens_seen"],
+                "minutes": h["minutes"] + before["train_minutes"],
+            }
+            for h in stats["history"]
+        ]
         for k in ("steps_done", "tokens_seen", "train_minutes"):
             stats[k] = sum(r[k] for r in runs)
     stats.update(params=n, size=size, vocab_fingerprint=mf.vocab_fingerprint(tok))
@@ -280,7 +337,9 @@ def stage_target(a: TrainArgs) -> None:
 def load_target(a: TrainArgs):
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(str(a.out / "target"), local_files_only=True, dtype=torch.float32)
+    m = AutoModelForCausalLM.from_pretrained(
+        str(a.out / "target"), local_files_only=True, dtype=torch.float32
+    )
     m.eval()
     for p in m.parameters():
         p.requires_grad_(False)
@@ -296,13 +355,18 @@ def stage_distill(a: TrainArgs) -> None:
     seqs = []
     bs = 64
     for i in range(0, a.distill_prompts, bs):
-        prompts = random_windows(train, min(bs, a.distill_prompts - i), a.distill_prompt_len - 1, rng)
+        prompts = random_windows(
+            train, min(bs, a.distill_prompts - i), a.distill_prompt_len - 1, rng
+        )
         seqs.append(mf.greedy_continue(target, prompts, a.distill_gen_len))
         log(f"distill: {sum(len(s) for s in seqs)} continuations, {time.time() - t0:.0f}s")
         if time.time() - t0 > a.distill_minutes * 60:
             break
     seqs = torch.cat(seqs, 0)
-    torch.save({"seqs": seqs.to(torch.int16), "prompt_len": a.distill_prompt_len}, a.work / "data" / "distill.pt")
+    torch.save(
+        {"seqs": seqs.to(torch.int16), "prompt_len": a.distill_prompt_len},
+        a.work / "data" / "distill.pt",
+    )
     log(f"distill: saved {tuple(seqs.shape)}")
 
 
@@ -325,12 +389,28 @@ def stage_draft(a: TrainArgs) -> None:
     if a.draft_distill_share > 0 and (a.work / "data" / "distill.pt").exists():
         seqs, _ = load_distill(a)
     val = mf.fixed_windows(held, 16, a.draft.seq_len)
-    stats = train_lm(model, a.draft, train, val, "draft", teacher=target, distill_seqs=seqs, kd_weight=a.draft_kd,
-                     distill_share=a.draft_distill_share, distill_sep=tok.convert_tokens_to_ids(mf.EOS))
-    stats.update(params=n, size=asdict(a.draft_size), vocab_fingerprint=mf.vocab_fingerprint(tok),
-                 data=f"corpus windows + target greedy continuations ({a.draft_distill_share:.0%} of each batch)"
-                 if seqs is not None else "corpus windows",
-                 loss=f"{1 - a.draft_kd:g} CE + {a.draft_kd:g} KL(target||draft)")
+    stats = train_lm(
+        model,
+        a.draft,
+        train,
+        val,
+        "draft",
+        teacher=target,
+        distill_seqs=seqs,
+        kd_weight=a.draft_kd,
+        distill_share=a.draft_distill_share,
+        distill_sep=tok.convert_tokens_to_ids(mf.EOS),
+    )
+    stats.update(
+        params=n,
+        size=asdict(a.draft_size),
+        vocab_fingerprint=mf.vocab_fingerprint(tok),
+        data="corpus windows + target greedy continuations "
+        f"({a.draft_distill_share:.0%} of each batch)"
+        if seqs is not None
+        else "corpus windows",
+        loss=f"{1 - a.draft_kd:g} CE + {a.draft_kd:g} KL(target||draft)",
+    )
     save_hf(model, tok, a.out / "draft", stats)
     log(f"draft saved: held-out loss {stats['final_heldout_loss_sample']:.3f}")
 
@@ -362,7 +442,9 @@ def stage_mlp(a: TrainArgs) -> None:
     n_corpus = a.mlp_corpus_windows
     corpus = random_windows(train_stream, n_corpus, L - 1, rng) if n_corpus else seqs[:0]
     all_seqs = torch.cat([seqs, corpus], 0)
-    is_gen = torch.cat([torch.ones(len(seqs), dtype=torch.bool), torch.zeros(len(corpus), dtype=torch.bool)])
+    is_gen = torch.cat(
+        [torch.ones(len(seqs), dtype=torch.bool), torch.zeros(len(corpus), dtype=torch.bool)]
+    )
     t0 = time.time()
     states, greedy = [], []
     with torch.no_grad():
@@ -378,8 +460,10 @@ def stage_mlp(a: TrainArgs) -> None:
     all_seqs, is_gen = all_seqs[: len(states)], is_gen[: len(states)]
     # continuations: only positions past the prompt; corpus windows: every position
     lo_gen, lo_cor, hi = prompt_len - 1, 0, L - n - 1
-    log(f"mlp: cached target states {tuple(states.shape)} ({int(is_gen.sum())} continuations, "
-        f"{int((~is_gen).sum())} corpus windows) in {time.time() - t0:.0f}s")
+    log(
+        f"mlp: cached target states {tuple(states.shape)} ({int(is_gen.sum())} continuations, "
+        f"{int((~is_gen).sum())} corpus windows) in {time.time() - t0:.0f}s"
+    )
     del target
     gen_idx = torch.nonzero(is_gen).squeeze(1)
     cor_idx = torch.nonzero(~is_gen).squeeze(1)
@@ -391,38 +475,62 @@ def stage_mlp(a: TrainArgs) -> None:
     n_params = sum(p.numel() for p in spec.parameters())
     log(f"mlp: {n_params / 1e6:.2f} M params, {asdict(cfg)}")
     opt = make_optimizer(spec, a.mlp_lr, 0.0)
-    sched = LMTrainConfig(steps=a.mlp_steps, batch_size=a.mlp_batch, seq_len=0, lr=a.mlp_lr, warmup=50,
-                          minutes=a.mlp_minutes)
+    sched = LMTrainConfig(
+        steps=a.mlp_steps,
+        batch_size=a.mlp_batch,
+        seq_len=0,
+        lr=a.mlp_lr,
+        warmup=50,
+        minutes=a.mlp_minutes,
+    )
     t0 = time.time()
     hist = []
     step = 0
     positions = 0
-    n_gen_b = a.mlp_batch // 2 if len(gen_train) and len(cor_idx) else (a.mlp_batch if len(gen_train) else 0)
+    n_gen_b = (
+        a.mlp_batch // 2
+        if len(gen_train) and len(cor_idx)
+        else (a.mlp_batch if len(gen_train) else 0)
+    )
     for step in range(a.mlp_steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, sched, time.time() - t0)
         losses = None
         parts = []
         if n_gen_b:
-            parts.append((gen_train[torch.from_numpy(rng.integers(0, len(gen_train), size=n_gen_b))], lo_gen))
+            parts.append(
+                (gen_train[torch.from_numpy(rng.integers(0, len(gen_train), size=n_gen_b))], lo_gen)
+            )
         if a.mlp_batch - n_gen_b:
-            parts.append((cor_idx[torch.from_numpy(rng.integers(0, len(cor_idx), size=a.mlp_batch - n_gen_b))], lo_cor))
+            parts.append(
+                (
+                    cor_idx[
+                        torch.from_numpy(rng.integers(0, len(cor_idx), size=a.mlp_batch - n_gen_b))
+                    ],
+                    lo_cor,
+                )
+            )
         for idx, lo in parts:
-            part = spec.training_losses(states[idx, lo:hi].float(), all_seqs[idx], lo, hi, greedy[idx])
+            part = spec.training_losses(
+                states[idx, lo:hi].float(), all_seqs[idx], lo, hi, greedy[idx]
+            )
             w = len(idx) * (hi - lo)
             positions += w
-            part = [l * w for l in part]
+            part = [head_loss * w for head_loss in part]
             losses = part if losses is None else [x + y for x, y in zip(losses, part)]
         total_w = sum(len(idx) * (hi - lo) for idx, lo in parts)
-        losses = [l / total_w for l in losses]
+        losses = [head_loss / total_w for head_loss in losses]
         loss = sum(losses)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(spec.parameters(), 1.0)
         opt.step()
         if step % 10 == 0:
-            log(f"mlp step {step}/{a.mlp_steps} losses {[round(l.item(), 3) for l in losses]} "
-                f"{(time.time() - t0) / (step + 1):.2f}s/step")
+            log(
+                f"mlp step {step}/{a.mlp_steps} "
+                f"losses {[round(head_loss.item(), 3) for head_loss in losses]} "
+                f"{(time.time() - t0) / (step + 1):.2f}s/step"
+            )
         if (step + 1) % 100 == 0:
             acc = mlp_accuracy(spec, states[val_idx], all_seqs[val_idx], lo_gen, hi)
             hist.append({"step": step + 1, "head_top1": acc})
@@ -431,18 +539,35 @@ def stage_mlp(a: TrainArgs) -> None:
             log(f"mlp: wall-clock cap of {a.mlp_minutes} min reached at step {step + 1}")
             break
     acc = mlp_accuracy(spec, states[val_idx], all_seqs[val_idx], lo_gen, hi)
-    log(f"mlp final per-head top-1 (teacher-forced, held-back continuations) {[round(x, 3) for x in acc]}")
+    log(
+        "mlp final per-head top-1 (teacher-forced, held-back continuations) "
+        f"{[round(x, 3) for x in acc]}"
+    )
     out = a.out / "mlp-speculator"
     spec.to(torch.float16).save_pretrained(out)
-    (out / "training.json").write_text(json.dumps({
-        "params": n_params, "steps_done": step + 1, "train_minutes": (time.time() - t0) / 60,
-        "continuations": len(gen_train), "corpus_windows": len(cor_idx), "window_tokens": L,
-        "batch_sequences": a.mlp_batch, "positions_seen": positions,
-        "data": "half target greedy continuations of train-split prompts (prompt %d + %d generated tokens), "
+    (out / "training.json").write_text(
+        json.dumps(
+            {
+                "params": n_params,
+                "steps_done": step + 1,
+                "train_minutes": (time.time() - t0) / 60,
+                "continuations": len(gen_train),
+                "corpus_windows": len(cor_idx),
+                "window_tokens": L,
+                "batch_sequences": a.mlp_batch,
+                "positions_seen": positions,
+                "data": "half target greedy continuations of train-split prompts "
+                "(prompt %d + %d generated tokens), "
                 "half teacher-forced train-split windows; labels = the target's argmax next tokens"
                 % (prompt_len, L - prompt_len),
-        "val_head_top1_teacher_forced": acc, "history": hist, "lr": a.mlp_lr,
-    }, indent=2) + "\n")
+                "val_head_top1_teacher_forced": acc,
+                "history": hist,
+                "lr": a.mlp_lr,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     log("mlp saved")
 
 
@@ -472,33 +597,63 @@ LM_FLAGS = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma list out of {STAGES}")
     p.add_argument("--out", type=Path, default=mf.REPO / "models")
-    p.add_argument("--work", type=Path, default=mf.REPO / "runs" / "models", help="scratch dir (data, logs)")
+    p.add_argument(
+        "--work", type=Path, default=mf.REPO / "runs" / "models", help="scratch dir (data, logs)"
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--vocab-size", type=int, default=4096)
     for model in ("target", "draft"):  # the LMTrainConfig fields a run may override, per model
         for flag, (attr, typ, what) in LM_FLAGS.items():
-            p.add_argument(f"--{model}-{flag}", type=typ, dest=f"{model}_{attr}", help=f"{model}: {what}")
-    p.add_argument("--target-init", type=Path,
-                   help="continue training this target checkpoint (e.g. models/target) for another schedule")
-    p.add_argument("--draft-kd", type=float, help="weight of the KL-to-target term in the draft loss")
-    p.add_argument("--draft-distill-share", type=float,
-                   help="share of each draft batch taken from the target's continuations (0: corpus only)")
+            p.add_argument(
+                f"--{model}-{flag}", type=typ, dest=f"{model}_{attr}", help=f"{model}: {what}"
+            )
+    p.add_argument(
+        "--target-init",
+        type=Path,
+        help="continue training this target checkpoint (e.g. models/target) for another schedule",
+    )
+    p.add_argument(
+        "--draft-kd", type=float, help="weight of the KL-to-target term in the draft loss"
+    )
+    p.add_argument(
+        "--draft-distill-share",
+        type=float,
+        help="share of each draft batch taken from the target's continuations (0: corpus only)",
+    )
     p.add_argument("--mlp-steps", type=int)
     p.add_argument("--mlp-minutes", type=float)
     p.add_argument("--mlp-corpus-windows", type=int)
     p.add_argument("--distill-prompts", type=int)
     p.add_argument("--distill-minutes", type=float)
-    p.add_argument("--minutes", type=float,
-                   help=f"overall wall-clock budget; scales every stage cap (default total {DEFAULT_MINUTES:g})")
-    p.add_argument("--target-size", type=parse_size, help="hidden,layers,heads,intermediate (default %s)"
-                   % ",".join(map(str, astuple(mf.TARGET_SIZE)[:4])))
-    p.add_argument("--draft-size", type=parse_size, help="hidden,layers,heads,intermediate (default %s)"
-                   % ",".join(map(str, astuple(mf.DRAFT_SIZE)[:4])))
-    p.add_argument("--sequential", action="store_true",
-                   help="train draft and mlp one after the other (default: at once, threads split between them)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        help="overall wall-clock budget; scales every stage cap "
+        f"(default total {DEFAULT_MINUTES:g})",
+    )
+    p.add_argument(
+        "--target-size",
+        type=parse_size,
+        help="hidden,layers,heads,intermediate (default %s)"
+        % ",".join(map(str, astuple(mf.TARGET_SIZE)[:4])),
+    )
+    p.add_argument(
+        "--draft-size",
+        type=parse_size,
+        help="hidden,layers,heads,intermediate (default %s)"
+        % ",".join(map(str, astuple(mf.DRAFT_SIZE)[:4])),
+    )
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="train draft and mlp one after the other "
+        "(default: at once, threads split between them)",
+    )
     ns = p.parse_args(argv)
     a = TrainArgs(out=ns.out, work=ns.work, vocab_size=ns.vocab_size, threads=ns.threads)
     if ns.minutes is not None:
@@ -514,10 +669,15 @@ def main(argv: list[str] | None = None) -> None:
         for attr, _, _ in LM_FLAGS.values():
             if (val := getattr(ns, f"{model}_{attr}")) is not None:
                 setattr(getattr(a, model), attr, val)
-    for attr, val in (("draft_kd", ns.draft_kd), ("draft_distill_share", ns.draft_distill_share),
-                      ("mlp_steps", ns.mlp_steps), ("mlp_minutes", ns.mlp_minutes),
-                      ("mlp_corpus_windows", ns.mlp_corpus_windows),
-                      ("distill_prompts", ns.distill_prompts), ("distill_minutes", ns.distill_minutes)):
+    for attr, val in (
+        ("draft_kd", ns.draft_kd),
+        ("draft_distill_share", ns.draft_distill_share),
+        ("mlp_steps", ns.mlp_steps),
+        ("mlp_minutes", ns.mlp_minutes),
+        ("mlp_corpus_windows", ns.mlp_corpus_windows),
+        ("distill_prompts", ns.distill_prompts),
+        ("distill_minutes", ns.distill_minutes),
+    ):
         if val is not None:
             setattr(a, attr, val)
     mf.set_threads(a.threads)

@@ -22,7 +22,9 @@ SHIPPED_TOKENIZER = REPO / "models" / "target"
 
 
 def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_under_test", REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"{name}_under_test", REPO / "scripts" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve string annotations through it
     sys.path.insert(0, str(REPO / "scripts"))
@@ -59,10 +61,34 @@ def work(tmp_path_factory, train_models) -> Path:
 
 
 def toy_args(out: Path, work: Path, *extra: str) -> list[str]:
-    return ["--out", str(out), "--work", str(work), "--threads", "1", "--sequential",
-            "--target-size", "64,1,2,128", "--target-steps", "3", "--target-batch", "2",
-            "--draft-size", "32,1,2,64", "--draft-steps", "3", "--draft-batch", "2",
-            "--distill-prompts", "8", "--mlp-steps", "3", "--mlp-corpus-windows", "4", *extra]
+    return [
+        "--out",
+        str(out),
+        "--work",
+        str(work),
+        "--threads",
+        "1",
+        "--sequential",
+        "--target-size",
+        "64,1,2,128",
+        "--target-steps",
+        "3",
+        "--target-batch",
+        "2",
+        "--draft-size",
+        "32,1,2,64",
+        "--draft-steps",
+        "3",
+        "--draft-batch",
+        "2",
+        "--distill-prompts",
+        "8",
+        "--mlp-steps",
+        "3",
+        "--mlp-corpus-windows",
+        "4",
+        *extra,
+    ]
 
 
 def test_every_stage_writes_a_loadable_checkpoint(train_models, work, tmp_path):
@@ -73,7 +99,9 @@ def test_every_stage_writes_a_loadable_checkpoint(train_models, work, tmp_path):
     out = tmp_path / "models"
     train_models.main(toy_args(out, work, "--stages", "target,distill,draft,mlp"))
 
-    fingerprint = train_models.mf.vocab_fingerprint(train_models.mf.load_tokenizer(work / "tokenizer"))
+    fingerprint = train_models.mf.vocab_fingerprint(
+        train_models.mf.load_tokenizer(work / "tokenizer")
+    )
     for name, steps in (("target", 3), ("draft", 3)):
         model = AutoModelForCausalLM.from_pretrained(out / name, local_files_only=True)
         assert model.dtype == torch.float16 and model.config.hidden_size in (64, 32)
@@ -90,7 +118,9 @@ def test_draft_can_train_on_the_corpus_alone(train_models, work, tmp_path):
     out = tmp_path / "models"
     train_models.main(toy_args(out, work, "--stages", "target"))
     (work / "data" / "distill.pt").unlink(missing_ok=True)
-    train_models.main(toy_args(out, work, "--stages", "distill,draft", "--draft-distill-share", "0.5"))
+    train_models.main(
+        toy_args(out, work, "--stages", "distill,draft", "--draft-distill-share", "0.5")
+    )
     assert "continuations" in json.loads((out / "draft" / "training.json").read_text())["data"]
     train_models.main(toy_args(out, work, "--stages", "draft", "--draft-distill-share", "0"))
     assert json.loads((out / "draft" / "training.json").read_text())["data"] == "corpus windows"
@@ -102,8 +132,18 @@ def test_a_target_run_continues_where_the_last_one_stopped(train_models, work, t
     out = tmp_path / "models"
     train_models.main(toy_args(out, work, "--stages", "target"))
     first = AutoModelForCausalLM.from_pretrained(out / "target", local_files_only=True)
-    train_models.main(toy_args(out, work, "--stages", "target", "--target-init", str(out / "target"),
-                               "--target-steps", "2"))
+    train_models.main(
+        toy_args(
+            out,
+            work,
+            "--stages",
+            "target",
+            "--target-init",
+            str(out / "target"),
+            "--target-steps",
+            "2",
+        )
+    )
     record = json.loads((out / "target" / "training.json").read_text())
     assert record["steps_done"] == 5 and record["tokens_seen"] == 5 * 2 * 512
     assert [r["steps_done"] for r in record["runs"]] == [3, 2]
@@ -111,4 +151,6 @@ def test_a_target_run_continues_where_the_last_one_stopped(train_models, work, t
     w0 = first.model.embed_tokens.weight
     w1 = again.model.embed_tokens.weight
     assert not torch.equal(w0, w1)  # trained further
-    assert (w1.float() - w0.float()).abs().max() < 0.1  # from the first run's weights, not from scratch
+    assert (
+        w1.float() - w0.float()
+    ).abs().max() < 0.1  # from the first run's weights, not from scratch

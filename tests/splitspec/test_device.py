@@ -19,7 +19,8 @@ def test_dtypes():
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", cpu) is torch.float32
     assert resolve_dtype("auto", torch.device("cuda")) is torch.bfloat16
-    assert resolve_dtype("bf16", cpu) is torch.bfloat16 and resolve_dtype("fp16", cpu) is torch.float16
+    assert (resolve_dtype("bf16", cpu) is torch.bfloat16
+            and resolve_dtype("fp16", cpu) is torch.float16)
     with pytest.raises(ValueError):
         resolve_dtype("int4", cpu)
 
