@@ -80,6 +80,9 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                Capabilities(hidden_state=HiddenState.FINAL, sampled_drafts=True,
                             needs_model=True), default_port=50054,
                model_dir="mlp-speculator", fits=_speculator_fits),
+    MethodSpec("suffix", "longest match over this sequence and every earlier request it served, "
+               "drafting more when the match is frequent", "proposer_service.suffix:SuffixProposer",
+               Capabilities(cross_request=True), default_port=50055),
 )}
 
 

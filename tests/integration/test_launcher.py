@@ -44,13 +44,18 @@ def alive(pid: int) -> bool:
         return False
 
 
+def proposer_port_flags() -> list[str]:
+    """A free port for every registered proposer method (none of the fixed defaults)."""
+    return [a for m in METHODS for a in (f"--{m}-port", str(free_port()))]
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
 def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "splitspec.launcher", "up", "--model", target_model_dir,
          "--device", "cpu", "--http-port", str(port), "--grpc-port", str(free_port()),
-         "--verifier-port", str(free_port()), "--ngram-port", str(free_port()),
+         "--verifier-port", str(free_port()), *proposer_port_flags(),
          "--log-dir", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -95,14 +100,15 @@ def test_services_do_not_outlive_a_killed_launcher(target_model_dir, tmp_path):
         [sys.executable, "-m", "splitspec.launcher", "up", "--model", target_model_dir,
          "--device", "cpu", "--no-draft", "--no-mlp", "--http-port", str(port),
          "--grpc-port", str(free_port()), "--verifier-port", str(free_port()),
-         "--ngram-port", str(free_port()), "--log-dir", str(tmp_path)],
+         *proposer_port_flags(), "--log-dir", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     kids: list[int] = []
     try:
         while f"http://127.0.0.1:{port}" not in (line := proc.stdout.readline()):
             assert line, "launcher exited early"
         kids = children_of(proc.pid)
-        assert len(kids) == 3, kids
+        model_free = [m for m, spec in METHODS.items() if not spec.capabilities.needs_model]
+        assert len(kids) == 2 + len(model_free), kids  # gateway, verifier, model-free proposers
     finally:
         proc.kill()
         proc.wait()

@@ -154,7 +154,8 @@ SAMPLED_PLANS = {
     "ngram-k8": [("ngram", 8)],
     "draft-k8": [("draft", 8)],
     "mlp-k4": [("mlp", 4)],  # the test speculator has 4 heads
-    "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("ngram", 6), ("draft", 2), ("mlp", 8)],
+    "suffix-k8": [("suffix", 8)],
+    "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8)],
 }
 
 
