@@ -23,11 +23,9 @@ from splitspec.grpc_server import (
     add_health_and_reflection,
     make_server,
     mark_serving,
-    setup_logging,
 )
-from splitspec.lifecycle import exit_with_launcher
-from splitspec.telemetry.config import GATEWAY_METRICS_PORT, TelemetryConfig, parse_service_config
-from splitspec.telemetry.tracing import setup_tracing, shutdown_tracing
+from splitspec.lifecycle import run_service
+from splitspec.telemetry.config import GATEWAY_METRICS_PORT, TelemetryConfig
 
 log = logging.getLogger("splitspec.gateway")
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
@@ -62,14 +60,7 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    exit_with_launcher()
-    config, telemetry_config = parse_service_config(GatewayConfig, argv, GATEWAY_METRICS_PORT)
-    setup_logging(config.log_level)
-    setup_tracing(TELEMETRY_NAME)
-    try:
-        asyncio.run(serve(config, telemetry_config))
-    finally:
-        shutdown_tracing()
+    run_service(GatewayConfig, argv, GATEWAY_METRICS_PORT, serve, lambda _: TELEMETRY_NAME)
 
 
 if __name__ == "__main__":

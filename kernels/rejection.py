@@ -42,6 +42,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult, StepLayout
+from kernels.sampler_inputs import DraftProbs, SamplerInputs
 from kernels.sampling import draw_exponentials, keyed_argmax, noise_key
 from kernels.sparse_probs import SparseProbs
 
@@ -54,7 +55,6 @@ __all__ = [
     "typical_acceptance_sample",
 ]
 
-DraftProbs = Union[None, torch.Tensor, SparseProbs]
 LayoutLike = Union[StepLayout, torch.Tensor, Sequence[int]]
 
 
@@ -233,34 +233,21 @@ def rejection_sample(
         if seeded:
             target_argmax = _coupled_argmax(target_probs, layout, seeded, seeds, target_argmax)
 
-    args = (
-        target_probs,
-        draft_token_ids,
-        layout,
-        draft_probs,
-        det_host,
-        uniforms,
-        exps,
-        target_argmax,
-    )
+    inputs = SamplerInputs(target_probs, draft_token_ids, layout, draft_probs, det_host, uniforms,
+                           exps, target_argmax)
     if _use_triton(device, impl):
         from kernels.triton_rejection import rejection_sample_triton
 
-        return rejection_sample_triton(*args)
-    return rejection_sample_reference(*args)
+        return rejection_sample_triton(inputs)
+    return rejection_sample_reference(inputs)
 
 
-def rejection_sample_reference(
-    target_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    layout: StepLayout,
-    draft_probs: DraftProbs,
-    greedy_host: torch.Tensor,
-    uniforms: Optional[torch.Tensor],
-    exps: Optional[torch.Tensor],
-    target_argmax: Optional[torch.Tensor],
-) -> RejectionResult:
+def rejection_sample_reference(inputs: SamplerInputs) -> RejectionResult:
     """Plain PyTorch rejection sampler over pre-drawn random numbers (no per-row Python loops)."""
+    target_probs, draft_token_ids, layout = (inputs.target_probs, inputs.draft_token_ids,
+                                             inputs.layout)
+    draft_probs, greedy_host = inputs.draft_probs, inputs.greedy_host
+    uniforms, exps, target_argmax = inputs.uniforms, inputs.exps, inputs.target_argmax
     # target_probs: [T, V]; draft_token_ids: [D]; uniforms: [D]; exps: [B, V]; target_argmax: [T]
     device = target_probs.device
     b, max_k, vocab = layout.batch_size, layout.max_k, target_probs.shape[1]

@@ -15,13 +15,12 @@ kernel is a pure function of its inputs and matches the reference token for toke
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
 
-from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult, StepLayout
+from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult
+from kernels.sampler_inputs import SamplerInputs
 from kernels.sparse_probs import SparseProbs
 
 __all__ = ["rejection_sample_triton"]
@@ -154,17 +153,12 @@ def _rejection_kernel(
     tl.store(num_acc_ptr + i, n_acc)
 
 
-def rejection_sample_triton(
-    target_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    layout: StepLayout,
-    draft_probs,
-    greedy_host: torch.Tensor,
-    uniforms: Optional[torch.Tensor],
-    exps: Optional[torch.Tensor],
-    target_argmax: Optional[torch.Tensor],
-) -> RejectionResult:
+def rejection_sample_triton(inputs: SamplerInputs) -> RejectionResult:
     """Same contract as `kernels.rejection.rejection_sample_reference`."""
+    target_probs, draft_token_ids, layout = (inputs.target_probs, inputs.draft_token_ids,
+                                             inputs.layout)
+    draft_probs, greedy_host = inputs.draft_probs, inputs.greedy_host
+    uniforms, exps, target_argmax = inputs.uniforms, inputs.exps, inputs.target_argmax
     # target_probs: [T, V]; draft_token_ids: [D]; uniforms: [D]; exps: [B, V]; target_argmax: [T]
     device = target_probs.device
     b, vocab = layout.batch_size, target_probs.shape[1]

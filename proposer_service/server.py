@@ -4,10 +4,8 @@ own `--device` and `--dtype`."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
-import signal
 from typing import Sequence
 
 from proposer_service.base import Proposer
@@ -19,12 +17,10 @@ from splitspec.grpc_server import (
     add_health_and_reflection,
     make_server,
     mark_serving,
-    setup_logging,
 )
-from splitspec.lifecycle import exit_with_launcher
+from splitspec.lifecycle import run_service, until_stopped
 from splitspec.methods import METHODS
-from splitspec.telemetry.config import PROPOSER_METRICS_PORT, TelemetryConfig, parse_service_config
-from splitspec.telemetry.tracing import setup_tracing, shutdown_tracing
+from splitspec.telemetry.config import PROPOSER_METRICS_PORT, TelemetryConfig
 
 log = logging.getLogger("splitspec.proposer")
 SERVICE_NAME = proposer_pb2.DESCRIPTOR.services_by_name["Proposer"].full_name
@@ -54,24 +50,14 @@ async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None
     desc = proposer.describe()
     log.info("proposer %s (%s) serving on %s", config.method, desc.model or "-", address)
     telemetry.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_stopped()
     await server.stop(grace=2.0)
     telemetry.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    exit_with_launcher()
-    config, telemetry_config = parse_service_config(ProposerConfig, argv, PROPOSER_METRICS_PORT)
-    setup_logging(config.log_level)
-    setup_tracing(service_name(config.method))
-    try:
-        asyncio.run(serve(config, telemetry_config))
-    finally:
-        shutdown_tracing()
+    run_service(ProposerConfig, argv, PROPOSER_METRICS_PORT, serve,
+                lambda config: service_name(config.method))
 
 
 if __name__ == "__main__":

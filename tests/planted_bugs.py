@@ -4,6 +4,8 @@ check, and asserts that the check fails. They live in the test tree only."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 import kernels.rejection as rejection
@@ -25,12 +27,12 @@ def bonus_row_off_by_one(monkeypatch) -> None:
     """The bonus token read from the last draft's row instead of the row after it."""
     original = rejection.rejection_sample_reference
 
-    def shifted(target_probs, draft_token_ids, layout, *rest):
-        k = layout.num_draft_tokens
-        bonus = (layout.target_offsets + k)[k > 0]
-        probs = target_probs.clone()
-        probs[bonus] = target_probs[bonus - 1]
-        return original(probs, draft_token_ids, layout, *rest)
+    def shifted(inputs):
+        k = inputs.layout.num_draft_tokens
+        bonus = (inputs.layout.target_offsets + k)[k > 0]
+        probs = inputs.target_probs.clone()
+        probs[bonus] = inputs.target_probs[bonus - 1]
+        return original(dataclasses.replace(inputs, target_probs=probs))
 
     monkeypatch.setattr(rejection, "rejection_sample_reference", shifted)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
 import uuid
 from typing import Sequence
@@ -23,13 +22,11 @@ from splitspec.grpc_server import (
     make_server,
     mark_not_serving,
     mark_serving,
-    setup_logging,
 )
-from splitspec.lifecycle import exit_with_launcher
+from splitspec.lifecycle import run_service, until_stopped
 from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
 from splitspec.params import GenerationInput, SamplingParams, StoppingCriteria
-from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig, parse_service_config
-from splitspec.telemetry.tracing import setup_tracing, shutdown_tracing
+from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig
 from verifier_service.config import VerifierConfig
 from verifier_service.engine import Engine
 from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
@@ -153,11 +150,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     kv = engine.runner.kv
     log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens", name,
              address, device, dtype, kv.num_blocks, kv.block_size)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_stopped()
     await mark_not_serving(health, [SERVICE_NAME])
     await server.stop(grace=config.shutdown_grace_s)
     await engine.shutdown()
@@ -167,14 +160,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    exit_with_launcher()
-    config, telemetry_config = parse_service_config(VerifierConfig, argv, VERIFIER_METRICS_PORT)
-    setup_logging(config.log_level)
-    setup_tracing(TELEMETRY_NAME)
-    try:
-        asyncio.run(serve(config, telemetry_config))
-    finally:
-        shutdown_tracing()
+    run_service(VerifierConfig, argv, VERIFIER_METRICS_PORT, serve, lambda _: TELEMETRY_NAME)
 
 
 if __name__ == "__main__":
