@@ -1,4 +1,4 @@
-"""The Grafana dashboards in dashboards/ as data: their PromQL queries, the metric names those
+"""The Grafana dashboards in k8s/splitspec/dashboards/ as data: their PromQL queries, the metric names those
 name, and a real Prometheus server to evaluate them against a running stack.
 
 Used by the dashboard tests (every query parses and names only exported metrics) and by
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DASHBOARDS = REPO_ROOT / "dashboards"
+DASHBOARDS = REPO_ROOT / "k8s" / "splitspec" / "dashboards"  # in the chart: it ships them
 METRICS_DASHBOARD = DASHBOARDS / "splitspec-metrics.json"
 TRACES_DASHBOARD = DASHBOARDS / "splitspec-traces.json"
 

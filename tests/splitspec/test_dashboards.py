@@ -1,4 +1,4 @@
-"""The dashboards in dashboards/: every PromQL expression parses (promql-parser) and names only
+"""The dashboards in k8s/splitspec/dashboards/: every PromQL expression parses (promql-parser) and names only
 metrics the services export; the traces dashboard queries Tempo for span names and attributes
 the services set. (`make e2e-metrics` evaluates the same queries against a real Prometheus.)"""
 
