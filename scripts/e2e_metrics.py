@@ -5,7 +5,8 @@
 Installs Debian's `prometheus` package with apt when the binary is missing (as root), starts the
 stack on free ports with every proposer found beside the model, starts Prometheus scraping the
 services' /metrics every second, sends a workload (each proposer method, speculation off,
-greedy and sampled), and evaluates every PromQL query of k8s/splitspec/dashboards/splitspec-metrics.json.
+greedy and sampled), and evaluates every PromQL query of
+k8s/splitspec/dashboards/splitspec-metrics.json.
 Exits 1 if any query returns no data. `--keep` leaves everything running for a look at
 Prometheus' own UI until Ctrl-C.
 """

@@ -1,5 +1,5 @@
-"""The Grafana dashboards in k8s/splitspec/dashboards/ as data: their PromQL queries, the metric names those
-name, and a real Prometheus server to evaluate them against a running stack.
+"""The Grafana dashboards in k8s/splitspec/dashboards/ as data: their PromQL queries, the metric
+names those name, and a real Prometheus server to evaluate them against a running stack.
 
 Used by the dashboard tests (every query parses and names only exported metrics) and by
 `make e2e-metrics` (scripts/e2e_metrics.py: every query returns data from a real Prometheus).
