@@ -1,6 +1,7 @@
 """The dashboards in k8s/splitspec/dashboards/: every PromQL expression parses (promql-parser)
-and names only metrics the services export; the traces dashboard queries Tempo for span names and attributes
-the services set. (`make e2e-metrics` evaluates the same queries against a real Prometheus.)"""
+and names only metrics the services export; the traces dashboard queries Tempo for span names
+and attributes the services set. (`make e2e-metrics` evaluates the same queries against a real
+Prometheus.)"""
 
 from __future__ import annotations
 
