@@ -255,12 +255,7 @@ class Engine:
         seq.record_draft(k, n_acc)
         if k:
             self.stats.method(seq.inp.speculation.method).add_draft(k, n_acc)
-            step.drafts += 1
-            step.draft_tokens += k
-            step.accepted_tokens += n_acc
-            step.accepted_per_position.extend([0] * (k - len(step.accepted_per_position)))
-            for j in range(n_acc):
-                step.accepted_per_position[j] += 1
+            step.add_draft(k, n_acc)  # the method was asked this step: it has a record
         appended = seq.tracker.append(result.tokens)
         seq.tokens.extend(appended.token_ids)
         self.stats.generated_tokens += len(appended.token_ids)

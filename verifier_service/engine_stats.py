@@ -16,6 +16,15 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+def count_accepted(per_position: list[int], k: int, accepted: int) -> None:
+    """Add one verified draft of k tokens, `accepted` of them accepted, to per-position counts
+    (per_position[j]: drafts whose token j+1 was accepted; grown to k entries)."""
+    if len(per_position) < k:
+        per_position.extend([0] * (k - len(per_position)))
+    for j in range(accepted):
+        per_position[j] += 1
+
+
 @dataclass
 class MethodStats:
     """Counters per proposer method (monotonic)."""
@@ -35,10 +44,7 @@ class MethodStats:
         self.drafts += 1
         self.proposed_tokens += k
         self.accepted_tokens += accepted
-        if len(self.accepted_per_position) < k:
-            self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
-        for j in range(accepted):
-            self.accepted_per_position[j] += 1
+        count_accepted(self.accepted_per_position, k, accepted)
 
 
 @dataclass
@@ -73,6 +79,12 @@ class MethodStepStats:
     missed: bool = False  # asked, but no usable answer before the deadline (or not connected)
     garbage: int = 0  # drafts dropped as untrustworthy (wrong length, ids, or q)
     resyncs: int = 0  # sequences the proposer asked to resend in full
+
+    def add_draft(self, k: int, accepted: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += k
+        self.accepted_tokens += accepted
+        count_accepted(self.accepted_per_position, k, accepted)
 
 
 @dataclass

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from splitspec.params import GenerationInput
-from verifier_service.engine_stats import RequestTimeline
+from verifier_service.engine_stats import RequestTimeline, count_accepted
 from verifier_service.kv_cache import BlockTable
 from verifier_service.output import OutputTracker
 
@@ -81,10 +81,7 @@ class Sequence:
         self.proposed += k
         self.accepted += accepted
         self.step_counts.append((k, accepted))
-        if len(self.accepted_per_position) < k:
-            self.accepted_per_position.extend([0] * (k - len(self.accepted_per_position)))
-        for j in range(accepted):
-            self.accepted_per_position[j] += 1
+        count_accepted(self.accepted_per_position, k, accepted)
 
     def usage(self) -> Usage:
         plan = self.inp.speculation
