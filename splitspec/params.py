@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 from splitspec.errors import InvalidArgument
 from splitspec.methods import method_names
 
+# Limits every front door enforces alike (the wire types are 32-bit).
+MAX_INT32 = 2**31 - 1
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API allows
+# A prompt text longer than max_model_len * this many characters cannot fit the context (a
+# token covers a few characters in practice): rejected before it is tokenized.
+MAX_CHARS_PER_TOKEN = 32
+
 
 class SpeculationMode(str, enum.Enum):
     AUTO = "auto"
@@ -39,8 +46,8 @@ class SamplingParams:
         _finite(prefix + "top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidArgument(prefix + "top_p", "must be in (0, 1]")
-        if self.top_k < 0:
-            raise InvalidArgument(prefix + "top_k", "must be >= 0 (0 disables it)")
+        if not 0 <= self.top_k <= MAX_INT32:
+            raise InvalidArgument(prefix + "top_k", "must be in [0, 2**31) (0 disables it)")
         _finite(prefix + "min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidArgument(prefix + "min_p", "must be in [0, 1]")
@@ -57,14 +64,13 @@ class StoppingCriteria:
     ignore_eos: bool = False
 
     def validate(self) -> "StoppingCriteria":
-        if self.max_tokens < 1:
-            raise InvalidArgument("max_tokens", "must be >= 1")
+        if not 1 <= self.max_tokens <= MAX_INT32:
+            raise InvalidArgument("max_tokens", "must be in [1, 2**31)")
         if len(self.stop) > 16:
             raise InvalidArgument("stop", "at most 16 stop strings")
         if any(not s for s in self.stop):
             raise InvalidArgument("stop", "stop strings must be non-empty")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidArgument("stop_token_ids", "token ids must be >= 0")
+        check_token_ids("stop_token_ids", self.stop_token_ids)
         return self
 
 
@@ -90,8 +96,9 @@ class SpeculationRequest:
                     f"{self.method!r} is not served by this deployment; served: {served}")
         k = self.num_speculative_tokens
         if k is not None:
-            if k < 0:
-                raise InvalidArgument("speculation.num_speculative_tokens", "must be >= 0")
+            if not 0 <= k <= MAX_INT32:
+                raise InvalidArgument("speculation.num_speculative_tokens",
+                                      "must be in [0, 2**31)")
             if max_k is not None and k > max_k:
                 raise InvalidArgument("speculation.num_speculative_tokens",
                                       f"must be <= {max_k} (this deployment's limit)")
@@ -119,6 +126,25 @@ class GenerationInput:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stopping: StoppingCriteria = field(default_factory=StoppingCriteria)
     speculation: SpeculationPlan = field(default_factory=SpeculationPlan)
+    top_logprobs: int | None = None  # set: report logprobs with this many alternatives
+
+
+def check_token_ids(name: str, ids) -> None:
+    if any(not 0 <= t <= MAX_INT32 for t in ids):
+        raise InvalidArgument(name, "token ids must be in [0, 2**31)")
+
+
+def check_top_logprobs(name: str, n: int | None) -> None:
+    if n is not None and not 0 <= n <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument(name, f"must be in [0, {MAX_TOP_LOGPROBS}]")
+
+
+def check_prompt_chars(name: str, chars: int, max_model_len: int) -> None:
+    """Reject a prompt text too long to fit the context, before anything tokenizes it."""
+    limit = max_model_len * MAX_CHARS_PER_TOKEN
+    if chars > limit:
+        raise InvalidArgument(name, f"is {chars} characters; at most {limit} fit this model's "
+                              f"context of {max_model_len} tokens")
 
 
 def _finite(name: str, value: float) -> None:

@@ -6,6 +6,7 @@ Services call these at their edge only; everything behind the edge works on data
 from __future__ import annotations
 
 from protos import common_pb2 as pb
+from splitspec.errors import InvalidArgument
 from splitspec.params import SamplingParams, SpeculationMode, SpeculationRequest, StoppingCriteria
 
 _MODE_FROM_PB = {
@@ -31,13 +32,14 @@ FINISH_REASON_FROM_NAME = {v: k for k, v in FINISH_REASON_NAMES.items() if v}
 
 def sampling_from_pb(msg: pb.SamplingParams, has_field: bool = True) -> SamplingParams:
     """Proto3 cannot tell 0 from unset for scalars: an absent message means the defaults,
-    top_p 0 means off. A present message with temperature 0 means greedy."""
+    top_p 0 means off. A present message with temperature 0 means greedy. top_k -1 means off,
+    as in the REST API; the caller validates the rest (a negative top_p is an error)."""
     if not has_field:
         return SamplingParams()
     return SamplingParams(
         temperature=msg.temperature,
-        top_p=msg.top_p if msg.top_p > 0 else 1.0,
-        top_k=msg.top_k,
+        top_p=msg.top_p if msg.top_p != 0 else 1.0,
+        top_k=0 if msg.top_k == -1 else msg.top_k,
         min_p=msg.min_p,
         seed=msg.seed if msg.HasField("seed") else None,
     )
@@ -69,8 +71,10 @@ def stopping_to_pb(stopping: StoppingCriteria) -> pb.StoppingCriteria:
 
 
 def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
+    if msg.mode not in _MODE_FROM_PB:  # proto3 keeps enum numbers it does not know
+        raise InvalidArgument("speculation.mode", f"unknown value {msg.mode}")
     return SpeculationRequest(
-        mode=_MODE_FROM_PB.get(msg.mode, SpeculationMode.AUTO),
+        mode=_MODE_FROM_PB[msg.mode],
         method=msg.method or None,
         num_speculative_tokens=(msg.num_speculative_tokens
                                 if msg.HasField("num_speculative_tokens") else None),

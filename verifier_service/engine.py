@@ -18,6 +18,7 @@ A proposer that is late, gone or wrong costs only speculation: its sequences dec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -138,8 +139,7 @@ class Engine:
         if request_id in self._by_id:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")
         if request_id != inp.request_id:
-            inp = GenerationInput(request_id, inp.prompt_token_ids, inp.sampling, inp.stopping,
-                                  inp.speculation)
+            inp = dataclasses.replace(inp, request_id=request_id)
         seq = Sequence(
             inp=inp,
             tracker=OutputTracker(self.tokenizer, list(inp.prompt_token_ids), inp.stopping,
@@ -258,15 +258,20 @@ class Engine:
             step.add_draft(k, n_acc)  # the method was asked this step: it has a record
         appended = seq.tracker.append(result.tokens)
         seq.tokens.extend(appended.token_ids)
+        # a stop condition may keep only a prefix of the tokens: their logprobs alike
+        logprobs = (result.logprobs[:len(appended.token_ids)]
+                    if result.logprobs is not None else None)
         self.stats.generated_tokens += len(appended.token_ids)
         if appended.token_ids and seq.timeline.first_token is None:
             seq.timeline.first_token = time.time()
         if appended.finish_reason is not None:
-            self._finish(seq, appended.finish_reason, appended.token_ids, appended.text)
+            self._finish(seq, appended.finish_reason, appended.token_ids, appended.text,
+                         logprobs)
         elif seq.aborted:
-            self._finish(seq, "abort", appended.token_ids, appended.text)
+            self._finish(seq, "abort", appended.token_ids, appended.text, logprobs)
         elif appended.token_ids or appended.text:
-            seq.outputs.put_nowait(StepOutput(appended.token_ids, appended.text))
+            seq.outputs.put_nowait(StepOutput(appended.token_ids, appended.text,
+                                              logprobs=logprobs))
         return len(appended.token_ids)
 
     def _release(self, seq: Sequence) -> None:
@@ -276,13 +281,14 @@ class Engine:
         self.drafts.release(seq)
 
     def _finish(self, seq: Sequence, reason: str, token_ids: list[int] | None = None,
-                text: str = "") -> None:
+                text: str = "", logprobs: list | None = None) -> None:
         self._release(seq)
         if reason == "abort":
             self.stats.aborted_requests += 1
         else:
             self.stats.finished_requests += 1
-        seq.outputs.put_nowait(StepOutput(token_ids or [], text, reason, seq.usage()))
+        seq.outputs.put_nowait(StepOutput(token_ids or [], text, reason, seq.usage(),
+                                          logprobs if token_ids else None))
         self._request_done(seq, reason)
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:

@@ -20,6 +20,8 @@ class StepOutput:
     text: str
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     usage: "Usage | None" = None
+    # one (logprob, [(token id, logprob), ...]) per token_ids entry, when the request asked
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 @dataclass

@@ -10,8 +10,7 @@ import asyncio
 import uuid
 
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
-from splitspec.errors import InvalidArgument
-from splitspec.params import GenerationInput, resolve_speculation
+from splitspec.params import GenerationInput, check_top_logprobs, resolve_speculation
 from splitspec.wire import (
     FINISH_REASON_FROM_NAME,
     sampling_from_pb,
@@ -20,6 +19,7 @@ from splitspec.wire import (
 )
 from verifier_service.engine import Engine
 from verifier_service.engine_stats import EngineStats
+from verifier_service.prompt import PromptEncoder
 from verifier_service.sequence import StepOutput
 from verifier_service.tracing import VerifierTracer
 
@@ -32,15 +32,13 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         self._fingerprint = fingerprint
         self._device, self._dtype = device, dtype
         self._tracer = tracer
+        self._prompts = PromptEncoder(engine.tokenizer, engine.max_model_len)
 
-    def _from_pb(self, req: common_pb2.GenerateRequest) -> GenerationInput:
-        which = req.WhichOneof("prompt")
-        if which == "text":
-            ids = self._engine.tokenizer.encode(req.text, add_special_tokens=False)
-        elif which == "token_ids":
-            ids = list(req.token_ids.ids)
-        else:
-            raise InvalidArgument("prompt", "is required (text or token_ids)")
+    async def _from_pb(self, req: common_pb2.GenerateRequest) -> GenerationInput:
+        top_logprobs = (req.options.top_logprobs if req.options.HasField("top_logprobs")
+                        else None)
+        check_top_logprobs("top_logprobs", top_logprobs)
+        ids = await self._prompts.encode(req)
         cfg = self._engine.config
         plan = resolve_speculation(speculation_from_pb(req.speculation),
                                    tuple(self._engine.proposers),
@@ -51,27 +49,39 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             request_id=req.request_id or uuid.uuid4().hex, prompt_token_ids=tuple(ids),
             sampling=sampling_from_pb(req.sampling, req.HasField("sampling")).validate(),
             stopping=stopping_from_pb(req.stopping, req.HasField("stopping")).validate(),
-            speculation=plan)
+            speculation=plan, top_logprobs=top_logprobs)
 
     async def Generate(self, request, context):
-        inp = self._from_pb(request)
+        inp = await self._from_pb(request)
         details = request.speculation.details
         tracer = self._tracer
         if tracer is None:
             async for out in self._engine.generate(inp):
-                yield _output_to_pb(inp.request_id, out, details)
+                yield self._to_pb(inp.request_id, out, details)
             return
         plan = inp.speculation
         traced = tracer.begin(inp.request_id, plan.method if plan.enabled else None,
                               plan.k if plan.enabled else 0)
         try:
             async for out in self._engine.generate(inp):
-                yield _output_to_pb(inp.request_id, out, details)
+                yield self._to_pb(inp.request_id, out, details)
         except Exception as exc:
             tracer.fail(traced, exc)
             raise
         finally:
             tracer.settle(traced)
+
+    def _to_pb(self, request_id: str, out: StepOutput,
+               details: bool) -> common_pb2.GenerateResponse:
+        msg = _output_to_pb(request_id, out, details)
+        if out.logprobs is not None:
+            decode = self._engine.tokenizer.decode
+            for token_id, (logprob, top) in zip(out.token_ids, out.logprobs):
+                entry = msg.logprobs.add(token_id=token_id, token=decode([token_id]),
+                                         logprob=logprob)
+                for t, lp in top:
+                    entry.top.add(token_id=t, token=decode([t]), logprob=lp)
+        return msg
 
     async def Abort(self, request, context):
         return verifier_pb2.AbortResponse(found=self._engine.abort(request.request_id))

@@ -6,7 +6,9 @@ Reads top to bottom like the step it is (gpt-fast's speculative_decode, for a ra
     2. forward  one target pass: [uncached tokens..., d1..dk] per sequence;
     3. sample   target probabilities p per verified row, then the lossless rejection sampler;
     4. results  per sequence: accepted drafts + one recovered/bonus token, and, for proposers that
-                condition on it, the hidden state that produced the last of them.
+                condition on it, the hidden state that produced the last of them; for requests
+                that ask, each emitted token's log-probability from the same logits rows
+                (kernels/logprobs.py; no extra forward).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Sequence
 import torch
 
 from kernels.layout import RejectionResult, StepLayout
+from kernels.logprobs import token_logprobs
 from kernels.rejection import rejection_sample
 from kernels.sampling import SamplingTensors
 from kernels.sparse_probs import SparseProbs
@@ -30,6 +33,8 @@ class SeqResult:
     tokens: list[int]  # accepted drafts, then one recovered or bonus token
     num_accepted: int
     hidden: torch.Tensor | None = None  # [H] the state that produced tokens[-1], when asked
+    # per token, when the request asked: (logprob, [(token id, logprob), ...] most likely first)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
 
 
 def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft | None],
@@ -58,7 +63,37 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
         # row n_acc of this sequence picked its last token: its hidden state produced it
         h = hidden[offsets[r] + n_acc].to("cpu", torch.float32) if keep_hidden[i] else None
         results[i] = SeqResult(rows[r], n_acc, h)
+    _add_logprobs(logits, layout, batch, emitting, rows, results)
     return results
+
+
+def _add_logprobs(logits: torch.Tensor, layout: StepLayout, batch: list[Scheduled],
+                  emitting: list[int], rows: list[list[int]],
+                  results: list[SeqResult | None]) -> None:
+    """Row j of an emitting sequence picked its token j: gather those rows of the sequences
+    that ask for logprobs and score their tokens (one small batch for the whole step)."""
+    wanted = [r for r, i in enumerate(emitting) if batch[i].seq.inp.top_logprobs is not None]
+    if not wanted:
+        return
+    offsets = layout.target_offsets.tolist()
+    index = [offsets[r] + j for r in wanted for j in range(len(rows[r]))]
+    params = [batch[emitting[r]].seq.inp.sampling for r in wanted for _ in rows[r]]
+    scored = token_logprobs(
+        logits[torch.tensor(index, device=logits.device)],
+        SamplingTensors.from_lists([p.temperature for p in params], [p.top_k for p in params],
+                                   [p.top_p for p in params], [p.min_p for p in params]),
+        torch.tensor([t for r in wanted for t in rows[r]]),
+        max(batch[emitting[r]].seq.inp.top_logprobs for r in wanted))
+    chosen, ids = scored.chosen.tolist(), scored.top_ids.tolist()
+    values = scored.top_values.tolist()
+    at = 0
+    for r in wanted:
+        n_top = batch[emitting[r]].seq.inp.top_logprobs
+        out = []
+        for _ in rows[r]:
+            out.append((chosen[at], list(zip(ids[at][:n_top], values[at][:n_top]))))
+            at += 1
+        results[emitting[r]].logprobs = out
 
 
 def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Scheduled],
