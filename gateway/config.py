@@ -17,4 +17,16 @@ class GatewayConfig:
     verifier: tuple[str, ...] = option(("127.0.0.1:50051",), "a verifier replica HOST:PORT")
     info_ttl_s: float = option(5.0, "how long verifier Info (model, proposers) is cached")
     max_prompts: int = option(16, "most prompts in one completions request")
+    api_key_file: str = option(
+        "", "file of API keys, one per line; requests must send one as a Bearer token "
+        "(also SPLITSPEC_API_KEYS, comma-separated; none: no keys needed)")
+    max_body_bytes: int = option(16 * 1024 * 1024, "largest REST request body (0: no limit)")
+    max_concurrent_per_key: int = option(
+        0, "requests in flight per API key (keyless requests share one count); 0: no limit")
+    header_timeout_s: float = option(
+        10.0, "a REST connection must send a request's headers within this time (0: no limit)")
+    body_timeout_s: float = option(
+        30.0, "a REST request's body must arrive within this time (0: no limit)")
+    health_interval_s: float = option(
+        1.0, "how often the gRPC health status is matched to the verifiers' (as REST /health)")
     log_level: str = option("INFO", "logging level")

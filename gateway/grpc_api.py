@@ -1,4 +1,6 @@
-"""The public gRPC Generation service: the same front door as REST, protobuf in and out."""
+"""The public gRPC Generation service: the same front door as REST, protobuf in and out, with
+the same validation (splitspec.params, splitspec.wire, Frontend.build_requests) and the same
+optional API keys (`authorization: Bearer KEY` metadata)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import uuid
 import grpc
 from opentelemetry import trace
 
+from gateway.auth import ApiKeys
+from gateway.chat import Chat
 from gateway.frontend import Frontend
 from protos import generation_pb2, generation_pb2_grpc
 from splitspec.errors import InvalidArgument, ServiceError
@@ -19,14 +23,21 @@ from splitspec.wire import (
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, frontend: Frontend):
+    def __init__(self, frontend: Frontend, api_keys: ApiKeys | None = None):
         self._frontend = frontend
+        self._keys = api_keys or ApiKeys()
+
+    def _authorize(self, context) -> None:
+        if self._keys.enabled:
+            metadata = dict(context.invocation_metadata() or ())
+            self._keys.check(metadata.get("authorization"))
 
     async def Generate(self, request, context):
         tracer, metrics = self._frontend.tracer, self._frontend.metrics
         span = tracer.start_grpc() if tracer is not None else None
         usage, reason, error, code = None, None, None, grpc.StatusCode.OK
         try:
+            self._authorize(context)
             async for msg in self._generate(request, span):
                 if msg.finish_reason:
                     usage, reason = msg.usage, FINISH_REASON_NAMES[msg.finish_reason]
@@ -47,10 +58,15 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 
     async def _generate(self, request, span):
         which = request.WhichOneof("prompt")
-        if which is None or (which == "text" and not request.text) or (
+        if request.options.messages:
+            if which is not None:
+                raise InvalidArgument("messages", "a request has messages or a prompt, not both")
+            prompt = Chat(tuple((m.role, m.content) for m in request.options.messages))
+        elif which is None or (which == "text" and not request.text) or (
                 which == "token_ids" and not request.token_ids.ids):
             raise InvalidArgument("prompt", "is required (text or token_ids)")
-        prompt = request.text if which == "text" else list(request.token_ids.ids)
+        else:
+            prompt = request.text if which == "text" else list(request.token_ids.ids)
         sampling = sampling_from_pb(request.sampling, request.HasField("sampling")).validate()
         stopping = stopping_from_pb(request.stopping, request.HasField("stopping")).validate()
         if span is not None:
@@ -58,7 +74,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                                             stopping, 1, True)
         (pb,) = await self._frontend.build_requests(
             [request.request_id or "gen-" + uuid.uuid4().hex], [prompt], sampling, stopping,
-            speculation_from_pb(request.speculation), request.speculation.details, span)
+            speculation_from_pb(request.speculation), request.speculation.details, span,
+            top_logprobs=(request.options.top_logprobs
+                          if request.options.HasField("top_logprobs") else None))
         stream = self._frontend.stream(pb)
         if span is None:
             async for msg in stream:
@@ -69,7 +87,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 yield msg
 
     async def ListModels(self, request, context):
+        self._authorize(context)
         info = await self._frontend.pool.info()
         return generation_pb2.ListModelsResponse(models=[generation_pb2.ModelCard(
-            id=info.model, speculation_methods=[p.method for p in info.proposers],
+            id=info.model,
+            speculation_methods=[p.method for p in info.proposers if p.connected],
             max_model_len=info.max_model_len)])

@@ -1,62 +1,127 @@
 """The OpenAI completions schema: JSON body -> validated CompletionRequest, and the response
-and stream-chunk bodies. Pure functions; no I/O.
+and stream-chunk bodies. Pure functions; no I/O. The fields every generation request shares
+(sampling, stopping, speculation, n, logprobs, streaming) are parsed here for chat too
+(gateway/chat.py).
 
-Extensions beyond OpenAI's fields: `top_k`, `min_p`, `ignore_eos`, and `speculation`
-(`{"mode": "on"|"off"|"auto", "method": "ngram"|"draft"|"mlp", "num_speculative_tokens": k,
-"details": bool}`); the response's `usage.speculation` reports proposed and accepted draft
-tokens, and with `details` also acceptance per draft position and per step.
+Extensions beyond OpenAI's fields: `top_k`, `min_p`, `ignore_eos`, `stop_token_ids`, and
+`speculation` (`{"mode": "on"|"off"|"auto", "method": "ngram"|"draft"|"mlp",
+"num_speculative_tokens": k, "details": bool}`); the response's `usage.speculation` reports
+proposed and accepted draft tokens, and with `details` also acceptance per draft position and per
+step.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from splitspec.errors import InvalidArgument
-from splitspec.params import SamplingParams, SpeculationMode, SpeculationRequest, StoppingCriteria
+from splitspec.params import (
+    MAX_TOP_LOGPROBS,
+    SamplingParams,
+    SpeculationMode,
+    SpeculationRequest,
+    StoppingCriteria,
+    check_token_ids,
+)
 
 Prompt = str | list[int]
 
+MAX_N = 16  # choices per request
+SPECULATION_FIELDS = ("mode", "method", "num_speculative_tokens", "details")
+
+# Fields of every generation request (completions and chat).
 # Accepted for compatibility when they ask for the default behaviour only.
-_NEUTRAL_FIELDS = {"presence_penalty": 0, "frequency_penalty": 0, "best_of": 1, "echo": False,
-                   "logprobs": None, "suffix": None, "logit_bias": None}
-_IGNORED_FIELDS = {"user", "model", "stream_options"}
-_KNOWN_FIELDS = {"prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                 "n", "stream", "ignore_eos", "speculation", "stop_token_ids",
-                 *_NEUTRAL_FIELDS, *_IGNORED_FIELDS}
+NEUTRAL_FIELDS = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None}
+IGNORED_FIELDS = {"user", "model", "stream_options"}
+GENERATION_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+                     "n", "stream", "ignore_eos", "speculation", "stop_token_ids",
+                     *NEUTRAL_FIELDS, *IGNORED_FIELDS}
+# Completions only.
+_COMPLETION_NEUTRAL = {"best_of": 1, "echo": False, "suffix": None}
+COMPLETION_FIELDS = {"prompt", "logprobs", *_COMPLETION_NEUTRAL, *GENERATION_FIELDS}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What every generation request asks, whatever its prompt looks like."""
+
+    model: str | None
+    sampling: SamplingParams
+    stopping: StoppingCriteria
+    speculation: SpeculationRequest
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+    speculation_details: bool = False  # per-position and per-step counts in usage.speculation
+    top_logprobs: int | None = None  # set: report logprobs with this many alternatives
+
+    def choice_seeds(self) -> list[int | None]:
+        """Seed of each of the n choices: choice i draws with seed + i (mod 2**63), so choice 0
+        is what the same request with n = 1 returns; unseeded choices stay unseeded."""
+        seed = self.sampling.seed
+        return [None if seed is None else (seed + i) % 2**63 for i in range(self.n)]
+
+    def choice_sampling(self) -> list[SamplingParams]:
+        return [replace(self.sampling, seed=s) for s in self.choice_seeds()]
 
 
 @dataclass(frozen=True)
 class CompletionRequest:
-    model: str | None
     prompts: list[Prompt]
-    sampling: SamplingParams
-    stopping: StoppingCriteria
-    speculation: SpeculationRequest
-    stream: bool = False
-    include_usage: bool = False
-    speculation_details: bool = False  # per-position and per-step counts in usage.speculation
+    generation: Generation
+
+    def __getattr__(self, name: str) -> Any:  # the shared fields, read through
+        return getattr(self.generation, name)
+
+
+def parse_json(raw: bytes) -> Any:
+    """The request body as JSON; what json cannot represent (an integer of thousands of digits,
+    nesting deeper than the parser's recursion limit) is a 400 like malformed JSON."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        reason = ("nests too deeply" if isinstance(exc, RecursionError)
+                  else "is not valid JSON" if isinstance(exc, json.JSONDecodeError)
+                  else "has a number out of range")
+        raise InvalidArgument("body", reason) from None
 
 
 def parse_completion_request(body: Any, max_prompts: int = 16) -> CompletionRequest:
+    _check_fields(body, COMPLETION_FIELDS, _COMPLETION_NEUTRAL)
+    top = _get(body, "logprobs", int, None)
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument("logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}]")
+    return CompletionRequest(_parse_prompts(body, max_prompts),
+                             parse_generation(body, top_logprobs=top))
+
+
+def _check_fields(body: Any, known: set[str], neutral: dict[str, Any]) -> None:
     if not isinstance(body, dict):
         raise InvalidArgument("body", "must be a JSON object")
-    unknown = sorted(set(body) - _KNOWN_FIELDS)
+    unknown = sorted(set(body) - known)
     if unknown:
         raise InvalidArgument(unknown[0], "is not a supported field")
-    for name, neutral in _NEUTRAL_FIELDS.items():
-        if body.get(name, neutral) not in (neutral, None):
-            raise InvalidArgument(name, f"is not supported (only {neutral!r})")
-    if _get(body, "n", int, 1) != 1:
-        raise InvalidArgument("n", "only n = 1 is supported")
-    model = _get(body, "model", str, None)
+    for name, value in {**NEUTRAL_FIELDS, **neutral}.items():
+        if body.get(name, value) not in (value, None):
+            raise InvalidArgument(name, f"is not supported (only {value!r})")
+
+
+def parse_generation(body: dict, max_tokens_field: str = "max_tokens",
+                     top_logprobs: int | None = None) -> Generation:
+    """The fields shared by completions and chat; `body` passed _check_fields."""
+    n = _get(body, "n", int, 1)
+    if not 1 <= n <= MAX_N:
+        raise InvalidArgument("n", f"must be in [1, {MAX_N}]")
     stream_options = _get(body, "stream_options", dict, None) or {}
+    top_k = _get(body, "top_k", int, 0)
     sampling = SamplingParams(
         temperature=_get(body, "temperature", float, 1.0),
         top_p=_get(body, "top_p", float, 1.0),
-        top_k=max(_get(body, "top_k", int, 0), 0),  # -1 (off) as in other servers
+        top_k=0 if top_k == -1 else top_k,  # -1 (off) as in other servers
         min_p=_get(body, "min_p", float, 0.0),
         seed=_get(body, "seed", int, None),
     ).validate()
@@ -72,15 +137,20 @@ def parse_completion_request(body: Any, max_prompts: int = 16) -> CompletionRequ
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
         raise InvalidArgument("stop_token_ids", "must be a list of integers")
-    stopping = StoppingCriteria(max_tokens=_get(body, "max_tokens", int, 16), stop=stops,
+    stopping = StoppingCriteria(max_tokens=_get(body, max_tokens_field, int, 16), stop=stops,
                                 stop_token_ids=tuple(stop_ids),
-                                ignore_eos=_get(body, "ignore_eos", bool, False)).validate()
+                                ignore_eos=_get(body, "ignore_eos", bool, False))
+    if not 1 <= stopping.max_tokens < 2**31:  # name the field the request used
+        raise InvalidArgument(max_tokens_field, "must be in [1, 2**31)")
+    stopping.validate()
     speculation, details = _parse_speculation(body.get("speculation"))
-    return CompletionRequest(
-        model=model, prompts=_parse_prompts(body, max_prompts), sampling=sampling,
-        stopping=stopping, speculation=speculation, stream=_get(body, "stream", bool, False),
-        include_usage=bool(stream_options.get("include_usage", False)),
-        speculation_details=details)
+    include_usage = stream_options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise InvalidArgument("stream_options.include_usage", "must be a boolean")
+    return Generation(
+        model=_get(body, "model", str, None), sampling=sampling, stopping=stopping,
+        speculation=speculation, n=n, stream=_get(body, "stream", bool, False),
+        include_usage=include_usage, speculation_details=details, top_logprobs=top_logprobs)
 
 
 def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
@@ -103,6 +173,9 @@ def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
         raise InvalidArgument("prompt", "must not be empty")
     if len(prompts) > max_prompts:
         raise InvalidArgument("prompt", f"at most {max_prompts} prompts per request")
+    for x in prompts:
+        if not isinstance(x, str):
+            check_token_ids("prompt", x)
     return prompts
 
 
@@ -111,14 +184,12 @@ def _parse_speculation(spec: Any) -> tuple[SpeculationRequest, bool]:
         return SpeculationRequest(), False
     if not isinstance(spec, dict):
         raise InvalidArgument("speculation", "must be an object")
-    unknown = sorted(set(spec) - {"mode", "method", "num_speculative_tokens", "details"})
+    unknown = sorted(set(spec) - set(SPECULATION_FIELDS))
     if unknown:
         raise InvalidArgument(f"speculation.{unknown[0]}", "is not a supported field")
     mode = spec.get("mode", "auto")
-    try:
-        mode = SpeculationMode(mode)
-    except ValueError:
-        raise InvalidArgument("speculation.mode", "must be 'on', 'off' or 'auto'") from None
+    if not isinstance(mode, str) or mode not in {m.value for m in SpeculationMode}:
+        raise InvalidArgument("speculation.mode", "must be 'on', 'off' or 'auto'")
     method = spec.get("method")
     if method is not None and not isinstance(method, str):
         raise InvalidArgument("speculation.method", "must be a string")
@@ -128,8 +199,8 @@ def _parse_speculation(spec: Any) -> tuple[SpeculationRequest, bool]:
     details = spec.get("details", False)
     if not isinstance(details, bool):
         raise InvalidArgument("speculation.details", "must be a boolean")
-    return (SpeculationRequest(mode=mode, method=method, num_speculative_tokens=k).validate(),
-            details)
+    return (SpeculationRequest(mode=SpeculationMode(mode), method=method,
+                               num_speculative_tokens=k).validate(), details)
 
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",
@@ -145,7 +216,10 @@ def _get(body: dict, name: str, kind: type, default: Any) -> Any:
     if v is None:
         return default
     if kind is float and (_is_int(v) or isinstance(v, float)):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an integer beyond the float range
+            raise InvalidArgument(name, "must be a finite number") from None
     if kind is int and _is_int(v):
         return v
     if kind in (bool, str, dict) and isinstance(v, kind):
@@ -200,8 +274,22 @@ def completion_body(cid: str, model: str, choices: list[dict], usage: dict) -> d
             "choices": choices, "usage": usage, "system_fingerprint": None}
 
 
-def choice_body(index: int, text: str, finish_reason: str | None) -> dict:
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+def choice_body(index: int, text: str, finish_reason: str | None,
+                logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def completion_logprobs(entries, text_offset: int = 0) -> dict:
+    """OpenAI's completions `logprobs` object from TokenLogprob messages; `text_offset` is where
+    the first token's text starts in the choice's text."""
+    offsets = []
+    for e in entries:
+        offsets.append(text_offset)
+        text_offset += len(e.token)
+    return {"tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{t.token: t.logprob for t in e.top} for e in entries],
+            "text_offset": offsets}
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict:

@@ -1,7 +1,14 @@
-"""OpenAI-compatible REST API: POST /v1/completions (JSON or SSE stream), GET /v1/models,
-GET /health. Errors become `{"error": {...}}` bodies with the status from splitspec.errors.
+"""OpenAI-compatible REST API: POST /v1/completions and /v1/chat/completions (JSON or SSE
+stream), GET /v1/models, /health, /ready and /openapi.json. Errors become `{"error": {...}}`
+bodies with the status from splitspec.errors (429s with Retry-After).
 
-With tracing on, each completions request gets the gateway's GenAI span (gateway/tracing.py),
+A streamed response's headers wait for every generation's first message, so an error known
+before the first token is the response's status, not an event in a 200 stream. A non-streamed
+request whose client disconnects is cancelled, which aborts it in the verifier. Limits (body
+size and read time, API keys, concurrent requests per key) are gateway/limits.py's and
+gateway/auth.py's; all are documented in docs/api.md.
+
+With tracing on, each generation request gets the gateway's GenAI span (gateway/tracing.py),
 a child of the caller's when the request has a W3C `traceparent` header."""
 
 from __future__ import annotations
@@ -9,34 +16,62 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from contextlib import nullcontext
-from typing import AsyncIterator
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
 
-from opentelemetry import trace
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from gateway.frontend import Frontend
+from gateway.auth import ApiKeys
+from gateway.chat import (
+    chat_body,
+    chat_choice,
+    chat_chunk,
+    chat_delta,
+    chat_logprobs,
+    new_chat_id,
+    parse_chat_request,
+)
+from gateway.fanout import Fanout
+from gateway.frontend import Collected, Frontend
+from gateway.limits import ClientGone, ConcurrencyLimit, read_body
 from gateway.openai_api import (
-    CompletionRequest,
+    Generation,
     SpeculationDetails,
     choice_body,
     completion_body,
+    completion_logprobs,
     error_body,
     new_completion_id,
     parse_completion_request,
+    parse_json,
     usage_body,
 )
+from gateway.openapi import openapi_schema
 from protos import common_pb2
 from splitspec.errors import ServiceError
 from splitspec.wire import FINISH_REASON_NAMES
 
 log = logging.getLogger(__name__)
 
+RETRY_AFTER_S = 1  # what a 429 asks the client to wait
 
-def _usage(usages: list[common_pb2.Usage], details: bool = False) -> dict:
+
+@dataclass(frozen=True)
+class RestLimits:
+    """Front-door limits; 0 turns one off."""
+
+    max_body_bytes: int = 0
+    body_timeout_s: float = 0.0
+    max_concurrent_per_key: int = 0
+    api_keys: ApiKeys = field(default_factory=ApiKeys)
+
+
+def _usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) -> dict:
+    """One usage for a request's generations; its n choices of a prompt count the prompt once."""
     methods = {u.speculation.method for u in usages if u.speculation.method}
     reasons = {u.speculation.reason for u in usages if u.speculation.reason}
     detail = None
@@ -46,12 +81,12 @@ def _usage(usages: list[common_pb2.Usage], details: bool = False) -> dict:
         for u in usages:
             s = u.speculation
             per_pos.extend([0] * (len(s.accepted_per_position) - len(per_pos)))
-            for j, n in enumerate(s.accepted_per_position):
-                per_pos[j] += n
+            for j, k in enumerate(s.accepted_per_position):
+                per_pos[j] += k
             steps.extend(zip(s.step_draft_tokens, s.step_accepted_tokens))
         detail = SpeculationDetails(per_pos, steps)
     return usage_body(
-        sum(u.prompt_tokens for u in usages), sum(u.completion_tokens for u in usages),
+        sum(u.prompt_tokens for u in usages) // n, sum(u.completion_tokens for u in usages),
         methods.pop() if len(methods) == 1 else None,
         max((u.speculation.num_speculative_tokens for u in usages), default=0),
         sum(u.speculation.proposed_tokens for u in usages),
@@ -63,128 +98,259 @@ def _sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
 
 
-def build_app(frontend: Frontend, max_prompts: int = 16) -> Starlette:
+def _error_response(exc: ServiceError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.http_status == 429 else None
+    return JSONResponse(error_body(exc.message, exc.http_status, exc.field), exc.http_status,
+                        headers=headers)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@dataclass
+class _Api:
+    """One of the generation endpoints: how its body parses and its responses look."""
+
+    chat: bool
+
+    def parse(self, body, max_prompts: int) -> tuple[list, Generation]:
+        if self.chat:
+            req = parse_chat_request(body)
+            return [req.chat], req.generation
+        req = parse_completion_request(body, max_prompts)
+        return req.prompts, req.generation
+
+    def new_id(self) -> str:
+        return new_chat_id() if self.chat else new_completion_id()
+
+    def logprobs(self, gen: Generation, entries, offset: int = 0) -> dict | None:
+        if gen.top_logprobs is None:
+            return None
+        return chat_logprobs(entries) if self.chat else completion_logprobs(entries, offset)
+
+    def body(self, cid: str, model: str, gen: Generation, results: list[Collected],
+             usage: dict) -> dict:
+        if self.chat:
+            return chat_body(cid, model, [chat_choice(i, r.text, r.finish_reason,
+                                                      self.logprobs(gen, r.logprobs))
+                                          for i, r in enumerate(results)], usage)
+        return completion_body(cid, model, [choice_body(i, r.text, r.finish_reason,
+                                                        self.logprobs(gen, r.logprobs))
+                                            for i, r in enumerate(results)], usage)
+
+    def chunk(self, cid: str, model: str, choices: list[dict], usage: dict | None = None
+              ) -> dict:
+        if self.chat:
+            return chat_chunk(cid, model, choices, usage)
+        return completion_body(cid, model, choices, usage)
+
+    def delta(self, index: int, text: str, reason: str | None, logprobs: dict | None) -> dict:
+        if self.chat:
+            return chat_delta(index, text, reason, logprobs)
+        return choice_body(index, text, reason, logprobs)
+
+
+def build_app(frontend: Frontend, max_prompts: int = 16,
+              limits: RestLimits | None = None) -> Starlette:
     tracer, metrics = frontend.tracer, frontend.metrics
+    limits = limits or RestLimits()
+    concurrency = ConcurrencyLimit(limits.max_concurrent_per_key)
 
     def count(code: int) -> None:
         if metrics is not None:
             metrics.on_request("rest", str(code))
 
-    async def completions(request: Request):
-        span = tracer.start_rest(request.headers) if tracer is not None else None
-        try:
-            response, streaming = await _completions(request, span)
-        except ServiceError as exc:
-            count(exc.http_status)
-            if span is not None:
-                tracer.finish(span, None, None, [], [], exc, str(exc.http_status))
-            raise
-        except BaseException as exc:
-            count(500)
-            if span is not None:
-                tracer.finish(span, None, None, [], [], exc, "500")
-            raise
-        count(response.status_code)
-        if span is not None and not streaming and response.status_code != 200:
-            tracer.finish(span, None, None, [], [], None, str(response.status_code))
-        return response
+    def endpoint(api: _Api):
+        async def handle(request: Request):
+            span = tracer.start_rest(request.headers) if tracer is not None else None
+            try:
+                key = limits.api_keys.check(request.headers.get("authorization"))
+                concurrency.acquire(key)
+                release = _once(lambda: concurrency.release(key))
+                try:
+                    response, streaming = await _generate(api, request, span, release)
+                except BaseException:
+                    release()
+                    raise
+                if not streaming:
+                    release()
+            except ServiceError as exc:
+                count(exc.http_status)
+                if span is not None:
+                    tracer.finish(span, None, None, [], [], exc, str(exc.http_status))
+                raise
+            except BaseException as exc:
+                count(500)
+                if span is not None:
+                    tracer.finish(span, None, None, [], [], exc, "500")
+                raise
+            count(response.status_code)
+            return response
 
-    async def _completions(request: Request, span) -> tuple:
-        """(response, streaming); a streaming response ends the span when its stream ends."""
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return JSONResponse(error_body("body: is not valid JSON", 400, "body"), 400), False
-        req = parse_completion_request(body, max_prompts)
-        model = await frontend.check_model(req.model)
+        return handle
+
+    async def _generate(api: _Api, request: Request, span, release: Callable[[], None]
+                        ) -> tuple:
+        """(response, streaming); a streaming response ends the span and releases the
+        request's concurrency slot when its stream ends."""
+        body = parse_json(await read_body(request, limits.max_body_bytes, limits.body_timeout_s))
+        prompts, gen = api.parse(body, max_prompts)
+        model = await frontend.check_model(gen.model)
         if span is not None:
-            tracer.on_parsed(span, model, req.sampling, req.stopping, len(req.prompts),
-                             req.stream)
-        cid = new_completion_id()
-        pbs = await frontend.build_requests([f"{cid}-{i}" for i in range(len(req.prompts))],
-                                            req.prompts, req.sampling, req.stopping,
-                                            req.speculation, req.speculation_details, span)
-        if req.stream:
-            return StreamingResponse(_stream(cid, model, req, pbs, span),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"}), True
-        with trace.use_span(span, end_on_exit=False) if span is not None else nullcontext():
-            results = await asyncio.gather(*(frontend.collect(pb) for pb in pbs))
-        choices = [choice_body(i, r.text, r.finish_reason) for i, r in enumerate(results)]
+            tracer.on_parsed(span, model, gen.sampling, gen.stopping, len(prompts) * gen.n,
+                             gen.stream)
+        cid = api.new_id()
+        choices = [p for p in prompts for _ in range(gen.n)]  # choice i: prompt i // n
+        pbs = await frontend.build_requests(
+            [f"{cid}-{i}" for i in range(len(choices))], choices, gen.sampling, gen.stopping,
+            gen.speculation, gen.speculation_details, span,
+            samplings=gen.choice_sampling() * len(prompts), top_logprobs=gen.top_logprobs)
+        fan = Fanout(frontend, pbs, span)
+        if gen.stream:
+            await fan.start()  # an error before the first token raises here: its own status
+            return _Stream(_stream(api, cid, model, gen, fan, len(pbs), span, release),
+                           lambda: (fan.cancel(), release()), media_type="text/event-stream",
+                           headers={"Cache-Control": "no-cache"}), True
+        results = await _collect(fan, len(pbs), request)
         usages = [r.usage for r in results]
         if span is not None:
             tracer.finish(span, cid, model, usages, [r.finish_reason for r in results])
-        return JSONResponse(completion_body(cid, model, choices,
-                                            _usage(usages, req.speculation_details))), False
+        usage = _usage(usages, gen.speculation_details, gen.n)
+        return JSONResponse(api.body(cid, model, gen, results, usage)), False
 
-    async def _stream(cid: str, model: str, req: CompletionRequest,
-                      pbs: list[common_pb2.GenerateRequest], span) -> AsyncIterator[str]:
-        """Chunks of all prompts interleaved as they come; usage last if asked for."""
-        queue: asyncio.Queue = asyncio.Queue()
-        usages: list[common_pb2.Usage] = []
-        reasons: list[str | None] = [None] * len(pbs)
-        error: BaseException | None = None
+    async def _collect(fan: Fanout, n: int, request: Request) -> list[Collected]:
+        results = [Collected() for _ in range(n)]
 
-        async def pump(index: int, pb: common_pb2.GenerateRequest) -> None:
-            try:
-                async for msg in frontend.stream(pb):
-                    await queue.put((index, msg))
-            except ServiceError as exc:
-                await queue.put((index, exc))
-            finally:
-                await queue.put((index, None))
+        async def run() -> None:
+            async for index, item in fan:
+                if isinstance(item, ServiceError):
+                    raise item
+                results[index].add(item)
 
-        # The pumps inherit the span as their context: their verifier calls are its children.
-        with trace.use_span(span, end_on_exit=False) if span is not None else nullcontext():
-            tasks = [asyncio.create_task(pump(i, pb)) for i, pb in enumerate(pbs)]
+        work = asyncio.create_task(run())
+        gone = asyncio.create_task(_disconnected(request))
         try:
-            open_streams = len(tasks)
-            while open_streams:
-                index, item = await queue.get()
-                if item is None:
-                    open_streams -= 1
-                    continue
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # the client went away: cancel, which aborts in the verifier
+                fan.cancel()
+        if work.cancelled():
+            raise ClientGone("the client disconnected")
+        work.result()
+        return results
+
+    async def _stream(api: _Api, cid: str, model: str, gen: Generation, fan: Fanout, n: int,
+                      span, release: Callable[[], None]) -> AsyncIterator[str]:
+        """Chunks of all choices interleaved as they come; usage last if asked for."""
+        usages: list[common_pb2.Usage] = []
+        reasons: list[str | None] = [None] * n
+        offsets = [0] * n  # completions logprobs: where each choice's next token's text starts
+        error: BaseException | None = None
+        try:
+            if api.chat:  # the assistant role first, once per choice
+                yield _sse(api.chunk(cid, model, [chat_delta(i, "", None, first=True)
+                                                  for i in range(n)]))
+            async for index, item in fan:
                 if isinstance(item, ServiceError):
                     error = item
                     yield _sse(error_body(item.message, item.http_status, item.field))
                     continue
                 reason = FINISH_REASON_NAMES[item.finish_reason]
-                if item.text or reason:
-                    yield _sse(completion_body(cid, model, [choice_body(index, item.text, reason)],
-                                               None) | {"usage": None})
+                if item.text or reason or item.logprobs:
+                    logprobs = api.logprobs(gen, item.logprobs, offsets[index])
+                    offsets[index] += sum(len(e.token) for e in item.logprobs)
+                    yield _sse(api.chunk(cid, model,
+                                         [api.delta(index, item.text, reason, logprobs)]))
                 if reason:
                     reasons[index] = reason
                     usages.append(item.usage)
-            if req.include_usage:
-                yield _sse(completion_body(cid, model, [], _usage(usages,
-                                                                  req.speculation_details)))
+            if gen.include_usage:
+                yield _sse(api.chunk(cid, model, [], _usage(usages, gen.speculation_details,
+                                                            gen.n)))
             yield _sse("[DONE]")
         except BaseException as exc:  # the client went away (cancelled) or the stream failed
             error = exc
             raise
         finally:
-            for t in tasks:  # client gone: cancelling the pumps cancels the verifier requests
-                t.cancel()
+            fan.cancel()  # client gone: cancelling the pumps cancels the verifier requests
+            release()
             if span is not None:
                 tracer.finish(span, cid, model, usages, reasons, error)
 
     async def models(request: Request):
+        limits.api_keys.check(request.headers.get("authorization"))
         info = await frontend.pool.info()
         return JSONResponse({"object": "list", "data": [{
             "id": info.model, "object": "model", "created": 0, "owned_by": "splitspec",
             "max_model_len": info.max_model_len,
-            "speculation_methods": [p.method for p in info.proposers]}]})
+            "speculation_methods": [p.method for p in info.proposers if p.connected]}]})
 
     async def health(request: Request):
         ok = await frontend.pool.healthy()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
 
-    async def service_error(request: Request, exc: ServiceError):
-        return JSONResponse(error_body(exc.message, exc.http_status, exc.field),
-                            exc.http_status)
+    async def ready(request: Request):
+        """A verifier is SERVING (its model loaded and warmed up) and answers Info."""
+        ok = await frontend.pool.healthy()
+        if ok:
+            try:
+                await frontend.pool.info()
+            except ServiceError:
+                ok = False
+        return JSONResponse({"status": "ready" if ok else "not_ready"}, 200 if ok else 503)
 
-    return Starlette(routes=[
-        Route("/v1/completions", completions, methods=["POST"]),
+    routes = [
+        Route("/v1/completions", endpoint(_Api(chat=False)), methods=["POST"]),
+        Route("/v1/chat/completions", endpoint(_Api(chat=True)), methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-    ], exception_handlers={ServiceError: service_error})
+        Route("/ready", ready, methods=["GET"]),
+    ]
+
+    async def openapi(request: Request):
+        return JSONResponse(openapi_schema(routes))
+
+    routes.append(Route("/openapi.json", openapi, methods=["GET"]))
+
+    async def service_error(request: Request, exc: ServiceError):
+        return _error_response(exc)
+
+    async def http_error(request: Request, exc: HTTPException):
+        param = "method" if exc.status_code == 405 else "path"
+        return JSONResponse(error_body(f"{param}: {exc.detail}", exc.status_code, param),
+                            exc.status_code, headers=exc.headers)
+
+    return Starlette(routes=routes, exception_handlers={ServiceError: service_error,
+                                                       HTTPException: http_error})
+
+
+class _Stream(StreamingResponse):
+    """A streaming response that runs `on_close` when it ends, however it ends (also when its
+    body never started because the client had gone)."""
+
+    def __init__(self, content, on_close: Callable[[], object], **kwargs):
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+def _once(fn: Callable[[], None]) -> Callable[[], None]:
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+
+    return call

@@ -1,5 +1,6 @@
 """Entry point of the gateway: REST on --http-port and gRPC on --grpc-port, one event loop;
-Prometheus metrics on --metrics-port."""
+Prometheus metrics on --metrics-port. The gRPC health status follows the verifiers' as REST
+/health does: SERVING while one of them is, NOT_SERVING otherwise."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Sequence
 
 import uvicorn
 
+from gateway.auth import ApiKeys
 from gateway.config import GatewayConfig
 from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
+from gateway.http_server import timed_h11
 from gateway.policy import SpeculationPolicy
-from gateway.rest import build_app
+from gateway.rest import RestLimits, build_app
 from gateway.telemetry import SERVICE_NAME as TELEMETRY_NAME
 from gateway.telemetry import GatewayTelemetry
 from gateway.verifier_pool import VerifierPool
@@ -22,6 +25,7 @@ from protos import generation_pb2, generation_pb2_grpc
 from splitspec.grpc_server import (
     add_health_and_reflection,
     make_server,
+    mark_not_serving,
     mark_serving,
 )
 from splitspec.lifecycle import run_service
@@ -35,17 +39,21 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
     pool = VerifierPool(config.verifier, config.info_ttl_s)
     telemetry = GatewayTelemetry(config.host, pool, telemetry_config)
     frontend = Frontend(pool, SpeculationPolicy(), telemetry.metrics, telemetry.tracer)
+    keys = ApiKeys.load(config.api_key_file)
     grpc_server = make_server()
-    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend),
+    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend, keys),
                                                          grpc_server)
     health = add_health_and_reflection(grpc_server, [SERVICE_NAME])
     grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
     await grpc_server.start()
-    await mark_serving(health, [SERVICE_NAME])
+    watcher = asyncio.create_task(_follow_health(pool, health, config.health_interval_s))
     telemetry.start()
 
-    http = uvicorn.Server(uvicorn.Config(build_app(frontend, config.max_prompts),
+    limits = RestLimits(config.max_body_bytes, config.body_timeout_s,
+                        config.max_concurrent_per_key, keys)
+    http = uvicorn.Server(uvicorn.Config(build_app(frontend, config.max_prompts, limits),
                                          host=config.host, port=config.http_port,
+                                         http=timed_h11(config.header_timeout_s),
                                          log_level=config.log_level.lower(), access_log=False))
     http.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # ours below
     loop = asyncio.get_running_loop()
@@ -54,9 +62,20 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
     log.info("gateway: REST http://%s:%d, gRPC %s:%d, verifiers %s", config.host,
              config.http_port, config.host, config.grpc_port, ", ".join(config.verifier))
     await http.serve()
+    watcher.cancel()
     await grpc_server.stop(grace=2.0)
     await pool.close()
     telemetry.close()
+
+
+async def _follow_health(pool: VerifierPool, health, interval_s: float) -> None:
+    serving = None
+    while True:
+        ok = await pool.healthy()
+        if ok != serving:
+            await (mark_serving if ok else mark_not_serving)(health, [SERVICE_NAME])
+            serving = ok
+        await asyncio.sleep(interval_s)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -17,6 +17,7 @@ _HTTP_STATUS = {
     grpc.StatusCode.OUT_OF_RANGE: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.CANCELLED: 499,
     grpc.StatusCode.UNAVAILABLE: 503,
@@ -38,9 +39,11 @@ class ServiceError(Exception):
         self.message = message
         self.field = field
 
+    http: int | None = None  # an HTTP status finer than the gRPC code's (413, 408)
+
     @property
     def http_status(self) -> int:
-        return http_status(self.code)
+        return self.http or http_status(self.code)
 
     def __str__(self) -> str:
         return self.message
@@ -64,6 +67,24 @@ class NotFound(ServiceError):
 
 class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class RequestTooLarge(ServiceError):
+    """A request body over the gateway's limit (HTTP 413)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http = 413
+
+
+class RequestTimeout(ServiceError):
+    """A client that did not send its request in time (HTTP 408)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    http = 408
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> ServiceError:

@@ -41,8 +41,36 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse, so that the handler wrapper can
+    answer INVALID_ARGUMENT (gRPC itself would answer UNKNOWN and log a traceback)."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(deserializer):
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and its relatives
+            return _Undecodable(exc)
+
+    return deserialize
+
+
+async def _reject_undecodable(request, context) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"request: not a valid protobuf message ({request.error})")
+
+
 def _wrap_unary(behavior):
     async def handler(request, context):
+        await _reject_undecodable(request, context)
         try:
             return await behavior(request, context)
         except grpc.aio.AbortError:
@@ -55,6 +83,7 @@ def _wrap_unary(behavior):
 
 def _wrap_stream(behavior):
     async def handler(request, context):
+        await _reject_undecodable(request, context)
         try:
             async for item in behavior(request, context):
                 yield item
@@ -71,14 +100,19 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         h = await continuation(handler_call_details)
         if h is None:
             return None
-        common = dict(request_deserializer=h.request_deserializer,
-                      response_serializer=h.response_serializer)
+        common = dict(response_serializer=h.response_serializer)
         if h.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap_unary(h.unary_unary), **common)
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(h.unary_unary), request_deserializer=_tolerant(h.request_deserializer),
+                **common)
+        if h.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(h.unary_stream),
+                request_deserializer=_tolerant(h.request_deserializer), **common)
+        # client streams: a corrupt message is rejected by gRPC itself (no handler sees it)
+        common["request_deserializer"] = h.request_deserializer
         if h.stream_unary:
             return grpc.stream_unary_rpc_method_handler(_wrap_unary(h.stream_unary), **common)
-        if h.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap_stream(h.unary_stream), **common)
         return grpc.stream_stream_rpc_method_handler(_wrap_stream(h.stream_stream), **common)
 
 

@@ -1,0 +1,58 @@
+"""The REST server's HTTP/1.1 protocol: uvicorn's h11 protocol with a header timeout.
+
+uvicorn closes an idle keep-alive connection, but a client that has sent part of a request's
+headers is waited for forever. Here every connection must deliver a request's complete headers
+within `header_timeout_s` of opening (or of its previous response); otherwise it is closed. The
+body's own deadline is gateway/limits.py's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+def timed_h11(header_timeout_s: float) -> type[H11Protocol]:
+    """An H11Protocol class with the given header timeout (0: none)."""
+
+    class TimedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+        _waiting_cycle: Any = None
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            done = self.cycle
+            super().on_response_complete()  # may start a pipelined request's cycle
+            if self.cycle is done and not self.transport.is_closing():
+                self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._header_timer is not None and self.cycle is not self._waiting_cycle:
+                self._disarm()  # a request's headers are in: its cycle started
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            if header_timeout_s > 0:
+                self._waiting_cycle = self.cycle
+                self._header_timer = self.loop.call_later(header_timeout_s, self._expired)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expired(self) -> None:
+            self._header_timer = None
+            if self.cycle is self._waiting_cycle and not self.transport.is_closing():
+                self.transport.close()
+
+    return TimedH11Protocol
