@@ -66,16 +66,21 @@ GENERATION_PROPERTIES = {
     "logit_bias": _only(None, "not supported"),
 }
 
+def completion_request(max_prompts: int = 16) -> dict:
+    return {**COMPLETION_REQUEST, "properties": {**COMPLETION_REQUEST["properties"], "prompt": {
+        "oneOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "maxItems": max_prompts,
+             "items": {"type": "string", "minLength": 1}},
+            {**_TOKEN_IDS, "minItems": 1},
+            {"type": "array", "minItems": 1, "maxItems": max_prompts,
+             "items": {**_TOKEN_IDS, "minItems": 1}}]}}}
+
+
 COMPLETION_REQUEST = {
     "type": "object", "additionalProperties": False, "required": ["prompt"],
     "properties": {
-        "prompt": {"oneOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "minItems": 1, "maxItems": 16,
-             "items": {"type": "string", "minLength": 1}},
-            {**_TOKEN_IDS, "minItems": 1},
-            {"type": "array", "minItems": 1, "maxItems": 16,
-             "items": {**_TOKEN_IDS, "minItems": 1}}]},
+        "prompt": {},  # completion_request() fills it in: it depends on --max-prompts
         "logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS,
                                "description": "log-probabilities with this many alternatives"}),
         "best_of": _only(1, "only 1"),
@@ -140,7 +145,7 @@ _STREAM = {**_json(_OBJECT), "text/event-stream": {"schema": {"type": "string"}}
 OPERATIONS: dict[tuple[str, str], dict] = {
     ("/v1/completions", "post"): {
         "summary": "Text completion (OpenAI-compatible)",
-        "requestBody": {"required": True, "content": _json(COMPLETION_REQUEST)},
+        "requestBody": {"required": True, "content": _json(completion_request())},
         "responses": _responses(_OBJECT, _STREAM, *_GENERATION_ERRORS)},
     ("/v1/chat/completions", "post"): {
         "summary": "Chat completion (OpenAI-compatible)",
@@ -157,13 +162,17 @@ OPERATIONS: dict[tuple[str, str], dict] = {
 }
 
 
-def openapi_schema(routes) -> dict:
+def openapi_schema(routes, max_prompts: int = 16) -> dict:
     """The document for the app's routes (each must have an entry in OPERATIONS)."""
     paths: dict[str, dict] = {}
     for route in routes:
         for method in sorted(route.methods - {"HEAD"}):
             paths.setdefault(route.path, {})[method.lower()] = \
                 OPERATIONS[(route.path, method.lower())]
+    completions = paths.get("/v1/completions", {}).get("post")
+    if completions is not None:
+        paths["/v1/completions"]["post"] = {**completions, "requestBody": {
+            "required": True, "content": _json(completion_request(max_prompts))}}
     return {
         "openapi": "3.0.3",
         "info": {"title": "splitspec gateway", "version": "1",

@@ -313,7 +313,7 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
     ]
 
     async def openapi(request: Request):
-        return JSONResponse(openapi_schema(routes))
+        return JSONResponse(openapi_schema(routes, max_prompts))
 
     routes.append(Route("/openapi.json", openapi, methods=["GET"]))
 

@@ -4,7 +4,6 @@ RESOURCE_EXHAUSTED from its gRPC API, and the stack serves again once the queue 
 
 from __future__ import annotations
 
-import json
 import threading
 
 import grpc
@@ -65,7 +64,7 @@ def test_rest_gets_429_when_the_verifier_queue_is_full(full_queue):
         assert r.status_code == 429, r.text
         err = r.json()["error"]
         assert err["code"] == 429 and err["type"] == "rate_limit_error"
-        assert "queue" in err["message"]
+        assert "queue" in err["message"] and int(r.headers["retry-after"]) >= 1
 
 
 def test_grpc_gets_resource_exhausted_when_the_verifier_queue_is_full(full_queue):
@@ -79,14 +78,22 @@ def test_grpc_gets_resource_exhausted_when_the_verifier_queue_is_full(full_queue
     assert "queue" in err.value.details()
 
 
-def test_a_streamed_request_gets_an_error_event_with_429(full_queue):
+def test_a_streamed_request_gets_http_429_with_retry_after(full_queue):
+    """The queue is full before the first token: the streamed response's status says so (not a
+    200 with an error event), so the openai client raises RateLimitError."""
     with httpx.Client(base_url=full_queue.url, timeout=60) as client:
         with client.stream("POST", "/v1/completions",
                            json={"prompt": "x", "max_tokens": 4, "stream": True}) as r:
-            events = [line for line in r.iter_lines() if line]
-    assert events[-1] == "data: [DONE]"
-    error = json.loads(events[-2][len("data: "):])["error"]
+            r.read()
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    error = r.json()["error"]
     assert error["code"] == 429 and error["type"] == "rate_limit_error"
+    openai = pytest.importorskip("openai")
+    oa = openai.OpenAI(base_url=full_queue.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.RateLimitError):
+        list(oa.chat.completions.create(model=oa.models.list().data[0].id, stream=True,
+                                        max_tokens=4,
+                                        messages=[{"role": "user", "content": "x"}]))
 
 
 def test_the_stack_serves_again_once_the_queue_drains(small_stack):
