@@ -74,8 +74,14 @@ class CompletionRequest:
     prompts: list[Prompt]
     generation: Generation
 
-    def __getattr__(self, name: str) -> Any:  # the shared fields, read through
-        return getattr(self.generation, name)
+    # the shared fields, read through
+    model = property(lambda self: self.generation.model)
+    sampling = property(lambda self: self.generation.sampling)
+    stopping = property(lambda self: self.generation.stopping)
+    speculation = property(lambda self: self.generation.speculation)
+    stream = property(lambda self: self.generation.stream)
+    include_usage = property(lambda self: self.generation.include_usage)
+    speculation_details = property(lambda self: self.generation.speculation_details)
 
 
 def parse_json(raw: bytes) -> Any:

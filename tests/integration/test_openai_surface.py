@@ -4,11 +4,13 @@ per-choice seeds, `extra_body` speculation, /ready and /openapi.json."""
 
 from __future__ import annotations
 
+import grpc
 import httpx
 import pytest
 from testdata import PROMPTS
 
 from gateway.openai_api import MAX_N
+from protos import common_pb2, generation_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -157,3 +159,23 @@ def test_ready_and_the_openapi_document(stack):
                 "/openapi.json"} <= set(doc["paths"])
         r = client.delete("/v1/completions")
         assert r.status_code == 405 and r.json()["error"]["param"] == "method"
+
+
+def test_grpc_generate_takes_chat_messages_and_reports_logprobs(stack, oa, model):
+    """The public gRPC door: the same messages and logprobs as REST chat, the same numbers."""
+    rest = oa.chat.completions.create(model=model, messages=CHAT, max_tokens=8, temperature=0,
+                                      logprobs=True, top_logprobs=2)
+    with grpc.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}") as ch:
+        chunks = list(generation_pb2_grpc.GenerationStub(ch).Generate(
+            common_pb2.GenerateRequest(
+                sampling=common_pb2.SamplingParams(temperature=0),
+                stopping=common_pb2.StoppingCriteria(max_tokens=8),
+                options=common_pb2.GenerateOptions(top_logprobs=2, messages=[
+                    common_pb2.ChatMessage(role=m["role"], content=m["content"])
+                    for m in CHAT])), timeout=60))
+    entries = [e for c in chunks for e in c.logprobs]
+    assert [e.token_id for e in entries] == [t for c in chunks for t in c.token_ids]
+    assert "".join(c.text for c in chunks) == rest.choices[0].message.content
+    assert [e.logprob for e in entries] == pytest.approx(
+        [t.logprob for t in rest.choices[0].logprobs.content], abs=1e-6)
+    assert all(len(e.top) == 2 for e in entries)
