@@ -110,6 +110,23 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+async def _while_connected(request: Request, work, fan: Fanout):
+    """Await `work` unless the client disconnects first: then cancel it and the generations
+    (which aborts them in the verifier) and raise ClientGone."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.create_task(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            fan.cancel()
+    if task.cancelled():
+        raise ClientGone("the client disconnected")
+    return task.result()
+
+
 @dataclass
 class _Api:
     """One of the generation endpoints: how its body parses and its responses look."""
@@ -210,38 +227,24 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
             samplings=gen.choice_sampling() * len(prompts), top_logprobs=gen.top_logprobs)
         fan = Fanout(frontend, pbs, span)
         if gen.stream:
-            await fan.start()  # an error before the first token raises here: its own status
+            # an error before the first token raises here: it becomes the response's status
+            await _while_connected(request, fan.start(), fan)
             return _Stream(_stream(api, cid, model, gen, fan, len(pbs), span, release),
                            lambda: (fan.cancel(), release()), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache"}), True
-        results = await _collect(fan, len(pbs), request)
+        results = await _while_connected(request, _collect(fan, len(pbs)), fan)
         usages = [r.usage for r in results]
         if span is not None:
             tracer.finish(span, cid, model, usages, [r.finish_reason for r in results])
         usage = _usage(usages, gen.speculation_details, gen.n)
         return JSONResponse(api.body(cid, model, gen, results, usage)), False
 
-    async def _collect(fan: Fanout, n: int, request: Request) -> list[Collected]:
+    async def _collect(fan: Fanout, n: int) -> list[Collected]:
         results = [Collected() for _ in range(n)]
-
-        async def run() -> None:
-            async for index, item in fan:
-                if isinstance(item, ServiceError):
-                    raise item
-                results[index].add(item)
-
-        work = asyncio.create_task(run())
-        gone = asyncio.create_task(_disconnected(request))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not work.done():
-                work.cancel()  # the client went away: cancel, which aborts in the verifier
-                fan.cancel()
-        if work.cancelled():
-            raise ClientGone("the client disconnected")
-        work.result()
+        async for index, item in fan:
+            if isinstance(item, ServiceError):
+                raise item
+            results[index].add(item)
         return results
 
     async def _stream(api: _Api, cid: str, model: str, gen: Generation, fan: Fanout, n: int,

@@ -4,6 +4,8 @@ RESOURCE_EXHAUSTED from its gRPC API, and the stack serves again once the queue 
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 
 import grpc
@@ -102,3 +104,35 @@ def test_the_stack_serves_again_once_the_queue_drains(small_stack):
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 4,
                                                  "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_streamed_request_whose_client_leaves_while_queued_is_aborted(small_stack):
+    """No first token yet (it waits behind a running request), so no response has started:
+    the client leaving still removes it from the verifier's queue."""
+    port = small_stack.verifier.port
+    watch_until(port, idle)
+    client = GenClient(small_stack.config.grpc_port)
+    holder = threading.Thread(target=lambda: _hold(client), daemon=True)
+    holder.start()
+    try:
+        before = watch_until(port, lambda s: s.running == 1)
+        body = json.dumps({"prompt": "x", "max_tokens": 4, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", small_stack.config.http_port), 60) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            watch_until(port, lambda s: s.waiting == 1)
+        # gone from the queue while the long request is still running (not finished)
+        after = watch_until(port, lambda s: s.waiting == 0)
+        assert after.running == 1 and after.finished_requests == before.finished_requests
+        assert after.aborted_requests == before.aborted_requests + 1
+    finally:
+        client.close()
+        holder.join(30)
+    watch_until(port, idle)
+
+
+def _hold(client: GenClient) -> None:
+    try:  # ~480 decode steps: still running when the test is done with it
+        client.generate(client.request("def f(x):\n", None, max_tokens=480), 120)
+    except grpc.RpcError:
+        pass
