@@ -218,7 +218,7 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
         model = await frontend.check_model(gen.model)
         if span is not None:
             tracer.on_parsed(span, model, gen.sampling, gen.stopping, len(prompts) * gen.n,
-                             gen.stream)
+                             gen.stream, operation="chat" if api.chat else "text_completion")
         cid = api.new_id()
         choices = [p for p in prompts for _ in range(gen.n)]  # choice i: prompt i // n
         pbs = await frontend.build_requests(

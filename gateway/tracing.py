@@ -38,11 +38,13 @@ class GatewayTracer:
     @staticmethod
     def on_parsed(span: trace.Span, model: str, sampling: SamplingParams,
                   stopping: StoppingCriteria, prompts: int, stream: bool,
-                  details: dict[str, object] | None = None) -> None:
+                  details: dict[str, object] | None = None, operation: str = OPERATION) -> None:
+        """`operation`: "text_completion", or "chat" for chat completions."""
         if not span.is_recording():
             return
-        span.update_name(f"{OPERATION} {model}")
+        span.update_name(f"{operation} {model}")
         attributes = {
+            "gen_ai.operation.name": operation,
             "gen_ai.request.model": model,
             "gen_ai.request.max_tokens": stopping.max_tokens,
             "gen_ai.request.temperature": sampling.temperature,

@@ -191,3 +191,15 @@ def test_speculation_details_flag_is_parsed_and_checked():
 def test_policy_decisions_have_reasons(mode, k, plan, served, reason):
     req = SpeculationRequest(mode=mode, num_speculative_tokens=k)
     assert decision_reason(req, plan, served) == reason
+
+
+def test_a_chat_request_span_is_a_chat_operation(gateway):
+    frontend, pool, exporter, _ = gateway
+    with TestClient(build_app(frontend)) as client:
+        r = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "abc"
+    assert [(m.role, m.content) for m in pool.requests[0].options.messages] == [("user", "hi")]
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "chat target" and span.attributes["gen_ai.operation.name"] == "chat"
