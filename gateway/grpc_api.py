@@ -1,6 +1,6 @@
 """The public gRPC Generation service: the same front door as REST, protobuf in and out, with
 the same validation (splitspec.params, splitspec.wire, Frontend.build_requests) and the same
-optional API keys (`authorization: Bearer KEY` metadata)."""
+optional API keys (`authorization: Bearer KEY` metadata) and per-key concurrency limit."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from opentelemetry import trace
 from gateway.auth import ApiKeys
 from gateway.chat import Chat
 from gateway.frontend import Frontend
+from gateway.limits import ConcurrencyLimit
 from protos import generation_pb2, generation_pb2_grpc
 from splitspec.errors import InvalidArgument, ServiceError
 from splitspec.wire import (
@@ -23,25 +24,33 @@ from splitspec.wire import (
 
 
 class GenerationServicer(generation_pb2_grpc.GenerationServicer):
-    def __init__(self, frontend: Frontend, api_keys: ApiKeys | None = None):
+    def __init__(self, frontend: Frontend, api_keys: ApiKeys | None = None,
+                 concurrency: ConcurrencyLimit | None = None):
         self._frontend = frontend
         self._keys = api_keys or ApiKeys()
+        self._concurrency = concurrency or ConcurrencyLimit(0)
 
-    def _authorize(self, context) -> None:
-        if self._keys.enabled:
-            metadata = dict(context.invocation_metadata() or ())
-            self._keys.check(metadata.get("authorization"))
+    def _authorize(self, context) -> str:
+        """The caller's API key ("" when keys are off)."""
+        if not self._keys.enabled:
+            return ""
+        metadata = dict(context.invocation_metadata() or ())
+        return self._keys.check(metadata.get("authorization"))
 
     async def Generate(self, request, context):
         tracer, metrics = self._frontend.tracer, self._frontend.metrics
         span = tracer.start_grpc() if tracer is not None else None
         usage, reason, error, code = None, None, None, grpc.StatusCode.OK
         try:
-            self._authorize(context)
-            async for msg in self._generate(request, span):
-                if msg.finish_reason:
-                    usage, reason = msg.usage, FINISH_REASON_NAMES[msg.finish_reason]
-                yield msg
+            key = self._authorize(context)
+            self._concurrency.acquire(key)
+            try:
+                async for msg in self._generate(request, span):
+                    if msg.finish_reason:
+                        usage, reason = msg.usage, FINISH_REASON_NAMES[msg.finish_reason]
+                    yield msg
+            finally:
+                self._concurrency.release(key)
         except ServiceError as exc:
             error, code = exc, exc.code
             raise

@@ -66,8 +66,9 @@ class RestLimits:
 
     max_body_bytes: int = 0
     body_timeout_s: float = 0.0
-    max_concurrent_per_key: int = 0
     api_keys: ApiKeys = field(default_factory=ApiKeys)
+    # requests in flight per API key, shared with the gRPC door when given the same object
+    concurrency: ConcurrencyLimit = field(default_factory=lambda: ConcurrencyLimit(0))
 
 
 def _usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) -> dict:
@@ -174,7 +175,7 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
               limits: RestLimits | None = None) -> Starlette:
     tracer, metrics = frontend.tracer, frontend.metrics
     limits = limits or RestLimits()
-    concurrency = ConcurrencyLimit(limits.max_concurrent_per_key)
+    concurrency = limits.concurrency
 
     def count(code: int) -> None:
         if metrics is not None:
@@ -328,8 +329,13 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
         return JSONResponse(error_body(f"{param}: {exc.detail}", exc.status_code, param),
                             exc.status_code, headers=exc.headers)
 
+    async def internal_error(request: Request, exc: Exception):
+        log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", 500), 500)
+
     return Starlette(routes=routes, exception_handlers={ServiceError: service_error,
-                                                       HTTPException: http_error})
+                                                       HTTPException: http_error,
+                                                       Exception: internal_error})
 
 
 class _Stream(StreamingResponse):

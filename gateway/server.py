@@ -16,6 +16,7 @@ from gateway.config import GatewayConfig
 from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
 from gateway.http_server import timed_h11
+from gateway.limits import ConcurrencyLimit
 from gateway.policy import SpeculationPolicy
 from gateway.rest import RestLimits, build_app
 from gateway.telemetry import SERVICE_NAME as TELEMETRY_NAME
@@ -40,17 +41,17 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
     telemetry = GatewayTelemetry(config.host, pool, telemetry_config)
     frontend = Frontend(pool, SpeculationPolicy(), telemetry.metrics, telemetry.tracer)
     keys = ApiKeys.load(config.api_key_file)
+    concurrency = ConcurrencyLimit(config.max_concurrent_per_key)  # one count for both doors
     grpc_server = make_server()
-    generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend, keys),
-                                                         grpc_server)
+    generation_pb2_grpc.add_GenerationServicer_to_server(
+        GenerationServicer(frontend, keys, concurrency), grpc_server)
     health = add_health_and_reflection(grpc_server, [SERVICE_NAME])
     grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
     await grpc_server.start()
     watcher = asyncio.create_task(_follow_health(pool, health, config.health_interval_s))
     telemetry.start()
 
-    limits = RestLimits(config.max_body_bytes, config.body_timeout_s,
-                        config.max_concurrent_per_key, keys)
+    limits = RestLimits(config.max_body_bytes, config.body_timeout_s, keys, concurrency)
     http = uvicorn.Server(uvicorn.Config(build_app(frontend, config.max_prompts, limits),
                                          host=config.host, port=config.http_port,
                                          http=timed_h11(config.header_timeout_s),

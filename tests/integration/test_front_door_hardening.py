@@ -274,6 +274,12 @@ def test_concurrent_requests_per_key_are_limited(guarded):
             r = client.post("/v1/completions", headers=auth("key-a"),
                             json={"prompt": "x", "max_tokens": 2})
             assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+            with grpc.insecure_channel(f"127.0.0.1:{guarded.grpc_port}") as ch:
+                with pytest.raises(grpc.RpcError) as e:  # one count for both doors
+                    list(generation_pb2_grpc.GenerationStub(ch).Generate(
+                        common_pb2.GenerateRequest(text="x"), timeout=30,
+                        metadata=[("authorization", "Bearer key-a")]))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             r = client.post("/v1/completions", headers=auth("key-b"),
                             json={"prompt": "x", "max_tokens": 2})
             assert r.status_code == 200
