@@ -2,15 +2,18 @@
 
 Text goes through the tokenizer; chat messages go through the tokenizer's chat template (or
 DEFAULT_CHAT_TEMPLATE when the tokenizer has none, as the shipped models do) with the
-assistant's turn opened, then through the tokenizer. Both run on a small thread pool, never on
-the event loop, so a long prompt does not stall other requests or health checks, and a text
+assistant's turn opened, then through the tokenizer. Both run on a thread of their own, never
+on the event loop, so a long prompt does not stall other requests or health checks, and a text
 longer than the context could hold (splitspec.params.MAX_CHARS_PER_TOKEN characters per token)
-is refused before any tokenizing.
+is refused before any tokenizing. The thread encodes with its own copy of the tokenizer: a Rust
+tokenizer object used from two threads at once can fail ("Already borrowed"), and the event
+loop keeps decoding with the engine's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from concurrent.futures import ThreadPoolExecutor
 
 from protos import common_pb2
@@ -29,10 +32,10 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 
 class PromptEncoder:
-    def __init__(self, tokenizer, max_model_len: int, threads: int = 2):
-        self._tok = tokenizer
+    def __init__(self, tokenizer, max_model_len: int):
+        self._tok = copy.deepcopy(tokenizer)  # used by the one tokenize thread only
         self._max_model_len = max_model_len
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tokenize")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
 
     @property
     def chat_template(self) -> str:
