@@ -110,6 +110,8 @@ def _check_fields(body: Any, known: set[str], neutral: dict[str, Any]) -> None:
         raise InvalidArgument("body", "must be a JSON object")
     unknown = sorted(set(body) - known)
     if unknown:
+        if not unknown[0]:
+            raise InvalidArgument("body", "has a field with an empty name")
         raise InvalidArgument(unknown[0], "is not a supported field")
     for name, value in {**NEUTRAL_FIELDS, **neutral}.items():
         if body.get(name, value) not in (value, None):

@@ -45,6 +45,7 @@ def test_defaults_and_extensions():
      "speculation.num_speculative_tokens"),
     ({"prompt": "x", "speculation": {"k": 2}}, "speculation.k"),
     ({"prompt": "x", "frobnicate": 1}, "frobnicate"),
+    ({"prompt": "x", "": 1}, "body"),
 ])
 def test_bad_requests_name_the_field(body, field):
     with pytest.raises(InvalidArgument) as e:
