@@ -83,6 +83,7 @@ class DraftCollector:
             step.missed = True
             return {}
         step.round_trip_s = time.perf_counter() - start
+        stats.add_round_trip(step.round_trip_s)
         out: dict[Sequence, Draft] = {}
         for d in drafts:
             if d.seq_id not in wanted:

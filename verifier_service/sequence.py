@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitspec.goodput import tried_positions
 from splitspec.params import GenerationInput
 from verifier_service.engine_stats import RequestTimeline, count_accepted
 from verifier_service.kv_cache import BlockTable
@@ -56,6 +57,7 @@ class Sequence:
     finished: bool = False
     proposed: int = 0
     accepted: int = 0
+    rejections: int = 0  # drafts with a rejected token (acceptance = accepted / (that + this))
     steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     step_counts: list[tuple[int, int]] = field(default_factory=list)
@@ -80,6 +82,8 @@ class Sequence:
     def record_draft(self, k: int, accepted: int) -> None:
         self.proposed += k
         self.accepted += accepted
+        if k:
+            self.rejections += tried_positions(k, accepted) - accepted
         self.step_counts.append((k, accepted))
         count_accepted(self.accepted_per_position, k, accepted)
 

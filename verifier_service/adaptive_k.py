@@ -1,0 +1,121 @@
+"""Per-step k for requests the gateway's policy marked adaptive (SpeculationConfig.adaptive).
+
+Before every step, each such sequence gets the k in [k_min, k_max] that maximises the step's
+goodput (splitspec/goodput.py `marginal_goodput`), given:
+  * its acceptance: its own drafts so far (accepted / tried positions), shrunk towards its
+    method's acceptance on this verifier for the same kind of request (greedy or sampled);
+  * the step's cost: the verifier's measured step time by batch tokens (EngineStats.step_cost),
+    with the rest of the running batch as it was in its last step (each decoding sequence
+    forwards 1 + its last k tokens and emits 1 + its last accepted; a prefilling one forwards
+    its uncached tokens);
+  * the proposer's mean round trip, counted only when no other sequence of the batch asks the
+    same proposer (the engine waits for every proposer once per step).
+k_min is 0 for mode auto (speculation may pause while the batch is compute-bound and resume
+when it is not) and 1 for mode on without an explicit k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitspec.goodput import (
+    SPECULATION_MARGIN,
+    Acceptance,
+    StepCost,
+    fit_step_cost,
+    marginal_goodput,
+)
+from verifier_service.engine_stats import EngineStats
+from verifier_service.sequence import Sequence
+
+# A request's own history is weighed against its method's acceptance as if that were this many
+# tried draft positions of its own.
+REQUEST_PRIOR_STRENGTH = 8.0
+# A proposer's round trip before any answer was timed.
+DEFAULT_ROUND_TRIP_S = 0.002
+
+
+@dataclass
+class _Batch:
+    """The running batch as its last step left it."""
+
+    tokens: float = 0.0
+    expected: float = 0.0
+    drafting: dict[str, int] | None = None  # method -> sequences that drafted last step
+
+
+def _last_share(seq: Sequence) -> tuple[float, float, str | None]:
+    """(tokens forwarded, tokens emitted, method if it drafted) of seq's last step."""
+    uncached = len(seq.tokens) - seq.num_computed
+    if uncached > 1 or not seq.timeline.steps:
+        return float(max(uncached, 1)), 1.0, None
+    last = seq.timeline.steps[-1]
+    method = seq.inp.speculation.method if last.k > 0 else None
+    return 1.0 + last.k, 1.0 + last.accepted, method
+
+
+class AdaptiveK:
+    def __init__(self, stats: EngineStats, k_max: int, margin: float = SPECULATION_MARGIN):
+        self.stats = stats
+        self.k_max = k_max
+        self.margin = margin
+        self._cost: StepCost | None = None
+        self._cost_steps = -1
+        self._batch: _Batch | None = None
+
+    def begin_step(self) -> None:
+        """Forget the cached view of the batch: the running set may change before this step."""
+        self._batch = None
+
+    def step_cost(self) -> StepCost:
+        if self._cost is None or self._cost_steps != self.stats.steps:
+            self._cost = fit_step_cost((b.steps, b.tokens_total, b.seconds_total)
+                                       for b in self.stats.step_cost)
+            self._cost_steps = self.stats.steps
+        return self._cost
+
+    def acceptance(self, seq: Sequence) -> float:
+        method = self.stats.method(seq.inp.speculation.method or "")
+        counts = method.greedy if seq.inp.sampling.greedy else method.sampled
+        prior = Acceptance(counts.accepted_tokens,
+                           counts.accepted_tokens + counts.rejections).rate()
+        own = Acceptance(seq.accepted, seq.accepted + seq.rejections)
+        return own.rate(prior, REQUEST_PRIOR_STRENGTH)
+
+    def round_trip(self, method: str) -> float:
+        m = self.stats.method(method)
+        return m.round_trip_seconds_total / m.round_trips if m.round_trips else \
+            DEFAULT_ROUND_TRIP_S
+
+    def _view(self, running: list[Sequence]) -> _Batch:
+        if self._batch is None:
+            batch = _Batch(drafting={})
+            for s in running:
+                tokens, emitted, method = _last_share(s)
+                batch.tokens += tokens
+                batch.expected += emitted
+                if method is not None:
+                    batch.drafting[method] = batch.drafting.get(method, 0) + 1
+            self._batch = batch
+        return self._batch
+
+    def choose(self, seq: Sequence, running: list[Sequence]) -> int:
+        """The k for seq's next step, in [plan.k_min, k_max]."""
+        plan = seq.inp.speculation
+        batch = self._view(running)
+        tokens, emitted, drafted = _last_share(seq)
+        others_tokens = max(batch.tokens - tokens, 0.0)
+        others_expected = max(batch.expected - emitted, 0.0)
+        others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
+        rt = 0.0 if others_drafting > 0 else self.round_trip(plan.method)
+        a, cost = self.acceptance(seq), self.step_cost()
+        best_k, best = 0, -1.0
+        for k in range(plan.k_min, self.k_max + 1):
+            g = marginal_goodput(a, k, cost, others_tokens, others_expected, rt)
+            if k > 0 and best_k == 0 and plan.k_min == 0:
+                g_needed = best * (1 + self.margin)  # drafting must beat plain decoding
+            else:
+                g_needed = best * (1 + 1e-9)
+            if g > g_needed:
+                best_k, best = k, g
+        return best_k
