@@ -1,14 +1,20 @@
 """What the REST and gRPC front doors share: apply the speculation policy, pick a verifier,
 stream its answer, and collect a finished result; metrics and the request's span, when the
-gateway has them, are fed here too."""
+gateway has them, are fed here too.
+
+Every decided generation counts as in flight here from its decision until its stream ends (or,
+for one never streamed, RESERVATION_TTL_S), so that the policy's queue-size rule sees a burst
+before the verifiers' stats do. The policy's mode and reason are written into the last
+message's usage.speculation."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
 
-from gateway.policy import SpeculationPolicy
+from gateway.policy import Load, SpeculationPolicy
 from gateway.verifier_pool import VerifierPool
 from protos import common_pb2
 from splitspec.errors import NotFound
@@ -18,6 +24,8 @@ from splitspec.wire import FINISH_REASON_NAMES, sampling_to_pb, stopping_to_pb
 if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
     from gateway.tracing import GatewayTracer
+
+RESERVATION_TTL_S = 60.0  # a decided generation that never streamed stops counting after this
 
 
 @dataclass
@@ -37,6 +45,7 @@ class Frontend:
         self.policy = policy
         self.metrics = metrics
         self.tracer = tracer
+        self._decided: dict[str, tuple[float, str, str]] = {}  # id -> (time, mode, reason)
 
     async def model_id(self) -> str:
         return (await self.pool.info()).model
@@ -51,18 +60,20 @@ class Frontend:
                              sampling: SamplingParams, stopping: StoppingCriteria,
                              speculation: SpeculationRequest, details: bool = False,
                              span=None) -> list[common_pb2.GenerateRequest]:
-        """One GenerateRequest per prompt, all under one speculation decision."""
-        plan, reason = self.policy.decide_with_reason(speculation, await self.pool.info())
-        spec = self.policy.to_pb(plan)
-        spec.details = details
-        if self.metrics is not None:
-            for _ in prompts:
-                self.metrics.on_decision(plan.method if plan.enabled else None, reason)
-        if span is not None and self.tracer is not None:
-            self.tracer.on_plan(span, spec, reason)
+        """One GenerateRequest per prompt, each with its own speculation decision."""
+        info = await self.pool.info()
         sampling_pb, stopping_pb = sampling_to_pb(sampling), stopping_to_pb(stopping)
         out = []
-        for request_id, prompt in zip(request_ids, prompts):
+        for i, (request_id, prompt) in enumerate(zip(request_ids, prompts)):
+            decision = self.policy.decide(speculation, info, sampling.greedy, self.load())
+            self._decided[request_id] = (time.monotonic(), decision.mode.value, decision.reason)
+            spec = self.policy.to_pb(decision)
+            spec.details = details
+            if self.metrics is not None:
+                self.metrics.on_decision(decision.plan.method if decision.plan.enabled
+                                         else None, decision.reason)
+            if i == 0 and span is not None and self.tracer is not None:
+                self.tracer.on_plan(span, spec, decision.reason)
             req = common_pb2.GenerateRequest(request_id=request_id, sampling=sampling_pb,
                                              stopping=stopping_pb, speculation=spec)
             if isinstance(prompt, str):
@@ -72,11 +83,33 @@ class Frontend:
             out.append(req)
         return out
 
-    def stream(self, request: common_pb2.GenerateRequest
-               ) -> AsyncIterator[common_pb2.GenerateResponse]:
-        if self.metrics is None:
-            return self.pool.generate(request)
-        return self._measured(request, self.metrics)
+    def load(self) -> Load:
+        """The least-loaded replica's running + waiting count from its stats, or this gateway's
+        generations in flight per replica when that is more."""
+        now = time.monotonic()
+        for rid in [r for r, (t, _, _) in self._decided.items() if now - t > RESERVATION_TTL_S]:
+            del self._decided[rid]
+        est = self.policy.estimates
+        replicas = [r.address for r in getattr(self.pool, "replicas", [])]
+        known = [a for a in replicas if a in est.replicas]
+        mine = math.ceil(len(self._decided) / max(len(replicas), 1))
+        if not known:
+            return Load(mine)
+        address = min(known, key=est.load)
+        return Load(max(est.load(address), mine), est.replicas[address].max_num_seqs, address)
+
+    async def stream(self, request: common_pb2.GenerateRequest
+                     ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        source = (self.pool.generate(request) if self.metrics is None
+                  else self._measured(request, self.metrics))
+        decided = self._decided.get(request.request_id)
+        try:
+            async for msg in source:
+                if msg.finish_reason and decided is not None:
+                    msg.usage.speculation.mode, msg.usage.speculation.policy_reason = decided[1:]
+                yield msg
+        finally:
+            self._decided.pop(request.request_id, None)
 
     async def _measured(self, request: common_pb2.GenerateRequest, metrics: "GatewayMetrics"
                         ) -> AsyncIterator[common_pb2.GenerateResponse]:

@@ -11,10 +11,12 @@ from typing import Sequence
 import uvicorn
 
 from gateway.config import GatewayConfig
+from gateway.estimates import Estimates
 from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
-from gateway.policy import SpeculationPolicy
+from gateway.policy import PolicyConfig, SpeculationPolicy
 from gateway.rest import build_app
+from gateway.stats_watch import StatsWatcher
 from gateway.telemetry import SERVICE_NAME as TELEMETRY_NAME
 from gateway.telemetry import GatewayTelemetry
 from gateway.verifier_pool import VerifierPool
@@ -34,7 +36,11 @@ SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_nam
 async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     pool = VerifierPool(config.verifier, config.info_ttl_s)
     telemetry = GatewayTelemetry(config.host, pool, telemetry_config)
-    frontend = Frontend(pool, SpeculationPolicy(), telemetry.metrics, telemetry.tracer)
+    estimates = Estimates()
+    policy = SpeculationPolicy(estimates, PolicyConfig(config.speculative_disable_queue_size))
+    frontend = Frontend(pool, policy, telemetry.metrics, telemetry.tracer)
+    watcher = StatsWatcher(pool, estimates, config.stats_interval_ms)
+    watcher.start()
     grpc_server = make_server()
     generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend),
                                                          grpc_server)
@@ -55,6 +61,7 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
              config.http_port, config.host, config.grpc_port, ", ".join(config.verifier))
     await http.serve()
     await grpc_server.stop(grace=2.0)
+    await watcher.close()
     await pool.close()
     telemetry.close()
 
