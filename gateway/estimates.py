@@ -7,9 +7,8 @@ feed the estimates the policy reads:
     positions, with older counts halving every HALF_LIFE_TRIED newly tried positions of the same
     kind of request, so that the estimate follows the traffic and a method that is not chosen
     any more loses weight (the policy explores it again once it is stale);
-  * each proposer's round trip: an exponential moving average of the mean per interval;
-  * each replica's step time by batch tokens (counters since its start, fitted on demand) and
-    its load (running + waiting) and batch limit.
+  * each replica's step time by batch tokens and each proposer's round trip by k (counters
+    since the replica's start, fitted on demand), its load (running + waiting) and batch limit.
 A replica whose counters went backwards restarted: its snapshot counts from zero.
 """
 
@@ -17,18 +16,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from splitspec.goodput import Acceptance, StepCost, decay_factor, default_step_cost, fit_step_cost
+from splitspec.goodput import (
+    Acceptance,
+    RoundTrip,
+    StepCost,
+    decay_factor,
+    default_step_cost,
+    fit_round_trip,
+    fit_step_cost,
+)
 
 HALF_LIFE_TRIED = 2000.0
-ROUND_TRIP_ALPHA = 0.3  # weight of the newest interval in the round-trip average
 
 
 @dataclass(frozen=True)
 class MethodSnapshot:
     greedy: Acceptance = Acceptance()  # counters since the replica started
     sampled: Acceptance = Acceptance()
-    round_trip_seconds: float = 0.0
-    round_trips: int = 0
+    round_trips: tuple[tuple[int, float, float], ...] = ()  # (k, calls, seconds total)
     unavailable: str = ""
 
 
@@ -45,11 +50,10 @@ class ReplicaSnapshot:
 @dataclass
 class Estimates:
     half_life_tried: float = HALF_LIFE_TRIED
-    round_trip_alpha: float = ROUND_TRIP_ALPHA
     acceptance: dict[tuple[str, bool], Acceptance] = field(default_factory=dict)  # (m, greedy)
-    round_trip_s: dict[str, float] = field(default_factory=dict)
     replicas: dict[str, ReplicaSnapshot] = field(default_factory=dict)
     _costs: dict[str, StepCost] = field(default_factory=dict)
+    _round_trips: dict[tuple[str, str], RoundTrip] = field(default_factory=dict)
 
     def observe(self, address: str, snap: ReplicaSnapshot) -> None:
         prev = self.replicas.get(address)
@@ -59,37 +63,36 @@ class Estimates:
             deltas = {}
             for name, m in snap.methods.items():
                 old = prev.methods.get(name, MethodSnapshot())
-                now, before = (m.greedy, old.greedy) if greedy else (m.sampled, old.sampled)
-                deltas[name] = (max(now.accepted - before.accepted, 0.0),
-                                max(now.tried - before.tried, 0.0))
+                deltas[name] = (m.greedy.minus(old.greedy) if greedy
+                                else m.sampled.minus(old.sampled))
             self.add_acceptance(greedy, deltas)
-        for name, m in snap.methods.items():
-            old = prev.methods.get(name, MethodSnapshot())
-            n = m.round_trips - old.round_trips
-            if n > 0:
-                self.add_round_trip(name, (m.round_trip_seconds - old.round_trip_seconds) / n)
         self.replicas[address] = snap
         self._costs.pop(address, None)
+        for key in [k for k in self._round_trips if k[0] == address]:
+            del self._round_trips[key]
 
-    def add_acceptance(self, greedy: bool, deltas: dict[str, tuple[float, float]]) -> None:
-        """New (accepted, tried) positions per method for one kind of request."""
-        new = sum(t for _, t in deltas.values())
-        if new <= 0:
+    def add_acceptance(self, greedy: bool, deltas: dict[str, Acceptance]) -> None:
+        """New counts per method for one kind of request."""
+        new = sum(d.tried for d in deltas.values())
+        if new <= 0 and not any(d.asked for d in deltas.values()):
             return
         factor = decay_factor(new, self.half_life_tried)
         for key in [k for k in self.acceptance if k[1] == greedy]:
             self.acceptance[key] = self.acceptance[key].scaled(factor)
-        for name, (acc, tried) in deltas.items():
+        for name, d in deltas.items():
             key = (name, greedy)
-            self.acceptance[key] = self.acceptance.get(key, Acceptance()).plus(acc, tried)
-
-    def add_round_trip(self, method: str, seconds: float) -> None:
-        old = self.round_trip_s.get(method)
-        a = self.round_trip_alpha
-        self.round_trip_s[method] = seconds if old is None else (1 - a) * old + a * seconds
+            self.acceptance[key] = self.acceptance.get(key, Acceptance()).plus(d)
 
     def acceptance_of(self, method: str, greedy: bool) -> Acceptance:
         return self.acceptance.get((method, greedy), Acceptance())
+
+    def round_trip(self, address: str, method: str) -> RoundTrip:
+        key = (address, method)
+        if key not in self._round_trips:
+            snap = self.replicas.get(address)
+            m = snap.methods.get(method) if snap else None
+            self._round_trips[key] = fit_round_trip(m.round_trips) if m else RoundTrip()
+        return self._round_trips[key]
 
     def load(self, address: str) -> int:
         snap = self.replicas.get(address)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from gateway.estimates import Estimates
 from protos import common_pb2, verifier_pb2
-from splitspec.goodput import batch_goodput, choose, default_step_cost
+from splitspec.goodput import MethodModel, RoundTrip, batch_goodput, choose, default_step_cost
 from splitspec.params import (
     SpeculationMode,
     SpeculationPlan,
@@ -131,15 +131,19 @@ class SpeculationPolicy:
                 fixed_k: int | None, allow_off: bool) -> tuple[str | None, int, str]:
         est = self.estimates
         cost = est.cost(load.address) if load.address else default_step_cost()
-        rates = {m: est.acceptance_of(m, greedy).rate() for m in methods}
-        rts = {m: est.round_trip_s.get(m, 0.0) for m in methods}
+        models = {}
+        for m in methods:
+            acc = est.acceptance_of(m, greedy)
+            models[m] = MethodModel(acc.rate(), acc.hit_rate(),
+                                    est.round_trip(load.address, m) if load.address
+                                    else RoundTrip())
         if fixed_k is None:
-            c = choose(rates, rts, load.batch, cost, max(k_max, 1), allow_off=allow_off)
+            c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
             return c.method, c.k, c.reason
-        best = max(methods, key=lambda m: (batch_goodput(rates[m], fixed_k, load.batch, cost,
-                                                          rts[m]), m))
+        best = max(methods, key=lambda m: (batch_goodput(models[m], fixed_k, load.batch, cost),
+                                           m))
         if allow_off:  # auto with an explicit k: that k, or off
-            c = choose({best: rates[best]}, rts, load.batch, cost, k_max, True)
+            c = choose({best: models[best]}, load.batch, cost, k_max, True)
             if c.method is None:
                 return None, 0, c.reason
         return best, fixed_k, "goodput"

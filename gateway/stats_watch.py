@@ -20,15 +20,16 @@ RETRY_S = 1.0
 
 
 def _acceptance(pb: verifier_pb2.AcceptanceCounts) -> Acceptance:
-    return Acceptance(pb.accepted_tokens, pb.accepted_tokens + pb.rejections)
+    return Acceptance(pb.accepted_tokens, pb.accepted_tokens + pb.rejections, pb.drafts, pb.asked)
 
 
 def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
     return ReplicaSnapshot(
         running=pb.running, waiting=pb.waiting, max_num_seqs=pb.max_num_seqs, steps=pb.steps,
-        methods={m.method: MethodSnapshot(_acceptance(m.greedy), _acceptance(m.sampled),
-                                          m.round_trip_seconds_total, m.round_trips,
-                                          m.unavailable) for m in pb.methods},
+        methods={m.method: MethodSnapshot(
+            _acceptance(m.greedy), _acceptance(m.sampled),
+            tuple((b.k, float(b.calls), b.seconds_total) for b in m.round_trips), m.unavailable)
+            for m in pb.methods},
         step_cost=tuple((b.steps, float(b.tokens_total), b.seconds_total)
                         for b in pb.step_cost))
 

@@ -14,7 +14,7 @@ class WatchStatsRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class MethodStats(_message.Message):
-    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trip_seconds_total", "round_trips")
+    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -23,7 +23,6 @@ class MethodStats(_message.Message):
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     GREEDY_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
-    ROUND_TRIP_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ROUND_TRIPS_FIELD_NUMBER: _ClassVar[int]
     method: str
     proposed_tokens: int
@@ -33,21 +32,32 @@ class MethodStats(_message.Message):
     unavailable: str
     greedy: AcceptanceCounts
     sampled: AcceptanceCounts
-    round_trip_seconds_total: float
-    round_trips: int
-    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trip_seconds_total: _Optional[float] = ..., round_trips: _Optional[int] = ...) -> None: ...
+    round_trips: _containers.RepeatedCompositeFieldContainer[RoundTripBucket]
+    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ...) -> None: ...
+
+class RoundTripBucket(_message.Message):
+    __slots__ = ("k", "calls", "seconds_total")
+    K_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    calls: int
+    seconds_total: float
+    def __init__(self, k: _Optional[int] = ..., calls: _Optional[int] = ..., seconds_total: _Optional[float] = ...) -> None: ...
 
 class AcceptanceCounts(_message.Message):
-    __slots__ = ("drafts", "proposed_tokens", "accepted_tokens", "rejections")
+    __slots__ = ("drafts", "proposed_tokens", "accepted_tokens", "rejections", "asked")
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    ASKED_FIELD_NUMBER: _ClassVar[int]
     drafts: int
     proposed_tokens: int
     accepted_tokens: int
     rejections: int
-    def __init__(self, drafts: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ...) -> None: ...
+    asked: int
+    def __init__(self, drafts: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ..., asked: _Optional[int] = ...) -> None: ...
 
 class StepCostBucket(_message.Message):
     __slots__ = ("max_tokens", "steps", "tokens_total", "seconds_total")

@@ -7,13 +7,15 @@ accepted with probability a until the first rejection (Leviathan et al.), a step
     E[tokens](a, k) = (1 - a^(k+1)) / (1 - a)          (k + 1 when a = 1; 1 when k = 0)
 
 and costs the verifier's step time at the batch's token count plus the proposer's round trip
-(the engine waits for drafts before it verifies). Both the gateway (per request) and the
-verifier (per sequence and step) pick the (method, k), k = 0 meaning off, with the highest
-goodput. docs/policy.md has the constants and a worked example.
+(the engine waits for drafts before it verifies). A proposer that finds no draft for a share
+1 - h of the steps (prompt lookup without a match, a late answer) emits 1 + h (E - 1). Both
+the gateway (per request) and the verifier (per sequence and step) pick the (method, k),
+k = 0 meaning off, with the highest goodput. docs/policy.md has the constants and a worked example.
 
 Acceptance is estimated with the usual model's maximum-likelihood estimate: of the draft
 positions that were tried (accepted tokens plus one rejected token per draft that was not
 accepted in full), the share accepted, shrunk towards a prior while there is little data.
+The round trip is fitted as base + per_token * k from its mean per k asked.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ MIN_BUCKET_STEPS = 3
 # many tried draft positions, so that a few drafts outweigh it.
 PRIOR_ACCEPTANCE = 0.7
 PRIOR_STRENGTH = 20.0
+# Share of asked steps that get a draft, before data: optimistic too, weighted as 10 asks.
+PRIOR_HIT_RATE = 1.0
+PRIOR_HIT_STRENGTH = 10.0
+# A proposer's round trip before any was timed.
+DEFAULT_ROUND_TRIP_S = 0.002
 # Speculation must beat plain decoding by this share of goodput: estimates are noisy and a
 # draft costs proposer capacity and KV slots that the model does not count.
 SPECULATION_MARGIN = 0.03
@@ -53,15 +60,76 @@ class Acceptance:
 
     accepted: float = 0.0
     tried: float = 0.0  # accepted + one per draft with a rejection
+    drafts: float = 0.0  # non-empty drafts verified
+    asked: float = 0.0  # sequence-steps that asked for one
 
     def rate(self, prior: float = PRIOR_ACCEPTANCE, strength: float = PRIOR_STRENGTH) -> float:
         return (self.accepted + prior * strength) / (self.tried + strength)
 
-    def plus(self, accepted: float, tried: float) -> "Acceptance":
-        return Acceptance(self.accepted + accepted, self.tried + tried)
+    def hit_rate(self, prior: float = PRIOR_HIT_RATE,
+                 strength: float = PRIOR_HIT_STRENGTH) -> float:
+        return min((self.drafts + prior * strength) / (self.asked + strength), 1.0)
+
+    def plus(self, other: "Acceptance") -> "Acceptance":
+        return Acceptance(self.accepted + other.accepted, self.tried + other.tried,
+                          self.drafts + other.drafts, self.asked + other.asked)
+
+    def minus(self, other: "Acceptance") -> "Acceptance":
+        """The counts since `other` (never negative)."""
+        return Acceptance(max(self.accepted - other.accepted, 0.0),
+                          max(self.tried - other.tried, 0.0),
+                          max(self.drafts - other.drafts, 0.0), max(self.asked - other.asked, 0.0))
 
     def scaled(self, factor: float) -> "Acceptance":
-        return Acceptance(self.accepted * factor, self.tried * factor)
+        return Acceptance(self.accepted * factor, self.tried * factor, self.drafts * factor,
+                          self.asked * factor)
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """A proposer's answer time for a k-token draft: base + per_token * k."""
+
+    base_s: float = DEFAULT_ROUND_TRIP_S
+    per_token_s: float = 0.0
+
+    def __call__(self, k: int) -> float:
+        return self.base_s + self.per_token_s * k if k > 0 else 0.0
+
+
+def fit_round_trip(points: Iterable[tuple[int, float, float]]) -> RoundTrip:
+    """RoundTrip from (k, calls, seconds total) per k: weighted least squares of the mean, base
+    and slope kept >= 0. One k only: half of it taken as fixed, half as growing with k."""
+    pts = [(float(k), n, s / n) for k, n, s in points if n > 0 and k > 0]
+    if not pts:
+        return RoundTrip()
+    w = sum(n for _, n, _ in pts)
+    mx = sum(n * x for x, n, _ in pts) / w
+    my = sum(n * y for _, n, y in pts) / w
+    sxx = sum(n * (x - mx) ** 2 for x, n, _ in pts)
+    if sxx <= 1e-12:
+        return RoundTrip(my / 2, my / 2 / mx)
+    slope = max(sum(n * (x - mx) * (y - my) for x, n, y in pts) / sxx, 0.0)
+    base = my - slope * mx
+    if base < 0:
+        base, slope = 0.0, my / mx
+    return RoundTrip(base, slope)
+
+
+@dataclass(frozen=True)
+class MethodModel:
+    """What the model knows about one proposer for one kind of request."""
+
+    acceptance: float  # per draft token
+    hit_rate: float = 1.0  # share of asked steps that get a draft
+    round_trip: RoundTrip = RoundTrip()
+
+    def expected(self, k: int) -> float:
+        """Tokens a step emits when k tokens are asked for."""
+        return 1.0 + self.hit_rate * (expected_tokens(self.acceptance, k) - 1.0)
+
+    def tokens(self, k: int) -> float:
+        """Tokens the verifier forwards for it: the last token plus the draft when there is one."""
+        return 1.0 + self.hit_rate * k
 
 
 def tried_positions(k: int, accepted: int) -> int:
@@ -117,22 +185,24 @@ def fit_step_cost(buckets: Iterable[tuple[int, float, float]],
     return StepCost(tuple(xs), tuple(ys), tail)
 
 
-def batch_goodput(a: float, k: int, batch: int, cost: StepCost, round_trip_s: float) -> float:
-    """Tokens per second of a batch of `batch` sequences that all draft k tokens with
-    acceptance a (k = 0: plain decoding, no proposer to wait for)."""
+def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost) -> float:
+    """Tokens per second of a batch of `batch` sequences that all ask for k-token drafts
+    (k = 0 or no model: plain decoding, no proposer to wait for)."""
     batch = max(batch, 1)
-    if k <= 0:
+    if k <= 0 or model is None:
         return batch / cost(batch)
-    return batch * expected_tokens(a, k) / (cost(batch * (k + 1)) + round_trip_s)
+    return batch * model.expected(k) / (cost(batch * model.tokens(k)) + model.round_trip(k))
 
 
-def marginal_goodput(a: float, k: int, cost: StepCost, others_tokens: float,
-                     others_expected: float, round_trip_s: float) -> float:
-    """Tokens per second of one step when one sequence drafts k tokens and the rest of the
-    batch forwards `others_tokens` and emits `others_expected` tokens. `round_trip_s` is what
-    this sequence's draft adds to the step's wait (0 when its proposer is asked anyway)."""
-    wait = round_trip_s if k > 0 else 0.0
-    return (others_expected + expected_tokens(a, k)) / (cost(others_tokens + 1 + k) + wait)
+def marginal_goodput(model: MethodModel, k: int, cost: StepCost, others_tokens: float,
+                     others_expected: float, wait_s: float) -> float:
+    """Tokens per second of one step when one sequence asks for k draft tokens and the rest of
+    the batch forwards `others_tokens` and emits `others_expected` tokens. `wait_s` is what its
+    draft adds to the step's wait (0 when its proposer is asked anyway)."""
+    if k <= 0:
+        return (others_expected + 1.0) / cost(others_tokens + 1.0)
+    return (others_expected + model.expected(k)) / (cost(others_tokens + model.tokens(k))
+                                                     + wait_s)
 
 
 @dataclass(frozen=True)
@@ -143,39 +213,37 @@ class Choice:
     reason: str  # goodput | low_acceptance | compute_bound
 
 
-def best_k(a: float, batch: int, cost: StepCost, round_trip_s: float, k_max: int,
+def best_k(model: MethodModel, batch: int, cost: StepCost, k_max: int,
            k_min: int = 1) -> tuple[int, float]:
     """The k in [k_min, k_max] (k_min >= 1) with the highest batch goodput, and that goodput;
     ties go to the smaller k."""
-    best = (k_min, batch_goodput(a, k_min, batch, cost, round_trip_s))
+    best = (k_min, batch_goodput(model, k_min, batch, cost))
     for k in range(k_min + 1, k_max + 1):
-        g = batch_goodput(a, k, batch, cost, round_trip_s)
+        g = batch_goodput(model, k, batch, cost)
         if g > best[1] * (1 + 1e-9):
             best = (k, g)
     return best
 
 
-def choose(acceptance: Mapping[str, float], round_trip_s: Mapping[str, float], batch: int,
-           cost: StepCost, k_max: int, allow_off: bool = True,
-           margin: float = SPECULATION_MARGIN) -> Choice:
+def choose(models: Mapping[str, MethodModel], batch: int, cost: StepCost, k_max: int,
+           allow_off: bool = True, margin: float = SPECULATION_MARGIN) -> Choice:
     """The (method, k) with the highest goodput for a batch of `batch` sequences, or off when
     no method beats plain decoding by `margin` (never off when allow_off is False).
 
     Why off: `low_acceptance` when the best method would not pay even in a batch of one (the
     cheapest case for speculation), else `compute_bound` (the batch makes drafts too dear)."""
-    off = batch_goodput(0.0, 0, batch, cost, 0.0)
+    off = batch_goodput(None, 0, batch, cost)
     best: Choice | None = None
-    for method in sorted(acceptance):
-        k, g = best_k(acceptance[method], batch, cost, round_trip_s.get(method, 0.0), k_max)
+    for method in sorted(models):
+        k, g = best_k(models[method], batch, cost, k_max)
         if best is None or g > best.goodput * (1 + 1e-9):
             best = Choice(method, k, g, "goodput")
     if best is None:
         return Choice(None, 0, off, "no_proposer")
     if not allow_off or best.goodput > off * (1 + margin):
         return best
-    a = acceptance[best.method]
-    _, alone = best_k(a, 1, cost, round_trip_s.get(best.method, 0.0), k_max)
-    pays_alone = alone > batch_goodput(0.0, 0, 1, cost, 0.0) * (1 + margin)
+    _, alone = best_k(models[best.method], 1, cost, k_max)
+    pays_alone = alone > batch_goodput(None, 0, 1, cost) * (1 + margin)
     return Choice(None, 0, off, "compute_bound" if pays_alone else "low_acceptance")
 
 

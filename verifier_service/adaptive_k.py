@@ -2,14 +2,14 @@
 
 Before every step, each such sequence gets the k in [k_min, k_max] that maximises the step's
 goodput (splitspec/goodput.py `marginal_goodput`), given:
-  * its acceptance: its own drafts so far (accepted / tried positions), shrunk towards its
-    method's acceptance on this verifier for the same kind of request (greedy or sampled);
+  * its acceptance and hit rate (steps that got a draft): its own drafts so far, shrunk
+    towards its method's on this verifier for the same kind of request (greedy or sampled);
   * the step's cost: the verifier's measured step time by batch tokens (EngineStats.step_cost),
     with the rest of the running batch as it was in its last step (each decoding sequence
     forwards 1 + its last k tokens and emits 1 + its last accepted; a prefilling one forwards
     its uncached tokens);
-  * the proposer's mean round trip, counted only when no other sequence of the batch asks the
-    same proposer (the engine waits for every proposer once per step).
+  * the proposer's round trip for k tokens (fitted per k), counted only when no other sequence
+    of the batch asks the same proposer (the engine waits for every proposer once per step).
 k_min is 0 for mode auto (speculation may pause while the batch is compute-bound and resume
 when it is not) and 1 for mode on without an explicit k.
 """
@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from splitspec.goodput import (
     SPECULATION_MARGIN,
     Acceptance,
+    MethodModel,
+    RoundTrip,
     StepCost,
+    fit_round_trip,
     fit_step_cost,
     marginal_goodput,
 )
@@ -31,8 +34,6 @@ from verifier_service.sequence import Sequence
 # A request's own history is weighed against its method's acceptance as if that were this many
 # tried draft positions of its own.
 REQUEST_PRIOR_STRENGTH = 8.0
-# A proposer's round trip before any answer was timed.
-DEFAULT_ROUND_TRIP_S = 0.002
 
 
 @dataclass
@@ -75,17 +76,21 @@ class AdaptiveK:
         return self._cost
 
     def acceptance(self, seq: Sequence) -> float:
-        method = self.stats.method(seq.inp.speculation.method or "")
-        counts = method.greedy if seq.inp.sampling.greedy else method.sampled
-        prior = Acceptance(counts.accepted_tokens,
-                           counts.accepted_tokens + counts.rejections).rate()
-        own = Acceptance(seq.accepted, seq.accepted + seq.rejections)
-        return own.rate(prior, REQUEST_PRIOR_STRENGTH)
+        return self.model(seq).acceptance
 
-    def round_trip(self, method: str) -> float:
-        m = self.stats.method(method)
-        return m.round_trip_seconds_total / m.round_trips if m.round_trips else \
-            DEFAULT_ROUND_TRIP_S
+    def model(self, seq: Sequence) -> MethodModel:
+        """The request's own acceptance and hit rate, shrunk towards its method's."""
+        method = self.stats.method(seq.inp.speculation.method or "")
+        c = method.greedy if seq.inp.sampling.greedy else method.sampled
+        prior = Acceptance(c.accepted_tokens, c.accepted_tokens + c.rejections, c.drafts, c.asked)
+        own = Acceptance(seq.accepted, seq.accepted + seq.rejections, seq.drafts, seq.asked)
+        return MethodModel(own.rate(prior.rate(), REQUEST_PRIOR_STRENGTH),
+                           own.hit_rate(prior.hit_rate(), REQUEST_PRIOR_STRENGTH),
+                           self.round_trip(seq.inp.speculation.method or ""))
+
+    def round_trip(self, method: str) -> RoundTrip:
+        trips = self.stats.method(method).round_trips
+        return fit_round_trip((k, n, s) for k, (n, s) in trips.items())
 
     def _view(self, running: list[Sequence]) -> _Batch:
         if self._batch is None:
@@ -107,11 +112,12 @@ class AdaptiveK:
         others_tokens = max(batch.tokens - tokens, 0.0)
         others_expected = max(batch.expected - emitted, 0.0)
         others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
-        rt = 0.0 if others_drafting > 0 else self.round_trip(plan.method)
-        a, cost = self.acceptance(seq), self.step_cost()
+        model, cost = self.model(seq), self.step_cost()
         best_k, best = 0, -1.0
         for k in range(plan.k_min, self.k_max + 1):
-            g = marginal_goodput(a, k, cost, others_tokens, others_expected, rt)
+            # its proposer is waited for anyway when others ask it (their k: about as large)
+            wait = 0.0 if others_drafting > 0 else model.round_trip(k)
+            g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait)
             if k > 0 and best_k == 0 and plan.k_min == 0:
                 g_needed = best * (1 + self.margin)  # drafting must beat plain decoding
             else:

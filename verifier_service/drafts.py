@@ -69,6 +69,9 @@ class DraftCollector:
         client = self.proposers[method]
         stats = self.stats.method(method)
         stats.steps += 1
+        for s in group:
+            s.seq.asked += 1
+            (stats.greedy if s.seq.inp.sampling.greedy else stats.sampled).asked += 1
         if not await self._connected(method, client, group):
             stats.missed_steps += 1
             step.missed = True
@@ -83,7 +86,7 @@ class DraftCollector:
             step.missed = True
             return {}
         step.round_trip_s = time.perf_counter() - start
-        stats.add_round_trip(step.round_trip_s)
+        stats.add_round_trip(max(s.k for s in group), step.round_trip_s)
         out: dict[Sequence, Draft] = {}
         for d in drafts:
             if d.seq_id not in wanted:

@@ -42,6 +42,7 @@ class AcceptanceCounts:
     proposed_tokens: int = 0
     accepted_tokens: int = 0
     rejections: int = 0  # drafts with a rejected token
+    asked: int = 0  # sequence-steps that asked the method for a draft, answered or not
 
     def add(self, k: int, accepted: int) -> None:
         self.drafts += 1
@@ -74,8 +75,8 @@ class MethodStats:
     accepted_per_position: list[int] = field(default_factory=list)
     greedy: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     sampled: AcceptanceCounts = field(default_factory=AcceptanceCounts)
-    round_trip_seconds_total: float = 0.0  # answers received in time
-    round_trips: int = 0
+    # answers received in time, by the largest k the call asked for: k -> [calls, seconds]
+    round_trips: dict[int, list] = field(default_factory=dict)
 
     def add_draft(self, k: int, accepted: int, greedy: bool = True) -> None:
         self.drafts += 1
@@ -84,9 +85,10 @@ class MethodStats:
         count_accepted(self.accepted_per_position, k, accepted)
         (self.greedy if greedy else self.sampled).add(k, accepted)
 
-    def add_round_trip(self, seconds: float) -> None:
-        self.round_trip_seconds_total += seconds
-        self.round_trips += 1
+    def add_round_trip(self, k: int, seconds: float) -> None:
+        entry = self.round_trips.setdefault(k, [0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
 
 
 @dataclass

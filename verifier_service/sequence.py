@@ -58,6 +58,8 @@ class Sequence:
     proposed: int = 0
     accepted: int = 0
     rejections: int = 0  # drafts with a rejected token (acceptance = accepted / (that + this))
+    drafts: int = 0  # non-empty drafts verified
+    asked: int = 0  # steps that asked its proposer for a draft
     steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     step_counts: list[tuple[int, int]] = field(default_factory=list)
@@ -83,6 +85,7 @@ class Sequence:
         self.proposed += k
         self.accepted += accepted
         if k:
+            self.drafts += 1
             self.rejections += tried_positions(k, accepted) - accepted
         self.step_counts.append((k, accepted))
         count_accepted(self.accepted_per_position, k, accepted)

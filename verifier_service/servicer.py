@@ -112,8 +112,10 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
                                           unavailable=v.unavailable,
                                           greedy=_acceptance_to_pb(v.greedy),
                                           sampled=_acceptance_to_pb(v.sampled),
-                                          round_trip_seconds_total=v.round_trip_seconds_total,
-                                          round_trips=v.round_trips)
+                                          round_trips=[
+                                              verifier_pb2.RoundTripBucket(
+                                                  k=k, calls=n, seconds_total=sec)
+                                              for k, (n, sec) in sorted(v.round_trips.items())])
                  for m, v in sorted(s.per_method.items())],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=b.max_tokens, steps=b.steps,
                                                tokens_total=b.tokens_total,
@@ -124,7 +126,7 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
 def _acceptance_to_pb(c: AcceptanceCounts) -> verifier_pb2.AcceptanceCounts:
     return verifier_pb2.AcceptanceCounts(drafts=c.drafts, proposed_tokens=c.proposed_tokens,
                                          accepted_tokens=c.accepted_tokens,
-                                         rejections=c.rejections)
+                                         rejections=c.rejections, asked=c.asked)
 
 
 def _output_to_pb(request_id: str, out: StepOutput,

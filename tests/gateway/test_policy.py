@@ -31,8 +31,12 @@ def snapshot(steps: int = 400, running: int = 0, waiting: int = 0,
              round_trip_s: float = 0.001) -> ReplicaSnapshot:
     """A replica's stats with the given (accepted, tried) positions per method."""
     greedy, sampled = greedy or {}, sampled or {}
-    methods = {m: MethodSnapshot(Acceptance(*greedy.get(m, (0, 0))),
-                                 Acceptance(*sampled.get(m, (0, 0))), round_trip_s * 100, 100)
+    def counts(acc_tried: tuple[float, float]) -> Acceptance:  # every step got a draft
+        drafts = acc_tried[1] - acc_tried[0]
+        return Acceptance(*acc_tried, drafts, drafts)
+
+    methods = {m: MethodSnapshot(counts(greedy.get(m, (0, 0))), counts(sampled.get(m, (0, 0))),
+                                 ((3, 100.0, round_trip_s * 100),))
                for m in ("ngram", "mlp")}
     return ReplicaSnapshot(running, waiting, 16, steps, methods, COST)
 
@@ -142,16 +146,16 @@ def test_exploration_is_deterministic_and_goes_to_the_stale_method():
 def test_estimates_use_differences_between_snapshots_and_decay_old_counts():
     est = Estimates(half_life_tried=1000.0)
     est.observe(ADDRESS, snapshot(steps=10, greedy={"ngram": (100, 200), "mlp": (0, 0)}))
-    assert est.acceptance_of("ngram", True) == Acceptance(100, 200)
+    assert est.acceptance_of("ngram", True) == Acceptance(100, 200, 100, 100)
     # mlp drafts 1000 positions: ngram's old counts lose half their weight
     est.observe(ADDRESS, snapshot(steps=20, greedy={"ngram": (100, 200), "mlp": (800, 1000)}))
     assert est.acceptance_of("ngram", True).tried == pytest.approx(100)
-    assert est.acceptance_of("mlp", True) == Acceptance(800, 1000)
+    assert est.acceptance_of("mlp", True) == Acceptance(800, 1000, 200, 200)
     assert est.acceptance_of("mlp", False) == Acceptance()
     # a restarted replica (counters went back) counts from zero again
     est.observe(ADDRESS, snapshot(steps=5, greedy={"mlp": (8, 10)}))
     assert est.acceptance_of("mlp", True).tried == pytest.approx(1000 * 0.5 ** (10 / 1000) + 10)
-    assert est.round_trip_s["mlp"] == pytest.approx(0.001)
+    assert est.round_trip(ADDRESS, "mlp")(3) == pytest.approx(0.001)
     assert est.load(ADDRESS) == 0 and est.cost(ADDRESS)(1) == pytest.approx(0.01)
 
 
@@ -159,11 +163,13 @@ def test_snapshot_from_the_wire():
     pb = verifier_pb2.EngineStats(
         running=3, waiting=2, steps=7, max_num_seqs=8,
         methods=[verifier_pb2.MethodStats(
-            method="ngram", greedy=verifier_pb2.AcceptanceCounts(accepted_tokens=6, rejections=4),
-            round_trip_seconds_total=0.5, round_trips=5)],
+            method="ngram", greedy=verifier_pb2.AcceptanceCounts(
+                drafts=4, accepted_tokens=6, rejections=4, asked=9),
+            round_trips=[verifier_pb2.RoundTripBucket(k=3, calls=5, seconds_total=0.5)])],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=1, steps=3, tokens_total=3,
                                                seconds_total=0.03)])
     snap = snapshot_from_pb(pb)
     assert (snap.running, snap.waiting, snap.max_num_seqs, snap.steps) == (3, 2, 8, 7)
-    assert snap.methods["ngram"].greedy == Acceptance(6, 10)
+    assert snap.methods["ngram"].greedy == Acceptance(6, 10, 4, 9)
+    assert snap.methods["ngram"].round_trips == ((3, 5.0, 0.5),)
     assert snap.step_cost == ((3, 3.0, 0.03),)

@@ -7,11 +7,14 @@ import pytest
 
 from splitspec.goodput import (
     Acceptance,
+    MethodModel,
+    RoundTrip,
     StepCost,
     batch_goodput,
     choose,
     decay_factor,
     expected_tokens,
+    fit_round_trip,
     fit_step_cost,
     marginal_goodput,
     tried_positions,
@@ -19,6 +22,11 @@ from splitspec.goodput import (
 
 # Memory-bound at small batches (flat), compute-bound beyond 16 tokens.
 FLAT_THEN_STEEP = StepCost((1.0, 16.0, 64.0), (0.010, 0.012, 0.060), 0.001)
+FAST = RoundTrip(0.001, 0.0)
+
+
+def m(a: float, hit: float = 1.0, rt: RoundTrip = FAST) -> MethodModel:
+    return MethodModel(a, hit, rt)
 
 
 def test_expected_tokens_follows_the_geometric_series():
@@ -38,7 +46,9 @@ def test_tried_positions_count_the_first_rejection():
 def test_acceptance_rate_starts_at_the_prior_and_follows_the_data():
     assert Acceptance().rate(0.7, 20) == pytest.approx(0.7)
     assert Acceptance(90, 1000).rate(0.7, 20) == pytest.approx((90 + 14) / 1020)
-    assert Acceptance(10, 20).scaled(0.5) == Acceptance(5, 10)
+    assert Acceptance(10, 20, 4, 8).scaled(0.5) == Acceptance(5, 10, 2, 4)
+    assert Acceptance(10, 20, 4, 8).minus(Acceptance(4, 30, 1, 2)) == Acceptance(6, 0, 3, 6)
+    assert Acceptance(drafts=2, asked=10).hit_rate(1.0, 10) == pytest.approx(0.6)
     assert decay_factor(2000, 2000) == pytest.approx(0.5)
 
 
@@ -60,38 +70,59 @@ def test_step_cost_without_data_uses_the_default_and_one_point_scales_it():
 
 
 def test_high_acceptance_speculates_with_a_larger_k_than_moderate_acceptance():
-    high = choose({"mlp": 0.9}, {"mlp": 0.001}, 1, FLAT_THEN_STEEP, 8)
-    moderate = choose({"mlp": 0.5}, {"mlp": 0.001}, 1, FLAT_THEN_STEEP, 8)
+    high = choose({"mlp": m(0.9)}, 1, FLAT_THEN_STEEP, 8)
+    moderate = choose({"mlp": m(0.5)}, 1, FLAT_THEN_STEEP, 8)
     assert high.method == moderate.method == "mlp"
     assert high.reason == moderate.reason == "goodput"
     assert high.k > moderate.k >= 1
 
 
 def test_low_acceptance_picks_off():
-    c = choose({"ngram": 0.05}, {"ngram": 0.002}, 1, FLAT_THEN_STEEP, 8)
+    c = choose({"ngram": m(0.05)}, 1, FLAT_THEN_STEEP, 8)
     assert (c.method, c.k, c.reason) == (None, 0, "low_acceptance")
+    # a high acceptance when drafts are rare is low acceptance per step asked
+    slow = RoundTrip(0.003)
+    assert choose({"ngram": m(0.8, 0.05, slow)}, 1, FLAT_THEN_STEEP, 8).method is None
+    assert choose({"ngram": m(0.8, 0.9, slow)}, 1, FLAT_THEN_STEEP, 8).method == "ngram"
 
 
 def test_a_compute_bound_batch_picks_off_although_the_method_pays_alone():
-    assert choose({"mlp": 0.6}, {"mlp": 0.001}, 1, FLAT_THEN_STEEP, 8).method == "mlp"
-    c = choose({"mlp": 0.6}, {"mlp": 0.001}, 16, FLAT_THEN_STEEP, 8)
+    assert choose({"mlp": m(0.6)}, 1, FLAT_THEN_STEEP, 8).method == "mlp"
+    c = choose({"mlp": m(0.6)}, 16, FLAT_THEN_STEEP, 8)
     assert (c.method, c.k, c.reason) == (None, 0, "compute_bound")
 
 
 def test_the_best_method_wins_and_off_is_not_allowed_when_on_was_asked_for():
-    c = choose({"ngram": 0.3, "mlp": 0.8}, {"ngram": 0.0, "mlp": 0.001}, 1, FLAT_THEN_STEEP, 8)
+    c = choose({"ngram": m(0.3), "mlp": m(0.8)}, 1, FLAT_THEN_STEEP, 8)
     assert c.method == "mlp"
-    forced = choose({"ngram": 0.05}, {}, 16, FLAT_THEN_STEEP, 8, allow_off=False)
+    forced = choose({"ngram": m(0.05)}, 16, FLAT_THEN_STEEP, 8, allow_off=False)
     assert forced.method == "ngram" and forced.k >= 1
 
 
 def test_a_long_round_trip_makes_speculation_lose():
-    assert choose({"draft": 0.6}, {"draft": 0.5}, 1, FLAT_THEN_STEEP, 8).method is None
+    assert choose({"draft": m(0.6, rt=RoundTrip(0.5))}, 1, FLAT_THEN_STEEP, 8).method is None
+
+
+def test_a_round_trip_growing_with_k_keeps_k_small():
+    flat = choose({"draft": m(0.8)}, 1, FLAT_THEN_STEEP, 8)
+    growing = choose({"draft": m(0.8, rt=RoundTrip(0.001, 0.004))}, 1, FLAT_THEN_STEEP, 8)
+    assert flat.k > growing.k >= 1
+
+
+def test_round_trip_fit():
+    rt = fit_round_trip([(2, 10, 10 * 0.003), (4, 10, 10 * 0.005), (6, 10, 10 * 0.007)])
+    assert (rt.base_s, rt.per_token_s) == (pytest.approx(0.001), pytest.approx(0.001))
+    assert rt(0) == 0.0 and rt(8) == pytest.approx(0.009)
+    one = fit_round_trip([(4, 5, 5 * 0.004)])  # one k: half fixed, half per token
+    assert one(4) == pytest.approx(0.004) and one(8) == pytest.approx(0.006)
+    assert fit_round_trip([]) == RoundTrip()
 
 
 def test_marginal_goodput_of_one_sequence_in_a_batch():
     # alone: its own tokens over its own step; in a batch the others' tokens share the step
-    assert marginal_goodput(0.5, 0, FLAT_THEN_STEEP, 0, 0, 0.0) == pytest.approx(100.0)
-    assert marginal_goodput(0.5, 1, FLAT_THEN_STEEP, 15, 15, 0.0) == pytest.approx(
+    assert marginal_goodput(m(0.5), 0, FLAT_THEN_STEEP, 0, 0, 0.0) == pytest.approx(100.0)
+    assert marginal_goodput(m(0.5), 1, FLAT_THEN_STEEP, 15, 15, 0.0) == pytest.approx(
         16.5 / FLAT_THEN_STEEP(17))
-    assert batch_goodput(0.5, 0, 16, FLAT_THEN_STEEP, 0.0) == pytest.approx(16 / 0.012)
+    assert batch_goodput(None, 0, 16, FLAT_THEN_STEEP) == pytest.approx(16 / 0.012)
+    assert batch_goodput(m(0.5), 1, 16, FLAT_THEN_STEEP) == pytest.approx(
+        16 * 1.5 / (FLAT_THEN_STEEP(32) + 0.001))
