@@ -167,22 +167,31 @@ def fit_step_cost(buckets: Iterable[tuple[int, float, float]],
                   min_steps: int = MIN_BUCKET_STEPS) -> StepCost:
     """StepCost from (steps, tokens_total, seconds_total) per bucket of batch sizes: one point
     per bucket with enough steps at its mean (tokens, seconds), made non-decreasing (a larger
-    batch never costs less). With one point, the default per-token slope scaled to it."""
-    points = sorted((t / n, s / n) for n, t, s in buckets if n >= min_steps and n > 0)
+    batch never costs less) by weighted isotonic regression: neighbours that disagree are
+    pooled into their step-weighted mean, so one noisy bucket moves the curve only as much as
+    its steps weigh. With one point, the default per-token slope scaled to it."""
+    points = sorted((t / n, s / n, n) for n, t, s in buckets if n >= min_steps and n > 0)
     if not points:
         return default_step_cost()
-    xs: list[float] = []
-    ys: list[float] = []
-    for x, y in points:
-        if xs and x <= xs[-1]:
-            continue
-        xs.append(x)
-        ys.append(max(y, ys[-1]) if ys else y)
+    xs = [x for x, _, _ in points]
+    ys = _isotonic([(y, float(n)) for _, y, n in points])
     if len(xs) == 1:
         scale = ys[0] / (DEFAULT_BASE_S + DEFAULT_PER_TOKEN_S * xs[0])
         return StepCost(tuple(xs), tuple(ys), DEFAULT_PER_TOKEN_S * scale)
     tail = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
     return StepCost(tuple(xs), tuple(ys), tail)
+
+
+def _isotonic(values: list[tuple[float, float]]) -> list[float]:
+    """Non-decreasing fit of (value, weight) pairs: pool adjacent violators."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for y, w in values:
+        blocks.append([y, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, c2 = blocks.pop()
+            y1, w1, c1 = blocks.pop()
+            blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [y for y, _, c in blocks for _ in range(int(c))]
 
 
 def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost) -> float:

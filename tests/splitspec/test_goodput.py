@@ -57,10 +57,14 @@ def test_step_cost_interpolates_and_never_decreases():
     cost = fit_step_cost([(10, 10, 0.1), (10, 80, 0.12), (10, 640, 0.5), (10, 160, 0.11),
                           (1, 5000, 9.0)])  # the last has too few steps to count
     assert cost.tokens == (1.0, 8.0, 16.0, 64.0)
-    assert cost.seconds == (0.01, 0.012, 0.012, 0.05)  # 16 tokens cannot be cheaper than 8
-    assert cost(4.5) == pytest.approx(0.011)
+    # 16 tokens cannot be cheaper than 8: both get their weighted mean
+    assert cost.seconds == pytest.approx((0.01, 0.0115, 0.0115, 0.05))
+    assert cost(4.5) == pytest.approx(0.01075)
     assert cost(0.5) == 0.01
-    assert cost(128) == pytest.approx(0.05 + 64 * (0.05 - 0.012) / 48)
+    assert cost(128) == pytest.approx(0.05 + 64 * (0.05 - 0.0115) / 48)
+    # one slow bucket among many steps does not lift everything after it
+    noisy = fit_step_cost([(100, 100, 1.0), (3, 12, 0.3), (100, 800, 1.2), (100, 3200, 2.0)])
+    assert noisy(8) < 0.02 and noisy(32) == pytest.approx(0.02)
 
 
 def test_step_cost_without_data_uses_the_default_and_one_point_scales_it():
