@@ -40,8 +40,9 @@ from splitspec.params import (
     resolve_speculation,
 )
 
-# Every this many auto decisions, one goes to a stale method (0: never explore).
-EXPLORE_EVERY = 16
+# Every this many auto decisions, one goes to a stale method (0: never explore): at most ~3 %
+# of auto requests, each costing at worst the gap between that method and the best.
+EXPLORE_EVERY = 32
 # A method is stale for a kind of request (greedy, sampled) below this many recent tried
 # draft positions (see gateway/estimates.py for how they decay).
 STALE_TRIED = 50.0
