@@ -1,17 +1,20 @@
 """The speculation policy through the real services: with `--speculative-disable-queue-size 2`
 a burst of concurrent auto requests gets speculation only for the first two admitted, the rest
-report `queue_size` in usage.speculation; the gateway's stats subscription sees the replica
-again once the burst is over; the policy's reason is also counted in /metrics."""
+report `queue_size` in usage.speculation (also counted in /metrics); load the gateway did not
+send itself reaches the policy through the verifier's WatchStats stream; once the queue drains
+auto decides on goodput again."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import grpc
 import httpx
 import pytest
 from stats_testlib import idle, watch_until
 
+from protos import common_pb2, verifier_pb2_grpc
 from splitspec.launcher import Stack, StackConfig
 
 pytestmark = pytest.mark.integration
@@ -71,6 +74,33 @@ def test_a_burst_turns_speculation_off_from_the_threshold_on(policy_stack):
     metrics = httpx.get(policy_stack.metrics_urls["gateway"], timeout=10).text
     assert ('splitspec_policy_decisions_total{decision="off",method="none",'
             f'reason="queue_size"}} {float(BURST - THRESHOLD)}') in metrics
+
+
+def test_load_sent_to_the_verifier_directly_reaches_the_policy_through_its_stats(policy_stack):
+    """Two generations the gateway never saw keep the verifier busy: only its stats stream can
+    tell the gateway's policy that the queue is at the threshold."""
+    port = policy_stack.verifier.port
+    watch_until(port, idle)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = verifier_pb2_grpc.VerifierStub(channel)
+    calls = [stub.Generate(common_pb2.GenerateRequest(
+        text=f"def held{i}(x):\n", stopping=common_pb2.StoppingCriteria(max_tokens=480,
+                                                                      ignore_eos=True),
+        sampling=common_pb2.SamplingParams(temperature=0)), timeout=120) for i in range(2)]
+    try:
+        for call in calls:
+            next(call)  # first token: running
+        watch_until(port, lambda s: s.running == 2)
+        deadline = time.monotonic() + 30
+        with httpx.Client(base_url=policy_stack.url, timeout=60) as client:
+            while (spec := complete(client, "def h(z):\n", 2))["policy_reason"] != "queue_size":
+                assert time.monotonic() < deadline, "the policy never saw the verifier's load"
+                time.sleep(0.05)
+        assert spec["method"] is None and spec["mode"] == "auto"
+    finally:
+        for call in calls:
+            call.cancel()
+        channel.close()
 
 
 def test_once_the_burst_is_over_auto_decides_on_goodput_again(policy_stack):
