@@ -8,7 +8,8 @@ Per point (concurrency, temperature) the configurations are interleaved wave by 
 sends `concurrency` held-out prompts at once with one configuration and waits for all of them;
 each configuration gets the same prompts. Throughput = output tokens / wall time of its waves.
 Auto learns online from everything the verifier serves (the fixed configurations' drafts
-included), as it would in a mixed deployment. Reported per point: every configuration's tokens/s,
+included), as it would in a mixed deployment. The suffix proposer indexes every request it
+serves, so in this benchmark it has seen each prompt before: it measures repeated traffic. Reported per point: every configuration's tokens/s,
 the best fixed one, auto / best (target >= 0.95), and what auto chose (method, k, reason).
 Writes bench/reports/policy.md (--quick: bench/out/policy-quick.md).
 """
@@ -101,6 +102,8 @@ def report(points: dict, configs: list[Config], args, methods: list[str]) -> str
         f"{platform.python_version()}), {args.max_tokens} tokens per request (ignore_eos), "
         f"{args.rounds} wave(s) of `concurrency` held-out prompts per configuration and point, "
         "configurations interleaved wave by wave, one run. Auto learns online from all traffic. "
+        "Every configuration sees the same prompts, so the cross-request suffix proposer has "
+        "seen each prompt (and, greedy, its output) before its own wave: repeated traffic. "
         f"Target: auto >= {TARGET:.2f} x the best fixed configuration. Produced by "
         f"`python bench/policy_bench.py{' --quick' if args.quick else ''}`.", "",
         "| concurrency | temperature | " + " | ".join(label(c) for c in configs)

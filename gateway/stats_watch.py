@@ -53,6 +53,8 @@ class StatsWatcher:
                     self.estimates.observe(replica.address, snapshot_from_pb(pb))
             except grpc.aio.AioRpcError as exc:
                 log.debug("stats of %s: %s", replica.address, exc.code().name)
+            except Exception:  # noqa: BLE001 - the policy falls back on what it knows
+                log.exception("stats of %s could not be used", replica.address)
             await asyncio.sleep(RETRY_S)
 
     async def close(self) -> None:
