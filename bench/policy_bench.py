@@ -9,8 +9,9 @@ sends `concurrency` held-out prompts at once with one configuration and waits fo
 each configuration gets the same prompts. Throughput = output tokens / wall time of its waves.
 Auto learns online from everything the verifier serves (the fixed configurations' drafts
 included), as it would in a mixed deployment. The suffix proposer indexes every request it
-serves, so in this benchmark it has seen each prompt before: it measures repeated traffic. Reported per point: every configuration's tokens/s,
-the best fixed one, auto / best (target >= 0.95), and what auto chose (method, k, reason).
+serves, so in this benchmark it has seen each prompt before: it measures repeated traffic.
+Reported per point: every configuration's tokens/s, the best fixed one, auto / best (target
+>= 0.95), and what auto chose (method, k, reason).
 Writes bench/reports/policy.md (--quick: bench/out/policy-quick.md).
 """
 
