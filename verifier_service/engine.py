@@ -191,7 +191,8 @@ class Engine:
             self.stats.step_seconds_total += time.perf_counter() - start
         if step is not None:
             step.seconds = time.perf_counter() - start
-            self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds)
+            if not step.prefill_tokens:  # the cost model is about decoding steps
+                self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds)
             self._notify("on_step", step)
 
     async def _run_step(self, plan: list[Scheduled], wall: float) -> StepStats | None:
@@ -221,7 +222,8 @@ class Engine:
         step = StepStats(start=wall, seconds=0.0, num_seqs=len(batch),
                          num_tokens=sum(s.num_new + (len(d.tokens) if d else 0)
                                         for s, d in zip(batch, step_drafts)),
-                         emitted_tokens=0, per_method=per_method, draft_seconds=draft_seconds)
+                         emitted_tokens=0, per_method=per_method, draft_seconds=draft_seconds,
+                         prefill_tokens=sum(s.num_new for s in batch if s.num_new > 1))
         for s, draft, result in zip(batch, step_drafts, results):
             record = StepRecord(wall, end, len(draft.tokens) if draft else 0,
                                 result.num_accepted if result else 0,

@@ -107,7 +107,7 @@ class EngineStats:
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
     max_num_seqs: int = 0
-    # step time without the wait for proposers, by batch tokens (see STEP_COST_BOUNDS)
+    # decoding steps' time without the wait for proposers, by batch tokens (STEP_COST_BOUNDS)
     step_cost: list[StepCostBucket] = field(default_factory=lambda: [
         StepCostBucket(b) for b in (*STEP_COST_BOUNDS, 2 ** 31 - 1)])
 
@@ -152,6 +152,7 @@ class StepStats:
     emitted_tokens: int
     per_method: dict[str, MethodStepStats] = field(default_factory=dict)
     draft_seconds: float = 0.0  # of `seconds`, the wait for proposers' answers
+    prefill_tokens: int = 0  # of `num_tokens`, prompt tokens of sequences still prefilling
 
 
 @dataclass

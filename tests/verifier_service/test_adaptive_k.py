@@ -93,5 +93,7 @@ def test_adaptive_greedy_is_lossless_and_counters_are_kept_apart(target_model_di
     assert sum(r[2].usage.proposed_tokens for r in runs[3:]) == ngram.sampled.proposed_tokens
     assert 0 < sum(n for n, _ in ngram.round_trips.values()) <= ngram.steps
     assert ngram.greedy.asked >= ngram.greedy.drafts > 0
-    assert sum(b.steps for b in engine.stats.step_cost) == engine.stats.steps
-    assert sum(b.tokens_total for b in engine.stats.step_cost) >= engine.stats.generated_tokens
+    # decoding steps only: the prefill step of the batch is not a point of the cost model
+    assert 0 < sum(b.steps for b in engine.stats.step_cost) < engine.stats.steps
+    assert sum(b.tokens_total for b in engine.stats.step_cost) < engine.stats.generated_tokens + \
+        sum(ngram.proposed_tokens for ngram in engine.stats.per_method.values())
