@@ -11,7 +11,10 @@ goodput (splitspec/goodput.py `marginal_goodput`), given:
   * the proposer's round trip for k tokens (fitted per k), counted only when no other sequence
     of the batch asks the same proposer (the engine waits for every proposer once per step).
 k_min is 0 for mode auto (speculation may pause while the batch is compute-bound and resume
-when it is not) and 1 for mode on without an explicit k.
+when it is not) and 1 for mode on without an explicit k. The gateway already required drafting
+to beat plain decoding by a margin, so here the best k simply wins (ties: the smaller). A paused
+request learns nothing new about its acceptance, so after PROBE_AFTER paused steps in a row its
+next step drafts (its best k >= 1) once: a request whose first drafts were unlucky recovers.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitspec.goodput import (
-    SPECULATION_MARGIN,
     Acceptance,
     MethodModel,
     RoundTrip,
@@ -34,6 +36,8 @@ from verifier_service.sequence import Sequence
 # A request's own history is weighed against its method's acceptance as if that were this many
 # tried draft positions of its own.
 REQUEST_PRIOR_STRENGTH = 8.0
+# A paused request drafts once after this many paused steps in a row.
+PROBE_AFTER = 8
 
 
 @dataclass
@@ -56,10 +60,10 @@ def _last_share(seq: Sequence) -> tuple[float, float, str | None]:
 
 
 class AdaptiveK:
-    def __init__(self, stats: EngineStats, k_max: int, margin: float = SPECULATION_MARGIN):
+    def __init__(self, stats: EngineStats, k_max: int, probe_after: int = PROBE_AFTER):
         self.stats = stats
         self.k_max = k_max
-        self.margin = margin
+        self.probe_after = probe_after
         self._cost: StepCost | None = None
         self._cost_steps = -1
         self._batch: _Batch | None = None
@@ -113,15 +117,13 @@ class AdaptiveK:
         others_expected = max(batch.expected - emitted, 0.0)
         others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
         model, cost = self.model(seq), self.step_cost()
+        probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
         best_k, best = 0, -1.0
-        for k in range(plan.k_min, self.k_max + 1):
+        for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):
             # its proposer is waited for anyway when others ask it (their k: about as large)
             wait = 0.0 if others_drafting > 0 else model.round_trip(k)
             g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait)
-            if k > 0 and best_k == 0 and plan.k_min == 0:
-                g_needed = best * (1 + self.margin)  # drafting must beat plain decoding
-            else:
-                g_needed = best * (1 + 1e-9)
-            if g > g_needed:
+            if g > best * (1 + 1e-9):
                 best_k, best = k, g
+        seq.paused_steps = 0 if best_k else seq.paused_steps + 1
         return best_k

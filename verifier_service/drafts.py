@@ -69,9 +69,6 @@ class DraftCollector:
         client = self.proposers[method]
         stats = self.stats.method(method)
         stats.steps += 1
-        for s in group:
-            s.seq.asked += 1
-            (stats.greedy if s.seq.inp.sampling.greedy else stats.sampled).asked += 1
         if not await self._connected(method, client, group):
             stats.missed_steps += 1
             step.missed = True
@@ -79,6 +76,9 @@ class DraftCollector:
         steps, wanted = self._messages(client, group)
         if not steps:
             return {}
+        for seq, _ in wanted.values():  # sent a request for a draft: answered or not
+            seq.asked += 1
+            (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1
         start = time.perf_counter()
         drafts = await client.propose(steps, self.timeout_s)
         if drafts is None:

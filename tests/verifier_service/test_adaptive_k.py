@@ -10,6 +10,7 @@ import pytest
 from engine_testlib import PROMPTS, make_engine, request, run_all
 
 from splitspec.params import SamplingParams, SpeculationPlan
+from verifier_service.adaptive_k import PROBE_AFTER
 
 
 def adaptive(inp, k: int = 3, k_min: int = 0, method: str = "ngram"):
@@ -45,6 +46,10 @@ def test_high_acceptance_drafts_more_low_acceptance_pauses(engine):
     assert high >= 6
     seq.accepted, seq.rejections = 0, 60
     assert engine.adaptive.choose(seq, [seq]) == 0
+    # paused: nothing new is learnt, so every PROBE_AFTER paused steps it drafts once
+    ks = [engine.adaptive.choose(seq, [seq]) for _ in range(PROBE_AFTER * 2)]
+    assert ks[:PROBE_AFTER - 1] == [0] * (PROBE_AFTER - 1)
+    assert ks[PROBE_AFTER - 1] >= 1 and ks[PROBE_AFTER:] == [0] * PROBE_AFTER
     on = engine.add_request(adaptive(request(engine, "b", PROMPTS[1]), k_min=1))
     on.num_computed = len(on.tokens) - 1
     on.accepted, on.rejections = 0, 60
