@@ -8,7 +8,9 @@ feed the estimates the policy reads:
     kind of request, so that the estimate follows the traffic and a method that is not chosen
     any more loses weight (the policy explores it again once it is stale);
   * each replica's step time by batch tokens and each proposer's round trip by k (counters
-    since the replica's start, fitted on demand), its load (running + waiting) and batch limit.
+    since the replica's start, fitted on demand), its load (running + waiting), its running
+    count averaged over recent snapshots (weight RUNNING_ALPHA for the newest), and its batch
+    limit.
 A replica whose counters went backwards restarted: its snapshot counts from zero.
 """
 
@@ -27,6 +29,7 @@ from splitspec.goodput import (
 )
 
 HALF_LIFE_TRIED = 2000.0
+RUNNING_ALPHA = 0.2  # at the default 500 ms between snapshots: about 2.5 s of memory
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,10 @@ class ReplicaSnapshot:
 @dataclass
 class Estimates:
     half_life_tried: float = HALF_LIFE_TRIED
+    running_alpha: float = RUNNING_ALPHA
     acceptance: dict[tuple[str, bool], Acceptance] = field(default_factory=dict)  # (m, greedy)
     replicas: dict[str, ReplicaSnapshot] = field(default_factory=dict)
+    recent_running: dict[str, float] = field(default_factory=dict)
     _costs: dict[str, StepCost] = field(default_factory=dict)
     _round_trips: dict[tuple[str, str], RoundTrip] = field(default_factory=dict)
 
@@ -67,6 +72,9 @@ class Estimates:
                                 else m.sampled.minus(old.sampled))
             self.add_acceptance(greedy, deltas)
         self.replicas[address] = snap
+        old_running = self.recent_running.get(address, float(snap.running))
+        self.recent_running[address] = ((1 - self.running_alpha) * old_running
+                                        + self.running_alpha * snap.running)
         self._costs.pop(address, None)
         for key in [k for k in self._round_trips if k[0] == address]:
             del self._round_trips[key]

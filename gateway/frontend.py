@@ -96,7 +96,8 @@ class Frontend:
         if not known:
             return Load(mine)
         address = min(known, key=est.load)
-        return Load(max(est.load(address), mine), est.replicas[address].max_num_seqs, address)
+        return Load(max(est.load(address), mine), est.replicas[address].max_num_seqs, address,
+                    est.recent_running.get(address, 0.0))
 
     async def stream(self, request: common_pb2.GenerateRequest
                      ) -> AsyncIterator[common_pb2.GenerateResponse]:

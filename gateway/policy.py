@@ -20,7 +20,9 @@ Rules, in order:
   auto                              best goodput                 goodput / low_acceptance /
                                                                  compute_bound
 Load is the running + waiting count of the least-loaded replica as its stats last said, or the
-gateway's own requests in flight per replica when that is more (a burst is seen at once).
+gateway's own requests in flight per replica when that is more (a burst is seen at once). The
+batch the goodput model assumes is that load + 1, or the replica's recent mean running count
+when that is more.
 
 Each decision's reason is counted in splitspec_policy_decisions_total{decision, reason, method}
 and reported in usage.speculation (mode, policy_reason).
@@ -62,10 +64,14 @@ class Load:
     queued: int = 0  # running + waiting on the replica it will most likely go to
     max_num_seqs: int = 0  # that replica's batch limit (0: unknown)
     address: str = ""  # that replica ("" : none known)
+    recent_running: float = 0.0  # its running count, averaged over the last seconds
 
     @property
     def batch(self) -> int:
-        b = self.queued + 1
+        """The batch the request will most likely run in: what it joins now, or what the
+        replica has been running lately when that is more (a burst's first requests run with
+        its last ones)."""
+        b = max(self.queued + 1, round(self.recent_running))
         return min(b, self.max_num_seqs) if self.max_num_seqs else b
 
 

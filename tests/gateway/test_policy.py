@@ -77,6 +77,18 @@ def test_a_compute_bound_batch_picks_off():
     assert (d.plan.enabled, d.reason) == (False, "compute_bound")
 
 
+def test_a_burst_is_judged_by_the_batch_the_replica_has_been_running():
+    p = policy(snapshot(greedy={"mlp": (600, 1000), "ngram": (300, 1000)}))
+    # nothing queued right now, but the replica has been running 16: the burst's first request
+    # will run with the rest of it
+    d = p.decide(AUTO, INFO, True, Load(0, 16, ADDRESS, recent_running=15.6))
+    assert (d.plan.enabled, d.reason) == (False, "compute_bound")
+    est = Estimates()
+    est.observe(ADDRESS, snapshot(steps=1, running=10))
+    est.observe(ADDRESS, snapshot(steps=2, running=0))
+    assert est.recent_running[ADDRESS] == pytest.approx(8.0)
+
+
 def test_the_queue_size_override_wins_over_goodput():
     p = policy(snapshot(greedy={"mlp": (990, 1000)}), disable_queue_size=2)
     assert p.decide(AUTO, INFO, True, load(1)).plan.method == "mlp"
