@@ -24,6 +24,7 @@ from splitspec.goodput import (
     StepCost,
     decay_factor,
     default_step_cost,
+    draft_limit,
     fit_round_trip,
     fit_step_cost,
 )
@@ -38,6 +39,11 @@ class MethodSnapshot:
     sampled: Acceptance = Acceptance()
     round_trips: tuple[tuple[int, float, float], ...] = ()  # (k, calls, seconds total)
     unavailable: str = ""
+    longest_draft: int = 0
+
+    def draft_limit(self) -> int:
+        return draft_limit(self.longest_draft, max((k for k, _, _ in self.round_trips), default=0),
+                           self.greedy.drafts + self.sampled.drafts)
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,11 @@ class Estimates:
             m = snap.methods.get(method) if snap else None
             self._round_trips[key] = fit_round_trip(m.round_trips) if m else RoundTrip()
         return self._round_trips[key]
+
+    def draft_limit(self, address: str, method: str) -> int:
+        snap = self.replicas.get(address)
+        m = snap.methods.get(method) if snap else None
+        return m.draft_limit() if m else 0
 
     def load(self, address: str) -> int:
         snap = self.replicas.get(address)

@@ -143,7 +143,7 @@ class SpeculationPolicy:
             acc = est.acceptance_of(m, greedy)
             models[m] = MethodModel(acc.rate(), acc.hit_rate(),
                                     est.round_trip(load.address, m) if load.address
-                                    else RoundTrip())
+                                    else RoundTrip(), est.draft_limit(load.address, m))
         if fixed_k is None:
             c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
             return c.method, c.k, c.reason

@@ -28,7 +28,8 @@ def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
         running=pb.running, waiting=pb.waiting, max_num_seqs=pb.max_num_seqs, steps=pb.steps,
         methods={m.method: MethodSnapshot(
             _acceptance(m.greedy), _acceptance(m.sampled),
-            tuple((b.k, float(b.calls), b.seconds_total) for b in m.round_trips), m.unavailable)
+            tuple((b.k, float(b.calls), b.seconds_total) for b in m.round_trips), m.unavailable,
+            m.longest_draft)
             for m in pb.methods},
         step_cost=tuple((b.steps, float(b.tokens_total), b.seconds_total)
                         for b in pb.step_cost))

@@ -39,6 +39,9 @@ PRIOR_HIT_RATE = 1.0
 PRIOR_HIT_STRENGTH = 10.0
 # A proposer's round trip before any was timed.
 DEFAULT_ROUND_TRIP_S = 0.002
+# A proposer that never drafted more than n tokens in this many drafts, although asked for
+# more, is taken to draft at most n.
+MIN_DRAFTS_FOR_LIMIT = 20
 # Speculation must beat plain decoding by this share of goodput: estimates are noisy and a
 # draft costs proposer capacity and KV slots that the model does not count.
 SPECULATION_MARGIN = 0.03
@@ -122,14 +125,27 @@ class MethodModel:
     acceptance: float  # per draft token
     hit_rate: float = 1.0  # share of asked steps that get a draft
     round_trip: RoundTrip = RoundTrip()
+    max_draft: int = 0  # the most tokens it drafts whatever k is asked (0: no known limit)
+
+    def drafted(self, k: int) -> int:
+        return min(k, self.max_draft) if self.max_draft else k
 
     def expected(self, k: int) -> float:
         """Tokens a step emits when k tokens are asked for."""
-        return 1.0 + self.hit_rate * (expected_tokens(self.acceptance, k) - 1.0)
+        return 1.0 + self.hit_rate * (expected_tokens(self.acceptance, self.drafted(k)) - 1.0)
 
     def tokens(self, k: int) -> float:
         """Tokens the verifier forwards for it: the last token plus the draft when there is one."""
-        return 1.0 + self.hit_rate * k
+        return 1.0 + self.hit_rate * self.drafted(k)
+
+
+def draft_limit(longest_draft: int, largest_asked: int, drafts: float,
+                min_drafts: float = MIN_DRAFTS_FOR_LIMIT) -> int:
+    """A proposer's own limit on draft length (e.g. an MLP speculator's heads), once it was
+    asked for more than it ever drafted often enough to tell; 0: no known limit."""
+    if drafts >= min_drafts and 0 < longest_draft < largest_asked:
+        return longest_draft
+    return 0
 
 
 def tried_positions(k: int, accepted: int) -> int:

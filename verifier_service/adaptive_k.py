@@ -90,7 +90,8 @@ class AdaptiveK:
         own = Acceptance(seq.accepted, seq.accepted + seq.rejections, seq.drafts, seq.asked)
         return MethodModel(own.rate(prior.rate(), REQUEST_PRIOR_STRENGTH),
                            own.hit_rate(prior.hit_rate(), REQUEST_PRIOR_STRENGTH),
-                           self.round_trip(seq.inp.speculation.method or ""))
+                           self.round_trip(seq.inp.speculation.method or ""),
+                           method.draft_limit())
 
     def round_trip(self, method: str) -> RoundTrip:
         trips = self.stats.method(method).round_trips

@@ -18,7 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from splitspec.goodput import tried_positions
+from splitspec.goodput import draft_limit, tried_positions
 
 # Upper bounds of the step-cost buckets (batch tokens); beyond the last: one more bucket.
 STEP_COST_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024,
@@ -84,6 +84,11 @@ class MethodStats:
         self.accepted_tokens += accepted
         count_accepted(self.accepted_per_position, k, accepted)
         (self.greedy if greedy else self.sampled).add(k, accepted)
+
+    def draft_limit(self) -> int:
+        """The proposer's own limit on draft length as far as seen (0: none known)."""
+        return draft_limit(len(self.accepted_per_position), max(self.round_trips, default=0),
+                           self.drafts)
 
     def add_round_trip(self, k: int, seconds: float) -> None:
         entry = self.round_trips.setdefault(k, [0, 0.0])

@@ -99,6 +99,15 @@ def test_the_queue_size_override_wins_over_goodput():
     assert p.decide(on, INFO, True, load(5)).plan.k == 3
 
 
+def test_a_method_that_never_drafts_more_than_3_tokens_gets_k_3():
+    snap = snapshot(greedy={"mlp": (900, 1000), "ngram": (10, 1000)})
+    mlp = snap.methods["mlp"]
+    snap.methods["mlp"] = MethodSnapshot(mlp.greedy, mlp.sampled, ((8, 100.0, 0.1),),
+                                         longest_draft=3)
+    d = policy(snap).decide(AUTO, INFO, True, load())
+    assert (d.plan.method, d.plan.k) == ("mlp", 3)
+
+
 def test_on_with_method_and_k_is_honoured_exactly():
     p = policy(snapshot(greedy={"ngram": (10, 1000), "mlp": (900, 1000)}))
     d = p.decide(SpeculationRequest(SpeculationMode.ON, "ngram", 7), INFO, True, load(15))
@@ -177,11 +186,14 @@ def test_snapshot_from_the_wire():
         methods=[verifier_pb2.MethodStats(
             method="ngram", greedy=verifier_pb2.AcceptanceCounts(
                 drafts=4, accepted_tokens=6, rejections=4, asked=9),
-            round_trips=[verifier_pb2.RoundTripBucket(k=3, calls=5, seconds_total=0.5)])],
+            round_trips=[verifier_pb2.RoundTripBucket(k=3, calls=5, seconds_total=0.5)],
+            longest_draft=2)],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=1, steps=3, tokens_total=3,
                                                seconds_total=0.03)])
     snap = snapshot_from_pb(pb)
     assert (snap.running, snap.waiting, snap.max_num_seqs, snap.steps) == (3, 2, 8, 7)
     assert snap.methods["ngram"].greedy == Acceptance(6, 10, 4, 9)
     assert snap.methods["ngram"].round_trips == ((3, 5.0, 0.5),)
+    assert snap.methods["ngram"].longest_draft == 2
+    assert snap.methods["ngram"].draft_limit() == 0  # 4 drafts: too few to tell
     assert snap.step_cost == ((3, 3.0, 0.03),)

@@ -13,6 +13,7 @@ from splitspec.goodput import (
     batch_goodput,
     choose,
     decay_factor,
+    draft_limit,
     expected_tokens,
     fit_round_trip,
     fit_step_cost,
@@ -111,6 +112,16 @@ def test_a_round_trip_growing_with_k_keeps_k_small():
     flat = choose({"draft": m(0.8)}, 1, FLAT_THEN_STEEP, 8)
     growing = choose({"draft": m(0.8, rt=RoundTrip(0.001, 0.004))}, 1, FLAT_THEN_STEEP, 8)
     assert flat.k > growing.k >= 1
+
+
+def test_a_proposer_with_its_own_draft_limit_is_not_asked_for_more():
+    assert choose({"mlp": m(0.95)}, 1, FLAT_THEN_STEEP, 8).k == 8
+    capped = MethodModel(0.95, 1.0, RoundTrip(0.001, 0.0001), max_draft=5)
+    assert capped.expected(8) == capped.expected(5) and capped.tokens(8) == 6
+    assert choose({"mlp": capped}, 1, FLAT_THEN_STEEP, 8).k == 5
+    assert draft_limit(5, 8, 20) == 5
+    assert draft_limit(5, 8, 19) == 0  # too few drafts to tell
+    assert draft_limit(5, 5, 100) == 0  # never asked for more than it drafted
 
 
 def test_round_trip_fit():
