@@ -5,7 +5,9 @@ One step (see docs/architecture.md):
   1. the scheduler admits waiting requests while KV blocks allow and reserves each running
      sequence's slots for this step (preempting the youngest when blocks run out);
   2. drafts.py: per proposer, one message carrying every speculating sequence's new tokens and
-     k, sent concurrently and awaited until the per-step deadline; answers are checked;
+     k (for requests the gateway's policy marked adaptive, the goodput-best k of this step:
+     adaptive_k.py), sent concurrently and awaited until the per-step deadline; answers are
+     checked;
   3. verify.py, on the model thread: the step layout, one target forward over the packed ragged
      batch ([uncached tokens..., d1..dk] per sequence), the rejection sampler (kernels/), which
      keeps an accepted prefix plus one recovered or bonus token;
