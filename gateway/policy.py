@@ -9,8 +9,9 @@ acceptance and the actual batch (SpeculationConfig.adaptive; verifier_service/ad
 
 Rules, in order:
   mode off, or k = 0                off                          requested_off / requested_k0
-  mode on, method and k given       exactly that                 requested_on
-  mode on otherwise                 the policy's method and k (>= 1), k adapted per step
+  mode on, k given                  exactly that (method: the request's, else the first served)
+                                                                 requested_on
+  mode on without k                 that method, the policy's k (>= 1), adapted per step
                                                                  requested_on
   auto, no proposer served          off                          no_proposer
   auto, load >= --speculative-disable-queue-size
@@ -105,13 +106,12 @@ class SpeculationPolicy:
         if not methods:
             return Decision(SpeculationPlan(), "no_proposer", mode)
         candidates = (req.method,) if req.method else methods
-        if mode is SpeculationMode.ON:
-            if req.method and req.num_speculative_tokens is not None:
+        if mode is SpeculationMode.ON:  # its method (or the first served), as before
+            if req.num_speculative_tokens is not None:
                 return Decision(plan, "requested_on", mode)
-            c = self._choose(candidates, greedy, load, k_max, req.num_speculative_tokens,
-                             allow_off=False)
-            return Decision(SpeculationPlan(c[0], c[1]), "requested_on", mode,
-                            adaptive=req.num_speculative_tokens is None, k_min=1)
+            _, k, _ = self._choose((plan.method,), greedy, load, k_max, None, allow_off=False)
+            return Decision(SpeculationPlan(plan.method, k), "requested_on", mode,
+                            adaptive=True, k_min=1)
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
             return Decision(SpeculationPlan(), "queue_size", mode)
         self.auto_decisions += 1

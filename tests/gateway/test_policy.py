@@ -125,6 +125,11 @@ def test_on_without_k_lets_the_policy_pick_k_for_that_method():
     assert p.to_pb(d).mode == common_pb2.SPECULATION_MODE_ON
     hi = p.decide(SpeculationRequest(SpeculationMode.ON, "mlp"), INFO, True, load(0))
     assert hi.plan.k > d.plan.k
+    # no method: the first served, as before, even where another would do better
+    first = p.decide(SpeculationRequest(SpeculationMode.ON), INFO, True, load(0))
+    assert first.plan.method == "ngram" and first.plan.k >= 1 and first.adaptive
+    fixed = p.decide(SpeculationRequest(SpeculationMode.ON, num_speculative_tokens=6), INFO)
+    assert (fixed.plan.method, fixed.plan.k, fixed.adaptive) == ("ngram", 6, False)
 
 
 def test_off_k0_and_no_proposer():
