@@ -63,10 +63,13 @@ class Estimates:
     acceptance: dict[tuple[str, bool], Acceptance] = field(default_factory=dict)  # (m, greedy)
     replicas: dict[str, ReplicaSnapshot] = field(default_factory=dict)
     recent_running: dict[str, float] = field(default_factory=dict)
+    # this gateway's generations streaming from the replica when its snapshot arrived: the
+    # snapshot's running + waiting count includes them
+    local_at_snapshot: dict[str, int] = field(default_factory=dict)
     _costs: dict[str, StepCost] = field(default_factory=dict)
     _round_trips: dict[tuple[str, str], RoundTrip] = field(default_factory=dict)
 
-    def observe(self, address: str, snap: ReplicaSnapshot) -> None:
+    def observe(self, address: str, snap: ReplicaSnapshot, local_in_flight: int = 0) -> None:
         prev = self.replicas.get(address)
         if prev is None or snap.steps < prev.steps:
             prev = ReplicaSnapshot()  # first sight, or the replica restarted
@@ -78,6 +81,7 @@ class Estimates:
                                 else m.sampled.minus(old.sampled))
             self.add_acceptance(greedy, deltas)
         self.replicas[address] = snap
+        self.local_at_snapshot[address] = local_in_flight
         old_running = self.recent_running.get(address, float(snap.running))
         self.recent_running[address] = ((1 - self.running_alpha) * old_running
                                         + self.running_alpha * snap.running)
@@ -116,6 +120,11 @@ class Estimates:
     def load(self, address: str) -> int:
         snap = self.replicas.get(address)
         return snap.running + snap.waiting if snap else 0
+
+    def others_load(self, address: str) -> int:
+        """Running + waiting on the replica that did not come from this gateway (as of its
+        last snapshot): other gateways' requests, or requests sent to it directly."""
+        return max(self.load(address) - self.local_at_snapshot.get(address, 0), 0)
 
     def cost(self, address: str) -> StepCost:
         if address not in self._costs:

@@ -3,9 +3,10 @@ stream its answer, and collect a finished result; metrics and the request's span
 gateway has them, are fed here too.
 
 Every decided generation counts as in flight here from its decision until its stream ends (or,
-for one never streamed, RESERVATION_TTL_S), so that the policy's queue-size rule sees a burst
-before the verifiers' stats do. The policy's mode and reason are written into the last
-message's usage.speculation."""
+for one never streamed, RESERVATION_TTL_S). A replica's load, as the policy sees it, is these
+(exact, at once: a burst is seen before any stats arrive) plus what its last stats snapshot
+counted beyond this gateway's own streams (other gateways, direct clients). The policy's mode
+and reason are written into the last message's usage.speculation."""
 
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ class Frontend:
         return out
 
     def load(self) -> Load:
-        """The least-loaded replica's running + waiting count from its stats, or this gateway's
-        generations in flight per replica when that is more."""
+        """The least-loaded replica's running + waiting count: this gateway's generations in
+        flight per replica plus the others its stats report."""
         now = time.monotonic()
         for rid in [r for r, (t, _, _) in self._decided.items() if now - t > RESERVATION_TTL_S]:
             del self._decided[rid]
@@ -95,9 +96,9 @@ class Frontend:
         mine = math.ceil(len(self._decided) / max(len(replicas), 1))
         if not known:
             return Load(mine)
-        address = min(known, key=est.load)
-        return Load(max(est.load(address), mine), est.replicas[address].max_num_seqs, address,
-                    est.recent_running.get(address, 0.0))
+        address = min(known, key=est.others_load)
+        return Load(mine + est.others_load(address), est.replicas[address].max_num_seqs,
+                    address, est.recent_running.get(address, 0.0))
 
     async def stream(self, request: common_pb2.GenerateRequest
                      ) -> AsyncIterator[common_pb2.GenerateResponse]:

@@ -20,8 +20,9 @@ Rules, in order:
                                                                  exploration
   auto                              best goodput                 goodput / low_acceptance /
                                                                  compute_bound
-Load is the running + waiting count of the least-loaded replica as its stats last said, or the
-gateway's own requests in flight per replica when that is more (a burst is seen at once). The
+Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
+flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
+counted beyond them (other gateways, direct clients). The
 batch the goodput model assumes is that load + 1, or the replica's recent mean running count
 when that is more.
 

@@ -51,7 +51,8 @@ class StatsWatcher:
         while True:
             try:
                 async for pb in replica.stub.WatchStats(request):
-                    self.estimates.observe(replica.address, snapshot_from_pb(pb))
+                    self.estimates.observe(replica.address, snapshot_from_pb(pb),
+                                           replica.in_flight)
             except grpc.aio.AioRpcError as exc:
                 log.debug("stats of %s: %s", replica.address, exc.code().name)
             except Exception:  # noqa: BLE001 - the policy falls back on what it knows

@@ -88,6 +88,13 @@ def test_a_burst_is_judged_by_the_batch_the_replica_has_been_running():
     est.observe(ADDRESS, snapshot(steps=2, running=0))
     assert est.recent_running[ADDRESS] == pytest.approx(8.0)
 
+def test_a_replica_load_counts_what_this_gateway_did_not_send_it():
+    est = Estimates()
+    est.observe(ADDRESS, snapshot(running=5, waiting=2), local_in_flight=4)
+    assert est.load(ADDRESS) == 7 and est.others_load(ADDRESS) == 3
+    est.observe(ADDRESS, snapshot(steps=500, running=1), local_in_flight=3)  # stale: ours left
+    assert est.others_load(ADDRESS) == 0
+
 
 def test_the_queue_size_override_wins_over_goodput():
     p = policy(snapshot(greedy={"mlp": (990, 1000)}), disable_queue_size=2)
