@@ -61,6 +61,9 @@ def test_high_acceptance_picks_speculation_with_a_larger_k():
     assert (d_mod.plan.method, d_mod.reason) == ("mlp", "goodput")
     assert d_high.plan.k > d_mod.plan.k >= 1
     assert d_high.adaptive and d_high.k_min == 0
+    pb = high.to_pb(d_high)  # AUTO tells the verifier it may pause drafting per step
+    assert (pb.mode, pb.method, pb.num_speculative_tokens, pb.adaptive) == (
+        common_pb2.SPECULATION_MODE_AUTO, "mlp", d_high.plan.k, True)
 
 
 def test_low_acceptance_picks_off():
