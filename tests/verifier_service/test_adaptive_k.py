@@ -9,8 +9,10 @@ import asyncio
 import pytest
 from engine_testlib import PROMPTS, make_engine, request, run_all
 
+from protos import common_pb2
 from splitspec.params import SamplingParams, SpeculationPlan
 from verifier_service.adaptive_k import PROBE_AFTER
+from verifier_service.servicer import VerifierServicer
 
 
 def adaptive(inp, k: int = 3, k_min: int = 0, method: str = "ngram"):
@@ -102,3 +104,19 @@ def test_adaptive_greedy_is_lossless_and_counters_are_kept_apart(target_model_di
     assert 0 < sum(b.steps for b in engine.stats.step_cost) < engine.stats.steps
     assert sum(b.tokens_total for b in engine.stats.step_cost) < engine.stats.generated_tokens + \
         sum(ngram.proposed_tokens for ngram in engine.stats.per_method.values())
+
+
+def test_the_wire_marks_plans_adaptive_with_their_least_k(engine):
+    servicer = VerifierServicer(engine, "target", "", "cpu", "float32")
+
+    def plan(mode, adaptive: bool, k: int = 3):
+        return servicer._from_pb(common_pb2.GenerateRequest(
+            text="x", speculation=common_pb2.SpeculationConfig(
+                mode=mode, method="ngram", num_speculative_tokens=k,
+                adaptive=adaptive))).speculation
+
+    assert plan(common_pb2.SPECULATION_MODE_AUTO, True) == SpeculationPlan(
+        "ngram", 3, adaptive=True, k_min=0)
+    assert plan(common_pb2.SPECULATION_MODE_ON, True) == SpeculationPlan(
+        "ngram", 3, adaptive=True, k_min=1)
+    assert plan(common_pb2.SPECULATION_MODE_ON, False) == SpeculationPlan("ngram", 3)
