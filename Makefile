@@ -43,6 +43,12 @@ bench-repeat: $(STAMP)
 
 bench: bench-kernels bench-engine bench-spec bench-repeat
 
+# auto vs every fixed speculation setting at concurrency 1/4/16, greedy and T=0.8 (about 10
+# minutes on 2 idle cores); report in bench/reports/policy.md; docs/policy.md.
+.PHONY: bench-policy
+bench-policy: $(STAMP)
+	$(PY) bench/policy_bench.py
+
 # Retrain the shipped model family (tokenizer, target, draft, MLP speculator) from the Python
 # standard library, about 85 minutes on 2 cores, then re-measure the model card's figures.
 models: $(STAMP)

@@ -29,4 +29,9 @@ class GatewayConfig:
         30.0, "a REST request's body must arrive within this time (0: no limit)")
     health_interval_s: float = option(
         1.0, "how often the gRPC health status is matched to the verifiers' (as REST /health)")
+    speculative_disable_queue_size: int = option(
+        0, "speculation off for new auto requests while a verifier's running + waiting count "
+        "is at least this (0: never)")
+    stats_interval_ms: int = option(500, "how often each verifier streams its stats to the "
+                                    "speculation policy")
     log_level: str = option("INFO", "logging level")

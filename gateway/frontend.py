@@ -1,16 +1,23 @@
 """What the REST and gRPC front doors share: the checks that need the served model (model name,
 prompt size, token ids), the speculation policy, picking a verifier, streaming its answer, and
 collecting a finished result; metrics and the request's span, when the gateway has them, are fed
-here too."""
+here too.
+
+Every decided generation counts as in flight here from its decision until its stream ends (or,
+for one never streamed, RESERVATION_TTL_S). A replica's load, as the policy sees it, is these
+(exact, at once: a burst is seen before any stats arrive) plus what its last stats snapshot
+counted beyond this gateway's own streams (other gateways, direct clients). The policy's mode
+and reason are written into the last message's usage.speculation."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
 
 from gateway.chat import Chat
-from gateway.policy import SpeculationPolicy
+from gateway.policy import Load, SpeculationPolicy
 from gateway.verifier_pool import VerifierPool
 from protos import common_pb2
 from splitspec.errors import NotFound
@@ -28,6 +35,7 @@ if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
     from gateway.tracing import GatewayTracer
 
+RESERVATION_TTL_S = 60.0  # a decided generation that never streamed stops counting after this
 
 @dataclass
 class Collected:
@@ -55,6 +63,7 @@ class Frontend:
         self.policy = policy
         self.metrics = metrics
         self.tracer = tracer
+        self._decided: dict[str, tuple[float, str, str]] = {}  # id -> (time, mode, reason)
 
     async def model_id(self) -> str:
         return (await self.pool.info()).model
@@ -71,7 +80,7 @@ class Frontend:
                              span=None, samplings: list[SamplingParams] | None = None,
                              top_logprobs: int | None = None
                              ) -> list[common_pb2.GenerateRequest]:
-        """One GenerateRequest per prompt, all under one speculation decision; `samplings`
+        """One GenerateRequest per prompt, each with its own speculation decision; `samplings`
         (one per prompt) overrides `sampling`, e.g. for the n choices' own seeds."""
         info = await self.pool.info()
         check_top_logprobs("top_logprobs", top_logprobs)
@@ -82,18 +91,19 @@ class Frontend:
                 check_prompt_chars("prompt", len(prompt), info.max_model_len)
             else:
                 check_token_ids("prompt", prompt)
-        plan, reason = self.policy.decide_with_reason(speculation, info)
-        spec = self.policy.to_pb(plan)
-        spec.details = details
-        if self.metrics is not None:
-            for _ in prompts:
-                self.metrics.on_decision(plan.method if plan.enabled else None, reason)
-        if span is not None and self.tracer is not None:
-            self.tracer.on_plan(span, spec, reason)
         stopping_pb = stopping_to_pb(stopping)
         samplings = samplings or [sampling] * len(prompts)
         out = []
-        for request_id, prompt, params in zip(request_ids, prompts, samplings):
+        for i, (request_id, prompt, params) in enumerate(zip(request_ids, prompts, samplings)):
+            decision = self.policy.decide(speculation, info, params.greedy, self.load())
+            self._decided[request_id] = (time.monotonic(), decision.mode.value, decision.reason)
+            spec = self.policy.to_pb(decision)
+            spec.details = details
+            if self.metrics is not None:
+                self.metrics.on_decision(decision.plan.method if decision.plan.enabled
+                                         else None, decision.reason)
+            if i == 0 and span is not None and self.tracer is not None:
+                self.tracer.on_plan(span, spec, decision.reason)
             req = common_pb2.GenerateRequest(request_id=request_id,
                                              sampling=sampling_to_pb(params),
                                              stopping=stopping_pb, speculation=spec)
@@ -109,11 +119,34 @@ class Frontend:
             out.append(req)
         return out
 
-    def stream(self, request: common_pb2.GenerateRequest
-               ) -> AsyncIterator[common_pb2.GenerateResponse]:
-        if self.metrics is None:
-            return self.pool.generate(request)
-        return self._measured(request, self.metrics)
+    def load(self) -> Load:
+        """The least-loaded replica's running + waiting count: this gateway's generations in
+        flight per replica plus the others its stats report."""
+        now = time.monotonic()
+        for rid in [r for r, (t, _, _) in self._decided.items() if now - t > RESERVATION_TTL_S]:
+            del self._decided[rid]
+        est = self.policy.estimates
+        replicas = [r.address for r in getattr(self.pool, "replicas", [])]
+        known = [a for a in replicas if a in est.replicas]
+        mine = math.ceil(len(self._decided) / max(len(replicas), 1))
+        if not known:
+            return Load(mine)
+        address = min(known, key=est.others_load)
+        return Load(mine + est.others_load(address), est.replicas[address].max_num_seqs,
+                    address, est.recent_running.get(address, 0.0))
+
+    async def stream(self, request: common_pb2.GenerateRequest
+                     ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        source = (self.pool.generate(request) if self.metrics is None
+                  else self._measured(request, self.metrics))
+        decided = self._decided.get(request.request_id)
+        try:
+            async for msg in source:
+                if msg.finish_reason and decided is not None:
+                    msg.usage.speculation.mode, msg.usage.speculation.policy_reason = decided[1:]
+                yield msg
+        finally:
+            self._decided.pop(request.request_id, None)
 
     async def _measured(self, request: common_pb2.GenerateRequest, metrics: "GatewayMetrics"
                         ) -> AsyncIterator[common_pb2.GenerateResponse]:

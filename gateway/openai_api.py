@@ -260,13 +260,16 @@ class SpeculationDetails:
 
 def usage_body(prompt_tokens: int, completion_tokens: int, method: str | None, k: int,
                proposed: int, accepted: int, steps: int,
-               details: SpeculationDetails | None = None, reason: str = "") -> dict:
+               details: SpeculationDetails | None = None, reason: str = "", mode: str = "",
+               policy_reason: str = "") -> dict:
     speculation = {"method": method, "num_speculative_tokens": k, "proposed_tokens": proposed,
                    "accepted_tokens": accepted,
                    "acceptance_rate": (accepted / proposed) if proposed else None,
                    "steps": steps}
     if reason:
         speculation["reason"] = reason
+    if mode:  # the gateway's decision: the mode asked for, and why the policy chose this
+        speculation["mode"], speculation["policy_reason"] = mode, policy_reason
     if details is not None:
         speculation.update(details.body())
     return {

@@ -1,18 +1,42 @@
-"""The per-request speculation decision.
+"""The per-request speculation decision (docs/policy.md).
 
-`auto` is where load-aware switching plugs in (speculation costs verifier compute that a busy
-batch needs for other requests); today `auto` means on whenever a proposer is served.
+`auto` (the default mode) picks the (method, k), k = 0 meaning off, with the highest expected
+goodput (splitspec/goodput.py) for the batch the request is about to join: acceptance per method
+measured online and kept apart for greedy and sampled requests, the verifier's measured step
+time by batch tokens and each proposer's round trip (gateway/estimates.py, fed by
+gateway/stats_watch.py). The verifier then re-decides k every step from the request's own
+acceptance and the actual batch (SpeculationConfig.adaptive; verifier_service/adaptive_k.py).
 
-Each decision has a reason, counted in splitspec_policy_decisions_total{decision, reason}:
-  requested_on / requested_off   the request said mode on / off
-  requested_k0                   the request asked for k = 0
-  auto_on / auto_off             mode auto, and the policy chose speculation / plain decoding
-  no_proposer                    mode auto, but the deployment serves no proposer
+Rules, in order:
+  mode off, or k = 0                off                          requested_off / requested_k0
+  mode on, k given                  exactly that (method: the request's, else the first served)
+                                                                 requested_on
+  mode on without k                 that method, the policy's k (>= 1), adapted per step
+                                                                 requested_on
+  auto, no proposer served          off                          no_proposer
+  auto, load >= --speculative-disable-queue-size
+                                    off                          queue_size
+  auto, every explore_every-th      a stale method (too little recent data), k >= 1
+                                                                 exploration
+  auto                              best goodput                 goodput / low_acceptance /
+                                                                 compute_bound
+Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
+flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
+counted beyond them (other gateways, direct clients). The
+batch the goodput model assumes is that load + 1, or the replica's recent mean running count
+when that is more.
+
+Each decision's reason is counted in splitspec_policy_decisions_total{decision, reason, method}
+and reported in usage.speculation (mode, policy_reason).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+from gateway.estimates import Estimates
 from protos import common_pb2, verifier_pb2
+from splitspec.goodput import MethodModel, RoundTrip, batch_goodput, choose, default_step_cost
 from splitspec.params import (
     SpeculationMode,
     SpeculationPlan,
@@ -20,28 +44,133 @@ from splitspec.params import (
     resolve_speculation,
 )
 
+# Every this many auto decisions, one goes to a stale method (0: never explore): at most ~3 %
+# of auto requests, each costing at worst the gap between that method and the best.
+EXPLORE_EVERY = 32
+# A method is stale for a kind of request (greedy, sampled) below this many recent tried
+# draft positions (see gateway/estimates.py for how they decay).
+STALE_TRIED = 50.0
 
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    disable_queue_size: int = 0  # 0: no queue-size override
+    explore_every: int = EXPLORE_EVERY
+    stale_tried: float = STALE_TRIED
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the request is about to join."""
+
+    queued: int = 0  # running + waiting on the replica it will most likely go to
+    max_num_seqs: int = 0  # that replica's batch limit (0: unknown)
+    address: str = ""  # that replica ("" : none known)
+    recent_running: float = 0.0  # its running count, averaged over the last seconds
+
+    @property
+    def batch(self) -> int:
+        """The batch the request will most likely run in: what it joins now, or what the
+        replica has been running lately when that is more (a burst's first requests run with
+        its last ones)."""
+        b = max(self.queued + 1, round(self.recent_running))
+        return min(b, self.max_num_seqs) if self.max_num_seqs else b
+
+
+@dataclass(frozen=True)
+class Decision:
+    plan: SpeculationPlan
+    reason: str
+    mode: SpeculationMode  # as requested
+    adaptive: bool = False  # the verifier re-decides k every step
+    k_min: int = 0  # with adaptive: the least k per step
+
+
+@dataclass
 class SpeculationPolicy:
-    def decide(self, req: SpeculationRequest,
-               info: verifier_pb2.VerifierInfo) -> SpeculationPlan:
-        return self.decide_with_reason(req, info)[0]
+    estimates: Estimates = field(default_factory=Estimates)
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+    auto_decisions: int = 0
 
-    def decide_with_reason(self, req: SpeculationRequest, info: verifier_pb2.VerifierInfo
-                           ) -> tuple[SpeculationPlan, str]:
+    def decide(self, req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
+               greedy: bool = True, load: Load = Load()) -> Decision:
         methods = tuple(p.method for p in info.proposers)
-        plan = resolve_speculation(req, methods, info.default_num_speculative_tokens,
-                                   info.max_num_speculative_tokens, auto_on=True)
-        return plan, decision_reason(req, plan, bool(methods))
+        k_max = info.max_num_speculative_tokens
+        # validation and the explicit cases as before: off, k = 0, on with method and k
+        plan = resolve_speculation(req, methods, info.default_num_speculative_tokens, k_max,
+                                   auto_on=True)
+        mode = req.mode
+        if mode is SpeculationMode.OFF:
+            return Decision(SpeculationPlan(), "requested_off", mode)
+        if req.num_speculative_tokens == 0:
+            return Decision(SpeculationPlan(), "requested_k0", mode)
+        if not methods:
+            return Decision(SpeculationPlan(), "no_proposer", mode)
+        candidates = (req.method,) if req.method else methods
+        if mode is SpeculationMode.ON:  # its method (or the first served), as before
+            if req.num_speculative_tokens is not None:
+                return Decision(plan, "requested_on", mode)
+            _, k, _ = self._choose((plan.method,), greedy, load, k_max, None, allow_off=False)
+            return Decision(SpeculationPlan(plan.method, k), "requested_on", mode,
+                            adaptive=True, k_min=1)
+        if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
+            return Decision(SpeculationPlan(), "queue_size", mode)
+        self.auto_decisions += 1
+        every = self.config.explore_every
+        stale = self._stale(candidates, greedy)
+        if every and stale and self.auto_decisions % every == 0:
+            method, k, _ = self._choose((stale,), greedy, load, k_max,
+                                        req.num_speculative_tokens, allow_off=False)
+            return Decision(SpeculationPlan(method, k), "exploration", mode,
+                            adaptive=req.num_speculative_tokens is None, k_min=1)
+        method, k, reason = self._choose(candidates, greedy, load, k_max,
+                                         req.num_speculative_tokens, allow_off=True)
+        if method is None:
+            return Decision(SpeculationPlan(), reason, mode)
+        return Decision(SpeculationPlan(method, k), reason, mode,
+                        adaptive=req.num_speculative_tokens is None, k_min=0)
+
+    def _stale(self, methods: tuple[str, ...], greedy: bool) -> str | None:
+        """The method with the least recent data, when it has too little."""
+        weights = sorted((self.estimates.acceptance_of(m, greedy).tried, m) for m in methods)
+        return weights[0][1] if weights and weights[0][0] < self.config.stale_tried else None
+
+    def _choose(self, methods: tuple[str, ...], greedy: bool, load: Load, k_max: int,
+                fixed_k: int | None, allow_off: bool) -> tuple[str | None, int, str]:
+        est = self.estimates
+        cost = est.cost(load.address) if load.address else default_step_cost()
+        models = {}
+        for m in methods:
+            acc = est.acceptance_of(m, greedy)
+            models[m] = MethodModel(acc.rate(), acc.hit_rate(),
+                                    est.round_trip(load.address, m) if load.address
+                                    else RoundTrip(), est.draft_limit(load.address, m))
+        if fixed_k is None:
+            c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
+            return c.method, c.k, c.reason
+        best = max(methods, key=lambda m: (batch_goodput(models[m], fixed_k, load.batch, cost),
+                                           m))
+        if allow_off:  # auto with an explicit k: that k, or off
+            c = choose({best: models[best]}, load.batch, cost, k_max, True)
+            if c.method is None:
+                return None, 0, c.reason
+        return best, fixed_k, "goodput"
 
     @staticmethod
-    def to_pb(plan: SpeculationPlan) -> common_pb2.SpeculationConfig:
+    def to_pb(decision: Decision) -> common_pb2.SpeculationConfig:
+        plan = decision.plan
         if not plan.enabled:
             return common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_OFF)
-        return common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON,
-                                            method=plan.method, num_speculative_tokens=plan.k)
+        # AUTO tells an adaptive plan's verifier that it may pause drafting (k_min 0)
+        pb_mode = (common_pb2.SPECULATION_MODE_AUTO if decision.adaptive and not decision.k_min
+                   else common_pb2.SPECULATION_MODE_ON)
+        return common_pb2.SpeculationConfig(mode=pb_mode, method=plan.method,
+                                             num_speculative_tokens=plan.k,
+                                             adaptive=decision.adaptive)
 
 
 def decision_reason(req: SpeculationRequest, plan: SpeculationPlan, served: bool) -> str:
+    """The coarse reason of a decision from the request and the plan alone (no stats)."""
     if req.mode is SpeculationMode.OFF:
         return "requested_off"
     if req.num_speculative_tokens == 0:
@@ -49,3 +178,6 @@ def decision_reason(req: SpeculationRequest, plan: SpeculationPlan, served: bool
     if req.mode is SpeculationMode.ON:
         return "requested_on"
     return "auto_on" if plan.enabled else ("no_proposer" if not served else "auto_off")
+
+
+__all__ = ["Decision", "Load", "PolicyConfig", "SpeculationPolicy", "decision_reason"]

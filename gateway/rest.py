@@ -75,6 +75,8 @@ def _usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) ->
     """One usage for a request's generations; its n choices of a prompt count the prompt once."""
     methods = {u.speculation.method for u in usages if u.speculation.method}
     reasons = {u.speculation.reason for u in usages if u.speculation.reason}
+    modes = {u.speculation.mode for u in usages if u.speculation.mode}
+    policy = {u.speculation.policy_reason for u in usages if u.speculation.policy_reason}
     detail = None
     if details:  # prompts of one request: positions summed, steps in prompt order
         per_pos: list[int] = []
@@ -92,7 +94,8 @@ def _usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) ->
         max((u.speculation.num_speculative_tokens for u in usages), default=0),
         sum(u.speculation.proposed_tokens for u in usages),
         sum(u.speculation.accepted_tokens for u in usages),
-        sum(u.speculation.steps for u in usages), detail, ",".join(sorted(reasons)))
+        sum(u.speculation.steps for u in usages), detail, ",".join(sorted(reasons)),
+        mode=",".join(sorted(modes)), policy_reason=",".join(sorted(policy)))
 
 
 def _sse(obj: dict | str) -> str:

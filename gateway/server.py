@@ -13,12 +13,14 @@ import uvicorn
 
 from gateway.auth import ApiKeys
 from gateway.config import GatewayConfig
+from gateway.estimates import Estimates
 from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
 from gateway.http_server import timed_h11
 from gateway.limits import ConcurrencyLimit
-from gateway.policy import SpeculationPolicy
+from gateway.policy import PolicyConfig, SpeculationPolicy
 from gateway.rest import RestLimits, build_app
+from gateway.stats_watch import StatsWatcher
 from gateway.telemetry import SERVICE_NAME as TELEMETRY_NAME
 from gateway.telemetry import GatewayTelemetry
 from gateway.verifier_pool import VerifierPool
@@ -39,7 +41,11 @@ SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_nam
 async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     pool = VerifierPool(config.verifier, config.info_ttl_s)
     telemetry = GatewayTelemetry(config.host, pool, telemetry_config)
-    frontend = Frontend(pool, SpeculationPolicy(), telemetry.metrics, telemetry.tracer)
+    estimates = Estimates()
+    policy = SpeculationPolicy(estimates, PolicyConfig(config.speculative_disable_queue_size))
+    frontend = Frontend(pool, policy, telemetry.metrics, telemetry.tracer)
+    stats_watcher = StatsWatcher(pool, estimates, config.stats_interval_ms)
+    stats_watcher.start()
     keys = ApiKeys.load(config.api_key_file)
     concurrency = ConcurrencyLimit(config.max_concurrent_per_key)  # one count for both doors
     grpc_server = make_server()
@@ -65,6 +71,7 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
     await http.serve()
     watcher.cancel()
     await grpc_server.stop(grace=2.0)
+    await stats_watcher.close()
     await pool.close()
     telemetry.close()
 

@@ -67,7 +67,7 @@ class GatewayTracer:
                 reason: str) -> None:
         if not span.is_recording():
             return
-        on = speculation.mode == common_pb2.SPECULATION_MODE_ON
+        on = speculation.mode != common_pb2.SPECULATION_MODE_OFF and bool(speculation.method)
         span.set_attributes({
             "splitspec.speculation.method": speculation.method if on else "none",
             "splitspec.speculation.num_speculative_tokens":

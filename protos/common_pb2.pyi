@@ -60,16 +60,18 @@ class StoppingCriteria(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class SpeculationConfig(_message.Message):
-    __slots__ = ("mode", "method", "num_speculative_tokens", "details")
+    __slots__ = ("mode", "method", "num_speculative_tokens", "details", "adaptive")
     MODE_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     mode: SpeculationMode
     method: str
     num_speculative_tokens: int
     details: bool
-    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ...) -> None: ...
+    adaptive: bool
+    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -112,7 +114,7 @@ class GenerateOptions(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason")
+    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,8 @@ class SpeculationStats(_message.Message):
     STEP_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_REASON_FIELD_NUMBER: _ClassVar[int]
     method: str
     num_speculative_tokens: int
     proposed_tokens: int
@@ -131,7 +135,9 @@ class SpeculationStats(_message.Message):
     step_draft_tokens: _containers.RepeatedScalarFieldContainer[int]
     step_accepted_tokens: _containers.RepeatedScalarFieldContainer[int]
     reason: str
-    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ...) -> None: ...
+    mode: str
+    policy_reason: str
+    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., policy_reason: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "speculation")

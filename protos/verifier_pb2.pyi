@@ -14,23 +14,67 @@ class WatchStatsRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class MethodStats(_message.Message):
-    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable")
+    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips", "longest_draft")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MISSED_STEPS_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TRIPS_FIELD_NUMBER: _ClassVar[int]
+    LONGEST_DRAFT_FIELD_NUMBER: _ClassVar[int]
     method: str
     proposed_tokens: int
     accepted_tokens: int
     steps: int
     missed_steps: int
     unavailable: str
-    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ...) -> None: ...
+    greedy: AcceptanceCounts
+    sampled: AcceptanceCounts
+    round_trips: _containers.RepeatedCompositeFieldContainer[RoundTripBucket]
+    longest_draft: int
+    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ..., longest_draft: _Optional[int] = ...) -> None: ...
+
+class RoundTripBucket(_message.Message):
+    __slots__ = ("k", "calls", "seconds_total")
+    K_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    k: int
+    calls: int
+    seconds_total: float
+    def __init__(self, k: _Optional[int] = ..., calls: _Optional[int] = ..., seconds_total: _Optional[float] = ...) -> None: ...
+
+class AcceptanceCounts(_message.Message):
+    __slots__ = ("drafts", "proposed_tokens", "accepted_tokens", "rejections", "asked")
+    DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    ASKED_FIELD_NUMBER: _ClassVar[int]
+    drafts: int
+    proposed_tokens: int
+    accepted_tokens: int
+    rejections: int
+    asked: int
+    def __init__(self, drafts: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ..., asked: _Optional[int] = ...) -> None: ...
+
+class StepCostBucket(_message.Message):
+    __slots__ = ("max_tokens", "steps", "tokens_total", "seconds_total")
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    max_tokens: int
+    steps: int
+    tokens_total: int
+    seconds_total: float
+    def __init__(self, max_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., tokens_total: _Optional[int] = ..., seconds_total: _Optional[float] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("running", "waiting", "kv_blocks_total", "kv_blocks_free", "steps", "generated_tokens", "finished_requests", "aborted_requests", "preemptions", "step_seconds_total", "methods")
+    __slots__ = ("running", "waiting", "kv_blocks_total", "kv_blocks_free", "steps", "generated_tokens", "finished_requests", "aborted_requests", "preemptions", "step_seconds_total", "methods", "step_cost", "max_num_seqs")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +86,8 @@ class EngineStats(_message.Message):
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     METHODS_FIELD_NUMBER: _ClassVar[int]
+    STEP_COST_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_blocks_total: int
@@ -53,7 +99,9 @@ class EngineStats(_message.Message):
     preemptions: int
     step_seconds_total: float
     methods: _containers.RepeatedCompositeFieldContainer[MethodStats]
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., preemptions: _Optional[int] = ..., step_seconds_total: _Optional[float] = ..., methods: _Optional[_Iterable[_Union[MethodStats, _Mapping]]] = ...) -> None: ...
+    step_cost: _containers.RepeatedCompositeFieldContainer[StepCostBucket]
+    max_num_seqs: int
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., preemptions: _Optional[int] = ..., step_seconds_total: _Optional[float] = ..., methods: _Optional[_Iterable[_Union[MethodStats, _Mapping]]] = ..., step_cost: _Optional[_Iterable[_Union[StepCostBucket, _Mapping]]] = ..., max_num_seqs: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -102,6 +102,7 @@ class StackConfig:
     device: str = "auto"
     log_dir: Path | None = None
     verifier_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
     startup_timeout_s: float = 180.0
     # Per method; each gets --device `device` and --dtype auto unless its args say otherwise.
     # Methods missing here are not started; model-backed ones also need a model.
@@ -156,8 +157,8 @@ class Stack:
             *c.verifier_args], c.verifier_port, log("verifier"))
         self.gateway = Service("gateway", [
             py, "-m", "gateway.server", "--host", c.host, "--http-port", str(c.http_port),
-            "--grpc-port", str(c.grpc_port), "--verifier", f"{c.host}:{c.verifier_port}"],
-            c.grpc_port, log("gateway"))
+            "--grpc-port", str(c.grpc_port), "--verifier", f"{c.host}:{c.verifier_port}",
+            *c.gateway_args], c.grpc_port, log("gateway"))
         self.services = [*self.proposers.values(), self.verifier, self.gateway]
         self.metrics_ports = stack_metrics_ports(
             [s.name for s in (self.gateway, self.verifier, *self.proposers.values())],

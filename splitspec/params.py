@@ -110,7 +110,10 @@ class SpeculationPlan:
     """The decision for one request: which proposer and how many tokens per step (0: off)."""
 
     method: str | None = None
-    k: int = 0
+    k: int = 0  # with `adaptive`: the first step's k
+    # The verifier re-decides k every step (goodput), within [k_min, its limit].
+    adaptive: bool = False
+    k_min: int = 0
 
     @property
     def enabled(self) -> bool:

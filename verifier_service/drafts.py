@@ -76,6 +76,9 @@ class DraftCollector:
         steps, wanted = self._messages(client, group)
         if not steps:
             return {}
+        for seq, _ in wanted.values():  # sent a request for a draft: answered or not
+            seq.asked += 1
+            (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1
         start = time.perf_counter()
         drafts = await client.propose(steps, self.timeout_s)
         if drafts is None:
@@ -83,6 +86,7 @@ class DraftCollector:
             step.missed = True
             return {}
         step.round_trip_s = time.perf_counter() - start
+        stats.add_round_trip(max(s.k for s in group), step.round_trip_s)
         out: dict[Sequence, Draft] = {}
         for d in drafts:
             if d.seq_id not in wanted:

@@ -5,7 +5,9 @@ One step (see docs/architecture.md):
   1. the scheduler admits waiting requests while KV blocks allow and reserves each running
      sequence's slots for this step (preempting the youngest when blocks run out);
   2. drafts.py: per proposer, one message carrying every speculating sequence's new tokens and
-     k, sent concurrently and awaited until the per-step deadline; answers are checked;
+     k (for requests the gateway's policy marked adaptive, the goodput-best k of this step:
+     adaptive_k.py), sent concurrently and awaited until the per-step deadline; answers are
+     checked;
   3. verify.py, on the model thread: the step layout, one target forward over the packed ragged
      batch ([uncached tokens..., d1..dk] per sequence), the rejection sampler (kernels/), which
      keeps an accepted prefix plus one recovered or bonus token;
@@ -29,6 +31,7 @@ from typing import Sequence as Seq
 from splitspec.errors import InvalidArgument
 from splitspec.params import GenerationInput
 from splitspec.proposal import Draft
+from verifier_service.adaptive_k import AdaptiveK
 from verifier_service.config import VerifierConfig
 from verifier_service.drafts import DraftCollector
 from verifier_service.engine_stats import (
@@ -61,7 +64,8 @@ class Engine:
         self.proposers = proposers
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
-        self.stats = EngineStats()
+        self.stats = EngineStats(max_num_seqs=config.max_num_seqs)
+        self.adaptive = AdaptiveK(self.stats, config.max_num_speculative_tokens)
         self.observers = list(observers)
         self.drafts = DraftCollector(proposers, runner.vocab_size,
                                      config.proposer_timeout_ms / 1000, self.stats)
@@ -179,6 +183,7 @@ class Engine:
 
     async def step(self) -> None:
         start, wall = time.perf_counter(), time.time()
+        self.adaptive.begin_step()
         plan = self.scheduler.schedule(self._draft_budget)
         if not plan:
             return
@@ -188,11 +193,15 @@ class Engine:
             self.stats.step_seconds_total += time.perf_counter() - start
         if step is not None:
             step.seconds = time.perf_counter() - start
+            if not step.prefill_tokens:  # the cost model is about decoding steps
+                self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds)
             self._notify("on_step", step)
 
     async def _run_step(self, plan: list[Scheduled], wall: float) -> StepStats | None:
         """Ask the proposers, verify on the model thread, apply the results."""
+        collect_start = time.perf_counter()
         drafts, per_method = await self.drafts.collect(plan)
+        draft_seconds = time.perf_counter() - collect_start
         batch = [s for s in plan if not s.seq.finished]  # aborted while proposers answered
         if not batch:
             return None
@@ -215,7 +224,8 @@ class Engine:
         step = StepStats(start=wall, seconds=0.0, num_seqs=len(batch),
                          num_tokens=sum(s.num_new + (len(d.tokens) if d else 0)
                                         for s, d in zip(batch, step_drafts)),
-                         emitted_tokens=0, per_method=per_method)
+                         emitted_tokens=0, per_method=per_method, draft_seconds=draft_seconds,
+                         prefill_tokens=sum(s.num_new for s in batch if s.num_new > 1))
         for s, draft, result in zip(batch, step_drafts, results):
             record = StepRecord(wall, end, len(draft.tokens) if draft else 0,
                                 result.num_accepted if result else 0,
@@ -234,10 +244,11 @@ class Engine:
         plan = seq.inp.speculation
         if not plan.enabled:
             return 0
+        k = self.adaptive.choose(seq, self.scheduler.running) if plan.adaptive else plan.k
         remaining = seq.inp.stopping.max_tokens - len(seq.tracker.output_ids)
         room = self.max_model_len - len(seq.tokens)
         # A step emits accepted drafts + 1 token: drafting more than needed is wasted work.
-        return max(0, min(plan.k, remaining - 1, room - 1, self.config.max_num_speculative_tokens))
+        return max(0, min(k, remaining - 1, room - 1, self.config.max_num_speculative_tokens))
 
     # -- results -------------------------------------------------------------------------------
 
@@ -254,7 +265,8 @@ class Engine:
         seq.steps += 1
         seq.record_draft(k, n_acc)
         if k:
-            self.stats.method(seq.inp.speculation.method).add_draft(k, n_acc)
+            self.stats.method(seq.inp.speculation.method).add_draft(k, n_acc,
+                                                                   seq.inp.sampling.greedy)
             step.add_draft(k, n_acc)  # the method was asked this step: it has a record
         appended = seq.tracker.append(result.tokens)
         seq.tokens.extend(appended.token_ids)

@@ -2,7 +2,9 @@
 
 Three kinds of record:
   * `EngineStats`: counters since start (monotonic) plus gauges filled in by Engine.snapshot();
-    streamed by Verifier/WatchStats (operators, tests; the gateway's policy does not read it yet).
+    streamed by Verifier/WatchStats (operators, tests, and the gateway's speculation policy:
+    acceptance per method for greedy and sampled requests, proposer round trips, step time by
+    batch tokens).
   * `StepStats`: one engine step (its duration, batch size, per-method drafting outcome),
     handed to every `EngineObserver` when the step ends.
   * `RequestTimeline`: one request's life (arrival, admission, first token, finish, per-step
@@ -12,8 +14,15 @@ Observers run on the engine's event loop between steps: they must be cheap and n
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from splitspec.goodput import draft_limit, tried_positions
+
+# Upper bounds of the step-cost buckets (batch tokens); beyond the last: one more bucket.
+STEP_COST_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024,
+                    2048, 4096)
 
 
 def count_accepted(per_position: list[int], k: int, accepted: int) -> None:
@@ -23,6 +32,31 @@ def count_accepted(per_position: list[int], k: int, accepted: int) -> None:
         per_position.extend([0] * (k - len(per_position)))
     for j in range(accepted):
         per_position[j] += 1
+
+
+@dataclass
+class AcceptanceCounts:
+    """Verified drafts of one kind of request (greedy or sampled), counters."""
+
+    drafts: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
+    rejections: int = 0  # drafts with a rejected token
+    asked: int = 0  # sequence-steps that asked the method for a draft, answered or not
+
+    def add(self, k: int, accepted: int) -> None:
+        self.drafts += 1
+        self.proposed_tokens += k
+        self.accepted_tokens += accepted
+        self.rejections += tried_positions(k, accepted) - accepted
+
+
+@dataclass
+class StepCostBucket:
+    max_tokens: int  # batch tokens in (previous bucket's max_tokens, max_tokens]
+    steps: int = 0
+    tokens_total: int = 0
+    seconds_total: float = 0.0
 
 
 @dataclass
@@ -39,12 +73,27 @@ class MethodStats:
     unavailable: str = ""
     # accepted_per_position[j]: drafts whose token j+1 was accepted (sums to accepted_tokens)
     accepted_per_position: list[int] = field(default_factory=list)
+    greedy: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+    sampled: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+    # answers received in time, by the largest k the call asked for: k -> [calls, seconds]
+    round_trips: dict[int, list] = field(default_factory=dict)
 
-    def add_draft(self, k: int, accepted: int) -> None:
+    def add_draft(self, k: int, accepted: int, greedy: bool = True) -> None:
         self.drafts += 1
         self.proposed_tokens += k
         self.accepted_tokens += accepted
         count_accepted(self.accepted_per_position, k, accepted)
+        (self.greedy if greedy else self.sampled).add(k, accepted)
+
+    def draft_limit(self) -> int:
+        """The proposer's own limit on draft length as far as seen (0: none known)."""
+        return draft_limit(len(self.accepted_per_position), max(self.round_trips, default=0),
+                           self.drafts)
+
+    def add_round_trip(self, k: int, seconds: float) -> None:
+        entry = self.round_trips.setdefault(k, [0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
 
 
 @dataclass
@@ -62,9 +111,19 @@ class EngineStats:
     waiting: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
+    max_num_seqs: int = 0
+    # decoding steps' time without the wait for proposers, by batch tokens (STEP_COST_BOUNDS)
+    step_cost: list[StepCostBucket] = field(default_factory=lambda: [
+        StepCostBucket(b) for b in (*STEP_COST_BOUNDS, 2 ** 31 - 1)])
 
     def method(self, name: str) -> MethodStats:
         return self.per_method.setdefault(name, MethodStats())
+
+    def add_step_cost(self, tokens: int, seconds: float) -> None:
+        bucket = self.step_cost[bisect.bisect_left(STEP_COST_BOUNDS, tokens)]
+        bucket.steps += 1
+        bucket.tokens_total += tokens
+        bucket.seconds_total += seconds
 
 
 @dataclass
@@ -97,6 +156,8 @@ class StepStats:
     num_tokens: int  # tokens forwarded (uncached + drafts)
     emitted_tokens: int
     per_method: dict[str, MethodStepStats] = field(default_factory=dict)
+    draft_seconds: float = 0.0  # of `seconds`, the wait for proposers' answers
+    prefill_tokens: int = 0  # of `num_tokens`, prompt tokens of sequences still prefilling
 
 
 @dataclass

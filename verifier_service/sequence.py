@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from splitspec.goodput import tried_positions
 from splitspec.params import GenerationInput
 from verifier_service.engine_stats import RequestTimeline, count_accepted
 from verifier_service.kv_cache import BlockTable
@@ -58,6 +59,10 @@ class Sequence:
     finished: bool = False
     proposed: int = 0
     accepted: int = 0
+    rejections: int = 0  # drafts with a rejected token (acceptance = accepted / (that + this))
+    drafts: int = 0  # non-empty drafts verified
+    asked: int = 0  # steps that asked its proposer for a draft
+    paused_steps: int = 0  # adaptive k: steps in a row without drafting (adaptive_k.py)
     steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     step_counts: list[tuple[int, int]] = field(default_factory=list)
@@ -82,6 +87,9 @@ class Sequence:
     def record_draft(self, k: int, accepted: int) -> None:
         self.proposed += k
         self.accepted += accepted
+        if k:
+            self.drafts += 1
+            self.rejections += tried_positions(k, accepted) - accepted
         self.step_counts.append((k, accepted))
         count_accepted(self.accepted_per_position, k, accepted)
 

@@ -7,6 +7,7 @@ server span, whose parent came in the metadata); the engine's RequestTimeline co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
@@ -18,7 +19,7 @@ from splitspec.wire import (
     stopping_from_pb,
 )
 from verifier_service.engine import Engine
-from verifier_service.engine_stats import EngineStats
+from verifier_service.engine_stats import AcceptanceCounts, EngineStats
 from verifier_service.prompt import PromptEncoder
 from verifier_service.sequence import StepOutput
 from verifier_service.tracing import VerifierTracer
@@ -44,6 +45,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                                    tuple(self._engine.proposers),
                                    cfg.default_num_speculative_tokens,
                                    cfg.max_num_speculative_tokens)
+        if req.speculation.adaptive and plan.enabled:  # the policy re-decides k every step
+            on = req.speculation.mode == common_pb2.SPECULATION_MODE_ON
+            plan = dataclasses.replace(plan, adaptive=True, k_min=1 if on else 0)
         return GenerationInput(
             # assigned here rather than by the engine: the span and the stream know it too
             request_id=req.request_id or uuid.uuid4().hex, prompt_token_ids=tuple(ids),
@@ -111,11 +115,29 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
         kv_blocks_free=s.kv_blocks_free, steps=s.steps, generated_tokens=s.generated_tokens,
         finished_requests=s.finished_requests, aborted_requests=s.aborted_requests,
         preemptions=s.preemptions, step_seconds_total=s.step_seconds_total,
+        max_num_seqs=s.max_num_seqs,
         methods=[verifier_pb2.MethodStats(method=m, proposed_tokens=v.proposed_tokens,
                                           accepted_tokens=v.accepted_tokens, steps=v.steps,
                                           missed_steps=v.missed_steps,
-                                          unavailable=v.unavailable)
-                 for m, v in sorted(s.per_method.items())])
+                                          unavailable=v.unavailable,
+                                          greedy=_acceptance_to_pb(v.greedy),
+                                          sampled=_acceptance_to_pb(v.sampled),
+                                          round_trips=[
+                                              verifier_pb2.RoundTripBucket(
+                                                  k=k, calls=n, seconds_total=sec)
+                                              for k, (n, sec) in sorted(v.round_trips.items())],
+                                          longest_draft=len(v.accepted_per_position))
+                 for m, v in sorted(s.per_method.items())],
+        step_cost=[verifier_pb2.StepCostBucket(max_tokens=b.max_tokens, steps=b.steps,
+                                               tokens_total=b.tokens_total,
+                                               seconds_total=b.seconds_total)
+                   for b in s.step_cost if b.steps])
+
+
+def _acceptance_to_pb(c: AcceptanceCounts) -> verifier_pb2.AcceptanceCounts:
+    return verifier_pb2.AcceptanceCounts(drafts=c.drafts, proposed_tokens=c.proposed_tokens,
+                                         accepted_tokens=c.accepted_tokens,
+                                         rejections=c.rejections, asked=c.asked)
 
 
 def _output_to_pb(request_id: str, out: StepOutput,

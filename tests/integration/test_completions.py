@@ -66,16 +66,31 @@ def test_a_repetitive_prompt_gets_drafts_accepted(client):
     assert spec["steps"] < out["usage"]["completion_tokens"]
 
 
-def test_auto_and_on_without_a_method_speculate_with_the_first_method_and_the_default_k(
-        client):
-    """docs/api.md: `auto` is on whenever a proposer is served; `method` defaults to the first
-    served (n-gram) and k to the verifier's --default-num-speculative-tokens (4)."""
+def test_auto_and_on_without_a_method_or_k_let_the_policy_choose(client):
+    """docs/api.md, docs/policy.md: `auto` (the default) picks a served method and k, or off,
+    and says why; `on` without k takes its method (none: the first served, n-gram) with a
+    policy-chosen k >= 1 and drafts every step; `on` with a k is honoured exactly."""
     prompt = "alpha beta gamma delta " * 8
-    for body in ({}, {"speculation": {"mode": "auto"}}, {"speculation": {"mode": "on"}}):
-        out = complete(client, prompt, max_tokens=16, temperature=0, **body)
-        spec = out["usage"]["speculation"]
-        assert spec["method"] == "ngram" and spec["num_speculative_tokens"] == 4, body
+    for body in ({}, {"speculation": {"mode": "auto"}}):
+        spec = complete(client, prompt, max_tokens=16, temperature=0, **body)["usage"][
+            "speculation"]
+        assert spec["mode"] == "auto", body
+        if spec["method"] is None:
+            assert spec["num_speculative_tokens"] == 0 and spec["proposed_tokens"] == 0
+            assert spec["policy_reason"] in {"low_acceptance", "compute_bound"}, spec
+        else:
+            assert spec["method"] in MODEL_FREE and 1 <= spec["num_speculative_tokens"] <= 8
+            assert spec["policy_reason"] in {"goodput", "exploration"}, spec
+    for body in ({"mode": "on"}, {"mode": "on", "method": "suffix"}):
+        spec = complete(client, prompt, max_tokens=16, temperature=0, speculation=body)[
+            "usage"]["speculation"]
+        assert (spec["mode"], spec["policy_reason"]) == ("on", "requested_on")
+        assert spec["method"] == body.get("method", "ngram")
+        assert 1 <= spec["num_speculative_tokens"] <= 8
         assert spec["proposed_tokens"] > 0, body
+    spec = complete(client, prompt, max_tokens=16, temperature=0, speculation={
+        "mode": "on", "method": "ngram", "num_speculative_tokens": 7})["usage"]["speculation"]
+    assert (spec["method"], spec["num_speculative_tokens"]) == ("ngram", 7)  # exactly that
 
 
 def test_streaming_delivers_the_same_text_as_non_streaming(client, baseline):

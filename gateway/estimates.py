@@ -1,0 +1,134 @@
+"""What the gateway's speculation policy knows about the verifiers, built from their stats.
+
+Each replica's Verifier/WatchStats snapshot (gateway/stats_watch.py converts it to a
+`ReplicaSnapshot`) is compared with the previous one of the same replica, and the differences
+feed the estimates the policy reads:
+  * acceptance per (method, greedy or sampled), pooled over replicas: accepted and tried draft
+    positions, with older counts halving every HALF_LIFE_TRIED newly tried positions of the same
+    kind of request, so that the estimate follows the traffic and a method that is not chosen
+    any more loses weight (the policy explores it again once it is stale);
+  * each replica's step time by batch tokens and each proposer's round trip by k (counters
+    since the replica's start, fitted on demand), its load (running + waiting), its running
+    count averaged over recent snapshots (weight RUNNING_ALPHA for the newest), and its batch
+    limit.
+A replica whose counters went backwards restarted: its snapshot counts from zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from splitspec.goodput import (
+    Acceptance,
+    RoundTrip,
+    StepCost,
+    decay_factor,
+    default_step_cost,
+    draft_limit,
+    fit_round_trip,
+    fit_step_cost,
+)
+
+HALF_LIFE_TRIED = 2000.0
+RUNNING_ALPHA = 0.2  # at the default 500 ms between snapshots: about 2.5 s of memory
+
+
+@dataclass(frozen=True)
+class MethodSnapshot:
+    greedy: Acceptance = Acceptance()  # counters since the replica started
+    sampled: Acceptance = Acceptance()
+    round_trips: tuple[tuple[int, float, float], ...] = ()  # (k, calls, seconds total)
+    unavailable: str = ""
+    longest_draft: int = 0
+
+    def draft_limit(self) -> int:
+        return draft_limit(self.longest_draft, max((k for k, _, _ in self.round_trips), default=0),
+                           self.greedy.drafts + self.sampled.drafts)
+
+
+@dataclass(frozen=True)
+class ReplicaSnapshot:
+    running: int = 0
+    waiting: int = 0
+    max_num_seqs: int = 0
+    steps: int = 0
+    methods: dict[str, MethodSnapshot] = field(default_factory=dict)
+    step_cost: tuple[tuple[int, float, float], ...] = ()  # (steps, tokens, seconds) per bucket
+
+
+@dataclass
+class Estimates:
+    half_life_tried: float = HALF_LIFE_TRIED
+    running_alpha: float = RUNNING_ALPHA
+    acceptance: dict[tuple[str, bool], Acceptance] = field(default_factory=dict)  # (m, greedy)
+    replicas: dict[str, ReplicaSnapshot] = field(default_factory=dict)
+    recent_running: dict[str, float] = field(default_factory=dict)
+    # this gateway's generations streaming from the replica when its snapshot arrived: the
+    # snapshot's running + waiting count includes them
+    local_at_snapshot: dict[str, int] = field(default_factory=dict)
+    _costs: dict[str, StepCost] = field(default_factory=dict)
+    _round_trips: dict[tuple[str, str], RoundTrip] = field(default_factory=dict)
+
+    def observe(self, address: str, snap: ReplicaSnapshot, local_in_flight: int = 0) -> None:
+        prev = self.replicas.get(address)
+        if prev is None or snap.steps < prev.steps:
+            prev = ReplicaSnapshot()  # first sight, or the replica restarted
+        for greedy in (True, False):
+            deltas = {}
+            for name, m in snap.methods.items():
+                old = prev.methods.get(name, MethodSnapshot())
+                deltas[name] = (m.greedy.minus(old.greedy) if greedy
+                                else m.sampled.minus(old.sampled))
+            self.add_acceptance(greedy, deltas)
+        self.replicas[address] = snap
+        self.local_at_snapshot[address] = local_in_flight
+        old_running = self.recent_running.get(address, float(snap.running))
+        self.recent_running[address] = ((1 - self.running_alpha) * old_running
+                                        + self.running_alpha * snap.running)
+        self._costs.pop(address, None)
+        for key in [k for k in self._round_trips if k[0] == address]:
+            del self._round_trips[key]
+
+    def add_acceptance(self, greedy: bool, deltas: dict[str, Acceptance]) -> None:
+        """New counts per method for one kind of request."""
+        new = sum(d.tried for d in deltas.values())
+        if new <= 0 and not any(d.asked for d in deltas.values()):
+            return
+        factor = decay_factor(new, self.half_life_tried)
+        for key in [k for k in self.acceptance if k[1] == greedy]:
+            self.acceptance[key] = self.acceptance[key].scaled(factor)
+        for name, d in deltas.items():
+            key = (name, greedy)
+            self.acceptance[key] = self.acceptance.get(key, Acceptance()).plus(d)
+
+    def acceptance_of(self, method: str, greedy: bool) -> Acceptance:
+        return self.acceptance.get((method, greedy), Acceptance())
+
+    def round_trip(self, address: str, method: str) -> RoundTrip:
+        key = (address, method)
+        if key not in self._round_trips:
+            snap = self.replicas.get(address)
+            m = snap.methods.get(method) if snap else None
+            self._round_trips[key] = fit_round_trip(m.round_trips) if m else RoundTrip()
+        return self._round_trips[key]
+
+    def draft_limit(self, address: str, method: str) -> int:
+        snap = self.replicas.get(address)
+        m = snap.methods.get(method) if snap else None
+        return m.draft_limit() if m else 0
+
+    def load(self, address: str) -> int:
+        snap = self.replicas.get(address)
+        return snap.running + snap.waiting if snap else 0
+
+    def others_load(self, address: str) -> int:
+        """Running + waiting on the replica that did not come from this gateway (as of its
+        last snapshot): other gateways' requests, or requests sent to it directly."""
+        return max(self.load(address) - self.local_at_snapshot.get(address, 0), 0)
+
+    def cost(self, address: str) -> StepCost:
+        if address not in self._costs:
+            snap = self.replicas.get(address)
+            self._costs[address] = (fit_step_cost(snap.step_cost) if snap
+                                    else default_step_cost())
+        return self._costs[address]

@@ -1,0 +1,279 @@
+"""The goodput model behind the `auto` speculation policy: pure functions, no I/O.
+
+Goodput is output tokens per second of verifier time (SmartSpec, "Optimizing Speculative
+Decoding for Serving LLMs Using Goodput"). For a draft of k tokens whose tokens are each
+accepted with probability a until the first rejection (Leviathan et al.), a step emits
+
+    E[tokens](a, k) = (1 - a^(k+1)) / (1 - a)          (k + 1 when a = 1; 1 when k = 0)
+
+and costs the verifier's step time at the batch's token count plus the proposer's round trip
+(the engine waits for drafts before it verifies). A proposer that finds no draft for a share
+1 - h of the steps (prompt lookup without a match, a late answer) emits 1 + h (E - 1). Both
+the gateway (per request) and the verifier (per sequence and step) pick the (method, k),
+k = 0 meaning off, with the highest goodput. docs/policy.md has the constants and a worked example.
+
+Acceptance is estimated with the usual model's maximum-likelihood estimate: of the draft
+positions that were tried (accepted tokens plus one rejected token per draft that was not
+accepted in full), the share accepted, shrunk towards a prior while there is little data.
+The round trip is fitted as base + per_token * k from its mean per k asked.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+# The verifier's step time before any step was measured: seconds = BASE + PER_TOKEN * tokens.
+DEFAULT_BASE_S = 0.010
+DEFAULT_PER_TOKEN_S = 0.0005
+# A bucket of step times counts once it has this many steps.
+MIN_BUCKET_STEPS = 3
+# Acceptance prior: optimistic, so that a method without data gets tried, and weighted as this
+# many tried draft positions, so that a few drafts outweigh it.
+PRIOR_ACCEPTANCE = 0.7
+PRIOR_STRENGTH = 20.0
+# Share of asked steps that get a draft, before data: optimistic too, weighted as 10 asks.
+PRIOR_HIT_RATE = 1.0
+PRIOR_HIT_STRENGTH = 10.0
+# A proposer's round trip before any was timed.
+DEFAULT_ROUND_TRIP_S = 0.002
+# A proposer that never drafted more than n tokens in this many drafts, although asked for
+# more, is taken to draft at most n.
+MIN_DRAFTS_FOR_LIMIT = 20
+# Speculation must beat plain decoding by this share of goodput: estimates are noisy and a
+# draft costs proposer capacity and KV slots that the model does not count.
+SPECULATION_MARGIN = 0.03
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens one step emits for a k-token draft with per-token acceptance a."""
+    if k <= 0:
+        return 1.0
+    a = min(max(a, 0.0), 1.0)
+    if a >= 1.0 - 1e-12:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Draft positions tried and accepted (counts; may be decayed, hence floats)."""
+
+    accepted: float = 0.0
+    tried: float = 0.0  # accepted + one per draft with a rejection
+    drafts: float = 0.0  # non-empty drafts verified
+    asked: float = 0.0  # sequence-steps that asked for one
+
+    def rate(self, prior: float = PRIOR_ACCEPTANCE, strength: float = PRIOR_STRENGTH) -> float:
+        return (self.accepted + prior * strength) / (self.tried + strength)
+
+    def hit_rate(self, prior: float = PRIOR_HIT_RATE,
+                 strength: float = PRIOR_HIT_STRENGTH) -> float:
+        return min((self.drafts + prior * strength) / (self.asked + strength), 1.0)
+
+    def plus(self, other: "Acceptance") -> "Acceptance":
+        return Acceptance(self.accepted + other.accepted, self.tried + other.tried,
+                          self.drafts + other.drafts, self.asked + other.asked)
+
+    def minus(self, other: "Acceptance") -> "Acceptance":
+        """The counts since `other` (never negative)."""
+        return Acceptance(max(self.accepted - other.accepted, 0.0),
+                          max(self.tried - other.tried, 0.0),
+                          max(self.drafts - other.drafts, 0.0), max(self.asked - other.asked, 0.0))
+
+    def scaled(self, factor: float) -> "Acceptance":
+        return Acceptance(self.accepted * factor, self.tried * factor, self.drafts * factor,
+                          self.asked * factor)
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """A proposer's answer time for a k-token draft: base + per_token * k."""
+
+    base_s: float = DEFAULT_ROUND_TRIP_S
+    per_token_s: float = 0.0
+
+    def __call__(self, k: int) -> float:
+        return self.base_s + self.per_token_s * k if k > 0 else 0.0
+
+
+def fit_round_trip(points: Iterable[tuple[int, float, float]]) -> RoundTrip:
+    """RoundTrip from (k, calls, seconds total) per k: weighted least squares of the mean, base
+    and slope kept >= 0. One k only: half of it taken as fixed, half as growing with k."""
+    pts = [(float(k), n, s / n) for k, n, s in points if n > 0 and k > 0]
+    if not pts:
+        return RoundTrip()
+    w = sum(n for _, n, _ in pts)
+    mx = sum(n * x for x, n, _ in pts) / w
+    my = sum(n * y for _, n, y in pts) / w
+    sxx = sum(n * (x - mx) ** 2 for x, n, _ in pts)
+    if sxx <= 1e-12:
+        return RoundTrip(my / 2, my / 2 / mx)
+    slope = max(sum(n * (x - mx) * (y - my) for x, n, y in pts) / sxx, 0.0)
+    base = my - slope * mx
+    if base < 0:
+        base, slope = 0.0, my / mx
+    return RoundTrip(base, slope)
+
+
+@dataclass(frozen=True)
+class MethodModel:
+    """What the model knows about one proposer for one kind of request."""
+
+    acceptance: float  # per draft token
+    hit_rate: float = 1.0  # share of asked steps that get a draft
+    round_trip: RoundTrip = RoundTrip()
+    max_draft: int = 0  # the most tokens it drafts whatever k is asked (0: no known limit)
+
+    def drafted(self, k: int) -> int:
+        return min(k, self.max_draft) if self.max_draft else k
+
+    def expected(self, k: int) -> float:
+        """Tokens a step emits when k tokens are asked for."""
+        return 1.0 + self.hit_rate * (expected_tokens(self.acceptance, self.drafted(k)) - 1.0)
+
+    def tokens(self, k: int) -> float:
+        """Tokens the verifier forwards for it: the last token plus the draft when there is one."""
+        return 1.0 + self.hit_rate * self.drafted(k)
+
+
+def draft_limit(longest_draft: int, largest_asked: int, drafts: float,
+                min_drafts: float = MIN_DRAFTS_FOR_LIMIT) -> int:
+    """A proposer's own limit on draft length (e.g. an MLP speculator's heads), once it was
+    asked for more than it ever drafted often enough to tell; 0: no known limit."""
+    if drafts >= min_drafts and 0 < longest_draft < largest_asked:
+        return longest_draft
+    return 0
+
+
+def tried_positions(k: int, accepted: int) -> int:
+    """Positions of a k-token draft that were tried: the accepted ones, plus the first
+    rejected one when not all were accepted."""
+    return accepted + (1 if accepted < k else 0)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The verifier's step time as a function of the batch's tokens: piecewise-linear through
+    measured (tokens, seconds) points, non-decreasing; flat below the first point, the last
+    segment's slope beyond the last one."""
+
+    tokens: tuple[float, ...]
+    seconds: tuple[float, ...]
+    tail_slope: float  # seconds per token beyond the last point
+
+    def __call__(self, tokens: float) -> float:
+        xs, ys = self.tokens, self.seconds
+        if tokens <= xs[0]:
+            return ys[0]
+        if tokens >= xs[-1]:
+            return ys[-1] + self.tail_slope * (tokens - xs[-1])
+        i = bisect.bisect_right(xs, tokens)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+
+def default_step_cost() -> StepCost:
+    return StepCost((1.0,), (DEFAULT_BASE_S + DEFAULT_PER_TOKEN_S,), DEFAULT_PER_TOKEN_S)
+
+
+def fit_step_cost(buckets: Iterable[tuple[int, float, float]],
+                  min_steps: int = MIN_BUCKET_STEPS) -> StepCost:
+    """StepCost from (steps, tokens_total, seconds_total) per bucket of batch sizes: one point
+    per bucket with enough steps at its mean (tokens, seconds), made non-decreasing (a larger
+    batch never costs less) by weighted isotonic regression: neighbours that disagree are
+    pooled into their step-weighted mean, so one noisy bucket moves the curve only as much as
+    its steps weigh. With one point, the default per-token slope scaled to it."""
+    points = sorted((t / n, s / n, n) for n, t, s in buckets if n >= min_steps and n > 0)
+    if not points:
+        return default_step_cost()
+    xs = [x for x, _, _ in points]
+    ys = _isotonic([(y, float(n)) for _, y, n in points])
+    if len(xs) == 1:
+        scale = ys[0] / (DEFAULT_BASE_S + DEFAULT_PER_TOKEN_S * xs[0])
+        return StepCost(tuple(xs), tuple(ys), DEFAULT_PER_TOKEN_S * scale)
+    tail = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+    return StepCost(tuple(xs), tuple(ys), tail)
+
+
+def _isotonic(values: list[tuple[float, float]]) -> list[float]:
+    """Non-decreasing fit of (value, weight) pairs: pool adjacent violators."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for y, w in values:
+        blocks.append([y, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            y2, w2, c2 = blocks.pop()
+            y1, w1, c1 = blocks.pop()
+            blocks.append([(y1 * w1 + y2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return [y for y, _, c in blocks for _ in range(int(c))]
+
+
+def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost) -> float:
+    """Tokens per second of a batch of `batch` sequences that all ask for k-token drafts
+    (k = 0 or no model: plain decoding, no proposer to wait for)."""
+    batch = max(batch, 1)
+    if k <= 0 or model is None:
+        return batch / cost(batch)
+    return batch * model.expected(k) / (cost(batch * model.tokens(k)) + model.round_trip(k))
+
+
+def marginal_goodput(model: MethodModel, k: int, cost: StepCost, others_tokens: float,
+                     others_expected: float, wait_s: float) -> float:
+    """Tokens per second of one step when one sequence asks for k draft tokens and the rest of
+    the batch forwards `others_tokens` and emits `others_expected` tokens. `wait_s` is what its
+    draft adds to the step's wait (0 when its proposer is asked anyway)."""
+    if k <= 0:
+        return (others_expected + 1.0) / cost(others_tokens + 1.0)
+    return (others_expected + model.expected(k)) / (cost(others_tokens + model.tokens(k))
+                                                     + wait_s)
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str | None  # None: off
+    k: int
+    goodput: float  # tokens/s the model expects
+    reason: str  # goodput | low_acceptance | compute_bound
+
+
+def best_k(model: MethodModel, batch: int, cost: StepCost, k_max: int,
+           k_min: int = 1) -> tuple[int, float]:
+    """The k in [k_min, k_max] (k_min >= 1) with the highest batch goodput, and that goodput;
+    ties go to the smaller k."""
+    best = (k_min, batch_goodput(model, k_min, batch, cost))
+    for k in range(k_min + 1, k_max + 1):
+        g = batch_goodput(model, k, batch, cost)
+        if g > best[1] * (1 + 1e-9):
+            best = (k, g)
+    return best
+
+
+def choose(models: Mapping[str, MethodModel], batch: int, cost: StepCost, k_max: int,
+           allow_off: bool = True, margin: float = SPECULATION_MARGIN) -> Choice:
+    """The (method, k) with the highest goodput for a batch of `batch` sequences, or off when
+    no method beats plain decoding by `margin` (never off when allow_off is False).
+
+    Why off: `low_acceptance` when the best method would not pay even in a batch of one (the
+    cheapest case for speculation), else `compute_bound` (the batch makes drafts too dear)."""
+    off = batch_goodput(None, 0, batch, cost)
+    best: Choice | None = None
+    for method in sorted(models):
+        k, g = best_k(models[method], batch, cost, k_max)
+        if best is None or g > best.goodput * (1 + 1e-9):
+            best = Choice(method, k, g, "goodput")
+    if best is None:
+        return Choice(None, 0, off, "no_proposer")
+    if not allow_off or best.goodput > off * (1 + margin):
+        return best
+    _, alone = best_k(models[best.method], 1, cost, k_max)
+    pays_alone = alone > batch_goodput(None, 0, 1, cost) * (1 + margin)
+    return Choice(None, 0, off, "compute_bound" if pays_alone else "low_acceptance")
+
+
+def decay_factor(new_tried: float, half_life: float) -> float:
+    """Weight left on old counts after `new_tried` more positions, halving every half_life."""
+    if half_life <= 0 or not math.isfinite(half_life):
+        return 1.0
+    return 0.5 ** (max(new_tried, 0.0) / half_life)

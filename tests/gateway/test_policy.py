@@ -1,0 +1,214 @@
+"""The gateway's speculation policy on synthetic verifier stats: what `auto` picks for high and
+low acceptance and for a compute-bound batch, the queue-size override, the explicit modes, greedy
+and sampled kept apart, deterministic exploration, and the estimates built from snapshots."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.estimates import Estimates, MethodSnapshot, ReplicaSnapshot
+from gateway.policy import Load, PolicyConfig, SpeculationPolicy
+from gateway.stats_watch import snapshot_from_pb
+from protos import common_pb2, verifier_pb2
+from splitspec.errors import InvalidArgument
+from splitspec.goodput import Acceptance
+from splitspec.params import SpeculationMode, SpeculationRequest
+
+INFO = verifier_pb2.VerifierInfo(
+    model="target", max_model_len=512, default_num_speculative_tokens=4,
+    max_num_speculative_tokens=8,
+    proposers=[verifier_pb2.ProposerStatus(method="ngram"),
+               verifier_pb2.ProposerStatus(method="mlp")])
+ADDRESS = "replica-0"
+# (steps, tokens total, seconds total) per bucket: 10 ms up to 16 tokens, then 1 ms per token.
+COST = ((100, 100.0, 1.0), (100, 800.0, 1.05), (100, 1600.0, 1.1), (100, 6400.0, 6.0))
+AUTO = SpeculationRequest()
+
+
+def snapshot(steps: int = 400, running: int = 0, waiting: int = 0,
+             greedy: dict[str, tuple[float, float]] | None = None,
+             sampled: dict[str, tuple[float, float]] | None = None,
+             round_trip_s: float = 0.001) -> ReplicaSnapshot:
+    """A replica's stats with the given (accepted, tried) positions per method."""
+    greedy, sampled = greedy or {}, sampled or {}
+    def counts(acc_tried: tuple[float, float]) -> Acceptance:  # every step got a draft
+        drafts = acc_tried[1] - acc_tried[0]
+        return Acceptance(*acc_tried, drafts, drafts)
+
+    methods = {m: MethodSnapshot(counts(greedy.get(m, (0, 0))), counts(sampled.get(m, (0, 0))),
+                                 ((3, 100.0, round_trip_s * 100),))
+               for m in ("ngram", "mlp")}
+    return ReplicaSnapshot(running, waiting, 16, steps, methods, COST)
+
+
+def policy(snap: ReplicaSnapshot, **config) -> SpeculationPolicy:
+    est = Estimates()
+    est.observe(ADDRESS, snap)
+    config.setdefault("explore_every", 0)
+    return SpeculationPolicy(est, PolicyConfig(**config))
+
+
+def load(queued: int = 0) -> Load:
+    return Load(queued, 16, ADDRESS)
+
+
+def test_high_acceptance_picks_speculation_with_a_larger_k():
+    high = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000)}))
+    moderate = policy(snapshot(greedy={"mlp": (500, 1000), "ngram": (300, 1000)}))
+    d_high, d_mod = high.decide(AUTO, INFO, True, load()), moderate.decide(AUTO, INFO, True,
+                                                                            load())
+    assert (d_high.plan.method, d_high.reason) == ("mlp", "goodput")
+    assert (d_mod.plan.method, d_mod.reason) == ("mlp", "goodput")
+    assert d_high.plan.k > d_mod.plan.k >= 1
+    assert d_high.adaptive and d_high.k_min == 0
+    pb = high.to_pb(d_high)  # AUTO tells the verifier it may pause drafting per step
+    assert (pb.mode, pb.method, pb.num_speculative_tokens, pb.adaptive) == (
+        common_pb2.SPECULATION_MODE_AUTO, "mlp", d_high.plan.k, True)
+
+
+def test_low_acceptance_picks_off():
+    p = policy(snapshot(greedy={"mlp": (20, 1000), "ngram": (10, 1000)}))
+    d = p.decide(AUTO, INFO, True, load())
+    assert (d.plan.enabled, d.reason) == (False, "low_acceptance")
+    assert p.to_pb(d).mode == common_pb2.SPECULATION_MODE_OFF
+
+
+def test_a_compute_bound_batch_picks_off():
+    p = policy(snapshot(greedy={"mlp": (600, 1000), "ngram": (300, 1000)}))
+    assert p.decide(AUTO, INFO, True, load(0)).plan.method == "mlp"
+    d = p.decide(AUTO, INFO, True, load(15))
+    assert (d.plan.enabled, d.reason) == (False, "compute_bound")
+
+
+def test_a_burst_is_judged_by_the_batch_the_replica_has_been_running():
+    p = policy(snapshot(greedy={"mlp": (600, 1000), "ngram": (300, 1000)}))
+    # nothing queued right now, but the replica has been running 16: the burst's first request
+    # will run with the rest of it
+    d = p.decide(AUTO, INFO, True, Load(0, 16, ADDRESS, recent_running=15.6))
+    assert (d.plan.enabled, d.reason) == (False, "compute_bound")
+    est = Estimates()
+    est.observe(ADDRESS, snapshot(steps=1, running=10))
+    est.observe(ADDRESS, snapshot(steps=2, running=0))
+    assert est.recent_running[ADDRESS] == pytest.approx(8.0)
+
+def test_a_replica_load_counts_what_this_gateway_did_not_send_it():
+    est = Estimates()
+    est.observe(ADDRESS, snapshot(running=5, waiting=2), local_in_flight=4)
+    assert est.load(ADDRESS) == 7 and est.others_load(ADDRESS) == 3
+    est.observe(ADDRESS, snapshot(steps=500, running=1), local_in_flight=3)  # stale: ours left
+    assert est.others_load(ADDRESS) == 0
+
+
+def test_the_queue_size_override_wins_over_goodput():
+    p = policy(snapshot(greedy={"mlp": (990, 1000)}), disable_queue_size=2)
+    assert p.decide(AUTO, INFO, True, load(1)).plan.method == "mlp"
+    d = p.decide(AUTO, INFO, True, load(2))
+    assert (d.plan.enabled, d.reason) == (False, "queue_size")
+    # an explicit request is not overridden
+    on = SpeculationRequest(SpeculationMode.ON, "ngram", 3)
+    assert p.decide(on, INFO, True, load(5)).plan.k == 3
+
+
+def test_a_method_that_never_drafts_more_than_3_tokens_gets_k_3():
+    snap = snapshot(greedy={"mlp": (900, 1000), "ngram": (10, 1000)})
+    mlp = snap.methods["mlp"]
+    snap.methods["mlp"] = MethodSnapshot(mlp.greedy, mlp.sampled, ((8, 100.0, 0.1),),
+                                         longest_draft=3)
+    d = policy(snap).decide(AUTO, INFO, True, load())
+    assert (d.plan.method, d.plan.k) == ("mlp", 3)
+
+
+def test_on_with_method_and_k_is_honoured_exactly():
+    p = policy(snapshot(greedy={"ngram": (10, 1000), "mlp": (900, 1000)}))
+    d = p.decide(SpeculationRequest(SpeculationMode.ON, "ngram", 7), INFO, True, load(15))
+    assert (d.plan.method, d.plan.k, d.reason, d.adaptive) == ("ngram", 7, "requested_on", False)
+    pb = p.to_pb(d)
+    assert (pb.mode, pb.method, pb.num_speculative_tokens, pb.adaptive) == (
+        common_pb2.SPECULATION_MODE_ON, "ngram", 7, False)
+
+
+def test_on_without_k_lets_the_policy_pick_k_for_that_method():
+    p = policy(snapshot(greedy={"ngram": (10, 1000), "mlp": (900, 1000)}))
+    d = p.decide(SpeculationRequest(SpeculationMode.ON, "ngram"), INFO, True, load(15))
+    assert d.plan.method == "ngram" and d.plan.k >= 1  # on: never off, whatever the model says
+    assert (d.reason, d.adaptive, d.k_min) == ("requested_on", True, 1)
+    assert p.to_pb(d).mode == common_pb2.SPECULATION_MODE_ON
+    hi = p.decide(SpeculationRequest(SpeculationMode.ON, "mlp"), INFO, True, load(0))
+    assert hi.plan.k > d.plan.k
+    # no method: the first served, as before, even where another would do better
+    first = p.decide(SpeculationRequest(SpeculationMode.ON), INFO, True, load(0))
+    assert first.plan.method == "ngram" and first.plan.k >= 1 and first.adaptive
+    fixed = p.decide(SpeculationRequest(SpeculationMode.ON, num_speculative_tokens=6), INFO)
+    assert (fixed.plan.method, fixed.plan.k, fixed.adaptive) == ("ngram", 6, False)
+
+
+def test_off_k0_and_no_proposer():
+    p = policy(snapshot(greedy={"mlp": (900, 1000)}))
+    assert p.decide(SpeculationRequest(SpeculationMode.OFF), INFO).reason == "requested_off"
+    assert p.decide(SpeculationRequest(num_speculative_tokens=0), INFO).reason == "requested_k0"
+    bare = verifier_pb2.VerifierInfo(max_num_speculative_tokens=8)
+    assert p.decide(AUTO, bare).reason == "no_proposer"
+    with pytest.raises(InvalidArgument):
+        p.decide(SpeculationRequest(SpeculationMode.ON), bare)
+
+
+def test_greedy_and_sampled_acceptance_are_kept_apart():
+    p = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000)},
+                        sampled={"mlp": (30, 1000), "ngram": (10, 1000)}))
+    assert p.decide(AUTO, INFO, True, load()).plan.method == "mlp"
+    d = p.decide(AUTO, INFO, False, load())
+    assert (d.plan.enabled, d.reason) == (False, "low_acceptance")
+
+
+def test_auto_with_a_method_only_considers_that_method():
+    p = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (500, 1000)}))
+    d = p.decide(SpeculationRequest(method="ngram"), INFO, True, load())
+    assert d.plan.method == "ngram" and d.reason == "goodput"
+
+
+def test_exploration_is_deterministic_and_goes_to_the_stale_method():
+    # ngram has no recent data: every 4th auto decision tries it, with drafting forced on
+    p = policy(snapshot(greedy={"mlp": (900, 1000)}), explore_every=4)
+    decisions = [p.decide(AUTO, INFO, True, load()) for _ in range(8)]
+    assert [d.reason for d in decisions] == ["goodput"] * 3 + ["exploration"] + \
+        ["goodput"] * 3 + ["exploration"]
+    explored = decisions[3]
+    assert explored.plan.method == "ngram" and explored.plan.k >= 1 and explored.k_min == 1
+    # once every method has enough data nothing is stale: no exploration
+    fresh = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000)}), explore_every=4)
+    assert all(fresh.decide(AUTO, INFO, True, load()).reason == "goodput" for _ in range(8))
+
+
+def test_estimates_use_differences_between_snapshots_and_decay_old_counts():
+    est = Estimates(half_life_tried=1000.0)
+    est.observe(ADDRESS, snapshot(steps=10, greedy={"ngram": (100, 200), "mlp": (0, 0)}))
+    assert est.acceptance_of("ngram", True) == Acceptance(100, 200, 100, 100)
+    # mlp drafts 1000 positions: ngram's old counts lose half their weight
+    est.observe(ADDRESS, snapshot(steps=20, greedy={"ngram": (100, 200), "mlp": (800, 1000)}))
+    assert est.acceptance_of("ngram", True).tried == pytest.approx(100)
+    assert est.acceptance_of("mlp", True) == Acceptance(800, 1000, 200, 200)
+    assert est.acceptance_of("mlp", False) == Acceptance()
+    # a restarted replica (counters went back) counts from zero again
+    est.observe(ADDRESS, snapshot(steps=5, greedy={"mlp": (8, 10)}))
+    assert est.acceptance_of("mlp", True).tried == pytest.approx(1000 * 0.5 ** (10 / 1000) + 10)
+    assert est.round_trip(ADDRESS, "mlp")(3) == pytest.approx(0.001)
+    assert est.load(ADDRESS) == 0 and est.cost(ADDRESS)(1) == pytest.approx(0.01)
+
+
+def test_snapshot_from_the_wire():
+    pb = verifier_pb2.EngineStats(
+        running=3, waiting=2, steps=7, max_num_seqs=8,
+        methods=[verifier_pb2.MethodStats(
+            method="ngram", greedy=verifier_pb2.AcceptanceCounts(
+                drafts=4, accepted_tokens=6, rejections=4, asked=9),
+            round_trips=[verifier_pb2.RoundTripBucket(k=3, calls=5, seconds_total=0.5)],
+            longest_draft=2)],
+        step_cost=[verifier_pb2.StepCostBucket(max_tokens=1, steps=3, tokens_total=3,
+                                               seconds_total=0.03)])
+    snap = snapshot_from_pb(pb)
+    assert (snap.running, snap.waiting, snap.max_num_seqs, snap.steps) == (3, 2, 8, 7)
+    assert snap.methods["ngram"].greedy == Acceptance(6, 10, 4, 9)
+    assert snap.methods["ngram"].round_trips == ((3, 5.0, 0.5),)
+    assert snap.methods["ngram"].longest_draft == 2
+    assert snap.methods["ngram"].draft_limit() == 0  # 4 drafts: too few to tell
+    assert snap.step_cost == ((3, 3.0, 0.03),)

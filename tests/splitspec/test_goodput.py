@@ -1,0 +1,143 @@
+"""The goodput model: expected tokens per step, the fitted step cost, and the choice of
+(method, k) on synthetic numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitspec.goodput import (
+    Acceptance,
+    MethodModel,
+    RoundTrip,
+    StepCost,
+    batch_goodput,
+    choose,
+    decay_factor,
+    draft_limit,
+    expected_tokens,
+    fit_round_trip,
+    fit_step_cost,
+    marginal_goodput,
+    tried_positions,
+)
+
+# Memory-bound at small batches (flat), compute-bound beyond 16 tokens.
+FLAT_THEN_STEEP = StepCost((1.0, 16.0, 64.0), (0.010, 0.012, 0.060), 0.001)
+FAST = RoundTrip(0.001, 0.0)
+
+
+def m(a: float, hit: float = 1.0, rt: RoundTrip = FAST) -> MethodModel:
+    return MethodModel(a, hit, rt)
+
+
+def test_expected_tokens_follows_the_geometric_series():
+    assert expected_tokens(0.5, 0) == 1.0
+    assert expected_tokens(0.5, 1) == pytest.approx(1.5)
+    assert expected_tokens(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 4) == 1.0
+
+
+def test_tried_positions_count_the_first_rejection():
+    assert tried_positions(4, 4) == 4  # all accepted: nothing rejected
+    assert tried_positions(4, 1) == 2
+    assert tried_positions(4, 0) == 1
+
+
+def test_acceptance_rate_starts_at_the_prior_and_follows_the_data():
+    assert Acceptance().rate(0.7, 20) == pytest.approx(0.7)
+    assert Acceptance(90, 1000).rate(0.7, 20) == pytest.approx((90 + 14) / 1020)
+    assert Acceptance(10, 20, 4, 8).scaled(0.5) == Acceptance(5, 10, 2, 4)
+    assert Acceptance(10, 20, 4, 8).minus(Acceptance(4, 30, 1, 2)) == Acceptance(6, 0, 3, 6)
+    assert Acceptance(drafts=2, asked=10).hit_rate(1.0, 10) == pytest.approx(0.6)
+    assert decay_factor(2000, 2000) == pytest.approx(0.5)
+
+
+def test_step_cost_interpolates_and_never_decreases():
+    # buckets: (steps, tokens total, seconds total)
+    cost = fit_step_cost([(10, 10, 0.1), (10, 80, 0.12), (10, 640, 0.5), (10, 160, 0.11),
+                          (1, 5000, 9.0)])  # the last has too few steps to count
+    assert cost.tokens == (1.0, 8.0, 16.0, 64.0)
+    # 16 tokens cannot be cheaper than 8: both get their weighted mean
+    assert cost.seconds == pytest.approx((0.01, 0.0115, 0.0115, 0.05))
+    assert cost(4.5) == pytest.approx(0.01075)
+    assert cost(0.5) == 0.01
+    assert cost(128) == pytest.approx(0.05 + 64 * (0.05 - 0.0115) / 48)
+    # one slow bucket among many steps does not lift everything after it
+    noisy = fit_step_cost([(100, 100, 1.0), (3, 12, 0.3), (100, 800, 1.2), (100, 3200, 2.0)])
+    assert noisy(8) < 0.02 and noisy(32) == pytest.approx(0.02)
+
+
+def test_step_cost_without_data_uses_the_default_and_one_point_scales_it():
+    assert fit_step_cost([])(1) > 0
+    one = fit_step_cost([(5, 5, 0.1)])
+    assert one(1) == pytest.approx(0.02) and one(101) > one(1)
+
+
+def test_high_acceptance_speculates_with_a_larger_k_than_moderate_acceptance():
+    high = choose({"mlp": m(0.9)}, 1, FLAT_THEN_STEEP, 8)
+    moderate = choose({"mlp": m(0.5)}, 1, FLAT_THEN_STEEP, 8)
+    assert high.method == moderate.method == "mlp"
+    assert high.reason == moderate.reason == "goodput"
+    assert high.k > moderate.k >= 1
+
+
+def test_low_acceptance_picks_off():
+    c = choose({"ngram": m(0.05)}, 1, FLAT_THEN_STEEP, 8)
+    assert (c.method, c.k, c.reason) == (None, 0, "low_acceptance")
+    # a high acceptance when drafts are rare is low acceptance per step asked
+    slow = RoundTrip(0.003)
+    assert choose({"ngram": m(0.8, 0.05, slow)}, 1, FLAT_THEN_STEEP, 8).method is None
+    assert choose({"ngram": m(0.8, 0.9, slow)}, 1, FLAT_THEN_STEEP, 8).method == "ngram"
+
+
+def test_a_compute_bound_batch_picks_off_although_the_method_pays_alone():
+    assert choose({"mlp": m(0.6)}, 1, FLAT_THEN_STEEP, 8).method == "mlp"
+    c = choose({"mlp": m(0.6)}, 16, FLAT_THEN_STEEP, 8)
+    assert (c.method, c.k, c.reason) == (None, 0, "compute_bound")
+
+
+def test_the_best_method_wins_and_off_is_not_allowed_when_on_was_asked_for():
+    c = choose({"ngram": m(0.3), "mlp": m(0.8)}, 1, FLAT_THEN_STEEP, 8)
+    assert c.method == "mlp"
+    forced = choose({"ngram": m(0.05)}, 16, FLAT_THEN_STEEP, 8, allow_off=False)
+    assert forced.method == "ngram" and forced.k >= 1
+
+
+def test_a_long_round_trip_makes_speculation_lose():
+    assert choose({"draft": m(0.6, rt=RoundTrip(0.5))}, 1, FLAT_THEN_STEEP, 8).method is None
+
+
+def test_a_round_trip_growing_with_k_keeps_k_small():
+    flat = choose({"draft": m(0.8)}, 1, FLAT_THEN_STEEP, 8)
+    growing = choose({"draft": m(0.8, rt=RoundTrip(0.001, 0.004))}, 1, FLAT_THEN_STEEP, 8)
+    assert flat.k > growing.k >= 1
+
+
+def test_a_proposer_with_its_own_draft_limit_is_not_asked_for_more():
+    assert choose({"mlp": m(0.95)}, 1, FLAT_THEN_STEEP, 8).k == 8
+    capped = MethodModel(0.95, 1.0, RoundTrip(0.001, 0.0001), max_draft=5)
+    assert capped.expected(8) == capped.expected(5) and capped.tokens(8) == 6
+    assert choose({"mlp": capped}, 1, FLAT_THEN_STEEP, 8).k == 5
+    assert draft_limit(5, 8, 20) == 5
+    assert draft_limit(5, 8, 19) == 0  # too few drafts to tell
+    assert draft_limit(5, 5, 100) == 0  # never asked for more than it drafted
+
+
+def test_round_trip_fit():
+    rt = fit_round_trip([(2, 10, 10 * 0.003), (4, 10, 10 * 0.005), (6, 10, 10 * 0.007)])
+    assert (rt.base_s, rt.per_token_s) == (pytest.approx(0.001), pytest.approx(0.001))
+    assert rt(0) == 0.0 and rt(8) == pytest.approx(0.009)
+    one = fit_round_trip([(4, 5, 5 * 0.004)])  # one k: half fixed, half per token
+    assert one(4) == pytest.approx(0.004) and one(8) == pytest.approx(0.006)
+    assert fit_round_trip([]) == RoundTrip()
+
+
+def test_marginal_goodput_of_one_sequence_in_a_batch():
+    # alone: its own tokens over its own step; in a batch the others' tokens share the step
+    assert marginal_goodput(m(0.5), 0, FLAT_THEN_STEEP, 0, 0, 0.0) == pytest.approx(100.0)
+    assert marginal_goodput(m(0.5), 1, FLAT_THEN_STEEP, 15, 15, 0.0) == pytest.approx(
+        16.5 / FLAT_THEN_STEEP(17))
+    assert batch_goodput(None, 0, 16, FLAT_THEN_STEEP) == pytest.approx(16 / 0.012)
+    assert batch_goodput(m(0.5), 1, 16, FLAT_THEN_STEEP) == pytest.approx(
+        16 * 1.5 / (FLAT_THEN_STEEP(32) + 0.001))

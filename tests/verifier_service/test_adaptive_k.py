@@ -1,0 +1,122 @@
+"""Per-step k for adaptive requests (verifier_service/adaptive_k.py) and the engine counters it
+and the gateway's policy read: acceptance apart for greedy and sampled requests, proposer round
+trips, step time by batch tokens. Adaptive greedy requests stay lossless."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from engine_testlib import PROMPTS, make_engine, request, run_all
+
+from protos import common_pb2
+from splitspec.params import SamplingParams, SpeculationPlan
+from verifier_service.adaptive_k import PROBE_AFTER
+from verifier_service.servicer import VerifierServicer
+
+
+def adaptive(inp, k: int = 3, k_min: int = 0, method: str = "ngram"):
+    return type(inp)(inp.request_id, inp.prompt_token_ids, inp.sampling, inp.stopping,
+                     SpeculationPlan(method, k, adaptive=True, k_min=k_min))
+
+
+def flat_then_steep(engine) -> None:
+    """Step times: ~10 ms up to 16 tokens (memory-bound), 2 ms per token beyond."""
+    for tokens, seconds in ((1, 0.010), (8, 0.0102), (16, 0.0105), (64, 0.105)):
+        for _ in range(5):
+            engine.stats.add_step_cost(tokens, seconds)
+
+
+def decoding(engine, rid: str, inp_k: int = 0):
+    seq = engine.add_request(request(engine, rid, PROMPTS[0], k=inp_k))
+    seq.num_computed = len(seq.tokens) - 1  # as if its prompt were cached: decoding
+    return seq
+
+
+@pytest.fixture
+def engine(target_model_dir):
+    e = make_engine(target_model_dir, max_num_seqs=32, max_num_speculative_tokens=8)
+    flat_then_steep(e)
+    return e
+
+
+def test_high_acceptance_drafts_more_low_acceptance_pauses(engine):
+    seq = engine.add_request(adaptive(request(engine, "a", PROMPTS[0])))
+    seq.num_computed = len(seq.tokens) - 1
+    seq.accepted, seq.rejections = 95, 5
+    high = engine.adaptive.choose(seq, [seq])
+    assert high >= 6
+    seq.accepted, seq.rejections = 0, 60
+    assert engine.adaptive.choose(seq, [seq]) == 0
+    # paused: nothing new is learnt, so every PROBE_AFTER paused steps it drafts once
+    ks = [engine.adaptive.choose(seq, [seq]) for _ in range(PROBE_AFTER * 2)]
+    assert ks[:PROBE_AFTER - 1] == [0] * (PROBE_AFTER - 1)
+    assert ks[PROBE_AFTER - 1] >= 1 and ks[PROBE_AFTER:] == [0] * PROBE_AFTER
+    on = engine.add_request(adaptive(request(engine, "b", PROMPTS[1]), k_min=1))
+    on.num_computed = len(on.tokens) - 1
+    on.accepted, on.rejections = 0, 60
+    engine.adaptive.begin_step()
+    assert engine.adaptive.choose(on, [on]) >= 1  # mode on: drafting never pauses
+
+
+def test_a_compute_bound_batch_pauses_drafting(engine):
+    seq = engine.add_request(adaptive(request(engine, "a", PROMPTS[0])))
+    seq.num_computed = len(seq.tokens) - 1
+    seq.accepted, seq.rejections = 60, 40
+    assert engine.adaptive.choose(seq, [seq]) > 0
+    others = [decoding(engine, f"o{i}") for i in range(15)]
+    engine.adaptive.begin_step()
+    assert engine.adaptive.choose(seq, [seq, *others]) == 0
+
+
+def test_the_request_history_outweighs_the_method_prior(engine):
+    counts = engine.stats.method("ngram").greedy
+    counts.accepted_tokens, counts.rejections = 10, 990  # the method is bad on this verifier
+    seq = engine.add_request(adaptive(request(engine, "a", PROMPTS[0])))
+    seq.num_computed = len(seq.tokens) - 1
+    assert engine.adaptive.choose(seq, [seq]) == 0
+    seq.accepted, seq.rejections = 180, 20  # but this request's drafts are good
+    assert engine.adaptive.choose(seq, [seq]) > 0
+    sampled = engine.add_request(adaptive(request(engine, "s", PROMPTS[1], sampling=SamplingParams(
+        temperature=0.8))))
+    sampled.num_computed = len(sampled.tokens) - 1
+    assert engine.adaptive.acceptance(sampled) == pytest.approx(0.7)  # no sampled data: prior
+
+
+def test_adaptive_greedy_is_lossless_and_counters_are_kept_apart(target_model_dir):
+    engine = make_engine(target_model_dir, max_num_seqs=8)
+    base = asyncio.run(run_all(engine, [request(engine, f"b{i}", p) for i, p in
+                                        enumerate(PROMPTS[:3])]))
+    engine = make_engine(target_model_dir, max_num_seqs=8)
+    sampled = request(engine, "s", PROMPTS[0], k=3,
+                      sampling=SamplingParams(temperature=0.5, seed=7))
+    runs = asyncio.run(run_all(engine, [adaptive(request(engine, f"a{i}", p)) for i, p in
+                                        enumerate(PROMPTS[:3])] + [sampled]))
+    for (tokens, _, _), (want, _, _) in zip(runs, base):
+        assert tokens == want
+    ngram = engine.stats.method("ngram")
+    assert ngram.greedy.drafts > 0 and ngram.sampled.drafts > 0
+    assert ngram.greedy.proposed_tokens + ngram.sampled.proposed_tokens == ngram.proposed_tokens
+    assert sum(r[2].usage.proposed_tokens for r in runs[3:]) == ngram.sampled.proposed_tokens
+    assert 0 < sum(n for n, _ in ngram.round_trips.values()) <= ngram.steps
+    assert ngram.greedy.asked >= ngram.greedy.drafts > 0
+    # decoding steps only: the prefill step of the batch is not a point of the cost model
+    assert 0 < sum(b.steps for b in engine.stats.step_cost) < engine.stats.steps
+    assert sum(b.tokens_total for b in engine.stats.step_cost) < engine.stats.generated_tokens + \
+        sum(ngram.proposed_tokens for ngram in engine.stats.per_method.values())
+
+
+def test_the_wire_marks_plans_adaptive_with_their_least_k(engine):
+    servicer = VerifierServicer(engine, "target", "", "cpu", "float32")
+
+    def plan(mode, adaptive: bool, k: int = 3):
+        return asyncio.run(servicer._from_pb(common_pb2.GenerateRequest(
+            token_ids=common_pb2.TokenIds(ids=[1, 2]), speculation=common_pb2.SpeculationConfig(
+                mode=mode, method="ngram", num_speculative_tokens=k,
+                adaptive=adaptive)))).speculation
+
+    assert plan(common_pb2.SPECULATION_MODE_AUTO, True) == SpeculationPlan(
+        "ngram", 3, adaptive=True, k_min=0)
+    assert plan(common_pb2.SPECULATION_MODE_ON, True) == SpeculationPlan(
+        "ngram", 3, adaptive=True, k_min=1)
+    assert plan(common_pb2.SPECULATION_MODE_ON, False) == SpeculationPlan("ngram", 3)

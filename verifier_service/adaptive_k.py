@@ -1,0 +1,130 @@
+"""Per-step k for requests the gateway's policy marked adaptive (SpeculationConfig.adaptive).
+
+Before every step, each such sequence gets the k in [k_min, k_max] that maximises the step's
+goodput (splitspec/goodput.py `marginal_goodput`), given:
+  * its acceptance and hit rate (steps that got a draft): its own drafts so far, shrunk
+    towards its method's on this verifier for the same kind of request (greedy or sampled);
+  * the step's cost: the verifier's measured step time by batch tokens (EngineStats.step_cost),
+    with the rest of the running batch as it was in its last step (each decoding sequence
+    forwards 1 + its last k tokens and emits 1 + its last accepted; a prefilling one forwards
+    its uncached tokens);
+  * the proposer's round trip for k tokens (fitted per k), counted only when no other sequence
+    of the batch asks the same proposer (the engine waits for every proposer once per step).
+k_min is 0 for mode auto (speculation may pause while the batch is compute-bound and resume
+when it is not) and 1 for mode on without an explicit k. The gateway already required drafting
+to beat plain decoding by a margin, so here the best k simply wins (ties: the smaller). A paused
+request learns nothing new about its acceptance, so after PROBE_AFTER paused steps in a row its
+next step drafts (its best k >= 1) once: a request whose first drafts were unlucky recovers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from splitspec.goodput import (
+    Acceptance,
+    MethodModel,
+    RoundTrip,
+    StepCost,
+    fit_round_trip,
+    fit_step_cost,
+    marginal_goodput,
+)
+from verifier_service.engine_stats import EngineStats
+from verifier_service.sequence import Sequence
+
+# A request's own history is weighed against its method's acceptance as if that were this many
+# tried draft positions of its own.
+REQUEST_PRIOR_STRENGTH = 8.0
+# A paused request drafts once after this many paused steps in a row.
+PROBE_AFTER = 8
+
+
+@dataclass
+class _Batch:
+    """The running batch as its last step left it."""
+
+    tokens: float = 0.0
+    expected: float = 0.0
+    drafting: dict[str, int] | None = None  # method -> sequences that drafted last step
+
+
+def _last_share(seq: Sequence) -> tuple[float, float, str | None]:
+    """(tokens forwarded, tokens emitted, method if it drafted) of seq's last step."""
+    uncached = len(seq.tokens) - seq.num_computed
+    if uncached > 1 or not seq.timeline.steps:
+        return float(max(uncached, 1)), 1.0, None
+    last = seq.timeline.steps[-1]
+    method = seq.inp.speculation.method if last.k > 0 else None
+    return 1.0 + last.k, 1.0 + last.accepted, method
+
+
+class AdaptiveK:
+    def __init__(self, stats: EngineStats, k_max: int, probe_after: int = PROBE_AFTER):
+        self.stats = stats
+        self.k_max = k_max
+        self.probe_after = probe_after
+        self._cost: StepCost | None = None
+        self._cost_steps = -1
+        self._batch: _Batch | None = None
+
+    def begin_step(self) -> None:
+        """Forget the cached view of the batch: the running set may change before this step."""
+        self._batch = None
+
+    def step_cost(self) -> StepCost:
+        if self._cost is None or self._cost_steps != self.stats.steps:
+            self._cost = fit_step_cost((b.steps, b.tokens_total, b.seconds_total)
+                                       for b in self.stats.step_cost)
+            self._cost_steps = self.stats.steps
+        return self._cost
+
+    def acceptance(self, seq: Sequence) -> float:
+        return self.model(seq).acceptance
+
+    def model(self, seq: Sequence) -> MethodModel:
+        """The request's own acceptance and hit rate, shrunk towards its method's."""
+        method = self.stats.method(seq.inp.speculation.method or "")
+        c = method.greedy if seq.inp.sampling.greedy else method.sampled
+        prior = Acceptance(c.accepted_tokens, c.accepted_tokens + c.rejections, c.drafts, c.asked)
+        own = Acceptance(seq.accepted, seq.accepted + seq.rejections, seq.drafts, seq.asked)
+        return MethodModel(own.rate(prior.rate(), REQUEST_PRIOR_STRENGTH),
+                           own.hit_rate(prior.hit_rate(), REQUEST_PRIOR_STRENGTH),
+                           self.round_trip(seq.inp.speculation.method or ""),
+                           method.draft_limit())
+
+    def round_trip(self, method: str) -> RoundTrip:
+        trips = self.stats.method(method).round_trips
+        return fit_round_trip((k, n, s) for k, (n, s) in trips.items())
+
+    def _view(self, running: list[Sequence]) -> _Batch:
+        if self._batch is None:
+            batch = _Batch(drafting={})
+            for s in running:
+                tokens, emitted, method = _last_share(s)
+                batch.tokens += tokens
+                batch.expected += emitted
+                if method is not None:
+                    batch.drafting[method] = batch.drafting.get(method, 0) + 1
+            self._batch = batch
+        return self._batch
+
+    def choose(self, seq: Sequence, running: list[Sequence]) -> int:
+        """The k for seq's next step, in [plan.k_min, k_max]."""
+        plan = seq.inp.speculation
+        batch = self._view(running)
+        tokens, emitted, drafted = _last_share(seq)
+        others_tokens = max(batch.tokens - tokens, 0.0)
+        others_expected = max(batch.expected - emitted, 0.0)
+        others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
+        model, cost = self.model(seq), self.step_cost()
+        probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
+        best_k, best = 0, -1.0
+        for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):
+            # its proposer is waited for anyway when others ask it (their k: about as large)
+            wait = 0.0 if others_drafting > 0 else model.round_trip(k)
+            g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait)
+            if g > best * (1 + 1e-9):
+                best_k, best = k, g
+        seq.paused_steps = 0 if best_k else seq.paused_steps + 1
+        return best_k
