@@ -26,6 +26,8 @@ ones a token drawn from the top-K-truncated q, K = --draft-top-k, sent with exac
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -39,7 +41,14 @@ from proposer_service.base import (
     load_learned,
 )
 from proposer_service.drafting import Row, choose_tokens, draft_keys
-from splitspec.proposal import Draft, ProposerDescription, SequenceStep
+from splitspec.params import SamplingParams
+from splitspec.proposal import (
+    PRECOMPUTE_HIT,
+    PRECOMPUTE_MISS,
+    Draft,
+    ProposerDescription,
+    SequenceStep,
+)
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, H_kv, L, D]
 
@@ -50,6 +59,13 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, H_kv
 class _SeqState:
     kv: KV | None = None  # None: nothing cached
     cached: list[int] = field(default_factory=list)  # tokens whose KV is in kv, in order
+    # per token of the last draft: the draft model's most likely tokens there (its guesses of
+    # the recovered token, should the verifier reject that draft token)
+    alternatives: list[list[int]] = field(default_factory=list)
+
+    def copy(self) -> "_SeqState":
+        """Another state over the same KV tensors (updates replace tensors, never write them)."""
+        return _SeqState(None if self.kv is None else list(self.kv), list(self.cached))
 
     def length(self) -> int:
         return len(self.cached)
@@ -71,11 +87,44 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+@dataclass
+class _AheadPlan:
+    """A sequence to draft ahead for: its step, the history its last draft continued, that draft
+    and the draft's state after it (a copy sharing the KV tensors)."""
+
+    step: SequenceStep
+    history: list[int]
+    draft: Draft
+    state: _SeqState
+
+    def rejection_outcomes(self) -> list[tuple[int, ...]]:
+        """The deltas of the likely rejections: the first n drafts accepted, then the draft's
+        own best other guess at position n + 1 as the recovered token."""
+        out = []
+        for n, (token, alts) in enumerate(zip(self.draft.tokens, self.state.alternatives)):
+            guess = next((a for a in alts if a != token), None)
+            if guess is not None:
+                out.append(tuple(self.draft.tokens[:n]) + (guess,))
+        return out
+
+
+@dataclass
+class _Ready:
+    """Drafted ahead for one sequence: per outcome (the delta the verifier will send), the draft
+    for the step after it and the draft state that goes with it."""
+
+    k: int
+    sampling: SamplingParams
+    drafts: dict[tuple[int, ...], tuple[Draft, _SeqState]]
+
+
 class DraftSession(ProposerSession):
     def __init__(self, proposer: "DraftModelProposer"):
         self._p = proposer
         self._store = HistoryStore(proposer.idle_timeout_s)
         self._states: dict[str, _SeqState] = {}
+        self._plans: dict[str, _AheadPlan] = {}  # asked to draft ahead, not yet drafted
+        self._ready: dict[str, _Ready] = {}  # drafted ahead, waiting for the outcome
 
     def cached_tokens(self, seq_id: str) -> list[int]:
         """The tokens whose KV the draft holds for a sequence (its history, then own drafts)."""
@@ -89,9 +138,13 @@ class DraftSession(ProposerSession):
     def propose(self, steps: list[SequenceStep]) -> list[Draft]:
         for sid in self._store.evict_idle():
             self._states.pop(sid, None)
+            self._ready.pop(sid, None)
+        self._plans.clear()
         drafts: dict[str, Draft] = {}
         work: list[tuple[SequenceStep, list[int], _SeqState]] = []
+        missed: set[str] = set()  # drafted ahead for other outcomes: drafted afresh
         for step in steps:
+            ready = self._ready.pop(step.seq_id, None)
             history = self._store.apply(step)
             if history is None or not history:
                 self._states.pop(step.seq_id, None)
@@ -103,19 +156,108 @@ class DraftSession(ProposerSession):
                 # k = 0: just recorded (caught up lazily); past the draft's context: no drafts
                 drafts[step.seq_id] = Draft(step.seq_id)
                 continue
+            step = dataclasses.replace(step, k=k) if k != step.k else step
+            hit = self._take_ready(step, ready)
+            if hit is not None:
+                drafts[step.seq_id] = hit
+                self._plan_ahead(step, history, hit)
+                continue
+            if ready is not None:
+                missed.add(step.seq_id)
             work.append((step, list(history), state))
-        for d in draft_in_batches(work, self._p.max_batch, self._p.draft_batch):
+        for (step, history, _), d in zip(
+                work, draft_in_batches(work, self._p.max_batch, self._p.draft_batch)):
+            d.precompute = PRECOMPUTE_MISS if step.seq_id in missed else ""
             drafts[d.seq_id] = d
+            self._plan_ahead(step, history, d)
         return [drafts[s.seq_id] for s in steps]
+
+    # -- overlapped speculation ---------------------------------------------------------------
+
+    def _take_ready(self, step: SequenceStep, ready: _Ready | None) -> Draft | None:
+        """The draft drafted ahead for this step's outcome, its state made the sequence's; None
+        on a miss (then the sequence is drafted afresh, never from a draft ahead of another
+        outcome)."""
+        k = step.k
+        found = (None if ready is None or step.full_history or k > ready.k
+                 or step.sampling != ready.sampling
+                 else ready.drafts.get(tuple(step.new_tokens)))
+        if found is None:
+            return None
+        draft, state = found
+        self._states[step.seq_id] = state
+        q = None if draft.q is None else SparseProbs.from_rows(draft.q.rows()[:k])
+        return Draft(step.seq_id, draft.tokens[:k], q, precompute=PRECOMPUTE_HIT)
+
+    def _plan_ahead(self, step: SequenceStep, history: list[int], draft: Draft) -> None:
+        k = len(draft.tokens)
+        if (step.precompute and self._p.precompute and k and not draft.resync
+                and len(history) + 2 * k + 1 <= self._p.max_positions):
+            state = self._states[step.seq_id]
+            plan = _AheadPlan(step, list(history), draft, state.copy())
+            plan.state.alternatives = state.alternatives
+            self._plans[step.seq_id] = plan
+
+    def has_ahead_work(self) -> bool:
+        return bool(self._plans)
+
+    def ahead_may_hit(self, steps: list[SequenceStep]) -> bool:
+        for step in steps:
+            plan = self._plans.get(step.seq_id)
+            if plan is None or step.full_history:
+                continue
+            delta, d = tuple(step.new_tokens), plan.draft.tokens
+            if (len(delta) == len(d) + 1 and list(delta[:-1]) == d) \
+                    or delta in plan.rejection_outcomes():
+                return True
+        return False
+
+    def draft_ahead(self, cancel: threading.Event) -> None:
+        """One batch over every planned sequence's likely outcomes, k drafts each:
+        - all k accepted (PEARL's post-verify): keep drafting from d_k, k + 1 tokens; the first
+          is the guess of the bonus token, the other k the draft for the step after it;
+        - rejected at position n + 1 (SSD): history + d_1..d_n + the draft's best other token
+          there (the recovered token's guess), k drafts.
+        Rows are drafted as fresh ones would be (same positions, so the same keyed noise)."""
+        plans = dict(self._plans)  # kept for ahead_may_hit until the next propose
+        work, outcomes = [], []
+        for sid, plan in plans.items():
+            k, h, d = len(plan.draft.tokens), plan.history, plan.draft.tokens
+            work.append((dataclasses.replace(plan.step, k=k + 1), h + d, plan.state.copy()))
+            outcomes.append((sid, None))
+            for delta in plan.rejection_outcomes()[:self._p.ahead_rejections]:
+                work.append((dataclasses.replace(plan.step, k=k), h + list(delta),
+                             plan.state.copy()))
+                outcomes.append((sid, delta))
+        # Entries first: a cancelled drafting ahead leaves them empty, so the step counts a miss.
+        ready = {sid: _Ready(len(p.draft.tokens), p.step.sampling, {}) for sid, p in plans.items()}
+        self._ready.update(ready)
+        results = draft_in_batches(work, self._p.max_batch,
+                                   lambda w: self._p.draft_batch(w, cancel) or [])
+        if len(results) != len(work):  # cancelled: keep nothing
+            return
+        for (sid, delta), (_, _, state), draft in zip(outcomes, work, results):
+            entry = ready[sid]
+            if delta is None:  # all accepted: the first token is the bonus token's guess
+                bonus, q = draft.tokens[0], draft.q
+                delta = tuple(plans[sid].draft.tokens) + (bonus,)
+                draft = Draft(sid, draft.tokens[1:],
+                              None if q is None else SparseProbs.from_rows(q.rows()[1:]))
+                state.alternatives = state.alternatives[1:]
+            entry.drafts[delta] = (draft, state)
 
     def release(self, seq_ids: list[str]) -> None:
         self._store.release(seq_ids)
         for sid in seq_ids:
             self._states.pop(sid, None)
+            self._ready.pop(sid, None)
+            self._plans.pop(sid, None)
 
     def close(self) -> None:
         self._store.clear()
         self._states.clear()
+        self._ready.clear()
+        self._plans.clear()
 
 
 # -- the proposer ------------------------------------------------------------------------------
@@ -123,7 +265,8 @@ class DraftSession(ProposerSession):
 class DraftModelProposer(Proposer):
     def __init__(self, model, device: torch.device, vocab_size: int, tokenizer_fingerprint: str,
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
-                 max_batch: int = 32, idle_timeout_s: float = 600.0):
+                 max_batch: int = 32, idle_timeout_s: float = 600.0, precompute: bool = True,
+                 ahead_rejections: int = 16):
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
@@ -142,6 +285,10 @@ class DraftModelProposer(Proposer):
         # the batched first iteration; longer ones ((re)syncs: whole prompts) are prefilled per
         # sequence, so one long prompt does not pad every row of the batch to its length.
         self.max_batched_catch_up = 8
+        # Overlap: draft ahead for all-accepted plus this many rejection outcomes (the first
+        # positions first) per sequence, in one batch while the verifier verifies.
+        self.precompute = precompute
+        self.ahead_rejections = ahead_rejections
 
     @classmethod
     def from_config(cls, config) -> "DraftModelProposer":
@@ -165,7 +312,8 @@ class DraftModelProposer(Proposer):
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="draft", vocab_size=self.vocab_size,
                                    tokenizer_fingerprint=self.fingerprint,
-                                   max_num_speculative_tokens=self.max_k, model=self.model_name)
+                                   max_num_speculative_tokens=self.max_k, model=self.model_name,
+                                   precompute=self.precompute)
 
     def open_session(self) -> DraftSession:
         return DraftSession(self)
@@ -198,7 +346,8 @@ class DraftModelProposer(Proposer):
         state.cached.extend(tokens)
 
     @torch.inference_mode()
-    def draft_batch(self, work: list[tuple[SequenceStep, list[int], _SeqState]]) -> list[Draft]:
+    def draft_batch(self, work: list[tuple[SequenceStep, list[int], _SeqState]],
+                    cancel: threading.Event | None = None) -> list[Draft] | None:
         """Catch every sequence up to its history and draft its k tokens, all rows together.
 
         Row i of the batch (columns = positions in the batch cache):
@@ -207,13 +356,14 @@ class DraftModelProposer(Proposer):
         pending_i are the history tokens not cached yet (the last one always among them); all
         of them go in iteration 0, whose logits are read at each row's last real position. Pads
         are zero KV or masked-out queries: every query still sees at least its own token.
+        Each row drafts step.k tokens. Returns None (states' KV untouched) once cancel is set.
         """
         for _, history, state in work:
             # Longest cached prefix still valid; the last history token is never cached here.
             state.truncate(min(_common_prefix(state.cached, history), len(history) - 1))
             if len(history) - state.length() > self.max_batched_catch_up:
                 self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
-        ks = [min(step.k, self.max_k) for step, _, _ in work]
+        ks = [step.k for step, _, _ in work]
         params = [step.sampling for step, _, _ in work]
         lens = [state.length() for _, _, state in work]
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
@@ -233,9 +383,12 @@ class DraftModelProposer(Proposer):
                                 device=self.device)  # [B], position of d1
         out_tokens: list[list[int]] = [[] for _ in work]
         out_dists: list[list[Row | None]] = [[] for _ in work]
+        out_alts: list[list[list[int]]] = [[] for _ in work]
         first_pos = [len(h) for _, h, _ in work]  # position of d1
         inputs, width = ids.to(self.device), lmax + s0
         for j in range(kmax):
+            if cancel is not None and cancel.is_set():
+                return None
             res = self.model(input_ids=inputs, position_ids=pos, past_key_values=cache,
                              attention_mask=mask[:, :width], use_cache=True,
                              logits_to_keep=inputs.shape[1])
@@ -245,9 +398,11 @@ class DraftModelProposer(Proposer):
                 logits = res.logits[:, -1]
             keys = draft_keys(params, [p + j for p in first_pos])
             picked, dists = choose_tokens(logits.float(), params, keys, self.draft_top_k)
+            alts = logits.topk(2, dim=-1).indices.tolist()  # [B, 2]: guesses of a recovery
             for i, (t, d) in enumerate(zip(picked, dists)):
                 out_tokens[i].append(t)
                 out_dists[i].append(d)
+                out_alts[i].append(alts[i])
             inputs = torch.tensor(picked, dtype=torch.long, device=self.device)[:, None]
             pos = (next_pos + j)[:, None]  # [B, 1]
             width += 1
@@ -261,6 +416,7 @@ class DraftModelProposer(Proposer):
                          torch.cat([vv[i:i + 1, :, a:z] for a, z in spans], dim=2))
                         for kk, vv in kv]
             state.cached = history + out_tokens[i][:k - 1]
+            state.alternatives = out_alts[i][:k]
             sampled = out_dists[i][0] is not None
             drafts.append(Draft(step.seq_id, out_tokens[i][:k],
                                 q=SparseProbs.from_rows(out_dists[i][:k]) if sampled else None))

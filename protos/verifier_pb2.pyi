@@ -14,20 +14,24 @@ class WatchStatsRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class MethodStats(_message.Message):
-    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable")
+    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "precompute_hits", "precompute_misses")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     MISSED_STEPS_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    PRECOMPUTE_HITS_FIELD_NUMBER: _ClassVar[int]
+    PRECOMPUTE_MISSES_FIELD_NUMBER: _ClassVar[int]
     method: str
     proposed_tokens: int
     accepted_tokens: int
     steps: int
     missed_steps: int
     unavailable: str
-    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ...) -> None: ...
+    precompute_hits: int
+    precompute_misses: int
+    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., precompute_hits: _Optional[int] = ..., precompute_misses: _Optional[int] = ...) -> None: ...
 
 class EngineStats(_message.Message):
     __slots__ = ("running", "waiting", "kv_blocks_total", "kv_blocks_free", "steps", "generated_tokens", "finished_requests", "aborted_requests", "preemptions", "step_seconds_total", "methods")

@@ -63,7 +63,8 @@ class Engine:
         self.stats = EngineStats()
         self.observers = list(observers)
         self.drafts = DraftCollector(proposers, runner.vocab_size,
-                                     config.proposer_timeout_ms / 1000, self.stats)
+                                     config.proposer_timeout_ms / 1000, self.stats,
+                                     overlap=config.overlap)
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
                                    config.max_num_batched_tokens)
         self._by_id: dict[str, Sequence] = {}

@@ -39,6 +39,10 @@ class MethodStats:
     unavailable: str = ""
     # accepted_per_position[j]: drafts whose token j+1 was accepted (sums to accepted_tokens)
     accepted_per_position: list[int] = field(default_factory=list)
+    # overlap: drafts answered from the proposer's drafting ahead, and drafts it had drafted
+    # ahead for other outcomes (drafted afresh); hit rate = hits / (hits + misses)
+    precompute_hits: int = 0
+    precompute_misses: int = 0
 
     def add_draft(self, k: int, accepted: int) -> None:
         self.drafts += 1
@@ -78,6 +82,8 @@ class MethodStepStats:
     round_trip_s: float | None = None  # None: not asked, or no answer
     missed: bool = False  # asked, but no usable answer before the deadline (or not connected)
     garbage: int = 0  # drafts dropped as untrustworthy (wrong length, ids, or q)
+    precompute_hits: int = 0  # answered from drafting ahead (overlap)
+    precompute_misses: int = 0  # drafted ahead for other outcomes: drafted afresh
     resyncs: int = 0  # sequences the proposer asked to resend in full
 
     def add_draft(self, k: int, accepted: int) -> None:

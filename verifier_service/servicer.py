@@ -104,7 +104,9 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
         methods=[verifier_pb2.MethodStats(method=m, proposed_tokens=v.proposed_tokens,
                                           accepted_tokens=v.accepted_tokens, steps=v.steps,
                                           missed_steps=v.missed_steps,
-                                          unavailable=v.unavailable)
+                                          unavailable=v.unavailable,
+                                          precompute_hits=v.precompute_hits,
+                                          precompute_misses=v.precompute_misses)
                  for m, v in sorted(s.per_method.items())])
 
 
