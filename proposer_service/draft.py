@@ -41,6 +41,7 @@ from proposer_service.base import (
     load_learned,
 )
 from proposer_service.drafting import Row, choose_tokens, draft_keys
+from proposer_service.lean_decoder import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import (
     PRECOMPUTE_HIT,
@@ -285,6 +286,9 @@ class DraftModelProposer(Proposer):
         # the batched first iteration; longer ones ((re)syncs: whole prompts) are prefilled per
         # sequence, so one long prompt does not pad every row of the batch to its length.
         self.max_batched_catch_up = 8
+        # The draft's forward: plain tensor ops where the architecture allows (lean_decoder.py),
+        # else the transformers forward.
+        self.lean = LeanDecoder(model) if LeanDecoder.supports(model) else None
         # Overlap: draft ahead for all-accepted plus this many rejection outcomes (the first
         # positions first) per sequence, in one batch while the verifier verifies.
         self.precompute = precompute
@@ -331,6 +335,19 @@ class DraftModelProposer(Proposer):
     def _kv_of(cache) -> KV:
         return [(layer.keys, layer.values) for layer in cache.layers]
 
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, kv: KV | None,
+                 key_mask: torch.Tensor | None, keep: int) -> tuple[torch.Tensor, KV]:
+        """ids, pos [B, S] after the cache kv ([B, H_kv, L, D] per layer; key_mask [B, L + S]
+        bool: real columns, None: all) -> logits of the last `keep` rows [B, keep, V], the
+        extended cache (new tensors: kv is never written)."""
+        if self.lean is not None:
+            return self.lean.forward(ids, pos, kv, key_mask, keep)
+        cache = self._cache(kv)
+        res = self.model(input_ids=ids, position_ids=pos, past_key_values=cache,
+                         attention_mask=None if key_mask is None else key_mask.long(),
+                         use_cache=True, logits_to_keep=keep)
+        return res.logits, self._kv_of(cache)
+
     @torch.inference_mode()
     def _feed(self, state: _SeqState, tokens: list[int]) -> None:
         """Append tokens to one sequence's cache (catch-up and (re)sync prefill)."""
@@ -339,10 +356,7 @@ class DraftModelProposer(Proposer):
         start = state.length()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, S]
         pos = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, S]
-        cache = self._cache(state.kv)
-        self.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True,
-                   logits_to_keep=1)
-        state.kv = self._kv_of(cache)
+        _, state.kv = self._forward(ids, pos, state.kv, None, 1)
         state.cached.extend(tokens)
 
     @torch.inference_mode()
@@ -369,12 +383,16 @@ class DraftModelProposer(Proposer):
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
         b, lmax, kmax = len(work), max(lens), max(ks)
         s0 = max(len(p) for p in pending)
-        cache = self._padded_cache([state.kv for _, _, state in work], lens, lmax)
-        mask = torch.zeros(b, lmax + s0 + kmax - 1, dtype=torch.long)  # [B, columns]
+        # One row (batch-1 decoding): its own cache as is, no padding, no mask, nothing to cut
+        # out afterwards. (Cache updates concatenate: the state's tensors are never written.)
+        single = b == 1
+        kv = (work[0][2].kv if single
+              else self._padded_cache([state.kv for _, _, state in work], lens, lmax))
+        mask = torch.zeros(b, lmax + s0 + kmax - 1, dtype=torch.bool)  # [B, columns]
         ids = torch.zeros(b, s0, dtype=torch.long)  # [B, s0], right-padded
         for i, (n, p) in enumerate(zip(lens, pending)):
-            mask[i, lmax - n:lmax + len(p)] = 1
-            mask[i, lmax + s0:] = 1
+            mask[i, lmax - n:lmax + len(p)] = True
+            mask[i, lmax + s0:] = True
             ids[i, :len(p)] = torch.tensor(p)
         mask = mask.to(self.device)
         pos = (torch.tensor(lens)[:, None] + torch.arange(s0)).to(self.device)  # [B, s0]
@@ -389,13 +407,12 @@ class DraftModelProposer(Proposer):
         for j in range(kmax):
             if cancel is not None and cancel.is_set():
                 return None
-            res = self.model(input_ids=inputs, position_ids=pos, past_key_values=cache,
-                             attention_mask=mask[:, :width], use_cache=True,
-                             logits_to_keep=inputs.shape[1])
+            out, kv = self._forward(inputs, pos, kv, None if single else mask[:, :width],
+                                    inputs.shape[1])
             if j == 0:
-                logits = res.logits[torch.arange(b, device=self.device), last]  # [B, V]
+                logits = out[torch.arange(b, device=self.device), last]  # [B, V]
             else:
-                logits = res.logits[:, -1]
+                logits = out[:, -1]
             keys = draft_keys(params, [p + j for p in first_pos])
             picked, dists = choose_tokens(logits.float(), params, keys, self.draft_top_k)
             alts = logits.topk(2, dim=-1).indices.tolist()  # [B, 2]: guesses of a recovery
@@ -408,13 +425,15 @@ class DraftModelProposer(Proposer):
             width += 1
         # Keep per row: its cached prefix, its pending tokens, d1..d_{k_i - 1} (d_{k_i} is
         # drafted, not fed); drop the pads and the drafts beyond its own k.
-        kv = self._kv_of(cache)
         drafts = []
         for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
-            spans = [(lmax - n, lmax + len(p)), (lmax + s0, lmax + s0 + k - 1)]
-            state.kv = [(torch.cat([kk[i:i + 1, :, a:z] for a, z in spans], dim=2),
-                         torch.cat([vv[i:i + 1, :, a:z] for a, z in spans], dim=2))
-                        for kk, vv in kv]
+            if single:  # [cached][pending][d1 .. d_{k-1}]: all of it is kept
+                state.kv = kv
+            else:
+                spans = [(lmax - n, lmax + len(p)), (lmax + s0, lmax + s0 + k - 1)]
+                state.kv = [(torch.cat([kk[i:i + 1, :, a:z] for a, z in spans], dim=2),
+                             torch.cat([vv[i:i + 1, :, a:z] for a, z in spans], dim=2))
+                            for kk, vv in kv]
             state.cached = history + out_tokens[i][:k - 1]
             state.alternatives = out_alts[i][:k]
             sampled = out_dists[i][0] is not None
@@ -422,10 +441,10 @@ class DraftModelProposer(Proposer):
                                 q=SparseProbs.from_rows(out_dists[i][:k]) if sampled else None))
         return drafts
 
-    def _padded_cache(self, kvs: list[KV | None], lens: list[int], lmax: int):
+    def _padded_cache(self, kvs: list[KV | None], lens: list[int], lmax: int) -> KV | None:
         """One batch cache: each row's KV right-aligned at lmax, zeros (masked) before it."""
         if lmax == 0:
-            return self._cache(None)
+            return None
         ref = next(kv for kv in kvs if kv is not None)
         layers = []
         for layer, (k0, v0) in enumerate(ref):
@@ -438,4 +457,4 @@ class DraftModelProposer(Proposer):
                     keys[i, :, lmax - n:] = kv[layer][0][0]
                     values[i, :, lmax - n:] = kv[layer][1][0]
             layers.append((keys, values))
-        return self._cache(layers)
+        return layers
