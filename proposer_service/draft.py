@@ -54,6 +54,18 @@ from splitspec.proposal import (
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [1, H_kv, L, D]
 
 
+@dataclass
+class _Buffers:
+    """Preallocated per-layer caches of one draft call (lean forward), the first `length`
+    columns filled; owned by the call, so written in place."""
+
+    kv: KV
+    length: int
+
+    def view(self) -> KV:
+        return [(k[:, :, :self.length], v[:, :, :self.length]) for k, v in self.kv]
+
+
 # -- the session -------------------------------------------------------------------------------
 
 @dataclass
@@ -233,10 +245,21 @@ class DraftSession(ProposerSession):
         # Entries first: a cancelled drafting ahead leaves them empty, so the step counts a miss.
         ready = {sid: _Ready(len(p.draft.tokens), p.step.sampling, {}) for sid, p in plans.items()}
         self._ready.update(ready)
-        results = draft_in_batches(work, self._p.max_batch,
-                                   lambda w: self._p.draft_batch(w, cancel) or [])
-        if len(results) != len(work):  # cancelled: keep nothing
-            return
+        if len(plans) == 1 and self._p.lean is not None:  # batch 1: rows share one cache
+            plan = next(iter(plans.values()))
+            n_hist, d = len(plan.history), plan.draft.tokens
+            rows = [(n_hist + len(d) - 1, d[-1], len(d) + 1)] + [
+                (n_hist + len(delta) - 1, delta[-1], len(d)) for _, delta in outcomes[1:]]
+            shared = self._p.draft_shared(plan.step, rows, plan.state, cancel)
+            if shared is None:  # cancelled: keep nothing
+                return
+            results = [draft for draft, _ in shared]
+            work = [(None, None, state) for _, state in shared]
+        else:
+            results = draft_in_batches(work, self._p.max_batch,
+                                       lambda w: self._p.draft_batch(w, cancel) or [])
+            if len(results) != len(work):  # cancelled: keep nothing
+                return
         for (sid, delta), (_, _, state), draft in zip(outcomes, work, results):
             entry = ready[sid]
             if delta is None:  # all accepted: the first token is the bonus token's guess
@@ -340,6 +363,10 @@ class DraftModelProposer(Proposer):
         """ids, pos [B, S] after the cache kv ([B, H_kv, L, D] per layer; key_mask [B, L + S]
         bool: real columns, None: all) -> logits of the last `keep` rows [B, keep, V], the
         extended cache (new tensors: kv is never written)."""
+        if isinstance(kv, _Buffers):
+            logits, _ = self.lean.forward(ids, pos, kv.kv, key_mask, keep, length=kv.length)
+            kv.length += ids.shape[1]
+            return logits, kv
         if self.lean is not None:
             return self.lean.forward(ids, pos, kv, key_mask, keep)
         cache = self._cache(kv)
@@ -388,6 +415,9 @@ class DraftModelProposer(Proposer):
         single = b == 1
         kv = (work[0][2].kv if single
               else self._padded_cache([state.kv for _, _, state in work], lens, lmax))
+        if single and kv is not None and self.lean is not None:
+            # lean and one row: the cache copied once into room for this step's columns
+            kv = _Buffers(self.lean.buffers(kv, 1, lmax + s0 + kmax - 1), lmax)
         mask = torch.zeros(b, lmax + s0 + kmax - 1, dtype=torch.bool)  # [B, columns]
         ids = torch.zeros(b, s0, dtype=torch.long)  # [B, s0], right-padded
         for i, (n, p) in enumerate(zip(lens, pending)):
@@ -428,7 +458,7 @@ class DraftModelProposer(Proposer):
         drafts = []
         for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
             if single:  # [cached][pending][d1 .. d_{k-1}]: all of it is kept
-                state.kv = kv
+                state.kv = kv.view() if isinstance(kv, _Buffers) else kv
             else:
                 spans = [(lmax - n, lmax + len(p)), (lmax + s0, lmax + s0 + k - 1)]
                 state.kv = [(torch.cat([kk[i:i + 1, :, a:z] for a, z in spans], dim=2),
@@ -440,6 +470,56 @@ class DraftModelProposer(Proposer):
             drafts.append(Draft(step.seq_id, out_tokens[i][:k],
                                 q=SparseProbs.from_rows(out_dists[i][:k]) if sampled else None))
         return drafts
+
+    @torch.inference_mode()
+    def draft_shared(self, step: SequenceStep, rows: list[tuple[int, int, int]],
+                     state: _SeqState, cancel: threading.Event
+                     ) -> list[tuple[Draft, _SeqState]] | None:
+        """Draft several continuations of prefixes of one sequence's cache in one batch, with
+        no copy of the cache per row: row (valid, token, k) continues the first `valid` cached
+        tokens with `token` (at position valid) and drafts k tokens. Every row reads the shared
+        columns through its key mask, so they differ only in their own new columns. Returns
+        per row its draft and the state a fresh draft would have left (None once cancel is set).
+        Needs the lean forward."""
+        c, b = state.length(), len(rows)
+        kmax = max(k for _, _, k in rows)
+        kv = self.lean.buffers(state.kv, b, c + kmax)  # the shared columns copied once
+        key_mask = torch.zeros(b, c + kmax, dtype=torch.bool)  # [B, columns]
+        for i, (valid, _, _) in enumerate(rows):
+            key_mask[i, :valid] = True
+        key_mask[:, c:] = True
+        ids = torch.tensor([[t] for _, t, _ in rows], device=self.device)  # [B, 1]
+        pos = torch.tensor([[valid] for valid, _, _ in rows], device=self.device)  # [B, 1]
+        params = [step.sampling] * b
+        out_tokens: list[list[int]] = [[] for _ in rows]
+        out_dists: list[list[Row | None]] = [[] for _ in rows]
+        out_alts: list[list[list[int]]] = [[] for _ in rows]
+        for j in range(kmax):
+            if cancel.is_set():
+                return None
+            logits, _ = self.lean.forward(ids, pos, kv, key_mask[:, :c + j + 1].to(self.device),
+                                          1, length=c + j)
+            logits = logits[:, -1].float()  # [B, V]
+            keys = draft_keys(params, (pos[:, 0] + 1).tolist())
+            picked, dists = choose_tokens(logits, params, keys, self.draft_top_k)
+            alts = logits.topk(2, dim=-1).indices.tolist()
+            for i, (t, d) in enumerate(zip(picked, dists)):
+                out_tokens[i].append(t)
+                out_dists[i].append(d)
+                out_alts[i].append(alts[i])
+            ids = torch.tensor(picked, dtype=torch.long, device=self.device)[:, None]
+            pos = pos + 1
+        out = []
+        for i, (valid, token, k) in enumerate(rows):
+            row_kv = [(torch.cat([kk[i:i + 1, :, :valid], kk[i:i + 1, :, c:c + k]], dim=2),
+                       torch.cat([vv[i:i + 1, :, :valid], vv[i:i + 1, :, c:c + k]], dim=2))
+                      for kk, vv in kv]
+            row_state = _SeqState(row_kv, state.cached[:valid] + [token] + out_tokens[i][:k - 1],
+                                  out_alts[i][:k])
+            q = (SparseProbs.from_rows(out_dists[i][:k]) if out_dists[i][0] is not None
+                 else None)
+            out.append((Draft(step.seq_id, out_tokens[i][:k], q), row_state))
+        return out
 
     def _padded_cache(self, kvs: list[KV | None], lens: list[int], lmax: int) -> KV | None:
         """One batch cache: each row's KV right-aligned at lmax, zeros (masked) before it."""

@@ -66,20 +66,35 @@ class LeanDecoder:
                 and getattr(cfg, "hidden_act", "silu") == "silu"
                 and not getattr(cfg, "mlp_bias", False))
 
+    def buffers(self, past: KV, batch: int, capacity: int) -> KV:
+        """Preallocated caches [batch, H_kv, capacity, D] per layer holding `past` (broadcast
+        over the batch) in their first columns: for forward(..., length=L) to write into."""
+        out = []
+        for k, v in past:
+            kb = k.new_empty(batch, k.shape[1], capacity, k.shape[3])
+            vb = v.new_empty(batch, v.shape[1], capacity, v.shape[3])
+            kb[:, :, :k.shape[2]] = k
+            vb[:, :, :v.shape[2]] = v
+            out.append((kb, vb))
+        return out
+
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, past: KV | None,
-                key_mask: torch.Tensor | None, keep: int) -> tuple[torch.Tensor, KV]:
+                key_mask: torch.Tensor | None, keep: int,
+                length: int | None = None) -> tuple[torch.Tensor, KV]:
         """ids, pos: [B, S]; past: per layer [B, H_kv, L, D] (None: empty); key_mask: [B, L + S]
         bool, which cache columns hold real tokens (None: all). Query s sits at column L + s and
         sees the real columns up to its own (and always its own). Returns the logits of the last
-        `keep` queries [B, keep, V] and the cache extended by the S new columns."""
+        `keep` queries [B, keep, V] and the cache extended by the S new columns: new tensors, or
+        with `length` given, past are buffers (see `buffers`) whose first `length` columns are
+        the cache: the new columns are written into them in place and views returned."""
         b, s = ids.shape
         x = F.embedding(ids, self.embed)  # [B, S, H]
         freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None]  # [B, 1, S, D]
         sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None]
-        past_len = past[0][0].shape[2] if past else 0
+        past_len = length if length is not None else (past[0][0].shape[2] if past else 0)
         total = past_len + s
         mask = None
         if key_mask is not None or s > 1:
@@ -100,7 +115,12 @@ class LeanDecoder:
             v = F.linear(h, v_proj.weight, v_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            if past:
+            if length is not None:
+                kb, vb = past[i]
+                kb[:, :, length:total] = k
+                vb[:, :, length:total] = v
+                k, v = kb[:, :, :total], vb[:, :, :total]
+            elif past:
                 k = torch.cat([past[i][0], k], dim=2)
                 v = torch.cat([past[i][1], v], dim=2)
             new_kv.append((k, v))
