@@ -55,7 +55,7 @@ class DraftCollector:
             if s.k > 0:
                 by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
         for method, client in self.proposers.items():
-            if method not in by_method:
+            if method not in by_method and client.has_released:
                 await client.flush_released()
         step_stats = {m: MethodStepStats() for m in by_method}
         results = await asyncio.gather(*(self._ask(m, group, step_stats[m])

@@ -67,6 +67,11 @@ class ProposerClient(abc.ABC):
         """Queue sequences that ended; they are sent with the next message."""
         self._released.extend(seq_ids)
 
+    @property
+    def has_released(self) -> bool:
+        """Whether releases wait to be sent (flush_released has something to do)."""
+        return bool(self._released)
+
     def _take_released(self) -> list[str]:
         released, self._released = self._released, []
         return released
