@@ -9,8 +9,8 @@ Configurations, interleaved per prompt so that noise from a shared machine hits 
     assistant_model = the draft (its default schedule), with prompt_lookup_num_tokens = 10;
   * through gateway -> verifier -> proposers (gRPC on 127.0.0.1, one request at a time):
     speculation off and every served method at its k; methods that can draft ahead
-    (Capabilities.precompute) also with overlap off, on a second stack started with
-    `--no-overlap`.
+    (Capabilities.precompute) with overlap pinned on and, on a second stack, pinned off
+    (`--overlap on|off`; the verifier's default `auto` picks the cheaper at run time).
 Each at every temperature (0: greedy; > 0: sampled, top-k/top-p off).
 
 Per configuration: tokens/s, time to first token, inter-token latency p50/p90/p99 (a chunk of n
@@ -256,7 +256,7 @@ def main() -> None:
             log_dir=logs / (
                 "overlap-on" if overlap else "overlap-off"),
             verifier_args=["--proposer-timeout-ms", "2000", *threads,
-                           "--overlap" if overlap else "--no-overlap"])
+                           "--overlap", "on" if overlap else "off"])
 
     ahead = [m for m, s in METHODS.items() if s.capabilities.precompute
              and (not s.capabilities.needs_model or m in models)]

@@ -22,6 +22,7 @@ import torch
 from kernels.sparse_probs import SparseProbs
 from splitspec.proposal import PRECOMPUTE_HIT, PRECOMPUTE_MISS, Draft, SequenceStep
 from verifier_service.engine_stats import EngineStats, MethodStepStats
+from verifier_service.overlap_policy import OverlapPolicy
 from verifier_service.proposer_client import ProposerClient, ProposerMismatch
 from verifier_service.scheduler import Scheduled
 from verifier_service.sequence import Sequence
@@ -34,9 +35,10 @@ INCOMPATIBLE = "proposer_incompatible"
 
 class DraftCollector:
     def __init__(self, proposers: dict[str, ProposerClient], vocab_size: int, timeout_s: float,
-                 stats: EngineStats, overlap: bool = True):
+                 stats: EngineStats, overlap: str = "auto"):
         self.proposers = proposers
-        self.overlap = overlap  # ask proposers that declare precompute to draft ahead
+        # whether to ask proposers that declare precompute to draft ahead, per method
+        self.overlap = OverlapPolicy(overlap)
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.stats = stats
@@ -74,7 +76,9 @@ class DraftCollector:
             stats.missed_steps += 1
             step.missed = True
             return {}
-        steps, wanted = self._messages(client, group, self.overlap)
+        desc = client.description
+        step.ahead = desc is not None and desc.precompute and self.overlap.use(method)
+        steps, wanted = self._messages(client, group, step.ahead)
         if not steps:
             return {}
         start = time.perf_counter()
@@ -128,14 +132,13 @@ class DraftCollector:
         return ok
 
     @staticmethod
-    def _messages(client: ProposerClient, group: list[Scheduled], overlap: bool
+    def _messages(client: ProposerClient, group: list[Scheduled], ahead: bool
                   ) -> tuple[list[SequenceStep], dict[str, tuple[Sequence, int]]]:
         """One SequenceStep per sequence: only what the proposer has not heard yet, unless its
-        stream is new (another epoch), then the whole history. With overlap, a proposer that
-        declared precompute is asked to draft the next step ahead while this one is verified."""
+        stream is new (another epoch), then the whole history. With `ahead`, the proposer is
+        asked to draft the next step ahead while this one is verified."""
         desc = client.description
         needs_hidden = desc is not None and desc.needs_hidden_state
-        ahead = overlap and desc is not None and desc.precompute
         steps, wanted = [], {}
         for s in group:
             seq = s.seq

@@ -189,6 +189,9 @@ class Engine:
             self.stats.step_seconds_total += time.perf_counter() - start
         if step is not None:
             step.seconds = time.perf_counter() - start
+            for method, ms in step.per_method.items():  # what drafting ahead costs, per token
+                self.drafts.overlap.record(method, ms.ahead, step.seconds,
+                                           ms.accepted_tokens + ms.drafts)
             self._notify("on_step", step)
 
     async def _run_step(self, plan: list[Scheduled], wall: float) -> StepStats | None:

@@ -82,6 +82,7 @@ class MethodStepStats:
     round_trip_s: float | None = None  # None: not asked, or no answer
     missed: bool = False  # asked, but no usable answer before the deadline (or not connected)
     garbage: int = 0  # drafts dropped as untrustworthy (wrong length, ids, or q)
+    ahead: bool = False  # the proposer was asked to draft ahead (overlap) this step
     precompute_hits: int = 0  # answered from drafting ahead (overlap)
     precompute_misses: int = 0  # drafted ahead for other outcomes: drafted afresh
     resyncs: int = 0  # sequences the proposer asked to resend in full

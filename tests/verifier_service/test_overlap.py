@@ -30,7 +30,7 @@ def baseline(tiny_target_dir, draft):
     return [tokens for tokens, _, _ in results]
 
 
-def run(tiny_target_dir, draft, overlap: bool, k: int, max_num_seqs: int = 8,
+def run(tiny_target_dir, draft, overlap: str, k: int, max_num_seqs: int = 8,
         sampling: SamplingParams | None = None):
     engine = make_engine(tiny_target_dir, {"draft": draft}, overlap=overlap,
                          max_num_seqs=max_num_seqs)
@@ -43,7 +43,7 @@ def run(tiny_target_dir, draft, overlap: bool, k: int, max_num_seqs: int = 8,
 @pytest.mark.parametrize("k,max_num_seqs", [(2, 1), (5, 1), (4, 8)])
 def test_greedy_with_overlap_equals_speculation_off(tiny_target_dir, draft, baseline, k,
                                                     max_num_seqs):
-    outputs, stats = run(tiny_target_dir, draft, True, k, max_num_seqs)
+    outputs, stats = run(tiny_target_dir, draft, "on", k, max_num_seqs)
     assert outputs == baseline
     assert stats.accepted_tokens > 0
     # drafting ahead ran and was used: hits, and misses (outcomes it did not guess)
@@ -53,14 +53,26 @@ def test_greedy_with_overlap_equals_speculation_off(tiny_target_dir, draft, base
 
 
 def test_overlap_off_drafts_afresh_every_step(tiny_target_dir, draft, baseline):
-    outputs, stats = run(tiny_target_dir, draft, False, 4)
+    outputs, stats = run(tiny_target_dir, draft, "off", 4)
     assert outputs == baseline
     assert stats.drafts > 0 and stats.precompute_hits == stats.precompute_misses == 0
 
 
 def test_seeded_sampled_output_is_the_same_with_overlap_on_and_off(tiny_target_dir, draft):
     sampling = SamplingParams(temperature=0.3, seed=3)
-    on, stats = run(tiny_target_dir, draft, True, 4, sampling=sampling)
-    off, _ = run(tiny_target_dir, draft, False, 4, sampling=sampling)
+    on, stats = run(tiny_target_dir, draft, "on", 4, sampling=sampling)
+    off, _ = run(tiny_target_dir, draft, "off", 4, sampling=sampling)
     assert on == off
     assert stats.precompute_hits > 0
+
+
+def test_auto_measures_each_step_that_asked_the_method(tiny_target_dir, draft, baseline):
+    engine = make_engine(tiny_target_dir, {"draft": draft}, overlap="auto", max_num_seqs=1)
+    results = asyncio.run(run_all(engine, [
+        request(engine, f"r{i}", p, max_tokens=32, method="draft", k=3)
+        for i, p in enumerate(PROMPTS)]))
+    assert [tokens for tokens, _, _ in results] == baseline
+    stats = engine.stats.method("draft")
+    measured = engine.drafts.overlap._state("draft")
+    assert measured.steps == stats.drafts  # every verified draft's step was measured
+    assert stats.precompute_hits > 0  # auto starts with drafting ahead
