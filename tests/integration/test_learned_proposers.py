@@ -28,7 +28,10 @@ pytestmark = pytest.mark.integration
 def stack(tiny_target_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("learned")
     target, draft, spec = make_models(tiny_target_dir, root)
-    with Stack(learned_stack_config(target, draft, spec, root / "logs")) as s:
+    # overlap pinned on: every losslessness test below runs with drafting ahead (auto could
+    # turn it off on a busy machine, where it takes cores from the verifier)
+    with Stack(learned_stack_config(target, draft, spec, root / "logs",
+                                    verifier_args=["--overlap", "on"])) as s:
         yield s
 
 
