@@ -41,7 +41,7 @@ from proposer_service.base import (
     load_learned,
 )
 from proposer_service.drafting import Row, choose_tokens, draft_keys
-from proposer_service.lean_decoder import LeanDecoder
+from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import (
     PRECOMPUTE_HIT,
@@ -309,8 +309,8 @@ class DraftModelProposer(Proposer):
         # the batched first iteration; longer ones ((re)syncs: whole prompts) are prefilled per
         # sequence, so one long prompt does not pad every row of the batch to its length.
         self.max_batched_catch_up = 8
-        # The draft's forward: plain tensor ops where the architecture allows (lean_decoder.py),
-        # else the transformers forward.
+        # The draft's forward: plain tensor ops where the architecture allows
+        # (splitspec/lean_llama.py), else the transformers forward.
         self.lean = LeanDecoder(model) if LeanDecoder.supports(model) else None
         # Overlap: draft ahead for all-accepted plus this many rejection outcomes (the first
         # positions first) per sequence, in one batch while the verifier verifies.

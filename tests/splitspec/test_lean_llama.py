@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from proposer_service.lean_decoder import LeanDecoder
+from splitspec.lean_llama import LeanDecoder
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""A lean forward for small Llama-family draft models: the model's own weights, none of the
-framework's per-call machinery.
+"""A lean forward for Llama-family models: the model's own weights, none of the framework's
+per-call machinery. Used by the draft proposer (its k sequential forwards per step) and by the
+verifier's model runner (attention over the paged cache plugged in as `attend`).
 
 A 1-4 M parameter draft spends most of a transformers forward in Python: module hooks, output
 dataclasses, mask construction, cache objects. Drafting k tokens is k sequential forwards, so
@@ -89,11 +90,6 @@ class LeanDecoder:
         with `length` given, past are buffers (see `buffers`) whose first `length` columns are
         the cache: the new columns are written into them in place and views returned."""
         b, s = ids.shape
-        x = F.embedding(ids, self.embed)  # [B, S, H]
-        freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None]  # [B, 1, S, D]
-        sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None]
         past_len = length if length is not None else (past[0][0].shape[2] if past else 0)
         total = past_len + s
         mask = None
@@ -108,13 +104,8 @@ class LeanDecoder:
                 mask = allowed[None, None]  # [1, 1, S, T]
         new_kv: KV = []
         groups = self.n_heads // self.n_kv
-        for i, (ln1, q_proj, k_proj, v_proj, o_proj, ln2, wg, wu, wd) in enumerate(self.layers):
-            h = _rms(x, ln1, self.eps)
-            q = F.linear(h, q_proj.weight, q_proj.bias).view(b, s, self.n_heads, -1).transpose(1, 2)
-            k = F.linear(h, k_proj.weight, k_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
-            v = F.linear(h, v_proj.weight, v_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+
+        def attend(i, q, k, v):
             if length is not None:
                 kb, vb = past[i]
                 kb[:, :, length:total] = k
@@ -126,8 +117,32 @@ class LeanDecoder:
             new_kv.append((k, v))
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
                                                  enable_gqa=groups > 1)
-            x = x + F.linear(att.transpose(1, 2).reshape(b, s, -1), o_proj.weight, o_proj.bias)
+            return att.transpose(1, 2).reshape(b, s, -1)
+
+        x = self.hidden(ids, pos, attend, keep)
+        return F.linear(x, self.head), new_kv
+
+    def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
+               ) -> torch.Tensor:
+        """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
+        rows only, when given). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE
+        applied) -> attention output [B, S, Hq * D]: the caller's cache and mask."""
+        b, s = ids.shape
+        x = F.embedding(ids, self.embed)  # [B, S, H]
+        freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None]  # [B, 1, S, D]
+        sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None]
+        for i, (ln1, q_proj, k_proj, v_proj, o_proj, ln2, wg, wu, wd) in enumerate(self.layers):
+            h = _rms(x, ln1, self.eps)
+            q = F.linear(h, q_proj.weight, q_proj.bias).view(b, s, self.n_heads, -1).transpose(1, 2)
+            k = F.linear(h, k_proj.weight, k_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
+            v = F.linear(h, v_proj.weight, v_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            x = x + F.linear(attend(i, q, k, v), o_proj.weight, o_proj.bias)
             h = _rms(x, ln2, self.eps)
             x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
-        x = _rms(x[:, -keep:], self.norm, self.eps)
-        return F.linear(x, self.head), new_kv
+        if keep is not None:
+            x = x[:, -keep:]
+        return _rms(x, self.norm, self.eps)
