@@ -250,7 +250,7 @@ class DraftSession(ProposerSession):
             n_hist, d = len(plan.history), plan.draft.tokens
             rows = [(n_hist + len(d) - 1, d[-1], len(d) + 1)] + [
                 (n_hist + len(delta) - 1, delta[-1], len(d)) for _, delta in outcomes[1:]]
-            shared = self._p.draft_shared(plan.step, rows, plan.state, cancel)
+            shared = self._p.draft_shared(plan.step, rows, plan.state, cancel, guess_row=0)
             if shared is None:  # cancelled: keep nothing
                 return
             results = [draft for draft, _ in shared]
@@ -473,14 +473,15 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def draft_shared(self, step: SequenceStep, rows: list[tuple[int, int, int]],
-                     state: _SeqState, cancel: threading.Event
+                     state: _SeqState, cancel: threading.Event, guess_row: int | None = None
                      ) -> list[tuple[Draft, _SeqState]] | None:
         """Draft several continuations of prefixes of one sequence's cache in one batch, with
         no copy of the cache per row: row (valid, token, k) continues the first `valid` cached
         tokens with `token` (at position valid) and drafts k tokens. Every row reads the shared
         columns through its key mask, so they differ only in their own new columns. Returns
         per row its draft and the state a fresh draft would have left (None once cancel is set).
-        Needs the lean forward."""
+        The first token of row `guess_row` is a guess, not a draft (the bonus token of the
+        all-accepted outcome). Needs the lean forward."""
         c, b = state.length(), len(rows)
         kmax = max(k for _, _, k in rows)
         kv = self.lean.buffers(state.kv, b, c + kmax)  # the shared columns copied once
@@ -502,6 +503,11 @@ class DraftModelProposer(Proposer):
             logits = logits[:, -1].float()  # [B, V]
             keys = draft_keys(params, (pos[:, 0] + 1).tolist())
             picked, dists = choose_tokens(logits, params, keys, self.draft_top_k)
+            if j == 0 and guess_row is not None and keys[guess_row] is None:
+                # the row's first token is a guess of what the verifier emits (not a draft):
+                # the mode is the likelier guess than a sample (seeded rows keep the keyed
+                # choice, which is the verifier's own rule applied to q)
+                picked[guess_row] = int(logits[guess_row].argmax())
             alts = logits.topk(2, dim=-1).indices.tolist()
             for i, (t, d) in enumerate(zip(picked, dists)):
                 out_tokens[i].append(t)

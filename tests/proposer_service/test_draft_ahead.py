@@ -126,3 +126,17 @@ def test_a_seeded_sampled_hit_equals_the_fresh_draft_and_carries_its_q(proposer,
     assert torch.equal(hit.q.indices, fresh.q.indices)
     assert torch.allclose(hit.q.probs, fresh.q.probs, atol=1e-5)
     assert bool((hit.q.prob_of(torch.tensor(hit.tokens)) > 0).all())
+
+
+def test_an_unseeded_sampled_all_accepted_guess_is_the_mode_and_its_hit_carries_q(proposer,
+                                                                                   prompt):
+    sampled = SamplingParams(temperature=0.8)
+    session, d = first_step(proposer, prompt, sampled)
+    session.draft_ahead(threading.Event())
+    (delta,) = [o for o in session._ready["s"].drafts if len(o) == K + 1]
+    assert list(delta[:K]) == d.tokens
+    mode = reference_greedy(proposer.model, prompt + d.tokens, 1)[0]
+    assert delta[K] == mode  # the likeliest bonus token, not a sample
+    (hit,) = session.propose([outcome(session, prompt, delta, sampled)])
+    assert hit.precompute == PRECOMPUTE_HIT and len(hit.tokens) == K and hit.q is not None
+    assert bool((hit.q.prob_of(torch.tensor(hit.tokens)) > 0).all())
