@@ -74,7 +74,9 @@ class _SeqState:
     cached: list[int] = field(default_factory=list)  # tokens whose KV is in kv, in order
     # per token of the last draft: the draft model's most likely tokens there (its guesses of
     # the recovered token, should the verifier reject that draft token)
-    alternatives: list[list[int]] = field(default_factory=list)
+    # per token of the last draft: the draft model's two most likely tokens there and their
+    # probabilities (its guesses of the recovered token, should the verifier reject that token)
+    alternatives: list[tuple[list[int], list[float]]] = field(default_factory=list)
 
     def copy(self) -> "_SeqState":
         """Another state over the same KV tensors (updates replace tensors, never write them)."""
@@ -111,14 +113,18 @@ class _AheadPlan:
     state: _SeqState
 
     def rejection_outcomes(self) -> list[tuple[int, ...]]:
-        """The deltas of the likely rejections: the first n drafts accepted, then the draft's
-        own best other guess at position n + 1 as the recovered token."""
-        out = []
-        for n, (token, alts) in enumerate(zip(self.draft.tokens, self.state.alternatives)):
-            guess = next((a for a in alts if a != token), None)
+        """The deltas of the likely rejections, likeliest first: the first n drafts accepted,
+        then the draft's own best other token at position n + 1 as the recovered token. Scored
+        by the draft's own probabilities: P(d_1..d_n accepted) * P(the guess), each taken as
+        the draft model's probability of that token."""
+        scored, reach = [], 1.0
+        for n, (token, (ids, probs)) in enumerate(zip(self.draft.tokens,
+                                                      self.state.alternatives)):
+            guess = next(((a, p) for a, p in zip(ids, probs) if a != token), None)
             if guess is not None:
-                out.append(tuple(self.draft.tokens[:n]) + (guess,))
-        return out
+                scored.append((reach * guess[1], n, tuple(self.draft.tokens[:n]) + (guess[0],)))
+            reach *= probs[ids.index(token)] if token in ids else 0.1
+        return [delta for _, _, delta in sorted(scored, key=lambda x: (-x[0], x[1]))]
 
 
 @dataclass
@@ -221,7 +227,7 @@ class DraftSession(ProposerSession):
                 continue
             delta, d = tuple(step.new_tokens), plan.draft.tokens
             if (len(delta) == len(d) + 1 and list(delta[:-1]) == d) \
-                    or delta in plan.rejection_outcomes():
+                    or delta in plan.rejection_outcomes()[:self._p.ahead_rejections]:
                 return True
         return False
 
@@ -290,7 +296,7 @@ class DraftModelProposer(Proposer):
     def __init__(self, model, device: torch.device, vocab_size: int, tokenizer_fingerprint: str,
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
                  max_batch: int = 32, idle_timeout_s: float = 600.0, precompute: bool = True,
-                 ahead_rejections: int = 16):
+                 ahead_rejections: int = 3):
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
@@ -312,8 +318,10 @@ class DraftModelProposer(Proposer):
         # The draft's forward: plain tensor ops where the architecture allows
         # (splitspec/lean_llama.py), else the transformers forward.
         self.lean = LeanDecoder(model) if LeanDecoder.supports(model) else None
-        # Overlap: draft ahead for all-accepted plus this many rejection outcomes (the first
-        # positions first) per sequence, in one batch while the verifier verifies.
+        # Overlap: draft ahead for all-accepted plus this many rejection outcomes (the likeliest
+        # by the draft's own probabilities) per sequence, in one batch while the verifier
+        # verifies. Each row costs every forward of the batch a little: a few cover most of the
+        # probability.
         self.precompute = precompute
         self.ahead_rejections = ahead_rejections
 
@@ -431,7 +439,7 @@ class DraftModelProposer(Proposer):
                                 device=self.device)  # [B], position of d1
         out_tokens: list[list[int]] = [[] for _ in work]
         out_dists: list[list[Row | None]] = [[] for _ in work]
-        out_alts: list[list[list[int]]] = [[] for _ in work]
+        out_alts: list[list[tuple[list[int], list[float]]]] = [[] for _ in work]
         first_pos = [len(h) for _, h, _ in work]  # position of d1
         inputs, width = ids.to(self.device), lmax + s0
         for j in range(kmax):
@@ -445,7 +453,8 @@ class DraftModelProposer(Proposer):
                 logits = out[:, -1]
             keys = draft_keys(params, [p + j for p in first_pos])
             picked, dists = choose_tokens(logits.float(), params, keys, self.draft_top_k)
-            alts = logits.topk(2, dim=-1).indices.tolist()  # [B, 2]: guesses of a recovery
+            top = logits.softmax(dim=-1).topk(2, dim=-1)  # [B, 2]: guesses of a recovery
+            alts = list(zip(top.indices.tolist(), top.values.tolist()))
             for i, (t, d) in enumerate(zip(picked, dists)):
                 out_tokens[i].append(t)
                 out_dists[i].append(d)
@@ -494,7 +503,7 @@ class DraftModelProposer(Proposer):
         params = [step.sampling] * b
         out_tokens: list[list[int]] = [[] for _ in rows]
         out_dists: list[list[Row | None]] = [[] for _ in rows]
-        out_alts: list[list[list[int]]] = [[] for _ in rows]
+        out_alts: list[list[tuple[list[int], list[float]]]] = [[] for _ in rows]
         for j in range(kmax):
             if cancel.is_set():
                 return None
@@ -508,7 +517,8 @@ class DraftModelProposer(Proposer):
                 # the mode is the likelier guess than a sample (seeded rows keep the keyed
                 # choice, which is the verifier's own rule applied to q)
                 picked[guess_row] = int(logits[guess_row].argmax())
-            alts = logits.topk(2, dim=-1).indices.tolist()
+            top = logits.softmax(dim=-1).topk(2, dim=-1)
+            alts = list(zip(top.indices.tolist(), top.values.tolist()))
             for i, (t, d) in enumerate(zip(picked, dists)):
                 out_tokens[i].append(t)
                 out_dists[i].append(d)

@@ -63,17 +63,26 @@ def test_all_accepted_outcome_hits_with_the_fresh_continuation(proposer, prompt)
     assert again.tokens == reference_greedy(proposer.model, history + nxt, K)
 
 
-@pytest.mark.parametrize("accepted", [0, 1, 3])
-def test_rejection_outcome_with_the_guessed_recovery_hits(proposer, prompt, accepted):
-    session, d = first_step(proposer, prompt)
-    session.draft_ahead(threading.Event())
-    # the draft's best other token at the rejected position: the guess of the recovered token
-    logits = proposer.model(input_ids=torch.tensor([prompt + d.tokens[:accepted]])).logits[0, -1]
-    guess = next(t for t in logits.topk(2).indices.tolist() if t != d.tokens[accepted])
-    delta = d.tokens[:accepted] + [guess]
-    (hit,) = session.propose([outcome(session, prompt, delta)])
-    assert hit.precompute == PRECOMPUTE_HIT
-    assert hit.tokens == reference_greedy(proposer.model, prompt + delta, K)
+def test_the_likeliest_rejection_outcomes_with_the_guessed_recovery_hit(proposer, prompt):
+    """Rejections are drafted ahead for the outcomes the draft itself finds likeliest: accepted
+    a prefix, then its best other token where it was rejected; each of them hits."""
+    _, d = first_step(proposer, prompt)
+    probe, _ = first_step(proposer, prompt)
+    probe.draft_ahead(threading.Event())
+    rejections = [o for o in probe._ready["s"].drafts if len(o) <= K]
+    assert len(rejections) == proposer.ahead_rejections
+    for delta in rejections:
+        accepted = len(delta) - 1
+        assert list(delta[:accepted]) == d.tokens[:accepted] and delta[-1] != d.tokens[accepted]
+        # the guess is the draft model's best token other than its own draft there
+        logits = proposer.model(input_ids=torch.tensor([prompt + d.tokens[:accepted]])).logits
+        top = logits[0, -1].topk(2).indices.tolist()
+        assert delta[-1] == next(t for t in top if t != d.tokens[accepted])
+        session, _ = first_step(proposer, prompt)
+        session.draft_ahead(threading.Event())
+        (hit,) = session.propose([outcome(session, prompt, list(delta))])
+        assert hit.precompute == PRECOMPUTE_HIT
+        assert hit.tokens == reference_greedy(proposer.model, prompt + list(delta), K)
 
 
 def test_an_outcome_not_drafted_ahead_is_a_miss_drafted_afresh(proposer, prompt):
