@@ -225,9 +225,11 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--methods", nargs="*", default=None,
                     help="splitspec methods to run (default: every one the stack serves)")
-    ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads of the target (HF baselines and the verifier; 0: torch "
-                         "default)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the target, the same for the HF baselines and the "
+                         "verifier (0: torch default). Default 1: on a small machine two "
+                         "multi-threaded processes oversubscribe the cores (measured: verifier "
+                         "steps ~10x slower with torch's default on 2 busy cores)")
     ap.add_argument("--proposer-threads", type=int, default=1,
                     help="torch threads of each proposer process (default 1: the drafts are "
                          "tiny, more threads only take cores from the verifier)")
