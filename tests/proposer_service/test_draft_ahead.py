@@ -86,6 +86,11 @@ def test_the_likeliest_rejection_outcomes_with_the_guessed_recovery_hit(proposer
 
 
 def test_an_outcome_not_drafted_ahead_is_a_miss_drafted_afresh(proposer, prompt):
+    check_a_miss_is_drafted_afresh(proposer, prompt)
+
+
+def check_a_miss_is_drafted_afresh(proposer, prompt) -> None:
+    """The guarding check of tests/proposer_service/test_draft_ahead_controls.py."""
     session, d = first_step(proposer, prompt)
     session.draft_ahead(threading.Event())
     ready = {tuple(t) for t in session._ready["s"].drafts}
