@@ -7,8 +7,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: setup run lint test protos bench bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
+.PHONY: setup run lint test protos bench bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,7 +42,17 @@ bench-spec: $(STAMP)
 bench-repeat: $(STAMP)
 	$(PY) bench/repeat_bench.py
 
-bench: bench-kernels bench-engine bench-spec bench-repeat
+# The comparison benchmark: splitspec (off, every method, overlap on/off) vs Hugging Face
+# generate (plain, assisted by the draft, prompt lookup), greedy and temperature 0.8; report and
+# plots in bench/reports/bench.md. BENCH_ARGS passes options, e.g. BENCH_ARGS="--threads 1".
+bench: $(STAMP)
+	$(PY) bench/compare_bench.py $(BENCH_ARGS)
+
+bench-quick: $(STAMP)
+	$(PY) bench/compare_bench.py --quick --out bench/reports/bench-quick.md $(BENCH_ARGS)
+
+# Every older benchmark in turn (kernels, engine, speculation sweep, repetitive traffic).
+bench-all: bench-kernels bench-engine bench-spec bench-repeat
 
 # auto vs every fixed speculation setting at concurrency 1/4/16, greedy and T=0.8 (about 10
 # minutes on 2 idle cores); report in bench/reports/policy.md; docs/policy.md.

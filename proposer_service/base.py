@@ -7,6 +7,7 @@ which keeps the drafting state of that verifier's sequences, keyed by sequence i
 from __future__ import annotations
 
 import abc
+import threading
 import time
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
@@ -29,6 +30,23 @@ class ProposerSession(abc.ABC):
 
     def close(self) -> None:
         """The stream ended: release everything."""
+
+    # -- overlapped speculation (proposers whose description says precompute) ---------------
+
+    def has_ahead_work(self) -> bool:
+        """Whether the last propose() left sequences to draft ahead for (steps that asked)."""
+        return False
+
+    def draft_ahead(self, cancel: threading.Event) -> None:
+        """Draft the next step ahead for the likely outcomes of the last one; runs in a worker
+        thread between two propose() calls and stops early (keeping nothing) once cancel is
+        set."""
+
+    def ahead_may_hit(self, steps: list[SequenceStep]) -> bool:
+        """Whether some step's outcome could be among those being drafted ahead (else the
+        drafting ahead is cancelled). Called before propose(steps), reads no shared state that
+        draft_ahead writes."""
+        return False
 
 
 class Proposer(abc.ABC):

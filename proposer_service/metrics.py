@@ -11,7 +11,7 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from splitspec.proposal import Draft
+from splitspec.proposal import PRECOMPUTE_HIT, PRECOMPUTE_MISS, Draft
 from splitspec.telemetry.metrics import STEP_BUCKETS, counter, gauge
 
 
@@ -23,6 +23,8 @@ class ProposerMetrics:
         self.draft_tokens = 0
         self.resyncs = 0
         self.released = 0
+        self.precompute_hits = 0  # drafts answered from drafting ahead (overlap)
+        self.precompute_misses = 0  # drafted ahead for other outcomes: drafted afresh
         self.streams = 0  # open Propose streams (one per connected verifier)
         self._seconds = Histogram(
             "splitspec_proposer_propose_seconds",
@@ -37,6 +39,8 @@ class ProposerMetrics:
             self.draft_tokens += len(d.tokens)
             if d.resync:
                 self.resyncs += 1
+            self.precompute_hits += d.precompute == PRECOMPUTE_HIT
+            self.precompute_misses += d.precompute == PRECOMPUTE_MISS
         self._seconds.observe(seconds)
 
     def describe(self) -> list:
@@ -55,6 +59,13 @@ class ProposerMetrics:
         yield counter("splitspec_proposer_resyncs",
                       "Sequences answered with RESYNC: state lost or inconsistent, history "
                       "needed", ["method"], [(m, self.resyncs)])
+        yield counter("splitspec_proposer_precompute_hits",
+                      "Drafts answered from drafting ahead while the verifier verified "
+                      "(overlap); hit rate = hits / (hits + misses)", ["method"],
+                      [(m, self.precompute_hits)])
+        yield counter("splitspec_proposer_precompute_misses",
+                      "Drafts drafted afresh: the outcome was not among those drafted ahead",
+                      ["method"], [(m, self.precompute_misses)])
         yield counter("splitspec_proposer_released_sequences",
                       "Sequences the verifier said ended", ["method"], [(m, self.released)])
         yield gauge("splitspec_proposer_streams", "Open Propose streams (connected verifiers)",

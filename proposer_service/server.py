@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 from typing import Sequence
 
 from proposer_service.base import Proposer
@@ -55,7 +56,13 @@ async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None
     telemetry.close()
 
 
+# Drafting ahead runs in a worker thread; the event loop must still read the next step's message
+# and answer a hit at once, so it gets the interpreter lock back sooner than the default 5 ms.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     run_service(ProposerConfig, argv, PROPOSER_METRICS_PORT, serve,
                 lambda config: service_name(config.method))
 

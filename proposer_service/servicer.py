@@ -9,6 +9,7 @@ import time
 
 from proposer_service.base import Proposer
 from proposer_service.metrics import ProposerMetrics
+from proposer_service.overlap import AheadRunner
 from proposer_service.tracing import ProposerTracer
 from protos import proposer_pb2, proposer_pb2_grpc
 from splitspec.proposal import description_to_pb, draft_to_pb, step_from_pb
@@ -26,6 +27,7 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
     async def Propose(self, request_iterator, context):
         # One session per stream: a verifier's sequences live as long as its stream.
         session = self._proposer.open_session()
+        ahead = AheadRunner(session)
         metrics, tracer = self._metrics, self._tracer
         if metrics is not None:
             metrics.streams += 1
@@ -33,8 +35,9 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
             async for request in request_iterator:
                 start = time.perf_counter()
                 span = tracer.start(request) if tracer is not None else None
-                session.release(list(request.released))
                 steps = [step_from_pb(s) for s in request.sequences]
+                await ahead.settle(steps)  # the outcome arrived: hit, or cancel and draft afresh
+                session.release(list(request.released))
                 # Proposing may run a model: keep the event loop free for other streams.
                 drafts = await asyncio.to_thread(session.propose, steps)
                 if metrics is not None:
@@ -43,9 +46,12 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
                         metrics.on_message(len(steps), drafts, time.perf_counter() - start)
                 if span is not None:
                     tracer.finish(span, drafts)
-                yield proposer_pb2.ProposeResponse(step_id=request.step_id,
-                                                   drafts=[draft_to_pb(d) for d in drafts])
+                response = proposer_pb2.ProposeResponse(step_id=request.step_id,
+                                                        drafts=[draft_to_pb(d) for d in drafts])
+                ahead.start()  # draft the next step ahead while the verifier verifies this one
+                yield response
         finally:
+            await ahead.settle(None)
             session.close()
             if metrics is not None:
                 metrics.streams -= 1

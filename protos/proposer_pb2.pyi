@@ -12,11 +12,20 @@ class SequenceStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SEQUENCE_STATUS_OK: _ClassVar[SequenceStatus]
     SEQUENCE_STATUS_RESYNC: _ClassVar[SequenceStatus]
+
+class PrecomputeOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PRECOMPUTE_NONE: _ClassVar[PrecomputeOutcome]
+    PRECOMPUTE_HIT: _ClassVar[PrecomputeOutcome]
+    PRECOMPUTE_MISS: _ClassVar[PrecomputeOutcome]
 SEQUENCE_STATUS_OK: SequenceStatus
 SEQUENCE_STATUS_RESYNC: SequenceStatus
+PRECOMPUTE_NONE: PrecomputeOutcome
+PRECOMPUTE_HIT: PrecomputeOutcome
+PRECOMPUTE_MISS: PrecomputeOutcome
 
 class SequenceStep(_message.Message):
-    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state", "trace_context")
+    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state", "trace_context", "precompute")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +41,7 @@ class SequenceStep(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATE_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    PRECOMPUTE_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
     full_history: bool
@@ -40,7 +50,8 @@ class SequenceStep(_message.Message):
     sampling: _common_pb2.SamplingParams
     hidden_state: _common_pb2.Tensor
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    precompute: bool
+    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., precompute: _Optional[bool] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("step_id", "sequences", "released")
@@ -61,16 +72,18 @@ class DraftDistribution(_message.Message):
     def __init__(self, indices: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SequenceDraft(_message.Message):
-    __slots__ = ("seq_id", "tokens", "distributions", "status")
+    __slots__ = ("seq_id", "tokens", "distributions", "status", "precompute")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    PRECOMPUTE_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     distributions: _containers.RepeatedCompositeFieldContainer[DraftDistribution]
     status: SequenceStatus
-    def __init__(self, seq_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., status: _Optional[_Union[SequenceStatus, str]] = ...) -> None: ...
+    precompute: PrecomputeOutcome
+    def __init__(self, seq_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., status: _Optional[_Union[SequenceStatus, str]] = ..., precompute: _Optional[_Union[PrecomputeOutcome, str]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
     __slots__ = ("step_id", "drafts")
@@ -81,17 +94,19 @@ class ProposeResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SequenceDraft, _Mapping]]] = ...) -> None: ...
 
 class ProposerInfo(_message.Message):
-    __slots__ = ("method", "vocab_size", "tokenizer_fingerprint", "max_num_speculative_tokens", "needs_hidden_state", "model")
+    __slots__ = ("method", "vocab_size", "tokenizer_fingerprint", "max_num_speculative_tokens", "needs_hidden_state", "model", "precompute")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEEDS_HIDDEN_STATE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    PRECOMPUTE_FIELD_NUMBER: _ClassVar[int]
     method: str
     vocab_size: int
     tokenizer_fingerprint: str
     max_num_speculative_tokens: int
     needs_hidden_state: bool
     model: str
-    def __init__(self, method: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., needs_hidden_state: _Optional[bool] = ..., model: _Optional[str] = ...) -> None: ...
+    precompute: bool
+    def __init__(self, method: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., needs_hidden_state: _Optional[bool] = ..., model: _Optional[str] = ..., precompute: _Optional[bool] = ...) -> None: ...

@@ -34,6 +34,8 @@ class SequenceStep:
     full_history: bool = False
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     hidden_state: torch.Tensor | None = None  # [hidden], MLP speculator only
+    # Overlap: after answering, draft ahead for this sequence's likely next outcomes.
+    precompute: bool = False
 
 
 @dataclass
@@ -44,6 +46,15 @@ class Draft:
     # tokens[j] was drawn from.
     q: SparseProbs | None = None
     resync: bool = False  # the proposer lost or distrusts its state: resend the full history
+    # PRECOMPUTE_HIT: answered from drafting ahead; PRECOMPUTE_MISS: drafted ahead for other
+    # outcomes, drafted afresh; "": nothing drafted ahead.
+    precompute: str = ""
+
+
+PRECOMPUTE_HIT, PRECOMPUTE_MISS = "hit", "miss"
+_OUTCOME_TO_PB = {"": pb.PRECOMPUTE_NONE, PRECOMPUTE_HIT: pb.PRECOMPUTE_HIT,
+                  PRECOMPUTE_MISS: pb.PRECOMPUTE_MISS}
+_OUTCOME_FROM_PB = {v: k for k, v in _OUTCOME_TO_PB.items()}
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class ProposerDescription:
     max_num_speculative_tokens: int = 16
     needs_hidden_state: bool = False
     model: str = ""
+    precompute: bool = False  # drafts ahead for likely outcomes when a step asks it
 
 
 def tensor_to_pb(t: torch.Tensor) -> common_pb2.Tensor:
@@ -80,7 +92,8 @@ def tensor_from_pb(msg: common_pb2.Tensor) -> torch.Tensor:
 def step_to_pb(step: SequenceStep) -> pb.SequenceStep:
     msg = pb.SequenceStep(seq_id=step.seq_id, new_tokens=step.new_tokens,
                           full_history=step.full_history, history_len=step.history_len,
-                          k=step.k, sampling=sampling_to_pb(step.sampling))
+                          k=step.k, sampling=sampling_to_pb(step.sampling),
+                          precompute=step.precompute)
     if step.hidden_state is not None:
         msg.hidden_state.CopyFrom(tensor_to_pb(step.hidden_state))
     return msg
@@ -91,13 +104,15 @@ def step_from_pb(msg: pb.SequenceStep) -> SequenceStep:
         seq_id=msg.seq_id, new_tokens=list(msg.new_tokens), history_len=msg.history_len,
         k=msg.k, full_history=msg.full_history,
         sampling=sampling_from_pb(msg.sampling, msg.HasField("sampling")),
-        hidden_state=tensor_from_pb(msg.hidden_state) if msg.HasField("hidden_state") else None)
+        hidden_state=tensor_from_pb(msg.hidden_state) if msg.HasField("hidden_state") else None,
+        precompute=msg.precompute)
 
 
 def draft_to_pb(draft: Draft) -> pb.SequenceDraft:
     msg = pb.SequenceDraft(seq_id=draft.seq_id, tokens=draft.tokens,
                            status=(pb.SEQUENCE_STATUS_RESYNC if draft.resync
-                                   else pb.SEQUENCE_STATUS_OK))
+                                   else pb.SEQUENCE_STATUS_OK),
+                           precompute=_OUTCOME_TO_PB[draft.precompute])
     if draft.q is not None:
         for indices, probs in draft.q.rows():
             msg.distributions.add(indices=indices, probs=probs)
@@ -108,18 +123,21 @@ def draft_from_pb(msg: pb.SequenceDraft) -> Draft:
     rows = [(list(d.indices), list(d.probs)) for d in msg.distributions]
     return Draft(seq_id=msg.seq_id, tokens=list(msg.tokens),
                  q=SparseProbs.from_rows(rows) if rows else None,
-                 resync=msg.status == pb.SEQUENCE_STATUS_RESYNC)
+                 resync=msg.status == pb.SEQUENCE_STATUS_RESYNC,
+                 precompute=_OUTCOME_FROM_PB.get(msg.precompute, ""))
 
 
 def description_to_pb(d: ProposerDescription) -> pb.ProposerInfo:
     return pb.ProposerInfo(method=d.method, vocab_size=d.vocab_size,
                            tokenizer_fingerprint=d.tokenizer_fingerprint,
                            max_num_speculative_tokens=d.max_num_speculative_tokens,
-                           needs_hidden_state=d.needs_hidden_state, model=d.model)
+                           needs_hidden_state=d.needs_hidden_state, model=d.model,
+                           precompute=d.precompute)
 
 
 def description_from_pb(msg: pb.ProposerInfo) -> ProposerDescription:
     return ProposerDescription(method=msg.method, vocab_size=msg.vocab_size,
                                tokenizer_fingerprint=msg.tokenizer_fingerprint,
                                max_num_speculative_tokens=msg.max_num_speculative_tokens,
-                               needs_hidden_state=msg.needs_hidden_state, model=msg.model)
+                               needs_hidden_state=msg.needs_hidden_state, model=msg.model,
+                               precompute=msg.precompute)

@@ -11,6 +11,7 @@ import torch
 import kernels.rejection as rejection
 import proposer_service.drafting as drafting
 from kernels.sampling import keyed_argmax, noise_key
+from proposer_service.draft import DraftSession
 from verifier_service.drafts import DraftCollector
 from verifier_service.model_runner import ModelRunner
 
@@ -85,3 +86,16 @@ def mismatch_escapes_the_step(monkeypatch) -> None:
         return await client.ensure_connected()
 
     monkeypatch.setattr(DraftCollector, "_connected", connected)
+
+
+def stale_draft_ahead_on_a_miss(monkeypatch) -> None:
+    """An outcome that was not drafted ahead answered from a draft ahead of another outcome."""
+    original = DraftSession._take_ready
+
+    def any_ready(self, step, ready):
+        if ready is not None and ready.drafts and tuple(step.new_tokens) not in ready.drafts:
+            key = next(iter(ready.drafts))
+            ready.drafts[tuple(step.new_tokens)] = ready.drafts[key]
+        return original(self, step, ready)
+
+    monkeypatch.setattr(DraftSession, "_take_ready", any_ready)

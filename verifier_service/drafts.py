@@ -20,8 +20,9 @@ import time
 import torch
 
 from kernels.sparse_probs import SparseProbs
-from splitspec.proposal import Draft, SequenceStep
+from splitspec.proposal import PRECOMPUTE_HIT, PRECOMPUTE_MISS, Draft, SequenceStep
 from verifier_service.engine_stats import EngineStats, MethodStepStats
+from verifier_service.overlap_policy import OverlapPolicy
 from verifier_service.proposer_client import ProposerClient, ProposerMismatch
 from verifier_service.scheduler import Scheduled
 from verifier_service.sequence import Sequence
@@ -34,8 +35,10 @@ INCOMPATIBLE = "proposer_incompatible"
 
 class DraftCollector:
     def __init__(self, proposers: dict[str, ProposerClient], vocab_size: int, timeout_s: float,
-                 stats: EngineStats):
+                 stats: EngineStats, overlap: str = "auto"):
         self.proposers = proposers
+        # whether to ask proposers that declare precompute to draft ahead, per method
+        self.overlap = OverlapPolicy(overlap)
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.stats = stats
@@ -54,7 +57,7 @@ class DraftCollector:
             if s.k > 0:
                 by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
         for method, client in self.proposers.items():
-            if method not in by_method:
+            if method not in by_method and client.has_released:
                 await client.flush_released()
         step_stats = {m: MethodStepStats() for m in by_method}
         results = await asyncio.gather(*(self._ask(m, group, step_stats[m])
@@ -73,7 +76,9 @@ class DraftCollector:
             stats.missed_steps += 1
             step.missed = True
             return {}
-        steps, wanted = self._messages(client, group)
+        desc = client.description
+        step.ahead = desc is not None and desc.precompute and self.overlap.use(method)
+        steps, wanted = self._messages(client, group, step.ahead)
         if not steps:
             return {}
         for seq, _ in wanted.values():  # sent a request for a draft: answered or not
@@ -92,6 +97,12 @@ class DraftCollector:
             if d.seq_id not in wanted:
                 continue
             seq, k = wanted.pop(d.seq_id)
+            if d.precompute == PRECOMPUTE_HIT:
+                stats.precompute_hits += 1
+                step.precompute_hits += 1
+            elif d.precompute == PRECOMPUTE_MISS:
+                stats.precompute_misses += 1
+                step.precompute_misses += 1
             if d.resync:
                 seq.proposer_epoch = -1  # full history on the next step
                 step.resyncs += 1
@@ -125,11 +136,13 @@ class DraftCollector:
         return ok
 
     @staticmethod
-    def _messages(client: ProposerClient, group: list[Scheduled]
+    def _messages(client: ProposerClient, group: list[Scheduled], ahead: bool
                   ) -> tuple[list[SequenceStep], dict[str, tuple[Sequence, int]]]:
         """One SequenceStep per sequence: only what the proposer has not heard yet, unless its
-        stream is new (another epoch), then the whole history."""
-        needs_hidden = client.description is not None and client.description.needs_hidden_state
+        stream is new (another epoch), then the whole history. With `ahead`, the proposer is
+        asked to draft the next step ahead while this one is verified."""
+        desc = client.description
+        needs_hidden = desc is not None and desc.needs_hidden_state
         steps, wanted = [], {}
         for s in group:
             seq = s.seq
@@ -139,7 +152,8 @@ class DraftCollector:
             new = seq.tokens if full else seq.tokens[seq.proposer_heard:]
             steps.append(SequenceStep(seq.request_id, list(new), len(seq.tokens), s.k,
                                       full_history=full, sampling=seq.inp.sampling,
-                                      hidden_state=seq.target_hidden if needs_hidden else None))
+                                      hidden_state=seq.target_hidden if needs_hidden else None,
+                                      precompute=ahead))
             wanted[seq.request_id] = (seq, s.k)
             seq.proposer_heard, seq.proposer_epoch = len(seq.tokens), client.epoch
         return steps, wanted

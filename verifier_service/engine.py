@@ -68,7 +68,8 @@ class Engine:
         self.adaptive = AdaptiveK(self.stats, config.max_num_speculative_tokens)
         self.observers = list(observers)
         self.drafts = DraftCollector(proposers, runner.vocab_size,
-                                     config.proposer_timeout_ms / 1000, self.stats)
+                                     config.proposer_timeout_ms / 1000, self.stats,
+                                     overlap=config.overlap)
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
                                    config.max_num_batched_tokens)
         self._by_id: dict[str, Sequence] = {}
@@ -195,6 +196,9 @@ class Engine:
             step.seconds = time.perf_counter() - start
             if not step.prefill_tokens:  # the cost model is about decoding steps
                 self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds)
+            for method, ms in step.per_method.items():  # what drafting ahead costs, per token
+                self.drafts.overlap.record(method, ms.ahead, step.seconds,
+                                           ms.accepted_tokens + ms.drafts)
             self._notify("on_step", step)
 
     async def _run_step(self, plan: list[Scheduled], wall: float) -> StepStats | None:

@@ -77,6 +77,10 @@ class MethodStats:
     sampled: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     # answers received in time, by the largest k the call asked for: k -> [calls, seconds]
     round_trips: dict[int, list] = field(default_factory=dict)
+    # overlap: drafts answered from the proposer's drafting ahead, and drafts it had drafted
+    # ahead for other outcomes (drafted afresh); hit rate = hits / (hits + misses)
+    precompute_hits: int = 0
+    precompute_misses: int = 0
 
     def add_draft(self, k: int, accepted: int, greedy: bool = True) -> None:
         self.drafts += 1
@@ -137,6 +141,9 @@ class MethodStepStats:
     round_trip_s: float | None = None  # None: not asked, or no answer
     missed: bool = False  # asked, but no usable answer before the deadline (or not connected)
     garbage: int = 0  # drafts dropped as untrustworthy (wrong length, ids, or q)
+    ahead: bool = False  # the proposer was asked to draft ahead (overlap) this step
+    precompute_hits: int = 0  # answered from drafting ahead (overlap)
+    precompute_misses: int = 0  # drafted ahead for other outcomes: drafted afresh
     resyncs: int = 0  # sequences the proposer asked to resend in full
 
     def add_draft(self, k: int, accepted: int) -> None:

@@ -46,6 +46,7 @@ class _MethodCounters:
     steps: int = 0  # steps in which the method was asked
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISS_REASONS, 0))
     round_trip: object = None  # the method's bound histogram child
+    precompute: dict[str, int] = field(default_factory=lambda: {"hit": 0, "miss": 0})
 
 
 class VerifierMetrics:
@@ -125,6 +126,8 @@ class VerifierMetrics:
             resyncs = getattr(ms, "resyncs", 0)
             if resyncs:
                 c.misses["resync"] += resyncs
+            c.precompute["hit"] += ms.precompute_hits
+            c.precompute["miss"] += ms.precompute_misses
 
     def on_request_done(self, tl: RequestTimeline) -> None:
         reason = tl.finish_reason or "abort"
@@ -176,6 +179,12 @@ class VerifierMetrics:
                       "Steps or sequences that lost speculation to the proposer, by reason "
                       "(late, garbage, resync)", ["method", "reason"],
                       [((m, r), n) for m, c in methods for r, n in c.misses.items()])
+        yield counter("splitspec_spec_decode_precompute",
+                      "Drafts by overlap outcome: hit (answered from the proposer's drafting "
+                      "ahead) or miss (drafted ahead for other outcomes, drafted afresh); hit "
+                      "rate: sum(rate(..{outcome=\"hit\"})) / sum(rate(..))",
+                      ["method", "outcome"],
+                      [((m, o), n) for m, c in methods for o, n in c.precompute.items()])
         yield counter("splitspec_generation_tokens", "Output tokens emitted by the engine",
                       samples=[((), self.generation_tokens)])
         yield counter("splitspec_prompt_tokens", "Prompt tokens of finished requests",

@@ -7,11 +7,14 @@ only for the rows that are verified: the last k+1 of each sequence.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from kernels.layout import StepLayout
+from splitspec.lean_llama import LeanDecoder
 from verifier_service.kv_cache import BlockTable, PagedKVCache
-from verifier_service.paged_attention import ATTENTION_NAME, PagedBatch
+from verifier_service.paged_attention import ATTENTION_NAME, PagedBatch, paged_attention_forward
 
 
 class ModelRunner:
@@ -29,6 +32,12 @@ class ModelRunner:
         self._head = model.get_output_embeddings()
         self.vocab_size = self._head.weight.shape[0]
         self.hidden_size = model.config.hidden_size
+        # Llama-family models run as plain tensor ops (splitspec/lean_llama.py) with the same
+        # paged attention function: the transformers forward's per-call machinery is ~10% of a
+        # batch-1 step of a small model. Other architectures keep the transformers forward.
+        self._lean = LeanDecoder(model) if LeanDecoder.supports(model) else None
+        self._layer_refs = [SimpleNamespace(layer_idx=i)
+                            for i in range(model.config.num_hidden_layers)]
 
     @torch.inference_mode()
     def forward(self, input_ids: list[int], tables: list[BlockTable], layout: StepLayout
@@ -43,8 +52,17 @@ class ModelRunner:
                                   for t, s, n in zip(tables, starts, lens)])
         context = [self.kv.slots(t, 0, s + n) for t, s, n in zip(tables, starts, lens)]
         batch = PagedBatch.build(self.kv.k, self.kv.v, slot_mapping, context, lens, self.device)
-        res = self._decoder(input_ids=ids[None],
-                            position_ids=layout.positions().to(self.device)[None],
-                            use_cache=False, paged=batch)
-        hidden = res.last_hidden_state[0][layout.logits_indices.to(self.device)]  # [T_out, H]
+        positions = layout.positions().to(self.device)[None]  # [1, T_in]
+        if self._lean is not None:
+            lean, refs = self._lean, self._layer_refs
+
+            def attend(i, q, k, v):  # q [1, Hq, T, D], k/v [1, H_kv, T, D] -> [1, T, Hq * D]
+                out, _ = paged_attention_forward(refs[i], q, k, v, None, lean.scale, paged=batch)
+                return out.reshape(1, out.shape[1], -1)
+
+            states = lean.hidden(ids[None], positions, attend)[0]  # [T_in, H]
+        else:
+            states = self._decoder(input_ids=ids[None], position_ids=positions, use_cache=False,
+                                   paged=batch).last_hidden_state[0]
+        hidden = states[layout.logits_indices.to(self.device)]  # [T_out, H]
         return self._head(hidden).float(), hidden

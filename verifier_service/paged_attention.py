@@ -83,6 +83,15 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
 
     b, max_q = paged.query_index.shape
     hq, d = query.shape[1], query.shape[3]
+    if b == 1:  # one sequence: the packed rows are its queries already, no padding to undo
+        k = k_cache[paged.context_slots].transpose(1, 2).to(query.dtype)  # [1, Hkv, ctx, D]
+        v = v_cache[paged.context_slots].transpose(1, 2).to(query.dtype)
+        window = kwargs.get("sliding_window")
+        # a single query (decode) sees its whole context unless a window cuts it
+        mask = None if max_q == 1 and not window else paged.mask(window)
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling,
+                                             enable_gqa=k.shape[1] != hq)
+        return out.transpose(1, 2), None  # [1, T, Hq, D]
     q_packed = torch.cat([query[0].transpose(0, 1), query.new_zeros(1, hq, d)])  # [T+1, Hq, D]
     q = q_packed[paged.query_index].transpose(1, 2)  # [B, Hq, max_q, D]
     k = k_cache[paged.context_slots].transpose(1, 2).to(query.dtype)  # [B, Hkv, max_ctx, D]

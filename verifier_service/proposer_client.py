@@ -18,6 +18,7 @@ import time
 
 import grpc
 
+from proposer_service.overlap import AheadRunner
 from protos import common_pb2, proposer_pb2, proposer_pb2_grpc
 from splitspec.grpc_server import insecure_channel
 from splitspec.proposal import (
@@ -66,6 +67,11 @@ class ProposerClient(abc.ABC):
         """Queue sequences that ended; they are sent with the next message."""
         self._released.extend(seq_ids)
 
+    @property
+    def has_released(self) -> bool:
+        """Whether releases wait to be sent (flush_released has something to do)."""
+        return bool(self._released)
+
     def _take_released(self) -> list[str]:
         released, self._released = self._released, []
         return released
@@ -92,23 +98,33 @@ class InProcessProposerClient(ProposerClient):
         super().__init__(desc.method)
         self.description = desc
         self._session = proposer.open_session()
+        self._ahead = AheadRunner(self._session)  # drafting ahead, as the proposer service does
 
     @property
     def connected(self) -> bool:
         return True
 
     async def propose(self, steps, timeout_s):
+        await self._ahead.settle(steps)
         self._session.release(self._take_released())
-        return self._session.propose(steps)
+        drafts = self._session.propose(steps)
+        self._ahead.start()  # runs in a worker thread while the engine verifies
+        return drafts
 
     async def flush_released(self) -> None:
+        await self._ahead.settle([])
         self._session.release(self._take_released())
 
     def restart(self, proposer) -> None:
         """Simulate a proposer restart: its state is gone, a new epoch begins."""
+        self._ahead.abandon()
         self._session.close()
         self._session = proposer.open_session()
+        self._ahead = AheadRunner(self._session)
         self.epoch += 1
+
+    async def close(self) -> None:
+        await self._ahead.settle(None)
 
 
 class GrpcProposerClient(ProposerClient):

@@ -186,9 +186,15 @@ class ProposerPool(ProposerClient):
         for sid in seq_ids:
             self._forget_placement(sid)
 
+    @property
+    def has_released(self) -> bool:
+        return any(m.client.has_released for m in self._members.values())
+
     async def flush_released(self) -> None:
-        await asyncio.gather(*(m.client.flush_released() for m in self._members.values()
-                               if m.client.connected), return_exceptions=True)
+        pending = [m.client for m in self._members.values()
+                   if m.client.connected and m.client.has_released]
+        if pending:  # most steps: nothing to send, no tasks to start
+            await asyncio.gather(*(c.flush_released() for c in pending), return_exceptions=True)
 
     async def close(self) -> None:
         for task in (self._maintainer, self._reviver):

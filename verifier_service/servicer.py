@@ -126,7 +126,9 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
                                               verifier_pb2.RoundTripBucket(
                                                   k=k, calls=n, seconds_total=sec)
                                               for k, (n, sec) in sorted(v.round_trips.items())],
-                                          longest_draft=len(v.accepted_per_position))
+                                          longest_draft=len(v.accepted_per_position),
+                                          precompute_hits=v.precompute_hits,
+                                          precompute_misses=v.precompute_misses)
                  for m, v in sorted(s.per_method.items())],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=b.max_tokens, steps=b.steps,
                                                tokens_total=b.tokens_total,

@@ -100,6 +100,11 @@ def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Schedu
                 drafts: Sequence[Draft | None]) -> RejectionResult:
     """logits [T_out, V] of the emitting sequences -> their accepted tokens."""
     params = [s.seq.inp.sampling for s in batch]
+    if layout.num_drafts == 0 and all(p.greedy for p in params):
+        # plain greedy decoding: the sampler would pick argmax(one-hot at argmax(logits)), the
+        # same token; skip building p and the sampler's bookkeeping (the no-speculation path)
+        tokens = logits.argmax(dim=-1)  # [S]
+        return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
     rows = (layout.num_draft_tokens + 1).tolist()  # logits rows per sequence
 
     def per_row(values):  # one value per sequence -> one per logits row

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from learned_testlib import PROMPTS, gen_client, learned_stack_config, make_models
+from stats_testlib import current
 
 from splitspec.launcher import Stack, sibling_proposer_models
 from splitspec.methods import METHODS
@@ -27,7 +28,10 @@ pytestmark = pytest.mark.integration
 def stack(tiny_target_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("learned")
     target, draft, spec = make_models(tiny_target_dir, root)
-    with Stack(learned_stack_config(target, draft, spec, root / "logs")) as s:
+    # overlap pinned on: every losslessness test below runs with drafting ahead (auto could
+    # turn it off on a busy machine, where it takes cores from the verifier)
+    with Stack(learned_stack_config(target, draft, spec, root / "logs",
+                                    verifier_args=["--overlap", "on"])) as s:
         yield s
 
 
@@ -42,9 +46,18 @@ def baseline(client):
     return client.generate_all([client.request(p, None) for p in PROMPTS])
 
 
+def precompute_hits(stack, method: str) -> int:
+    """The verifier's count of drafts answered from the proposer's drafting ahead (overlap)."""
+    stats = current(stack.verifier.port)
+    return sum(m.precompute_hits for m in stats.methods if m.method == method)
+
+
 @pytest.mark.parametrize("method", ["draft", "mlp"])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_greedy_equals_speculation_off(client, baseline, method, k):
+def test_greedy_equals_speculation_off(stack, client, baseline, method, k):
+    """Overlap is on by default: the draft proposer drafts ahead while the verifier verifies,
+    and answers some steps from that (hits), each verified like any other draft."""
+    hits_before = precompute_hits(stack, method)
     results = client.generate_all([client.request(p, method, k) for p in PROMPTS])
     proposed = accepted = 0
     for base, res in zip(baseline, results):
@@ -57,6 +70,8 @@ def test_greedy_equals_speculation_off(client, baseline, method, k):
     print(f"{method} k={k}: accepted {accepted} of {proposed} proposed")
     assert proposed > 0  # the proposer did draft (drafts reached verification)
     assert accepted > 0  # both proposers agree with the target often enough
+    if METHODS[method].capabilities.precompute:
+        assert precompute_hits(stack, method) > hits_before
 
 
 def test_a_mixed_batch_of_methods_equals_speculation_off(client, baseline):
@@ -172,7 +187,7 @@ def draft_paths_ran(responses, methods) -> None:
 
 @pytest.mark.parametrize("plan", list(SAMPLED_PLANS))
 def test_sampled_speculation_has_the_targets_distribution(
-    client, sampled_prompt, sampled_off, plan
+    stack, client, sampled_prompt, sampled_off, plan
 ):
     """Distribution test, speculation on vs off (temperature 0.8, top_p 0.95), per proposer and
     for a batch that mixes proposers and k up to 8.
@@ -186,6 +201,8 @@ def test_sampled_speculation_has_the_targets_distribution(
     test_the_distribution_test_tells_temperatures_apart.
     """
     steps = SAMPLED_PLANS[plan]
+    ahead = {m for m, _ in steps if METHODS[m].capabilities.precompute}
+    hits_before = {m: precompute_hits(stack, m) for m in ahead}
     on = client.generate_all(
         [
             client.request(sampled_prompt, *steps[i % len(steps)], **SAMPLED)
@@ -194,6 +211,8 @@ def test_sampled_speculation_has_the_targets_distribution(
         workers=8,
     )
     draft_paths_ran(on, {m for m, _ in steps})
+    for m in ahead:  # overlap on (the default): some drafts came from drafting ahead
+        assert precompute_hits(stack, m) > hits_before[m], m
     for pos in range(SAMPLED["max_tokens"]):
         a = Counter(r.token_ids[pos] for r in on)
         b = Counter(r.token_ids[pos] for r in sampled_off)

@@ -1,0 +1,300 @@
+"""The comparison benchmark (`make bench`): splitspec through the full stack against what users
+would reach for instead, in one run, on the same held-out prompts.
+
+    python bench/compare_bench.py [--quick] [--prompts 10] [--max-tokens 64]
+                                  [--k ngram=7 draft=5 mlp=7 suffix=7] [--temperatures 0 0.8]
+
+Configurations, interleaved per prompt so that noise from a shared machine hits all alike:
+  * in this process, Hugging Face transformers `generate` on the target: plain, with
+    assistant_model = the draft (its default schedule), with prompt_lookup_num_tokens = 10;
+  * through gateway -> verifier -> proposers (gRPC on 127.0.0.1, one request at a time):
+    speculation off and every served method at its k; methods that can draft ahead
+    (Capabilities.precompute) with overlap pinned on and, on a second stack, pinned off
+    (`--overlap on|off`; the verifier's default `auto` picks the cheaper at run time).
+Each at every temperature (0: greedy; > 0: sampled, top-k/top-p off).
+
+Per configuration: tokens/s, time to first token, inter-token latency p50/p90/p99 (a chunk of n
+tokens arrives at once: n - 1 gaps of 0), acceptance per draft position, mean tokens per step,
+the theoretical speedup from measured acceptance and cost ratio (bench/speedup_model.py) and
+achieved / theoretical, the time split of a step (bench/stack_probe.py), and the overlap hit
+rate. Writes bench/reports/bench.md and PNG plots next to it (bench/bench_report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_report import write_report  # noqa: E402
+from spec_bench import held_out_prompts  # noqa: E402
+from stack_probe import StackProbe  # noqa: E402
+
+from splitspec.config import DEFAULT_MODEL  # noqa: E402
+from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
+from splitspec.methods import METHODS  # noqa: E402
+
+DEFAULT_K = {"ngram": 7, "draft": 5, "mlp": 7, "suffix": 7}
+
+
+@dataclass
+class Run:
+    """One request of one configuration."""
+
+    elapsed: float
+    ttft: float
+    gaps: list[float]  # inter-token latencies, one per token after the first
+    tokens: list[int]
+    usage: object = None  # splitspec: Usage (with per-step counts)
+    probe: dict = field(default_factory=dict)  # splitspec: metric deltas (stack_probe)
+
+
+@dataclass(frozen=True)
+class Config:
+    system: str  # "hf" | "splitspec"
+    name: str  # hf: plain | assisted | prompt_lookup; splitspec: off | method
+    temperature: float
+    k: int = 0
+    overlap: bool | None = None  # None: not applicable
+
+    @property
+    def label(self) -> str:
+        if self.system == "hf":
+            return f"HF {self.name.replace('_', ' ')}"
+        if self.name == "off":
+            return "splitspec off"
+        ov = "" if self.overlap is None else f", overlap {'on' if self.overlap else 'off'}"
+        return f"splitspec {self.name} k={self.k}{ov}"
+
+
+# -- Hugging Face baselines ------------------------------------------------------------------
+
+class _Clock:
+    """A transformers streamer that timestamps every chunk of new tokens."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.prompt_seen = False
+        self.chunks: list[tuple[float, int]] = []
+
+    def put(self, value):
+        if not self.prompt_seen:  # generate() first puts the prompt
+            self.prompt_seen = True
+            return
+        self.chunks.append((time.perf_counter(), int(value.numel())))
+
+    def end(self):
+        pass
+
+
+class HfBaselines:
+    def __init__(self, target: str, draft: str | None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tok = AutoTokenizer.from_pretrained(target)
+        self.model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+        self.draft = (AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval()
+                      if draft else None)
+
+    def run(self, cfg: Config, prompt: str, max_tokens: int) -> Run:
+        ids = self.tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        kw = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                  pad_token_id=self.tok.pad_token_id or 0)
+        if cfg.temperature > 0:
+            kw.update(do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0)
+        else:
+            kw.update(do_sample=False)
+        if cfg.name == "assisted":
+            kw["assistant_model"] = self.draft
+        elif cfg.name == "prompt_lookup":
+            kw["prompt_lookup_num_tokens"] = 10
+        clock = _Clock()
+        with self.torch.inference_mode():
+            out = self.model.generate(ids, streamer=clock, **kw)
+        end = time.perf_counter()
+        return _timed(clock.start, end, clock.chunks, out[0, ids.shape[1]:].tolist())
+
+
+def _timed(start: float, end: float, chunks: list[tuple[float, int]], tokens: list[int],
+           **extra) -> Run:
+    gaps, last = [], None
+    for t, n in chunks:
+        if last is not None:
+            gaps.append(t - last)
+        gaps.extend([0.0] * max(n - 1, 0))
+        last = t
+    ttft = chunks[0][0] - start if chunks else end - start
+    return Run(end - start, ttft, gaps, tokens, **extra)
+
+
+# -- splitspec through the stack ---------------------------------------------------------------
+
+class SplitspecClient:
+    def __init__(self, stack: Stack):
+        import grpc
+
+        from protos import generation_pb2_grpc
+
+        self.stack = stack
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}")
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+        self.probe = StackProbe(stack)
+
+    def run(self, cfg: Config, prompt: str, max_tokens: int) -> Run:
+        from protos import common_pb2
+
+        spec = (common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_OFF)
+                if cfg.name == "off" else
+                common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON, method=cfg.name,
+                                             num_speculative_tokens=cfg.k, details=True))
+        req = common_pb2.GenerateRequest(
+            text=prompt, speculation=spec,
+            sampling=common_pb2.SamplingParams(temperature=cfg.temperature, top_p=1.0),
+            stopping=common_pb2.StoppingCriteria(max_tokens=max_tokens, ignore_eos=True))
+        before = self.probe.sample()
+        start = time.perf_counter()
+        chunks, tokens, usage = [], [], None
+        for chunk in self.stub.Generate(req, timeout=600):
+            if chunk.token_ids:
+                chunks.append((time.perf_counter(), len(chunk.token_ids)))
+                tokens += chunk.token_ids
+            if chunk.HasField("usage"):
+                usage = chunk.usage
+        end = time.perf_counter()
+        probe = self.probe.delta(before, self.probe.sample(), cfg.name)
+        return _timed(start, end, chunks, tokens, usage=usage, probe=probe)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def machine_facts(threads: int, proposer_threads: int) -> dict[str, str]:
+    import platform
+
+    import torch
+    import transformers
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "n/a"
+    commit = os.popen(f"git -C {ROOT} rev-parse --short HEAD 2>/dev/null").read().strip()
+    return {"date (UTC)": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "host": platform.node(), "cpu": cpu, "cores": str(os.cpu_count()),
+            "load average (1/5/15 min) at start": load,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "torch threads (HF in the bench process; verifier; each proposer)":
+                f"{torch.get_num_threads()}; {threads or 'torch default'}; {proposer_threads}",
+            "commit": commit or "unknown"}
+
+
+def parse_k(items: list[str]) -> dict[str, int]:
+    out = dict(DEFAULT_K)
+    for item in items:
+        m, _, k = item.partition("=")
+        out[m] = int(k)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k", nargs="*", default=[], help="METHOD=K (default: %s)" % " ".join(
+        f"{m}={k}" for m, k in DEFAULT_K.items()))
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
+    ap.add_argument("--methods", nargs="*", default=None,
+                    help="splitspec methods to run (default: every one the stack serves)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the target, the same for the HF baselines and the "
+                         "verifier (0: torch default). Default 1: on a small machine two "
+                         "multi-threaded processes oversubscribe the cores (measured: verifier "
+                         "steps ~10x slower with torch's default on 2 busy cores)")
+    ap.add_argument("--proposer-threads", type=int, default=1,
+                    help="torch threads of each proposer process (default 1: the drafts are "
+                         "tiny, more threads only take cores from the verifier)")
+    ap.add_argument("--quick", action="store_true",
+                    help="3 prompts, 32 tokens: a few minutes, for a smoke run")
+    ap.add_argument("--out", default=str(ROOT / "bench/reports/bench.md"))
+    args = ap.parse_args()
+    if args.quick:
+        args.prompts, args.max_tokens = min(args.prompts, 3), min(args.max_tokens, 32)
+    import torch
+    from tqdm import tqdm
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    facts = machine_facts(args.threads, args.proposer_threads)
+    prompts = held_out_prompts(args.prompts)
+    models = sibling_proposer_models(args.model)
+    ks = parse_k(args.k)
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    logs = ROOT / "bench/out/logs"
+
+    def stack_config(overlap: bool, methods):
+        return StackConfig.with_free_ports(
+            model=args.model, device="cpu", models=models, methods=methods,
+            proposer_args={m: ["--threads", str(args.proposer_threads)] for m in METHODS},
+            log_dir=logs / (
+                "overlap-on" if overlap else "overlap-off"),
+            verifier_args=["--proposer-timeout-ms", "2000", *threads,
+                           "--overlap", "on" if overlap else "off"])
+
+    ahead = [m for m, s in METHODS.items() if s.capabilities.precompute
+             and (not s.capabilities.needs_model or m in models)]
+    hf = HfBaselines(args.model, models.get("draft"))
+    with Stack(stack_config(True, args.methods)) as on_stack, \
+            Stack(stack_config(False, [m for m in ahead if args.methods is None
+                                       or m in args.methods] or ["ngram"])) as off_stack:
+        clients = {True: SplitspecClient(on_stack), False: SplitspecClient(off_stack)}
+        served = [m for m in METHODS if m in on_stack.proposers
+                  and (args.methods is None or m in args.methods)]
+        configs = []
+        for t in args.temperatures:
+            configs += [Config("hf", "plain", t)]
+            if hf.draft is not None:
+                configs += [Config("hf", "assisted", t)]
+            configs += [Config("hf", "prompt_lookup", t), Config("splitspec", "off", t)]
+            for m in served:
+                if m in ahead:
+                    configs += [Config("splitspec", m, t, ks.get(m, 4), True),
+                                Config("splitspec", m, t, ks.get(m, 4), False)]
+                else:
+                    configs.append(Config("splitspec", m, t, ks.get(m, 4)))
+        for cfg in configs:  # warm-up: first calls pay one-off costs
+            runner = hf if cfg.system == "hf" else clients[cfg.overlap is not False]
+            runner.run(cfg, prompts[0], 8)
+        results: dict[Config, list[Run]] = {c: [] for c in configs}
+        with tqdm(total=len(prompts) * len(configs), desc="bench", unit="run") as bar:
+            for prompt in prompts:
+                for cfg in configs:
+                    runner = hf if cfg.system == "hf" else clients[cfg.overlap is not False]
+                    results[cfg].append(runner.run(cfg, prompt, args.max_tokens))
+                    bar.update()
+        for c in clients.values():
+            c.close()
+    write_report(Path(args.out), results, facts, args, ks)
+
+
+if __name__ == "__main__":
+    main()

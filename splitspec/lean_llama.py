@@ -1,0 +1,148 @@
+"""A lean forward for Llama-family models: the model's own weights, none of the framework's
+per-call machinery. Used by the draft proposer (its k sequential forwards per step) and by the
+verifier's model runner (attention over the paged cache plugged in as `attend`).
+
+A 1-4 M parameter draft spends most of a transformers forward in Python: module hooks, output
+dataclasses, mask construction, cache objects. Drafting k tokens is k sequential forwards, so
+that overhead is paid k times per step on the critical path. This runs the same arithmetic
+(RMSNorm, RoPE, GQA attention via SDPA, SwiGLU MLP, tied or untied head) as plain tensor ops on
+per-layer (K, V) tensors [B, H_kv, L, D], which a forward extends by concatenation (the caller's
+tensors are never written, so states may share them).
+
+Supported: model_type llama, mistral, qwen2 without sliding windows or rope scaling beyond a
+constant factor (`LeanDecoder.supports`); anything else uses the transformers forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H_kv, L, D]
+
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanDecoder:
+    def __init__(self, model):
+        cfg = model.config
+        inner = model.get_decoder()
+        self.eps = cfg.rms_norm_eps
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.scale = self.head_dim ** -0.5
+        rotary = inner.rotary_emb
+        self.inv_freq = rotary.inv_freq.float()
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.embed = inner.embed_tokens.weight
+        self.norm = inner.norm.weight
+        self.head = model.get_output_embeddings().weight
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            self.layers.append((layer.input_layernorm.weight, a.q_proj, a.k_proj, a.v_proj,
+                                a.o_proj, layer.post_attention_layernorm.weight,
+                                m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight))
+
+    @staticmethod
+    def supports(model) -> bool:
+        cfg = model.config
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        return (getattr(cfg, "model_type", "") in SUPPORTED_TYPES
+                and not getattr(cfg, "sliding_window", None)
+                and rope.get("rope_type", "default") == "default"
+                and getattr(cfg, "hidden_act", "silu") == "silu"
+                and not getattr(cfg, "mlp_bias", False))
+
+    def buffers(self, past: KV, batch: int, capacity: int) -> KV:
+        """Preallocated caches [batch, H_kv, capacity, D] per layer holding `past` (broadcast
+        over the batch) in their first columns: for forward(..., length=L) to write into."""
+        out = []
+        for k, v in past:
+            kb = k.new_empty(batch, k.shape[1], capacity, k.shape[3])
+            vb = v.new_empty(batch, v.shape[1], capacity, v.shape[3])
+            kb[:, :, :k.shape[2]] = k
+            vb[:, :, :v.shape[2]] = v
+            out.append((kb, vb))
+        return out
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, past: KV | None,
+                key_mask: torch.Tensor | None, keep: int,
+                length: int | None = None) -> tuple[torch.Tensor, KV]:
+        """ids, pos: [B, S]; past: per layer [B, H_kv, L, D] (None: empty); key_mask: [B, L + S]
+        bool, which cache columns hold real tokens (None: all). Query s sits at column L + s and
+        sees the real columns up to its own (and always its own). Returns the logits of the last
+        `keep` queries [B, keep, V] and the cache extended by the S new columns: new tensors, or
+        with `length` given, past are buffers (see `buffers`) whose first `length` columns are
+        the cache: the new columns are written into them in place and views returned."""
+        b, s = ids.shape
+        past_len = length if length is not None else (past[0][0].shape[2] if past else 0)
+        total = past_len + s
+        mask = None
+        if key_mask is not None or s > 1:
+            cols = torch.arange(total, device=ids.device)
+            qcols = cols[past_len:, None]  # [S, 1]
+            allowed = cols[None, :] <= qcols  # [S, T] causal
+            if key_mask is not None:
+                allowed = (allowed & key_mask[:, None, :]) | (cols[None, :] == qcols)[None]
+                mask = allowed[:, None]  # [B, 1, S, T]
+            else:
+                mask = allowed[None, None]  # [1, 1, S, T]
+        new_kv: KV = []
+        groups = self.n_heads // self.n_kv
+
+        def attend(i, q, k, v):
+            if length is not None:
+                kb, vb = past[i]
+                kb[:, :, length:total] = k
+                vb[:, :, length:total] = v
+                k, v = kb[:, :, :total], vb[:, :, :total]
+            elif past:
+                k = torch.cat([past[i][0], k], dim=2)
+                v = torch.cat([past[i][1], v], dim=2)
+            new_kv.append((k, v))
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                                 enable_gqa=groups > 1)
+            return att.transpose(1, 2).reshape(b, s, -1)
+
+        x = self.hidden(ids, pos, attend, keep)
+        return F.linear(x, self.head), new_kv
+
+    def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
+               ) -> torch.Tensor:
+        """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
+        rows only, when given). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE
+        applied) -> attention output [B, S, Hq * D]: the caller's cache and mask."""
+        b, s = ids.shape
+        x = F.embedding(ids, self.embed)  # [B, S, H]
+        freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None]  # [B, 1, S, D]
+        sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None]
+        for i, (ln1, q_proj, k_proj, v_proj, o_proj, ln2, wg, wu, wd) in enumerate(self.layers):
+            h = _rms(x, ln1, self.eps)
+            q = F.linear(h, q_proj.weight, q_proj.bias).view(b, s, self.n_heads, -1).transpose(1, 2)
+            k = F.linear(h, k_proj.weight, k_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
+            v = F.linear(h, v_proj.weight, v_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            x = x + F.linear(attend(i, q, k, v), o_proj.weight, o_proj.bias)
+            h = _rms(x, ln2, self.eps)
+            x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+        if keep is not None:
+            x = x[:, -keep:]
+        return _rms(x, self.norm, self.eps)

@@ -1,0 +1,59 @@
+"""The lean draft forward computes what the transformers forward computes: prefill, extension of
+a cache, and a left-padded batch with a key mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from splitspec.lean_llama import LeanDecoder
+
+
+@pytest.fixture(scope="module")
+def model(tiny_target_dir):
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+
+
+@torch.inference_mode()
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(input_ids=torch.tensor([ids])).logits[0]  # [S, V]
+
+
+def test_supports_the_test_llama(model):
+    assert LeanDecoder.supports(model)
+
+
+def test_prefill_then_extend_matches_the_full_forward(model):
+    lean = LeanDecoder(model)
+    ids = torch.randint(3, model.config.vocab_size, (14,)).tolist()
+    full = hf_logits(model, ids)
+    logits, kv = lean.forward(torch.tensor([ids[:9]]), torch.arange(9)[None], None, None, 9)
+    torch.testing.assert_close(logits[0], full[:9], atol=1e-4, rtol=1e-4)
+    logits, kv = lean.forward(torch.tensor([ids[9:12]]), torch.arange(9, 12)[None], kv, None, 3)
+    torch.testing.assert_close(logits[0], full[9:12], atol=1e-4, rtol=1e-4)
+    logits, kv = lean.forward(torch.tensor([ids[12:13]]), torch.tensor([[12]]), kv, None, 1)
+    torch.testing.assert_close(logits[0], full[12:13], atol=1e-4, rtol=1e-4)
+    assert kv[0][0].shape[2] == 13
+
+
+def test_a_left_padded_batch_with_a_key_mask_matches_each_row_alone(model):
+    lean = LeanDecoder(model)
+    a = torch.randint(3, model.config.vocab_size, (7,)).tolist()
+    b = torch.randint(3, model.config.vocab_size, (4,)).tolist()
+    _, kva = lean.forward(torch.tensor([a[:6]]), torch.arange(6)[None], None, None, 1)
+    _, kvb = lean.forward(torch.tensor([b[:3]]), torch.arange(3)[None], None, None, 1)
+    # rows right-aligned at 6 cached columns; b's first 3 columns are zero padding
+    kv = []
+    for (ka, va), (kb, vb) in zip(kva, kvb):
+        pad = torch.zeros_like(ka[:, :, :3])
+        kv.append((torch.cat([ka, torch.cat([pad, kb], 2)]), torch.cat([va, torch.cat([pad, vb],
+                                                                                    2)])))
+    key_mask = torch.ones(2, 7, dtype=torch.bool)
+    key_mask[1, :3] = False
+    ids = torch.tensor([[a[6]], [b[3]]])
+    pos = torch.tensor([[6], [3]])
+    logits, _ = lean.forward(ids, pos, kv, key_mask, 1)
+    torch.testing.assert_close(logits[0, 0], hf_logits(model, a)[-1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[1, 0], hf_logits(model, b)[-1], atol=1e-4, rtol=1e-4)
