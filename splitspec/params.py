@@ -119,6 +119,10 @@ class GenerationInput:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stopping: StoppingCriteria = field(default_factory=StoppingCriteria)
     speculation: SpeculationPlan = field(default_factory=SpeculationPlan)
+    # A request resumed on this replica after another one died mid-stream: the output the
+    # client already has (tokens, and characters of text), continued from, never sent again.
+    resumed_output_ids: tuple[int, ...] = ()
+    resumed_text_chars: int = 0
 
 
 def _finite(name: str, value: float) -> None:
