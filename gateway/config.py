@@ -17,4 +17,9 @@ class GatewayConfig:
     verifier: tuple[str, ...] = option(("127.0.0.1:50051",), "a verifier replica HOST:PORT")
     info_ttl_s: float = option(5.0, "how long verifier Info (model, proposers) is cached")
     max_prompts: int = option(16, "most prompts in one completions request")
+    max_pending: int = option(
+        1024, "requests in flight at the gateway; more get 429 / RESOURCE_EXHAUSTED (0: no bound)")
+    resume_wait_s: float = option(
+        0.0, "how long a stream whose verifier went away waits for one to serve again, when no "
+        "other replica can take it over (e.g. one replica restarted by a supervisor)")
     log_level: str = option("INFO", "logging level")

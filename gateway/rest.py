@@ -181,7 +181,8 @@ def build_app(frontend: Frontend, max_prompts: int = 16) -> Starlette:
 
     async def service_error(request: Request, exc: ServiceError):
         return JSONResponse(error_body(exc.message, exc.http_status, exc.field),
-                            exc.http_status)
+                            exc.http_status, headers=None if exc.retry_after_s is None
+                            else {"Retry-After": str(exc.retry_after_s)})
 
     return Starlette(routes=[
         Route("/v1/completions", completions, methods=["POST"]),

@@ -32,7 +32,8 @@ SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_nam
 
 
 async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None = None) -> None:
-    pool = VerifierPool(config.verifier, config.info_ttl_s)
+    pool = VerifierPool(config.verifier, config.info_ttl_s, config.max_pending,
+                        config.resume_wait_s)
     telemetry = GatewayTelemetry(config.host, pool, telemetry_config)
     frontend = Frontend(pool, SpeculationPolicy(), telemetry.metrics, telemetry.tracer)
     grpc_server = make_server()

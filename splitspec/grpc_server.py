@@ -8,6 +8,7 @@ trace context in gRPC metadata.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Iterable
 
@@ -15,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from splitspec.errors import FIELD_METADATA_KEY, ServiceError
+from splitspec.errors import ServiceError, error_metadata
 from splitspec.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,7 @@ CHANNEL_OPTIONS = [
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, ServiceError):
-        metadata = ((FIELD_METADATA_KEY, exc.field),) if exc.field else ()  # never None
-        await context.abort(exc.code, exc.message, trailing_metadata=metadata)
+        await context.abort(exc.code, exc.message, trailing_metadata=error_metadata(exc))
     log.exception("unhandled error in handler")
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
@@ -54,6 +54,10 @@ def _wrap_unary(behavior):
 
 
 def _wrap_stream(behavior):
+    if not inspect.isasyncgenfunction(behavior):
+        # a streaming handler that writes with context.write (grpc.health's Watch)
+        return _wrap_unary(behavior)
+
     async def handler(request, context):
         try:
             async for item in behavior(request, context):
