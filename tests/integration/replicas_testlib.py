@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -13,7 +14,7 @@ import grpc
 from learned_testlib import GenClient, Result
 from stats_testlib import current, idle, watch_until
 
-from protos import common_pb2
+from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 from splitspec.launcher import Service, Stack
 
 
@@ -67,9 +68,48 @@ def busy_replicas(stack: Stack) -> list[Service]:
     return [v for v in stack.verifiers if current(v.port).running]
 
 
-def ensure_all_serving(stack: Stack) -> None:
-    """Every replica up (restarted if a test left it dead) and idle with all blocks free."""
+def ensure_all_serving(stack: Stack, client: GenClient) -> None:
+    """Every replica up (restarted if a test left it dead), routed to by the gateway (tiny
+    requests until each replica has served one: the gateway has seen it SERVING), and idle
+    with all blocks free."""
     for v in stack.verifiers:
         if not v.alive():
             stack.restart(v)
+    before = {v.name: watch_until(v.port, idle).finished_requests for v in stack.verifiers}
+    for _ in range(100):
+        if all(current(v.port).finished_requests > before[v.name] for v in stack.verifiers):
+            break
+        client.generate(client.request("x", None, max_tokens=1))
+    else:
+        raise AssertionError("the gateway does not route to every replica")
+    for v in stack.verifiers:
         watch_until(v.port, idle)
+
+
+class StatsFollower:
+    """The last stats a verifier reported before its WatchStats stream ended (it exited)."""
+
+    def __init__(self, port: int, interval_ms: int = 20):
+        self.first: verifier_pb2.EngineStats | None = None
+        self.last: verifier_pb2.EngineStats | None = None
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self._call = verifier_pb2_grpc.VerifierStub(self._channel).WatchStats(
+            verifier_pb2.WatchStatsRequest(interval_ms=interval_ms))
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+        while self.last is None and self._thread.is_alive():
+            time.sleep(0.01)
+
+    def _follow(self) -> None:
+        try:
+            for stats in self._call:
+                self.first = self.first or stats
+                self.last = stats
+        except grpc.RpcError:
+            pass
+
+    def ended(self, timeout: float) -> verifier_pb2.EngineStats:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the verifier's stats stream did not end"
+        self._channel.close()
+        return self.last

@@ -3,45 +3,26 @@ replica from the output the client already has, and the client sees one uninterr
 whose tokens, text and usage are those of an undisturbed run (greedy and seeded sampled);
 unseeded sampled streams resume with a valid sample.
 
-Two replicas behind one gateway. To put every stream on one replica, the other one is down when
-they start; it comes back after the first one is killed (the gateway's --resume-wait-s lets
-the streams wait for it), so all of them must resume there."""
+Two replicas behind one gateway (the `replicas` fixture). To put every stream on one replica,
+the other one is down when they start; it comes back after the first one is killed (the
+gateway's --resume-wait-s lets the streams wait for it), so all of them must resume there."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 from learned_testlib import GenClient
-from replicas_testlib import ensure_all_serving, kill, run_in_flight
+from replicas_testlib import kill, run_in_flight
 from stats_testlib import current, idle, watch_until
 
 from protos import common_pb2
-from splitspec.launcher import Stack, StackConfig
+from splitspec.launcher import Stack
 from splitspec.modelio import load_tokenizer
 
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["def f(x):\n", "class A:\n    def", "import os\n", "for i in range(",
            "# add two numbers\n", "x = [", "while True:\n", "if __name__ =="]
-
-
-@pytest.fixture(scope="module")
-def replicas(target_model_dir, tmp_path_factory):
-    config = StackConfig.with_free_ports(
-        model=target_model_dir, device="cpu", log_dir=tmp_path_factory.mktemp("resume-logs"),
-        methods=["ngram"], verifier_replicas=2,
-        verifier_args=["--threads", "1", "--shutdown-grace-s", "30"],
-        gateway_args=["--resume-wait-s", "60"])
-    with Stack(config) as s:
-        yield s
-
-
-@pytest.fixture
-def client(replicas):
-    ensure_all_serving(replicas)
-    c = GenClient(replicas.config.grpc_port)
-    yield c
-    c.close()
 
 
 def kill_and_resume_elsewhere(stack: Stack, client: GenClient,
@@ -73,7 +54,8 @@ def check_same(results, refs) -> None:
 
 
 def test_killing_the_verifier_of_8_greedy_streams_leaves_their_output_unchanged(replicas,
-                                                                                 client):
+                                                                                 replica_client):
+    client = replica_client
     reqs = [client.request(p, "ngram" if i % 2 else None, k=3, max_tokens=72)
             for i, p in enumerate(PROMPTS)]
     refs = client.generate_all(reqs)
@@ -81,7 +63,8 @@ def test_killing_the_verifier_of_8_greedy_streams_leaves_their_output_unchanged(
 
 
 def test_killing_the_verifier_of_8_seeded_streams_leaves_their_output_unchanged(
-        replicas, client, target_model_dir):
+        replicas, replica_client, target_model_dir):
+    client = replica_client
     reqs = [client.request(p, "ngram" if i % 2 else None, k=3, max_tokens=72,
                            temperature=0.8, top_p=0.95, seed=1000 + i)
             for i, p in enumerate(PROMPTS[:6])]
