@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# Flags for `splitspec up` (and, through it, any service), e.g.
+# make run ARGS="--verifier-replicas 2 --verifier-args '--max-waiting 64'"
+ARGS ?=
 run: $(STAMP)
-	$(PY) -m splitspec.launcher up
+	$(PY) -m splitspec.launcher up $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -185,6 +185,10 @@ class Stack:
             *(a for v in self.verifiers for a in ("--verifier", f"{c.host}:{v.port}")),
             *c.gateway_args], c.grpc_port, log("gateway"))
         self.services = [*self.proposers.values(), *self.verifiers, self.gateway]
+        ports = [c.http_port, *(svc.port for svc in self.services)]
+        if clash := sorted({p for p in ports if ports.count(p) > 1}):
+            raise ValueError(f"port {clash[0]} is given to two services (verifier replicas take "
+                             "consecutive ports from --verifier-port)")
         # metrics ports in this order (consecutive from --metrics-port): gateway, verifier,
         # proposers, further verifier replicas
         self.metrics_ports = stack_metrics_ports(
@@ -317,14 +321,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                                         [*(["--device", device] if device else []),
                                          *shlex.split(args.proposer_args),
                                          *shlex.split(getattr(args, f"{opt}_args"))])
-    stack = Stack(StackConfig(
-        model=args.model, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-        verifier_port=args.verifier_port, device=args.device, log_dir=args.log_dir,
-        proposers=launches, metrics_port=args.metrics_port,
-        verifier_replicas=args.verifier_replicas,
-        verifier_args=shlex.split(args.verifier_args),
-        gateway_args=["--resume-wait-s", str(args.resume_wait_s),
-                      *shlex.split(args.gateway_args)]))
+    try:
+        stack = Stack(StackConfig(
+            model=args.model, host=args.host, http_port=args.http_port,
+            grpc_port=args.grpc_port, verifier_port=args.verifier_port, device=args.device,
+            log_dir=args.log_dir, proposers=launches, metrics_port=args.metrics_port,
+            verifier_replicas=args.verifier_replicas,
+            verifier_args=shlex.split(args.verifier_args),
+            gateway_args=["--resume-wait-s", str(args.resume_wait_s),
+                          *shlex.split(args.gateway_args)]))
+    except ValueError as exc:
+        ap.error(str(exc))
     stopping = False
 
     def on_signal(signum, frame):
