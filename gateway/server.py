@@ -21,6 +21,7 @@ from gateway.verifier_pool import VerifierPool
 from protos import generation_pb2, generation_pb2_grpc
 from splitspec.grpc_server import (
     add_health_and_reflection,
+    listen,
     make_server,
     mark_serving,
 )
@@ -40,7 +41,7 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
     generation_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(frontend),
                                                          grpc_server)
     health = add_health_and_reflection(grpc_server, [SERVICE_NAME])
-    grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    listen(grpc_server, f"{config.host}:{config.grpc_port}")
     await grpc_server.start()
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()

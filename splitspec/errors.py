@@ -70,6 +70,24 @@ class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class StartupError(Exception):
+    """A service cannot start with the configuration it was given (a device that is not
+    there, a model directory that is not one, a port it cannot listen on). Its main() prints
+    the message on one line and exits with status 2, no traceback."""
+
+
+class DeviceUnavailable(StartupError, RuntimeError):
+    pass
+
+
+class BadModel(StartupError, FileNotFoundError):
+    pass
+
+
+class BadOption(StartupError, ValueError):
+    pass
+
+
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> ServiceError:
     """An error a downstream service returned, re-raised with the same status code."""
     metadata = dict(exc.trailing_metadata() or ())

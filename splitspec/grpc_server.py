@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from splitspec.errors import ServiceError, error_metadata
+from splitspec.errors import ServiceError, StartupError, error_metadata
 from splitspec.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,17 @@ async def mark_not_serving(health_servicer: health.aio.HealthServicer,
                            service_full_names: Iterable[str]) -> None:
     for name in ["", *service_full_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def listen(server: grpc.aio.Server, address: str) -> int:
+    """Bind the server to address; a port that is taken or invalid is a StartupError."""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen on {address}: {exc}") from None
+    if not port:
+        raise StartupError(f"cannot listen on {address}")
+    return port
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:

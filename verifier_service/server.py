@@ -19,6 +19,7 @@ from protos import verifier_pb2, verifier_pb2_grpc
 from splitspec.device import resolve_device, resolve_dtype
 from splitspec.grpc_server import (
     add_health_and_reflection,
+    listen,
     make_server,
     mark_not_serving,
     mark_serving,
@@ -143,7 +144,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
         server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"
-    server.add_insecure_port(address)
+    listen(server, address)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()
