@@ -11,7 +11,7 @@ from proposer_service.base import Proposer
 from proposer_service.metrics import ProposerMetrics
 from proposer_service.tracing import ProposerTracer
 from protos import proposer_pb2, proposer_pb2_grpc
-from splitspec.proposal import description_to_pb, draft_to_pb, step_from_pb
+from splitspec.proposal import checked_steps, description_to_pb, draft_to_pb, step_from_pb
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +22,7 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
         self._proposer = proposer
         self._metrics = metrics
         self._tracer = tracer
+        self._description = proposer.describe()
 
     async def Propose(self, request_iterator, context):
         # One session per stream: a verifier's sequences live as long as its stream.
@@ -34,7 +35,8 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
                 start = time.perf_counter()
                 span = tracer.start(request) if tracer is not None else None
                 session.release(list(request.released))
-                steps = [step_from_pb(s) for s in request.sequences]
+                steps = checked_steps([step_from_pb(s) for s in request.sequences],
+                                      self._description)
                 # Proposing may run a model: keep the event loop free for other streams.
                 drafts = await asyncio.to_thread(session.propose, steps)
                 if metrics is not None:

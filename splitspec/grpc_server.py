@@ -16,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from splitspec.errors import ServiceError, StartupError, error_metadata
+from splitspec.errors import InvalidArgument, ServiceError, StartupError, error_metadata
 from splitspec.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -41,9 +41,42 @@ async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def _wrap_unary(behavior):
+class _Undecodable:
+    """What a request that is not a valid message of its type decodes to: the handler
+    answers INVALID_ARGUMENT instead of gRPC's generic error for a failed deserializer."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+
+def _safe_deserializer(deserialize):
+    if deserialize is None:
+        return None
+
+    def safe(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - any decoding failure is the caller's
+            return _Undecodable(exc)
+
+    return safe
+
+
+def _checked(request):
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument("request", f"is not a valid message ({request.exc})")
+    return request
+
+
+async def _checked_stream(requests):
+    async for request in requests:
+        yield _checked(request)
+
+
+def _wrap_unary(behavior, streaming_request: bool = False):
     async def handler(request, context):
         try:
+            request = _checked_stream(request) if streaming_request else _checked(request)
             return await behavior(request, context)
         except grpc.aio.AbortError:
             raise
@@ -53,13 +86,14 @@ def _wrap_unary(behavior):
     return handler
 
 
-def _wrap_stream(behavior):
+def _wrap_stream(behavior, streaming_request: bool = False):
     if not inspect.isasyncgenfunction(behavior):
         # a streaming handler that writes with context.write (grpc.health's Watch)
-        return _wrap_unary(behavior)
+        return _wrap_unary(behavior, streaming_request)
 
     async def handler(request, context):
         try:
+            request = _checked_stream(request) if streaming_request else _checked(request)
             async for item in behavior(request, context):
                 yield item
         except grpc.aio.AbortError:
@@ -75,15 +109,17 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         h = await continuation(handler_call_details)
         if h is None:
             return None
-        common = dict(request_deserializer=h.request_deserializer,
+        common = dict(request_deserializer=_safe_deserializer(h.request_deserializer),
                       response_serializer=h.response_serializer)
         if h.unary_unary:
             return grpc.unary_unary_rpc_method_handler(_wrap_unary(h.unary_unary), **common)
         if h.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap_unary(h.stream_unary), **common)
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary(h.stream_unary, True),
+                                                        **common)
         if h.unary_stream:
             return grpc.unary_stream_rpc_method_handler(_wrap_stream(h.unary_stream), **common)
-        return grpc.stream_stream_rpc_method_handler(_wrap_stream(h.stream_stream), **common)
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream(h.stream_stream, True),
+                                                     **common)
 
 
 # A second server on a taken port fails to start instead of silently sharing it.
