@@ -73,3 +73,10 @@ bench-observability: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# Soak: concurrent streams while proposers and verifier replicas are SIGKILLed (restarted by the
+# supervisor) and clients cancel; nothing may fail, differ or leak. About 6 minutes; writes
+# bench/reports/soak.md. `python bench/soak.py --short` is the test suite's 1-minute version.
+.PHONY: soak
+soak: $(STAMP)
+	$(PY) bench/soak.py

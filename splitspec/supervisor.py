@@ -1,6 +1,9 @@
 """Keep a local stack's services running: a service that exits is started again on its ports
 after a backoff (0.5 s, doubling up to 10 s; back to 0.5 s once it has stayed up 30 s), and
-the others keep serving meanwhile. What a death costs, by service:
+the others keep serving meanwhile. Call poll() from the thread that started the stack, and
+keep that thread alive: a service follows the thread that started it (PR_SET_PDEATHSIG is per
+thread, splitspec/lifecycle.py), so services restarted from a thread that then ends would
+be stopped with it. What a death costs, by service:
 
 - a proposer: speculation only; its requests decode plainly and report
   `reason: proposer_unavailable` in their usage until it is back (the verifier reconnects);
@@ -14,7 +17,6 @@ the others keep serving meanwhile. What a death costs, by service:
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -67,8 +69,3 @@ class Supervisor:
                 w.restart_at, w.started_at = None, now
                 w.backoff_s = min(MAX_BACKOFF_S, w.backoff_s * 2)
                 w.restarts += 1
-
-    def run(self, stop: threading.Event, interval_s: float = 0.2) -> None:
-        """poll() until `stop` is set (for a thread next to other work, e.g. a soak)."""
-        while not stop.wait(interval_s):
-            self.poll()
