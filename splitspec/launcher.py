@@ -36,6 +36,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from splitspec.config import DEFAULT_MODEL
+from splitspec.grpc_server import CHANNEL_OPTIONS
 from splitspec.lifecycle import LAUNCHER_PID_ENV
 from splitspec.methods import METHODS, HiddenState, find_model
 from splitspec.net import free_port, wait_for_port
@@ -76,7 +77,7 @@ class Service:
 
 def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
     try:
-        with grpc.insecure_channel(f"{host}:{port}") as ch:
+        with grpc.insecure_channel(f"{host}:{port}", options=CHANNEL_OPTIONS) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                         timeout=timeout)
             return resp.status == health_pb2.HealthCheckResponse.SERVING
