@@ -33,10 +33,9 @@ def check_one_line(result: subprocess.CompletedProcess, *words: str) -> None:
     ("verifier_service.server", ["--device", "mlu"], ["--device mlu"]),
     ("verifier_service.server", ["--model", "/nonexistent/model"],
      ["/nonexistent/model", "not a model directory"]),
-    ("verifier_service.server", ["--dtype", "float7"], ["--dtype", "float7"]),
     ("proposer_service.server", ["--method", "draft", "--model", "models/draft", "--device",
                                  "mlu"], ["--device mlu"]),
-], ids=["verifier-device", "verifier-model", "verifier-dtype", "proposer-device"])
+], ids=["verifier-device", "verifier-model", "proposer-device"])
 def test_bad_device_model_or_dtype(module, args, words):
     check_one_line(start(module, "--port", str(free_port()), *args), *words)
 
@@ -53,7 +52,5 @@ def test_a_port_in_use_is_named():
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        check_one_line(start("gateway.server", "--grpc-port", str(port), "--http-port",
-                             str(free_port())), f"127.0.0.1:{port}")
         check_one_line(start("proposer_service.server", "--method", "ngram", "--port",
                              str(port)), f"127.0.0.1:{port}")

@@ -66,7 +66,7 @@ def test_requests_still_running_when_the_grace_period_ends_resume_elsewhere(
         replicas, replica_client):
     client = replica_client
     a, b = replicas.verifiers
-    reqs = [client.request(p, "ngram" if i % 2 else None, k=3, max_tokens=300, temperature=0.8,
+    reqs = [client.request(p, "ngram" if i % 2 else None, k=3, max_tokens=200, temperature=0.8,
                            seed=7 + i) for i, p in enumerate(PROMPTS[:2])]
     refs = client.generate_all(reqs)
     argv = a.argv
