@@ -9,7 +9,10 @@ gateway's --resume-wait-s lets the streams wait for it), so all of them must res
 
 from __future__ import annotations
 
+import json
+
 import grpc
+import httpx
 import pytest
 from learned_testlib import GenClient
 from replicas_testlib import kill, run_in_flight
@@ -77,3 +80,34 @@ def test_killing_the_verifier_of_8_seeded_streams_leaves_their_output_unchanged(
     for r in results[6:]:  # a valid sample: full length, text that decodes from its tokens
         assert len(r.token_ids) == r.usage.completion_tokens == 72
         assert r.text and tok.decode(r.token_ids, skip_special_tokens=True).startswith(r.text)
+
+
+def test_a_resumed_rest_stream_is_one_uninterrupted_response(replicas, replica_client):
+    """Through the OpenAI-compatible REST API: one SSE response, no error event, the text and
+    usage of the undisturbed run."""
+    a, b = replicas.verifiers
+    body = {"prompt": "def walk(tree):\n", "max_tokens": 64, "temperature": 0,
+            "ignore_eos": True, "speculation": {"mode": "on", "method": "ngram"}}
+    with httpx.Client(base_url=replicas.url, timeout=120) as http:
+        ref = http.post("/v1/completions", json=body).json()
+        kill(b)
+        events = []
+        with http.stream("POST", "/v1/completions", json={
+                **body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                events.append(line)
+                if len(events) == 4:
+                    kill(a)
+                    b.start(Stack.environment())
+    assert events[-1] == "data: [DONE]" and events.count("data: [DONE]") == 1
+    chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+    assert not any("error" in c for c in chunks), chunks
+    text = "".join(ch["text"] for c in chunks for ch in c["choices"])
+    assert text == ref["choices"][0]["text"]
+    assert [ch["finish_reason"] for c in chunks for ch in c["choices"]
+            if ch["finish_reason"]] == ["length"]
+    assert chunks[-1]["usage"]["completion_tokens"] == ref["usage"]["completion_tokens"] == 64
+    assert watch_until(b.port, idle).finished_requests == 2  # warm-up + the resumed stream
