@@ -68,6 +68,8 @@ class VerifierPool:
         self.replicas = [Replica(a) for a in addresses]
         self.max_pending = max_pending  # 0: no bound
         self.pending = 0  # requests in flight through this pool
+        # counter: continuations of a stream on another replica after its own went away
+        self.resumed_streams = 0
         self.resume_wait_s = resume_wait_s
         self._rr = itertools.count()
         self._info: verifier_pb2.VerifierInfo | None = None
@@ -149,6 +151,7 @@ class VerifierPool:
         progress = StreamProgress(request)
         failed: set[Replica] = set()
         last: grpc.aio.AioRpcError | None = None
+        resuming = False  # output was sent and its replica went away: count the continuation
         for _ in range(MAX_ATTEMPTS):
             replica = await self._pick(failed)
             if replica is None:
@@ -157,6 +160,9 @@ class VerifierPool:
             call = replica.stub.Generate(progress.next_request())
             try:
                 async for msg in call:
+                    if resuming:
+                        self.resumed_streams += 1
+                        resuming = False
                     yield progress.observe(msg)
                 return
             except grpc.aio.AioRpcError as exc:
@@ -166,6 +172,7 @@ class VerifierPool:
                 failed.add(replica)
                 progress.resumes += 1
                 if progress.output_ids:
+                    resuming = True
                     log.warning("verifier %s went away mid-stream (%s: %s); resuming %s after "
                                 "%d tokens", replica.address, exc.code().name, exc.details(),
                                 request.request_id, len(progress.output_ids))

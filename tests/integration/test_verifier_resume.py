@@ -47,6 +47,12 @@ def kill_and_resume_elsewhere(stack: Stack, client: GenClient,
     return results
 
 
+def resumes(stack: Stack) -> float:
+    text = httpx.get(stack.metrics_urls["gateway"], timeout=30).text
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("splitspec_gateway_stream_resumes_total"))
+
+
 def check_same(results, refs) -> None:
     for r, ref in zip(results, refs):
         assert r.token_ids == ref.token_ids
@@ -62,7 +68,9 @@ def test_killing_the_verifier_of_8_greedy_streams_leaves_their_output_unchanged(
     reqs = [client.request(p, "ngram" if i % 2 else None, k=3, max_tokens=72)
             for i, p in enumerate(PROMPTS)]
     refs = client.generate_all(reqs)
+    before = resumes(replicas)
     check_same(kill_and_resume_elsewhere(replicas, client, reqs), refs)
+    assert resumes(replicas) - before == len(reqs)  # operators see them: a gateway counter
 
 
 def test_killing_the_verifier_of_8_seeded_streams_leaves_their_output_unchanged(
