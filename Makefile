@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# Flags for `splitspec up` (and, through it, any service), e.g.
+# make run ARGS="--verifier-replicas 2 --verifier-args '--max-waiting 64'"
+ARGS ?=
 run: $(STAMP)
-	$(PY) -m splitspec.launcher up
+	$(PY) -m splitspec.launcher up $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -87,3 +90,10 @@ bench-observability: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# Soak: concurrent streams while proposers and verifier replicas are SIGKILLed (restarted by the
+# supervisor) and clients cancel; nothing may fail, differ or leak. About 6 minutes; writes
+# bench/reports/soak.md. `python bench/soak.py --short` is the test suite's 1-minute version.
+.PHONY: soak
+soak: $(STAMP)
+	$(PY) bench/soak.py

@@ -34,4 +34,9 @@ class GatewayConfig:
         "is at least this (0: never)")
     stats_interval_ms: int = option(500, "how often each verifier streams its stats to the "
                                     "speculation policy")
+    max_pending: int = option(
+        1024, "requests in flight at the gateway; more get 429 / RESOURCE_EXHAUSTED (0: no bound)")
+    resume_wait_s: float = option(
+        0.0, "how long a stream whose verifier went away waits for one to serve again, when no "
+        "other replica can take it over (e.g. one replica restarted by a supervisor)")
     log_level: str = option("INFO", "logging level")

@@ -17,12 +17,14 @@ from splitspec.telemetry.metrics import LATENCY_BUCKETS, counter, gauge
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry,
-                 in_flight: Callable[[], dict[str, int]] | None = None):
+                 in_flight: Callable[[], dict[str, int]] | None = None,
+                 resumed_streams: Callable[[], int] | None = None):
         self.requests: dict[tuple[str, str], int] = {}  # (api, code) -> requests
         self.decisions: dict[tuple[str, str, str], int] = {}  # (decision, reason, method)
         self.generation_tokens: dict[str, int] = {}  # method ("none": off) -> tokens
         self.prompt_tokens = 0
         self._in_flight = in_flight
+        self._resumed_streams = resumed_streams
         self._ttft = Histogram(
             "splitspec_gateway_time_to_first_token_seconds",
             "Time from the gateway sending a request to a verifier to its first token",
@@ -67,6 +69,10 @@ class GatewayMetrics:
                       [((m,), n) for m, n in list(self.generation_tokens.items())])
         yield counter("splitspec_gateway_prompt_tokens", "Prompt tokens of finished generations",
                       samples=[((), self.prompt_tokens)])
+        if self._resumed_streams is not None:
+            yield counter("splitspec_gateway_stream_resumes",
+                          "Generations continued on another verifier replica after theirs went "
+                          "away mid-stream", samples=[((), self._resumed_streams())])
         if self._in_flight is not None:
             yield gauge("splitspec_gateway_verifier_requests_in_flight",
                         "Generations in flight per verifier replica", labels=["verifier"],

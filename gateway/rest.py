@@ -103,7 +103,10 @@ def _sse(obj: dict | str) -> str:
 
 
 def _error_response(exc: ServiceError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if exc.http_status == 429 else None
+    retry_after = exc.retry_after_s
+    if retry_after is None and exc.http_status == 429:
+        retry_after = RETRY_AFTER_S
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
     return JSONResponse(error_body(exc.message, exc.http_status, exc.field), exc.http_status,
                         headers=headers)
 

@@ -27,6 +27,7 @@ from gateway.verifier_pool import VerifierPool
 from protos import generation_pb2, generation_pb2_grpc
 from splitspec.grpc_server import (
     add_health_and_reflection,
+    listen,
     make_server,
     mark_not_serving,
     mark_serving,
@@ -39,7 +40,8 @@ SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_nam
 
 
 async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None = None) -> None:
-    pool = VerifierPool(config.verifier, config.info_ttl_s)
+    pool = VerifierPool(config.verifier, config.info_ttl_s, config.max_pending,
+                        config.resume_wait_s)
     telemetry = GatewayTelemetry(config.host, pool, telemetry_config)
     estimates = Estimates()
     policy = SpeculationPolicy(estimates, PolicyConfig(config.speculative_disable_queue_size))
@@ -52,7 +54,7 @@ async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None 
     generation_pb2_grpc.add_GenerationServicer_to_server(
         GenerationServicer(frontend, keys, concurrency), grpc_server)
     health = add_health_and_reflection(grpc_server, [SERVICE_NAME])
-    grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    listen(grpc_server, f"{config.host}:{config.grpc_port}")
     await grpc_server.start()
     watcher = asyncio.create_task(_follow_health(pool, health, config.health_interval_s))
     telemetry.start()

@@ -19,7 +19,7 @@ class GatewayTelemetry(ServiceTelemetry):
     def __init__(self, host: str, pool: VerifierPool, config: TelemetryConfig | None = None):
         super().__init__(host, config or TelemetryConfig(GATEWAY_METRICS_PORT))
         self.metrics = GatewayMetrics(  # --metrics-port 0: no exporter at all
-            self.registry, lambda: {r.address: r.in_flight for r in pool.replicas}
-        ) if self.config.metrics_port else None
+            self.registry, lambda: {r.address: r.in_flight for r in pool.replicas},
+            lambda: pool.resumed_streams) if self.config.metrics_port else None
         active = tracing.active()
         self.tracer = GatewayTracer(active.tracer("splitspec.gateway")) if active else None

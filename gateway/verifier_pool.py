@@ -1,9 +1,14 @@
-"""Routing over verifier replicas: least requests in flight first, failover before the first
-token, and a cached view of what the replicas serve (model, proposers, limits)."""
+"""Routing over verifier replicas: least requests in flight first among the replicas whose
+health says SERVING (each one's grpc.health Watch stream is followed, so a draining or dead
+replica gets no new requests), a stream resumed on another replica when its own goes away
+mid-stream (gateway/resume.py), a bound on requests in flight at the gateway, and a cached view
+of what the replicas serve (model, proposers, limits)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -11,9 +16,15 @@ from typing import AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.resume import StreamProgress, resumable
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
-from splitspec.errors import Unavailable, from_rpc_error
+from splitspec.errors import ResourceExhausted, Unavailable, from_rpc_error
 from splitspec.grpc_server import insecure_channel
+
+log = logging.getLogger(__name__)
+
+# Attempts per request: the first, then resumes after its replica went away.
+MAX_ATTEMPTS = 8
 
 
 @dataclass(eq=False)
@@ -22,26 +33,76 @@ class Replica:
     channel: grpc.aio.Channel = field(init=False)
     stub: verifier_pb2_grpc.VerifierStub = field(init=False)
     in_flight: int = 0
+    # What its health Watch said last; True until it says otherwise (a replica without a
+    # health service is tried like any other).
+    serving: bool = True
+    watcher: asyncio.Task | None = None
 
     def __post_init__(self) -> None:
         self.channel = insecure_channel(self.address)
         self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
 
+    async def watch_health(self, retry_s: float = 0.2) -> None:
+        """Follow the replica's health until cancelled; unreachable counts as not serving."""
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        while True:
+            try:
+                async for resp in stub.Watch(health_pb2.HealthCheckRequest(service="")):
+                    serving = resp.status == health_pb2.HealthCheckResponse.SERVING
+                    if serving != self.serving:
+                        log.info("verifier %s is %s", self.address,
+                                 "serving" if serving else "not serving")
+                    self.serving = serving
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return  # no health service: keep trying it per request
+            self.serving = False
+            await asyncio.sleep(retry_s)
+
 
 class VerifierPool:
-    def __init__(self, addresses: tuple[str, ...], info_ttl_s: float = 5.0):
+    def __init__(self, addresses: tuple[str, ...], info_ttl_s: float = 5.0,
+                 max_pending: int = 0, resume_wait_s: float = 0.0):
         if not addresses:
             raise ValueError("at least one verifier address is needed")
         self.replicas = [Replica(a) for a in addresses]
+        self.max_pending = max_pending  # 0: no bound
+        self.pending = 0  # requests in flight through this pool
+        # counter: continuations of a stream on another replica after its own went away
+        self.resumed_streams = 0
+        self.resume_wait_s = resume_wait_s
         self._rr = itertools.count()
         self._info: verifier_pb2.VerifierInfo | None = None
         self._info_at = -float("inf")
         self._info_ttl_s = info_ttl_s
 
     def _ordered(self) -> list[Replica]:
+        """Serving replicas first, least loaded first; ties keep round-robin order."""
+        self._watch()
         start = next(self._rr) % len(self.replicas)
         rotated = self.replicas[start:] + self.replicas[:start]
-        return sorted(rotated, key=lambda r: r.in_flight)  # stable: ties keep round-robin order
+        return sorted(rotated, key=lambda r: (not r.serving, r.in_flight))
+
+    def _watch(self) -> None:
+        for replica in self.replicas:
+            if replica.watcher is None:
+                replica.watcher = asyncio.get_running_loop().create_task(
+                    replica.watch_health(), name=f"health-watch-{replica.address}")
+
+    async def _pick(self, failed: set[Replica]) -> Replica | None:
+        """The next replica to try: one that has not failed this request yet, else (a stream
+        to resume) one that failed but serves again, waiting up to resume_wait_s for it."""
+        for replica in self._ordered():
+            if replica not in failed:
+                return replica
+        deadline = time.monotonic() + self.resume_wait_s
+        while True:
+            serving = [r for r in self._ordered() if r.serving]
+            if serving:
+                return serving[0]
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.1)
 
     async def info(self) -> verifier_pb2.VerifierInfo:
         if self._info is not None and time.monotonic() - self._info_at < self._info_ttl_s:
@@ -71,23 +132,50 @@ class VerifierPool:
 
     async def generate(self, request: common_pb2.GenerateRequest
                        ) -> AsyncIterator[common_pb2.GenerateResponse]:
-        """Stream from the least-loaded replica; an unreachable one is skipped as long as no
-        token has been sent. Leaving the iterator early cancels the verifier's request."""
+        """Stream from the least-loaded serving replica. A replica that answers UNAVAILABLE
+        (unreachable, draining, gone mid-stream) is left for another one; a stream that had
+        already sent output continues there from that output (gateway/resume.py), so the
+        client sees one stream. Leaving the iterator early cancels the verifier's request."""
+        if self.max_pending and self.pending >= self.max_pending:
+            raise ResourceExhausted(f"gateway: {self.pending} requests in flight (the most "
+                                    "--max-pending allows); retry later")
+        self.pending += 1
+        try:
+            async for msg in self._generate(request):
+                yield msg
+        finally:
+            self.pending -= 1
+
+    async def _generate(self, request: common_pb2.GenerateRequest
+                        ) -> AsyncIterator[common_pb2.GenerateResponse]:
+        progress = StreamProgress(request)
+        failed: set[Replica] = set()
         last: grpc.aio.AioRpcError | None = None
-        for replica in self._ordered():
-            started = False
+        resuming = False  # output was sent and its replica went away: count the continuation
+        for _ in range(MAX_ATTEMPTS):
+            replica = await self._pick(failed)
+            if replica is None:
+                break
             replica.in_flight += 1
-            call = replica.stub.Generate(request)
+            call = replica.stub.Generate(progress.next_request())
             try:
                 async for msg in call:
-                    started = True
-                    yield msg
+                    if resuming:
+                        self.resumed_streams += 1
+                        resuming = False
+                    yield progress.observe(msg)
                 return
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and not started:
-                    last = exc
-                    continue
-                raise from_rpc_error(exc) from None
+                if not resumable(exc):
+                    raise from_rpc_error(exc) from None
+                last = exc
+                failed.add(replica)
+                progress.resumes += 1
+                if progress.output_ids:
+                    resuming = True
+                    log.warning("verifier %s went away mid-stream (%s: %s); resuming %s after "
+                                "%d tokens", replica.address, exc.code().name, exc.details(),
+                                request.request_id, len(progress.output_ids))
             finally:
                 replica.in_flight -= 1
                 call.cancel()
@@ -95,4 +183,6 @@ class VerifierPool:
 
     async def close(self) -> None:
         for replica in self.replicas:
+            if replica.watcher is not None:
+                replica.watcher.cancel()
             await replica.channel.close()

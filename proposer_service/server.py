@@ -16,6 +16,7 @@ from proposer_service.telemetry import ProposerTelemetry, service_name
 from protos import proposer_pb2, proposer_pb2_grpc
 from splitspec.grpc_server import (
     add_health_and_reflection,
+    listen,
     make_server,
     mark_serving,
 )
@@ -45,7 +46,7 @@ async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None
         ProposerServicer(proposer, telemetry.metrics, telemetry.tracer), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"
-    server.add_insecure_port(address)
+    listen(server, address)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     desc = proposer.describe()

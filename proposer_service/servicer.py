@@ -12,7 +12,7 @@ from proposer_service.metrics import ProposerMetrics
 from proposer_service.overlap import AheadRunner
 from proposer_service.tracing import ProposerTracer
 from protos import proposer_pb2, proposer_pb2_grpc
-from splitspec.proposal import description_to_pb, draft_to_pb, step_from_pb
+from splitspec.proposal import checked_steps, description_to_pb, draft_to_pb, step_from_pb
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
         self._proposer = proposer
         self._metrics = metrics
         self._tracer = tracer
+        self._description = proposer.describe()
 
     async def Propose(self, request_iterator, context):
         # One session per stream: a verifier's sequences live as long as its stream.
@@ -35,7 +36,8 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
             async for request in request_iterator:
                 start = time.perf_counter()
                 span = tracer.start(request) if tracer is not None else None
-                steps = [step_from_pb(s) for s in request.sequences]
+                steps = checked_steps([step_from_pb(s) for s in request.sequences],
+                                      self._description)
                 await ahead.settle(steps)  # the outcome arrived: hit, or cancel and draft afresh
                 session.release(list(request.released))
                 # Proposing may run a model: keep the event loop free for other streams.

@@ -80,7 +80,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "sampling", "stopping", "speculation", "options")
+    __slots__ = ("request_id", "text", "token_ids", "sampling", "stopping", "speculation", "options", "resume")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class GenerateRequest(_message.Message):
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -95,7 +96,8 @@ class GenerateRequest(_message.Message):
     stopping: StoppingCriteria
     speculation: SpeculationConfig
     options: GenerateOptions
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationConfig, _Mapping]] = ..., options: _Optional[_Union[GenerateOptions, _Mapping]] = ...) -> None: ...
+    resume: ResumeState
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationConfig, _Mapping]] = ..., options: _Optional[_Union[GenerateOptions, _Mapping]] = ..., resume: _Optional[_Union[ResumeState, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -112,6 +114,14 @@ class GenerateOptions(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     top_logprobs: int
     def __init__(self, messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class ResumeState(_message.Message):
+    __slots__ = ("output_token_ids", "sent_text_chars")
+    OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SENT_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
+    output_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sent_text_chars: int
+    def __init__(self, output_token_ids: _Optional[_Iterable[int]] = ..., sent_text_chars: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
     __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason")

@@ -11,6 +11,8 @@ import importlib.util
 
 import torch
 
+from splitspec.errors import BadOption, DeviceUnavailable
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -31,10 +33,14 @@ def resolve_device(name: str = "auto") -> torch.device:
             return torch.device("cuda")
         return torch.device("cpu")
     if name.startswith("mlu") and not _mlu_available():
-        raise RuntimeError("--device mlu asked for, but torch_mlu is not installed or sees no MLU")
+        raise DeviceUnavailable("--device mlu asked for, but torch_mlu is not installed or "
+                                "sees no MLU")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda asked for, but torch sees no CUDA device")
-    return torch.device(name)
+        raise DeviceUnavailable("--device cuda asked for, but torch sees no CUDA device")
+    try:
+        return torch.device(name)
+    except RuntimeError as exc:
+        raise BadOption(f"--device {name!r}: {exc}") from None
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -44,7 +50,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     try:
         return DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; choose from {sorted(DTYPES)}") from None
+        raise BadOption(f"--dtype: unknown dtype {name!r}; choose from {sorted(DTYPES)}"
+                        ) from None
 
 
 def synchronize(device: torch.device) -> None:

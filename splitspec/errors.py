@@ -10,6 +10,8 @@ import grpc
 
 # Trailing metadata key that carries the offending field of an error across a gRPC hop.
 FIELD_METADATA_KEY = "splitspec-field"
+# Trailing metadata key (and HTTP header) that tells a client when to try again, in seconds.
+RETRY_AFTER_METADATA_KEY = "retry-after"
 
 # gRPC status -> HTTP status, used by the gateway for errors that come back from a verifier.
 _HTTP_STATUS = {
@@ -33,6 +35,7 @@ class ServiceError(Exception):
     """An error with a gRPC status code; `field` names the offending request field, if any."""
 
     code = grpc.StatusCode.INTERNAL
+    retry_after_s: int | None = None  # when set: the client may retry after this many seconds
 
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
@@ -59,6 +62,7 @@ class InvalidArgument(ServiceError):
 
 class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    retry_after_s = 1  # queues drain in about a request's time
 
 
 class NotFound(ServiceError):
@@ -87,10 +91,42 @@ class RequestTimeout(ServiceError):
     http = 408
 
 
+class StartupError(Exception):
+    """A service cannot start with the configuration it was given (a device that is not
+    there, a model directory that is not one, a port it cannot listen on). Its main() prints
+    the message on one line and exits with status 2, no traceback."""
+
+
+class DeviceUnavailable(StartupError, RuntimeError):
+    pass
+
+
+class BadModel(StartupError, FileNotFoundError):
+    pass
+
+
+class BadOption(StartupError, ValueError):
+    pass
+
+
 def from_rpc_error(exc: grpc.aio.AioRpcError) -> ServiceError:
     """An error a downstream service returned, re-raised with the same status code."""
-    field = next((v for k, v in (exc.trailing_metadata() or ()) if k == FIELD_METADATA_KEY),
-                 None)
-    err = ServiceError(exc.details() or exc.code().name, field=field)
+    metadata = dict(exc.trailing_metadata() or ())
+    err = ServiceError(exc.details() or exc.code().name, field=metadata.get(FIELD_METADATA_KEY))
     err.code = exc.code()
+    retry_after = metadata.get(RETRY_AFTER_METADATA_KEY)
+    if isinstance(retry_after, str) and retry_after.isdigit():
+        err.retry_after_s = int(retry_after)
+    elif err.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        err.retry_after_s = ResourceExhausted.retry_after_s
     return err
+
+
+def error_metadata(exc: ServiceError) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that carries an error's field and retry delay across gRPC."""
+    out = []
+    if exc.field:
+        out.append((FIELD_METADATA_KEY, exc.field))
+    if exc.retry_after_s is not None:
+        out.append((RETRY_AFTER_METADATA_KEY, str(exc.retry_after_s)))
+    return tuple(out)

@@ -8,6 +8,7 @@ trace context in gRPC metadata.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Iterable
 
@@ -15,7 +16,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from splitspec.errors import FIELD_METADATA_KEY, ServiceError
+from splitspec.errors import InvalidArgument, ServiceError, StartupError, error_metadata
 from splitspec.telemetry import tracing
 
 log = logging.getLogger(__name__)
@@ -35,43 +36,47 @@ CHANNEL_OPTIONS = [
 
 async def _abort(context: grpc.aio.ServicerContext, exc: Exception) -> None:
     if isinstance(exc, ServiceError):
-        metadata = ((FIELD_METADATA_KEY, exc.field),) if exc.field else ()  # never None
-        await context.abort(exc.code, exc.message, trailing_metadata=metadata)
+        await context.abort(exc.code, exc.message, trailing_metadata=error_metadata(exc))
     log.exception("unhandled error in handler")
     await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
 class _Undecodable:
-    """Stands in for a request whose bytes did not parse, so that the handler wrapper can
-    answer INVALID_ARGUMENT (gRPC itself would answer UNKNOWN and log a traceback)."""
+    """What a request that is not a valid message of its type decodes to: the handler
+    answers INVALID_ARGUMENT instead of gRPC's generic error for a failed deserializer."""
 
-    def __init__(self, error: Exception):
-        self.error = error
+    def __init__(self, exc: Exception):
+        self.exc = exc
 
 
-def _tolerant(deserializer):
-    if deserializer is None:
+def _safe_deserializer(deserialize):
+    if deserialize is None:
         return None
 
-    def deserialize(data: bytes):
+    def safe(data: bytes):
         try:
-            return deserializer(data)
-        except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and its relatives
+            return deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - any decoding failure is the caller's
             return _Undecodable(exc)
 
-    return deserialize
+    return safe
 
 
-async def _reject_undecodable(request, context) -> None:
+def _checked(request):
     if isinstance(request, _Undecodable):
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"request: not a valid protobuf message ({request.error})")
+        raise InvalidArgument("request", f"is not a valid message ({request.exc})")
+    return request
 
 
-def _wrap_unary(behavior):
+async def _checked_stream(requests):
+    async for request in requests:
+        yield _checked(request)
+
+
+def _wrap_unary(behavior, streaming_request: bool = False):
     async def handler(request, context):
-        await _reject_undecodable(request, context)
         try:
+            request = _checked_stream(request) if streaming_request else _checked(request)
             return await behavior(request, context)
         except grpc.aio.AbortError:
             raise
@@ -81,10 +86,14 @@ def _wrap_unary(behavior):
     return handler
 
 
-def _wrap_stream(behavior):
+def _wrap_stream(behavior, streaming_request: bool = False):
+    if not inspect.isasyncgenfunction(behavior):
+        # a streaming handler that writes with context.write (grpc.health's Watch)
+        return _wrap_unary(behavior, streaming_request)
+
     async def handler(request, context):
-        await _reject_undecodable(request, context)
         try:
+            request = _checked_stream(request) if streaming_request else _checked(request)
             async for item in behavior(request, context):
                 yield item
         except grpc.aio.AbortError:
@@ -100,20 +109,17 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
         h = await continuation(handler_call_details)
         if h is None:
             return None
-        common = dict(response_serializer=h.response_serializer)
+        common = dict(request_deserializer=_safe_deserializer(h.request_deserializer),
+                      response_serializer=h.response_serializer)
         if h.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(h.unary_unary), request_deserializer=_tolerant(h.request_deserializer),
-                **common)
-        if h.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(h.unary_stream),
-                request_deserializer=_tolerant(h.request_deserializer), **common)
-        # client streams: a corrupt message is rejected by gRPC itself (no handler sees it)
-        common["request_deserializer"] = h.request_deserializer
+            return grpc.unary_unary_rpc_method_handler(_wrap_unary(h.unary_unary), **common)
         if h.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap_unary(h.stream_unary), **common)
-        return grpc.stream_stream_rpc_method_handler(_wrap_stream(h.stream_stream), **common)
+            return grpc.stream_unary_rpc_method_handler(_wrap_unary(h.stream_unary, True),
+                                                        **common)
+        if h.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(_wrap_stream(h.unary_stream), **common)
+        return grpc.stream_stream_rpc_method_handler(_wrap_stream(h.stream_stream, True),
+                                                     **common)
 
 
 # A second server on a taken port fails to start instead of silently sharing it.
@@ -147,6 +153,17 @@ async def mark_not_serving(health_servicer: health.aio.HealthServicer,
                            service_full_names: Iterable[str]) -> None:
     for name in ["", *service_full_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def listen(server: grpc.aio.Server, address: str) -> int:
+    """Bind the server to address; a port that is taken or invalid is a StartupError."""
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen on {address}: {exc}") from None
+    if not port:
+        raise StartupError(f"cannot listen on {address}")
+    return port
 
 
 def insecure_channel(address: str) -> grpc.aio.Channel:

@@ -1,6 +1,7 @@
 """Start the whole stack locally: proposer(s), verifier and gateway as separate processes.
 
-    splitspec up [--model DIR] [--http-port 8000] [--no-draft] [--no-mlp] ...
+    splitspec up [--model DIR] [--http-port 8000] [--no-draft] [--no-mlp]
+                 [--verifier-replicas N] [--verifier-args '--max-waiting 64'] ...
 
 One proposer process per method of the registry (splitspec/methods.py), each added to the
 verifier's --proposer list. Methods without a model (n-gram) always run; a model-backed method
@@ -8,15 +9,21 @@ runs when its model is given (--draft-model, --mlp-model, ...) or, by default, w
 (`draft/`, `mlp-speculator/`) sits next to the target and fits it (same tokenizer file; a
 speculator with the target's hidden and vocabulary sizes). --no-METHOD leaves one out.
 
-Prints the gateway URL once every service reports healthy; SIGINT or SIGTERM stops all of them
-(children are in their own process group, so nothing is left behind). The integration tests use
-the same `Stack` class with free ports.
+--verifier-replicas N starts N verifiers (ports from --verifier-port up), all sharing the
+proposers, behind the one gateway. Any service flag passes through: --gateway-args,
+--verifier-args, --proposer-args (every proposer) and --METHOD-args take a quoted flag list.
+
+Prints the gateway URL once every service reports healthy, then supervises them: a service that
+exits is started again with backoff while the others keep serving (splitspec/supervisor.py).
+SIGINT or SIGTERM stops all of them (children are in their own process group, so nothing is
+left behind). The integration tests use the same `Stack` class with free ports.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,9 +36,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from splitspec.config import DEFAULT_MODEL
+from splitspec.grpc_server import CHANNEL_OPTIONS
 from splitspec.lifecycle import LAUNCHER_PID_ENV
 from splitspec.methods import METHODS, HiddenState, find_model
 from splitspec.net import free_port, wait_for_port
+from splitspec.supervisor import Supervisor
 from splitspec.telemetry.config import GATEWAY_METRICS_PORT, stack_metrics_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +77,7 @@ class Service:
 
 def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
     try:
-        with grpc.insecure_channel(f"{host}:{port}") as ch:
+        with grpc.insecure_channel(f"{host}:{port}", options=CHANNEL_OPTIONS) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                         timeout=timeout)
             return resp.status == health_pb2.HealthCheckResponse.SERVING
@@ -103,6 +112,10 @@ class StackConfig:
     log_dir: Path | None = None
     verifier_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
+    # Verifiers sharing the proposers behind the gateway; ports: verifier_port, then
+    # verifier_ports[1:] when given, else consecutive.
+    verifier_replicas: int = 1
+    verifier_ports: list[int] = field(default_factory=list)
     startup_timeout_s: float = 180.0
     # Per method; each gets --device `device` and --dtype auto unless its args say otherwise.
     # Methods missing here are not started; model-backed ones also need a model.
@@ -120,10 +133,18 @@ class StackConfig:
         models, proposer_args = models or {}, proposer_args or {}
         names = list(METHODS) if methods is None else list(methods)
         kwargs.setdefault("metrics_port", None)
-        return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=free_port(),
+        verifier_ports = [free_port() for _ in range(kwargs.get("verifier_replicas", 1))]
+        return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=verifier_ports[0],
+                   verifier_ports=verifier_ports,
                    proposers={m: ProposerLaunch(free_port(), models.get(m),
                                                 list(proposer_args.get(m, [])))
                               for m in names}, **kwargs)
+
+    def replica_ports(self) -> list[int]:
+        """The gRPC port of each verifier replica."""
+        given = self.verifier_ports[1:self.verifier_replicas]
+        return [self.verifier_port, *given,
+                *(self.verifier_port + i for i in range(1 + len(given), self.verifier_replicas))]
 
     def launched(self) -> dict[str, ProposerLaunch]:
         """The methods that will actually start."""
@@ -149,20 +170,31 @@ class Stack:
                 argv += ["--tokenizer", c.model]
             self.proposers[method] = Service(f"proposer-{method}", [*argv, *launch.args],
                                              launch.port, log(f"proposer-{method}"))
-        self.verifier = Service("verifier", [
-            py, "-m", "verifier_service.server", "--model", c.model, "--host", c.host,
-            "--port", str(c.verifier_port), "--device", c.device,
-            *(a for m, svc in self.proposers.items()
-              for a in ("--proposer", f"{m}={c.host}:{svc.port}")),
-            *c.verifier_args], c.verifier_port, log("verifier"))
+        self.verifiers: list[Service] = []
+        for i, port in enumerate(c.replica_ports()):
+            name = "verifier" if i == 0 else f"verifier-{i + 1}"
+            self.verifiers.append(Service(name, [
+                py, "-m", "verifier_service.server", "--model", c.model, "--host", c.host,
+                "--port", str(port), "--device", c.device,
+                *(a for m, svc in self.proposers.items()
+                  for a in ("--proposer", f"{m}={c.host}:{svc.port}")),
+                *c.verifier_args], port, log(name)))
+        self.verifier = self.verifiers[0]
         self.gateway = Service("gateway", [
             py, "-m", "gateway.server", "--host", c.host, "--http-port", str(c.http_port),
-            "--grpc-port", str(c.grpc_port), "--verifier", f"{c.host}:{c.verifier_port}",
+            "--grpc-port", str(c.grpc_port),
+            *(a for v in self.verifiers for a in ("--verifier", f"{c.host}:{v.port}")),
             *c.gateway_args], c.grpc_port, log("gateway"))
-        self.services = [*self.proposers.values(), self.verifier, self.gateway]
+        self.services = [*self.proposers.values(), *self.verifiers, self.gateway]
+        ports = [c.http_port, *(svc.port for svc in self.services)]
+        if clash := sorted({p for p in ports if ports.count(p) > 1}):
+            raise ValueError(f"port {clash[0]} is given to two services (verifier replicas take "
+                             "consecutive ports from --verifier-port)")
+        # metrics ports in this order (consecutive from --metrics-port): gateway, verifier,
+        # proposers, further verifier replicas
         self.metrics_ports = stack_metrics_ports(
-            [s.name for s in (self.gateway, self.verifier, *self.proposers.values())],
-            c.metrics_port)
+            [s.name for s in (self.gateway, self.verifier, *self.proposers.values(),
+                              *self.verifiers[1:])], c.metrics_port)
         for svc in self.services:
             svc.argv += ["--metrics-port", str(self.metrics_ports[svc.name])]
 
@@ -202,6 +234,10 @@ class Stack:
             self.stop()
             raise
 
+    def supervisor(self) -> Supervisor:
+        """Restarts any of this stack's services that exits (call its poll() or run())."""
+        return Supervisor(self.services, self.environment)
+
     def restart(self, svc: Service) -> None:
         """Start one (stopped or killed) service again on its port and wait until it is healthy."""
         svc.stop()
@@ -240,7 +276,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     up.add_argument("--host", default=d.host)
     up.add_argument("--http-port", type=int, default=d.http_port)
     up.add_argument("--grpc-port", type=int, default=d.grpc_port)
-    up.add_argument("--verifier-port", type=int, default=d.verifier_port)
+    up.add_argument("--verifier-port", type=int, default=d.verifier_port,
+                    help="the first verifier's port; further replicas take the next ones")
+    up.add_argument("--verifier-replicas", type=int, default=d.verifier_replicas,
+                    help="verifiers behind the gateway, sharing the proposers")
+    flags = "a quoted list of flags, e.g. '--max-waiting 64 --max-num-seqs 16'"
+    up.add_argument("--gateway-args", default="", help=f"passed to the gateway: {flags}")
+    up.add_argument("--verifier-args", default="", help=f"passed to every verifier: {flags}")
+    up.add_argument("--proposer-args", default="", help=f"passed to every proposer: {flags}")
+    up.add_argument("--resume-wait-s", type=float, default=30.0,
+                    help="how long the gateway lets a stream whose verifier died wait for one "
+                    "to serve again (the supervisor restarts it)")
     up.add_argument("--device", default=d.device)
     up.add_argument("--log-dir", type=Path, default=None,
                     help="write each service's log here (default: this terminal)")
@@ -252,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help=f"run the {name} proposer ({spec.summary})"
                         + (" when its model is found" if spec.capabilities.needs_model else ""))
         up.add_argument(f"--{name}-port", type=int, default=spec.default_port)
+        up.add_argument(f"--{name}-args", default="",
+                        help=f"passed to the {name} proposer (after --proposer-args)")
         if spec.capabilities.needs_model:
             up.add_argument(f"--{name}-model", default=None,
                             help=f"its model directory (default: {spec.model_dir}/ next to the "
@@ -259,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             up.add_argument(f"--{name}-device", default=None,
                             help="its device (default: --device)")
     args = ap.parse_args(argv)
+    if args.verifier_replicas < 1:
+        ap.error("--verifier-replicas must be at least 1")
     found = sibling_proposer_models(args.model)
     launches = {}
     for name, spec in METHODS.items():
@@ -269,11 +319,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                  if spec.capabilities.needs_model else None)
         device = getattr(args, f"{opt}_device", None)
         launches[name] = ProposerLaunch(getattr(args, f"{opt}_port"), model,
-                                        ["--device", device] if device else [])
-    stack = Stack(StackConfig(
-        model=args.model, host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-        verifier_port=args.verifier_port, device=args.device, log_dir=args.log_dir,
-        proposers=launches, metrics_port=args.metrics_port))
+                                        [*(["--device", device] if device else []),
+                                         *shlex.split(args.proposer_args),
+                                         *shlex.split(getattr(args, f"{opt}_args"))])
+    try:
+        stack = Stack(StackConfig(
+            model=args.model, host=args.host, http_port=args.http_port,
+            grpc_port=args.grpc_port, verifier_port=args.verifier_port, device=args.device,
+            log_dir=args.log_dir, proposers=launches, metrics_port=args.metrics_port,
+            verifier_replicas=args.verifier_replicas,
+            verifier_args=shlex.split(args.verifier_args),
+            gateway_args=["--resume-wait-s", str(args.resume_wait_s),
+                          *shlex.split(args.gateway_args)]))
+    except ValueError as exc:
+        ap.error(str(exc))
     stopping = False
 
     def on_signal(signum, frame):
@@ -287,17 +346,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     except RuntimeError as exc:
         print(f"splitspec: {exc}", file=sys.stderr)
         sys.exit(1)
-    print(f"splitspec is serving {args.model} (proposers: {', '.join(stack.proposers)})\n"
+    print(f"splitspec is serving {args.model} (proposers: {', '.join(stack.proposers)}; "
+          f"verifier replicas: {len(stack.verifiers)})\n"
           f"  REST (OpenAI-compatible): {stack.url}\n"
           f"  gRPC (splitspec.v1.Generation): {args.host}:{args.grpc_port}\n"
           + "".join(f"  metrics of {name}: {url}\n" for name, url in stack.metrics_urls.items())
           + "Ctrl-C stops everything.", flush=True)
+    supervisor = stack.supervisor()
     try:
         while not stopping:
-            for svc in stack.services:
-                if not svc.alive():
-                    print(f"splitspec: {svc.name} exited; stopping", file=sys.stderr)
-                    stopping = True
+            supervisor.poll()
             time.sleep(0.2)
     finally:
         stack.stop()

@@ -36,6 +36,7 @@ def run_service(config_cls: type[T], argv: Sequence[str] | None, metrics_port: i
                 otel_service_name: Callable[[T], str]) -> None:
     """A service's main(): follow the launcher, parse flags (the service's and telemetry's),
     set up logging and tracing, run `serve(config, telemetry_config)` until it returns."""
+    from splitspec.errors import StartupError
     from splitspec.grpc_server import setup_logging
     from splitspec.telemetry.config import parse_service_config
     from splitspec.telemetry.tracing import setup_tracing, shutdown_tracing
@@ -46,6 +47,9 @@ def run_service(config_cls: type[T], argv: Sequence[str] | None, metrics_port: i
     setup_tracing(otel_service_name(config))
     try:
         asyncio.run(serve(config, telemetry_config))
+    except StartupError as exc:  # one line naming what is wrong, no traceback
+        print(f"{otel_service_name(config)}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
     finally:
         shutdown_tracing()
 

@@ -8,20 +8,35 @@ from pathlib import Path
 
 import torch
 
+from splitspec.errors import BadModel
+
 
 def _require_local_dir(path: str | os.PathLike) -> Path:
     p = Path(path)
     if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"{p} is not a model directory (no config.json); "
-                                "splitspec loads models from local directories only")
+        raise BadModel(f"{p} is not a model directory (no config.json); "
+                       "splitspec loads models from local directories only")
     return p
+
+
+def _loading(path, what: str, load):
+    """load(), with a broken directory (bad config, weights missing or not safetensors)
+    reported as BadModel naming it."""
+    try:
+        return load()
+    except (OSError, ValueError, KeyError) as exc:
+        if isinstance(exc, BadModel):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadModel(f"{path}: cannot load the {what}: {first}") from exc
 
 
 def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(_require_local_dir(path), local_files_only=True,
-                                         trust_remote_code=trust_remote_code)
+    p = _require_local_dir(path)
+    return _loading(p, "tokenizer", lambda: AutoTokenizer.from_pretrained(
+        p, local_files_only=True, trust_remote_code=trust_remote_code))
 
 
 def load_causal_lm(path: str | os.PathLike, device: torch.device, dtype: torch.dtype,
@@ -30,9 +45,11 @@ def load_causal_lm(path: str | os.PathLike, device: torch.device, dtype: torch.d
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(
-        _require_local_dir(path), local_files_only=True, trust_remote_code=trust_remote_code,
-        dtype=dtype, attn_implementation=attn_implementation)
+    p = _require_local_dir(path)
+    # safetensors only: a pickled checkpoint (pytorch_model.bin) could run code when loaded
+    model = _loading(p, "model", lambda: AutoModelForCausalLM.from_pretrained(
+        p, local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True,
+        dtype=dtype, attn_implementation=attn_implementation))
     return model.to(device).eval()
 
 

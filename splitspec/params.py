@@ -130,6 +130,10 @@ class GenerationInput:
     stopping: StoppingCriteria = field(default_factory=StoppingCriteria)
     speculation: SpeculationPlan = field(default_factory=SpeculationPlan)
     top_logprobs: int | None = None  # set: report logprobs with this many alternatives
+    # A request resumed on this replica after another one died mid-stream: the output the
+    # client already has (tokens, and characters of text), continued from, never sent again.
+    resumed_output_ids: tuple[int, ...] = ()
+    resumed_text_chars: int = 0
 
 
 def check_token_ids(name: str, ids) -> None:

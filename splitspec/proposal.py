@@ -10,6 +10,7 @@ on these types only. Layers, wire to kernel:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from kernels.sparse_probs import SparseProbs
 from protos import common_pb2
 from protos import proposer_pb2 as pb
+from splitspec.errors import InvalidArgument
 from splitspec.params import SamplingParams
 from splitspec.wire import sampling_from_pb, sampling_to_pb
 
@@ -78,10 +80,16 @@ def tensor_to_pb(t: torch.Tensor) -> common_pb2.Tensor:
     return common_pb2.Tensor(shape=list(t.shape), dtype=name, data=data)
 
 
-def tensor_from_pb(msg: common_pb2.Tensor) -> torch.Tensor:
+def tensor_from_pb(msg: common_pb2.Tensor, name: str = "tensor") -> torch.Tensor:
+    """The tensor a message carries; InvalidArgument (naming `name`) when its dtype, shape and
+    data do not fit together."""
     if msg.dtype not in _TORCH_DTYPES:
-        raise ValueError(f"unsupported tensor dtype {msg.dtype!r}")
+        raise InvalidArgument(f"{name}.dtype", f"unsupported tensor dtype {msg.dtype!r}")
     shape = tuple(msg.shape)
+    itemsize = _TORCH_DTYPES[msg.dtype].itemsize
+    if any(d < 0 for d in shape) or math.prod(shape) * itemsize != len(msg.data):
+        raise InvalidArgument(f"{name}.shape", f"{list(shape)} does not fit {len(msg.data)} "
+                              f"bytes of {msg.dtype}")
     if msg.dtype == "bfloat16":
         arr = np.frombuffer(msg.data, dtype="<i2").copy()
         return torch.from_numpy(arr).view(torch.bfloat16).reshape(shape)
@@ -104,8 +112,26 @@ def step_from_pb(msg: pb.SequenceStep) -> SequenceStep:
         seq_id=msg.seq_id, new_tokens=list(msg.new_tokens), history_len=msg.history_len,
         k=msg.k, full_history=msg.full_history,
         sampling=sampling_from_pb(msg.sampling, msg.HasField("sampling")),
-        hidden_state=tensor_from_pb(msg.hidden_state) if msg.HasField("hidden_state") else None,
+        hidden_state=(tensor_from_pb(msg.hidden_state, "sequences.hidden_state")
+                      if msg.HasField("hidden_state") else None),
         precompute=msg.precompute)
+
+
+
+def checked_steps(steps: list[SequenceStep], d: "ProposerDescription") -> list[SequenceStep]:
+    """A message's steps as a proposer may act on them: token ids inside its vocabulary (any
+    non-negative id when it has none), valid draft sampling parameters (InvalidArgument
+    otherwise), and k no larger than it can draft (asking more is not an error: it drafts
+    what it can)."""
+    for step in steps:
+        bad = [t for t in step.new_tokens if t < 0 or (d.vocab_size and t >= d.vocab_size)]
+        if bad:
+            raise InvalidArgument("sequences.new_tokens",
+                                  f"token id {bad[0]} is outside the vocabulary"
+                                  + (f" [0, {d.vocab_size})" if d.vocab_size else ""))
+        step.sampling.validate("sequences.sampling.")
+        step.k = min(step.k, d.max_num_speculative_tokens)
+    return steps
 
 
 def draft_to_pb(draft: Draft) -> pb.SequenceDraft:

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 from typing import Sequence as Seq
 
-from splitspec.errors import InvalidArgument
+from splitspec.errors import InvalidArgument, Unavailable
 from splitspec.params import GenerationInput
 from splitspec.proposal import Draft
 from verifier_service.adaptive_k import AdaptiveK
@@ -76,6 +76,7 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
         self._task: asyncio.Task | None = None
+        self.draining = False  # set by drain(): new requests are refused with UNAVAILABLE
 
     # -- public API ------------------------------------------------------------------------
 
@@ -106,6 +107,25 @@ class Engine:
             self._finish(seq, "abort")
         self._executor.shutdown(wait=False)
 
+    @property
+    def num_in_flight(self) -> int:
+        """Requests admitted and not finished (running, waiting or preempted)."""
+        return len(self._by_id)
+
+    async def drain(self, grace_s: float, poll_s: float = 0.05) -> int:
+        """Stop admitting; let the requests in flight finish for up to grace_s seconds, then
+        fail the rest with UNAVAILABLE (a gateway resumes them on another replica). Returns
+        how many had to be failed."""
+        self.draining = True
+        deadline = time.monotonic() + grace_s
+        while self._by_id and time.monotonic() < deadline:
+            await asyncio.sleep(poll_s)
+        left = [s for s in self._by_id.values() if not s.finished]
+        for seq in left:
+            self._fail(seq, Unavailable("verifier: shutting down; the request was not finished "
+                                        "within the grace period"))
+        return len(left)
+
     async def generate(self, inp: GenerationInput) -> AsyncIterator[StepOutput]:
         """Stream a request's outputs; leaving early (client gone) aborts it."""
         seq = self.add_request(inp)
@@ -122,11 +142,17 @@ class Engine:
                 self.abort(seq.request_id)
 
     def add_request(self, inp: GenerationInput) -> Sequence:
+        if self.draining:
+            raise Unavailable("verifier: draining before shutdown; retry on another replica")
         if not inp.prompt_token_ids:
             raise InvalidArgument("prompt", "must not be empty")
         vocab = self.runner.vocab_size
         if any(not 0 <= t < vocab for t in inp.prompt_token_ids):
             raise InvalidArgument("prompt", f"token ids must be in [0, {vocab})")
+        if any(not 0 <= t < vocab for t in inp.resumed_output_ids):
+            raise InvalidArgument("resume.output_token_ids", f"must be in [0, {vocab})")
+        if len(inp.resumed_output_ids) > inp.stopping.max_tokens:
+            raise InvalidArgument("resume.output_token_ids", "more tokens than max_tokens")
         n = len(inp.prompt_token_ids)
         if n + inp.stopping.max_tokens > self.max_model_len:
             raise InvalidArgument(
@@ -149,10 +175,30 @@ class Engine:
             inp=inp,
             tracker=OutputTracker(self.tokenizer, list(inp.prompt_token_ids), inp.stopping,
                                   self.eos_token_ids, inp.stopping.max_tokens))
+        if inp.resumed_output_ids and self._resume(seq):
+            return seq  # the replayed output already ends it
         self.scheduler.add(seq)
         self._by_id[request_id] = seq
         self._wakeup.set()
         return seq
+
+    def _resume(self, seq: Sequence) -> bool:
+        """Take over the output another replica already streamed: the tokens join the
+        sequence (prefilled with the prompt, at the same positions), the text counts as sent.
+        True when they already end the request (its last message was lost with the replica)."""
+        inp = seq.inp
+        appended = seq.tracker.resume(list(inp.resumed_output_ids), inp.resumed_text_chars)
+        seq.tokens.extend(inp.resumed_output_ids)
+        if appended.finish_reason is not None:
+            self.stats.finished_requests += 1
+            seq.finished = True
+            seq.outputs.put_nowait(StepOutput([], appended.text, appended.finish_reason,
+                                              seq.usage()))
+            self._request_done(seq, appended.finish_reason)
+            return True
+        if appended.text:
+            seq.outputs.put_nowait(StepOutput([], appended.text))
+        return False
 
     def abort(self, request_id: str) -> bool:
         seq = self._by_id.get(request_id)

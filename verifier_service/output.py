@@ -58,6 +58,15 @@ class OutputTracker:
                 self.finish_reason = "length"
         return Appended(kept, self._take_text(), self.finish_reason)
 
+    def resume(self, token_ids: list[int], sent_chars: int) -> Appended:
+        """Continue a request another replica started: replay the output it streamed (the
+        same decode calls, so the same text and stop checks as had it been generated here),
+        count the first `sent_chars` characters as sent, and return what is still due: a
+        held-back tail, or everything when the replayed tokens already end the request."""
+        appended = self.append(token_ids)
+        self._sent = min(sent_chars, len(self.text))
+        return Appended(appended.token_ids[:0], self._take_text(), self.finish_reason)
+
     def _decode_next(self, token: int) -> None:
         self._ids.append(token)
         prefix = self._tok.decode(self._ids[self._prefix_offset:self._read_offset],

@@ -19,6 +19,7 @@ from protos import verifier_pb2, verifier_pb2_grpc
 from splitspec.device import resolve_device, resolve_dtype
 from splitspec.grpc_server import (
     add_health_and_reflection,
+    listen,
     make_server,
     mark_not_serving,
     mark_serving,
@@ -143,7 +144,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
         server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"
-    server.add_insecure_port(address)
+    listen(server, address)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()
@@ -151,8 +152,20 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens", name,
              address, device, dtype, kv.num_blocks, kv.block_size)
     await until_stopped()
+    # Drain: health NOT_SERVING first (gateways watching it stop routing here), then new calls
+    # are refused with UNAVAILABLE (a gateway retries them elsewhere), the requests in flight
+    # get the grace period, and what is still running just before it ends is failed with
+    # UNAVAILABLE (a gateway resumes it on another replica) while its status can still go out.
     await mark_not_serving(health, [SERVICE_NAME])
-    await server.stop(grace=config.shutdown_grace_s)
+    grace = config.shutdown_grace_s
+    handback = min(0.5, grace / 4)
+    log.info("draining: %d requests in flight, up to %.1f s", engine.num_in_flight, grace)
+    stopping = asyncio.ensure_future(server.stop(grace=config.shutdown_grace_s))
+    cut = await engine.drain(grace - handback)
+    if cut:
+        log.warning("grace period over: %d requests handed back unfinished", cut)
+    await server.stop(grace=handback)  # sooner: nothing left but streams such as WatchStats
+    await stopping
     await engine.shutdown()
     for client in engine.proposers.values():
         await client.close()

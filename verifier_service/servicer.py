@@ -53,7 +53,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             request_id=req.request_id or uuid.uuid4().hex, prompt_token_ids=tuple(ids),
             sampling=sampling_from_pb(req.sampling, req.HasField("sampling")).validate(),
             stopping=stopping_from_pb(req.stopping, req.HasField("stopping")).validate(),
-            speculation=plan, top_logprobs=top_logprobs)
+            speculation=plan, top_logprobs=top_logprobs,
+            resumed_output_ids=tuple(req.resume.output_token_ids),
+            resumed_text_chars=req.resume.sent_text_chars)
 
     async def Generate(self, request, context):
         inp = await self._from_pb(request)

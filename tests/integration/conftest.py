@@ -1,5 +1,6 @@
 """A real stack (n-gram proposer, verifier, gateway) as processes on 127.0.0.1, free ports,
-shared by the integration tests of one module and always torn down."""
+shared by the integration tests and always torn down; and one with two verifier replicas for
+the tests that kill or drain a replica."""
 
 from __future__ import annotations
 
@@ -15,3 +16,30 @@ def stack(target_model_dir, tmp_path_factory):
                                          verifier_args=["--threads", "1"])
     with Stack(config) as s:
         yield s
+
+
+@pytest.fixture(scope="package")
+def replicas(target_model_dir, tmp_path_factory):
+    """Two verifier replicas (sharing an n-gram proposer) behind one gateway. A stream whose
+    replica dies waits up to a minute for one that serves (--resume-wait-s); a draining
+    replica gives its requests 30 s (--shutdown-grace-s)."""
+    config = StackConfig.with_free_ports(
+        model=target_model_dir, device="cpu", log_dir=tmp_path_factory.mktemp("replica-logs"),
+        methods=["ngram"], verifier_replicas=2,
+        verifier_args=["--threads", "1", "--shutdown-grace-s", "30"],
+        gateway_args=["--resume-wait-s", "60"])
+    with Stack(config) as s:
+        yield s
+
+
+@pytest.fixture
+def replica_client(replicas):
+    """A client of the `replicas` stack's gRPC front door, every replica up and idle first
+    (restarted when an earlier test left it down)."""
+    from learned_testlib import GenClient
+    from replicas_testlib import ensure_all_serving
+
+    client = GenClient(replicas.config.grpc_port)
+    ensure_all_serving(replicas, client)
+    yield client
+    client.close()

@@ -3,7 +3,6 @@ and SIGINT stops every service it started, leaving no process behind."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from procs_testlib import alive, children_of, proposer_port_flags
 
 from splitspec.launcher import sibling_proposer_models
 from splitspec.methods import METHODS
@@ -19,34 +19,6 @@ from splitspec.net import free_port
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def children_of(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie has exited; it only waits to be reaped
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def proposer_port_flags() -> list[str]:
-    """A free port for every registered proposer method (none of the fixed defaults)."""
-    return [a for m in METHODS for a in (f"--{m}-port", str(free_port()))]
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")

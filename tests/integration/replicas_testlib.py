@@ -1,0 +1,115 @@
+"""A stack with several verifier replicas behind one gateway, and streams held in flight while a
+test does something to a replica (kills it, drains it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import grpc
+from learned_testlib import GenClient, Result
+from stats_testlib import current, idle, watch_until
+
+from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
+from splitspec.launcher import Service, Stack
+
+
+@dataclass
+class InFlight:
+    """Streams started together; `ready` is set once every one has `min_tokens` tokens."""
+
+    reqs: list[common_pb2.GenerateRequest]
+    min_tokens: int
+    counts: list[int] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.reqs)
+
+    def on_chunk(self, i: int):
+        def seen(n: int) -> None:
+            with self.lock:
+                self.counts[i] = n
+                if min(self.counts) >= self.min_tokens:
+                    self.ready.set()
+        return seen
+
+
+def run_in_flight(client: GenClient, reqs: list[common_pb2.GenerateRequest], min_tokens: int,
+                  while_streaming, timeout: float = 120.0) -> list[Result | grpc.RpcError]:
+    """Start every request, call while_streaming() once each has min_tokens tokens (none can
+    have finished: max_tokens must be larger), and return each one's result or error."""
+    flight = InFlight(reqs, min_tokens)
+
+    def one(i: int):
+        try:
+            return client.generate(reqs[i], timeout, flight.on_chunk(i))
+        except grpc.RpcError as exc:
+            return exc
+
+    with ThreadPoolExecutor(len(reqs)) as pool:
+        futures = [pool.submit(one, i) for i in range(len(reqs))]
+        assert flight.ready.wait(timeout), f"streams did not all start: {flight.counts}"
+        while_streaming()
+        return [f.result() for f in futures]
+
+
+def kill(svc: Service) -> None:
+    os.killpg(svc.proc.pid, signal.SIGKILL)
+    svc.proc.wait()
+
+
+def busy_replicas(stack: Stack) -> list[Service]:
+    return [v for v in stack.verifiers if current(v.port).running]
+
+
+def ensure_all_serving(stack: Stack, client: GenClient) -> None:
+    """Every replica up (restarted if a test left it dead), routed to by the gateway (tiny
+    requests until each replica has served one: the gateway has seen it SERVING), and idle
+    with all blocks free."""
+    for v in stack.verifiers:
+        if not v.alive():
+            stack.restart(v)
+    before = {v.name: watch_until(v.port, idle).finished_requests for v in stack.verifiers}
+    for _ in range(100):
+        if all(current(v.port).finished_requests > before[v.name] for v in stack.verifiers):
+            break
+        client.generate(client.request("x", None, max_tokens=1))
+    else:
+        raise AssertionError("the gateway does not route to every replica")
+    for v in stack.verifiers:
+        watch_until(v.port, idle)
+
+
+class StatsFollower:
+    """The last stats a verifier reported before its WatchStats stream ended (it exited)."""
+
+    def __init__(self, port: int, interval_ms: int = 20):
+        self.first: verifier_pb2.EngineStats | None = None
+        self.last: verifier_pb2.EngineStats | None = None
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self._call = verifier_pb2_grpc.VerifierStub(self._channel).WatchStats(
+            verifier_pb2.WatchStatsRequest(interval_ms=interval_ms))
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+        while self.last is None and self._thread.is_alive():
+            time.sleep(0.01)
+
+    def _follow(self) -> None:
+        try:
+            for stats in self._call:
+                self.first = self.first or stats
+                self.last = stats
+        except grpc.RpcError:
+            pass
+
+    def ended(self, timeout: float) -> verifier_pb2.EngineStats:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the verifier's stats stream did not end"
+        self._channel.close()
+        return self.last

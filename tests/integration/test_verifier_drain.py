@@ -1,0 +1,92 @@
+"""SIGTERM on a verifier drains it: its health turns NOT_SERVING, the gateway routes new requests
+to the other replica, the requests in flight finish there, and it exits; what is still running
+when the grace period (--shutdown-grace-s) ends is handed back and resumed on the other replica
+with the same output."""
+
+from __future__ import annotations
+
+import signal
+
+import grpc
+import pytest
+from replicas_testlib import StatsFollower, ensure_all_serving, run_in_flight
+from stats_testlib import current, idle, watch_until
+
+from splitspec.launcher import grpc_healthy
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["def f(x):\n", "class A:\n    def", "import os\n", "for i in range("]
+
+
+def ok(results) -> None:
+    for r in results:
+        assert not isinstance(r, grpc.RpcError), f"a request failed: {r.code()} {r.details()}"
+
+
+def test_sigterm_lets_requests_in_flight_finish_and_routes_new_ones_elsewhere(
+        replicas, replica_client):
+    client = replica_client
+    a, b = replicas.verifiers
+    reqs = [client.request(p, None, max_tokens=160) for p in PROMPTS]
+    before_b = current(b.port)
+    drained: dict = {}
+    new_results: list = []
+
+    def drain_a_and_send_more():
+        on_a = current(a.port).running
+        assert on_a > 0
+        follower = StatsFollower(a.port)
+        a.proc.send_signal(signal.SIGTERM)
+        # health first: NOT_SERVING while the requests in flight still run
+        while grpc_healthy(a.port):
+            assert a.proc.poll() is None, "it exited without draining"
+        assert follower.last.running > 0
+        new_results.extend(client.generate_all(
+            [client.request(f"x{i} = ", None, max_tokens=4) for i in range(4)]))
+        drained.update(code=a.proc.wait(60), on_a=on_a, last=follower.ended(30),
+                       first=follower.first)
+
+    results = run_in_flight(client, reqs, 4, drain_a_and_send_more)
+    ok(results)
+    assert all(len(r.token_ids) == 160 for r in results)
+    assert [len(r.token_ids) for r in new_results] == [4] * 4
+    assert drained["code"] == 0
+    # A finished exactly the requests it had when it got SIGTERM, and was sent nothing new
+    last, first = drained["last"], drained["first"]
+    assert last.finished_requests - first.finished_requests == drained["on_a"]
+    assert last.aborted_requests == first.aborted_requests
+    assert last.kv_blocks_free == last.kv_blocks_total
+    after_b = watch_until(b.port, idle)
+    assert after_b.finished_requests - before_b.finished_requests == \
+        len(reqs) - drained["on_a"] + 4
+
+
+def test_requests_still_running_when_the_grace_period_ends_resume_elsewhere(
+        replicas, replica_client):
+    client = replica_client
+    a, b = replicas.verifiers
+    reqs = [client.request(p, "ngram" if i % 2 else None, k=3, max_tokens=200, temperature=0.8,
+                           seed=7 + i) for i, p in enumerate(PROMPTS[:2])]
+    refs = client.generate_all(reqs)
+    argv = a.argv
+    a.argv = [*argv, "--shutdown-grace-s", "0.2"]  # the last one given wins
+    try:
+        replicas.restart(a)
+        ensure_all_serving(replicas, client)
+    finally:
+        a.argv = argv
+    before_b = current(b.port)
+
+    def short_drain_of_a():
+        assert current(a.port).running > 0
+        a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(60) == 0
+
+    results = run_in_flight(client, reqs, 4, short_drain_of_a)
+    ok(results)
+    for r, ref in zip(results, refs):
+        assert (r.token_ids, r.text, r.usage.completion_tokens) == \
+            (ref.token_ids, ref.text, ref.usage.completion_tokens)
+    after_b = watch_until(b.port, idle)
+    assert after_b.finished_requests - before_b.finished_requests == len(reqs)
