@@ -24,6 +24,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -35,6 +36,7 @@ from spec_bench import held_out_prompts  # noqa: E402
 
 from splitspec.config import DEFAULT_MODEL  # noqa: E402
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
+from splitspec.methods import METHODS  # noqa: E402
 
 TARGET = 0.95
 Config = tuple[str, int]  # (method | "off" | "auto", k)
@@ -69,15 +71,27 @@ async def wave(client: httpx.AsyncClient, prompts: list[str], config: Config,
             [u["speculation"] for u in usages])
 
 
-async def run_point(url: str, prompts: list[str], configs: list[Config], concurrency: int,
+MIN_REQUESTS = 6  # per configuration and point: more waves at low concurrency
+
+
+def waves_for(concurrency: int, rounds: int) -> int:
+    return max(rounds, -(-MIN_REQUESTS // concurrency))
+
+
+async def run_point(url: str, prompts: Iterator[str], configs: list[Config], concurrency: int,
                     temperature: float, rounds: int, max_tokens: int) -> dict:
+    """Waves of `concurrency` requests per configuration, interleaved, the order rotated each
+    wave (what runs just before a configuration must not favour it); every request gets a
+    prompt no configuration has seen (a cross-request proposer must not replay earlier
+    configurations' outputs)."""
     seconds = {c: 0.0 for c in configs}
     tokens = {c: 0 for c in configs}
     chosen: Counter = Counter()
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
-        for r in range(rounds):
-            batch = [prompts[(r * concurrency + i) % len(prompts)] for i in range(concurrency)]
-            for config in configs:  # interleaved: noise hits every configuration alike
+        for r in range(waves_for(concurrency, rounds)):
+            shift = r % len(configs)
+            for config in configs[shift:] + configs[:shift]:
+                batch = [next(prompts) for _ in range(concurrency)]
                 s, n, specs = await wave(client, batch, config, temperature, max_tokens)
                 seconds[config] += s
                 tokens[config] += n
@@ -101,10 +115,12 @@ def report(points: dict, configs: list[Config], args, methods: list[str]) -> str
         f"Target `{Path(args.model).name}`; proposers: {', '.join(methods)}. Output tokens/s "
         f"through gateway -> verifier -> proposers on 127.0.0.1 ({platform.machine()} CPU, "
         f"{platform.python_version()}), {args.max_tokens} tokens per request (ignore_eos), "
-        f"{args.rounds} wave(s) of `concurrency` held-out prompts per configuration and point, "
-        "configurations interleaved wave by wave, one run. Auto learns online from all traffic. "
-        "Every configuration sees the same prompts, so the cross-request suffix proposer has "
-        "seen each prompt (and, greedy, its output) before its own wave: repeated traffic. "
+        f"at least {args.rounds} wave(s) of `concurrency` requests (and at least {MIN_REQUESTS} "
+        "requests) per configuration and point, configurations interleaved wave by wave in an "
+        "order rotated every wave, one run. Every request has its own held-out prompt (cut "
+        "from source files the models never trained on; none repeats in the run), so a "
+        "cross-request proposer such as suffix never replays another configuration's output. "
+        "Auto learns online from all traffic. "
         f"Target: auto >= {TARGET:.2f} x the best fixed configuration. Produced by "
         f"`python bench/policy_bench.py{' --quick' if args.quick else ''}`.", "",
         "| concurrency | temperature | " + " | ".join(label(c) for c in configs)
@@ -150,7 +166,9 @@ def main() -> None:
         args.rounds, args.max_tokens = 1, 8
     out = Path(args.out or ROOT / ("bench/out/policy-quick.md" if args.quick
                                    else "bench/reports/policy.md"))
-    prompts = held_out_prompts(max(args.concurrency) * args.rounds)
+    configs_max = 2 + len(METHODS) * len(args.k)
+    prompts = iter(held_out_prompts(configs_max * len(args.temperatures) * sum(
+        c * waves_for(c, args.rounds) for c in args.concurrency)))
     models = sibling_proposer_models(args.model)
     threads = ["--threads", str(args.verifier_threads)] if args.verifier_threads else []
     config = StackConfig.with_free_ports(

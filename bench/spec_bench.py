@@ -17,6 +17,7 @@ import json
 import platform
 import statistics
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -35,24 +36,45 @@ FALLBACK_PROMPTS = [
 ]
 
 
-def held_out_prompts(n: int, chars: int = 400) -> list[str]:
-    """Prompts cut from held-out source files when the model family's split is present."""
+def _held_out_texts() -> list[str]:
+    """The held-out source files of the model family's split (models/split.json: paths relative
+    to the Python standard library they were taken from), else the shipped sample of them."""
     split = ROOT / "models/split.json"
+    texts: list[str] = []
     if split.exists():
-        files = json.loads(split.read_text()).get("heldout", [])
-        out = []
-        for f in files:
-            try:
-                text = Path(f).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if len(text) > 2 * chars:
-                mid = len(text) // 3
-                start = text.find("\n", mid) + 1
-                out.append(text[start:start + chars])
-            if len(out) == n:
-                return out
-    return (FALLBACK_PROMPTS * n)[:n]
+        meta = json.loads(split.read_text())
+        bases = [Path(meta.get("stdlib", "")), Path(sysconfig.get_paths()["stdlib"])]
+        for name in meta.get("heldout_files", []):
+            for base in bases:
+                try:
+                    texts.append((base / name).read_text(encoding="utf-8"))
+                    break
+                except (OSError, UnicodeDecodeError):
+                    continue
+    sample = ROOT / "models/heldout-sample.json"
+    if not texts and sample.exists():
+        texts = [entry["text"] for entry in json.loads(sample.read_text())]
+    return texts
+
+
+def held_out_prompts(n: int, chars: int = 400) -> list[str]:
+    """n distinct prompts cut from held-out source files (never trained on): one window per
+    file first, starting a third of the way in at a line start, then the files' further
+    non-overlapping windows (onwards, then from their start); the fixed fallback prompts only
+    when the held-out text runs out."""
+    texts = [t for t in _held_out_texts() if len(t) > 2 * chars]
+    starts = [list(range(len(t) // 3, len(t) - chars, chars))
+              + list(range(0, len(t) // 3 - chars, chars)) for t in texts]
+    out: list[str] = []
+    for window in range(max((len(s) for s in starts), default=0)):
+        for text, offsets in zip(texts, starts):
+            if window < len(offsets):
+                start = text.find("\n", offsets[window]) + 1
+                if 0 < start and start + chars <= len(text):
+                    out.append(text[start:start + chars])
+                    if len(out) == n:
+                        return out
+    return (out + FALLBACK_PROMPTS * n)[:n]
 
 
 def main() -> None:
