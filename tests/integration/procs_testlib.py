@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 from pathlib import Path
 
 
@@ -35,3 +37,14 @@ def proposer_port_flags() -> list[str]:
     from splitspec.net import free_port
 
     return [a for m in METHODS for a in (f"--{m}-port", str(free_port()))]
+
+
+def stop_launcher(proc: subprocess.Popen) -> None:
+    """Stop a launcher that may still run as Ctrl-C would, killing it when it does not exit."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from procs_testlib import alive, children_of, proposer_port_flags
+from procs_testlib import alive, children_of, proposer_port_flags, stop_launcher
 
 from splitspec.launcher import sibling_proposer_models
 from splitspec.methods import METHODS
@@ -56,13 +56,7 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
                 time.sleep(0.1)
             assert not alive(pid), f"service process {pid} survived SIGINT"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_launcher(proc)
 
 
 def test_services_do_not_outlive_a_killed_launcher(target_model_dir, tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from procs_testlib import alive, children_of, proposer_port_flags
+from procs_testlib import alive, children_of, proposer_port_flags, stop_launcher
 
 from splitspec.net import bindable, free_port
 
@@ -119,10 +119,4 @@ def test_up_restarts_dead_services_while_the_rest_serve(target_model_dir, tmp_pa
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_launcher(proc)
