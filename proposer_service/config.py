@@ -27,6 +27,8 @@ class ProposerConfig:
     draft_top_k: int = option(32, "K of the sparse draft distribution sent with sampled drafts")
     max_batch: int = option(32, "sequences drafted together in one forward pass")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
+    linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
+                         choices=("auto", "dense", "onednn", "fp16"))
     ngram_min: int = option(1, "shortest suffix the n-gram proposer matches")
     ngram_max: int = option(4, "longest suffix the n-gram proposer matches")
     max_num_speculative_tokens: int = option(16, "largest k this proposer serves")

@@ -296,7 +296,7 @@ class DraftModelProposer(Proposer):
     def __init__(self, model, device: torch.device, vocab_size: int, tokenizer_fingerprint: str,
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
                  max_batch: int = 32, idle_timeout_s: float = 600.0, precompute: bool = True,
-                 ahead_rejections: int = 3):
+                 ahead_rejections: int = 3, linear: str = "auto"):
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
@@ -317,7 +317,7 @@ class DraftModelProposer(Proposer):
         self.max_batched_catch_up = 8
         # The draft's forward: plain tensor ops where the architecture allows
         # (splitspec/lean_llama.py), else the transformers forward.
-        self.lean = LeanDecoder(model) if LeanDecoder.supports(model) else None
+        self.lean = LeanDecoder(model, linear) if LeanDecoder.supports(model) else None
         # Overlap: draft ahead for all-accepted plus this many rejection outcomes (the likeliest
         # by the draft's own probabilities) per sequence, in one batch while the verifier
         # verifies. Each row costs every forward of the batch a little: a few cover most of the

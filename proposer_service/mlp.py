@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.linear import pack_linears
 from kernels.sparse_probs import SparseProbs
 from proposer_service.base import (
     HistoryStore,
@@ -87,7 +88,9 @@ def _family_fingerprint(tokenizer) -> str:
 class MlpSpeculatorProposer(Proposer):
     def __init__(self, model: MLPSpeculator, device: torch.device, tokenizer_fingerprint: str,
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
-                 max_batch: int = 32, idle_timeout_s: float = 600.0):
+                 max_batch: int = 32, idle_timeout_s: float = 600.0, linear: str = "auto"):
+        # its projections and heads run on packed weights (kernels/linear.py)
+        self.linear = pack_linears(model, linear)
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size

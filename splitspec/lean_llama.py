@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.linear import PackedLinear, resolve
+
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H_kv, L, D]
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
@@ -30,13 +32,26 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
+def _fused(projections, backend: str) -> PackedLinear:
+    """One linear computing the projections' outputs side by side (biases zero where absent)."""
+    weight = torch.cat([p.weight for p in projections])
+    biases = [p.bias for p in projections]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else p.weight.new_zeros(p.weight.shape[0])
+                          for b, p in zip(biases, projections)])
+    return PackedLinear(weight, bias, backend)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class LeanDecoder:
-    def __init__(self, model):
+    def __init__(self, model, linear: str = "dense"):
+        """linear: the matmul backend of every projection and the head (kernels/linear.py;
+        "auto" picks the fastest exact one for the weights' device and values)."""
         cfg = model.config
         inner = model.get_decoder()
         self.eps = cfg.rms_norm_eps
@@ -49,13 +64,25 @@ class LeanDecoder:
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
-        self.head = model.get_output_embeddings().weight
+        head = model.get_output_embeddings().weight
+        mats = [head] + [p.weight for layer in inner.layers
+                         for p in (layer.self_attn.q_proj, layer.self_attn.k_proj,
+                                   layer.self_attn.v_proj, layer.self_attn.o_proj,
+                                   layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+        self.linear = resolve(linear, mats)
+        self.head = PackedLinear(head, None, self.linear)
+        # q, k, v as one product and gate, up as another: fewer, wider matmuls per layer
+        self.split_qkv = (self.n_heads * self.head_dim, self.n_kv * self.head_dim,
+                          self.n_kv * self.head_dim)
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
-            self.layers.append((layer.input_layernorm.weight, a.q_proj, a.k_proj, a.v_proj,
-                                a.o_proj, layer.post_attention_layernorm.weight,
-                                m.gate_proj.weight, m.up_proj.weight, m.down_proj.weight))
+            self.layers.append((layer.input_layernorm.weight,
+                                _fused((a.q_proj, a.k_proj, a.v_proj), self.linear),
+                                _fused((a.o_proj,), self.linear),
+                                layer.post_attention_layernorm.weight,
+                                _fused((m.gate_proj, m.up_proj), self.linear),
+                                _fused((m.down_proj,), self.linear)))
 
     @staticmethod
     def supports(model) -> bool:
@@ -120,7 +147,7 @@ class LeanDecoder:
             return att.transpose(1, 2).reshape(b, s, -1)
 
         x = self.hidden(ids, pos, attend, keep)
-        return F.linear(x, self.head), new_kv
+        return self.head(x), new_kv
 
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
                ) -> torch.Tensor:
@@ -133,16 +160,18 @@ class LeanDecoder:
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None]  # [B, 1, S, D]
         sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None]
-        for i, (ln1, q_proj, k_proj, v_proj, o_proj, ln2, wg, wu, wd) in enumerate(self.layers):
+        for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):
             h = _rms(x, ln1, self.eps)
-            q = F.linear(h, q_proj.weight, q_proj.bias).view(b, s, self.n_heads, -1).transpose(1, 2)
-            k = F.linear(h, k_proj.weight, k_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
-            v = F.linear(h, v_proj.weight, v_proj.bias).view(b, s, self.n_kv, -1).transpose(1, 2)
+            q, k, v = qkv(h).split(self.split_qkv, dim=-1)
+            q = q.view(b, s, self.n_heads, -1).transpose(1, 2)
+            k = k.view(b, s, self.n_kv, -1).transpose(1, 2)
+            v = v.view(b, s, self.n_kv, -1).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            x = x + F.linear(attend(i, q, k, v), o_proj.weight, o_proj.bias)
+            x = x + o_proj(attend(i, q, k, v))
             h = _rms(x, ln2, self.eps)
-            x = x + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+            g, u = gate_up(h).chunk(2, dim=-1)
+            x = x + down(F.silu(g) * u)
         if keep is not None:
             x = x[:, -keep:]
         return _rms(x, self.norm, self.eps)

@@ -53,6 +53,8 @@ class VerifierConfig:
     num_kv_blocks: int = option(0, "KV cache blocks (0: from --kv-cache-memory-mb)")
     max_model_len: int = option(0, "context length limit (0: the model's own)")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
+    linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
+                         choices=("auto", "dense", "onednn", "fp16"))
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On SIGTERM: NOT_SERVING at once, new requests refused, running ones get this long to end.
     shutdown_grace_s: float = option(2.0, "seconds running requests may take to end on SIGTERM")

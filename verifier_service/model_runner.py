@@ -12,13 +12,14 @@ from types import SimpleNamespace
 import torch
 
 from kernels.layout import StepLayout
+from kernels.linear import pack_linears
 from splitspec.lean_llama import LeanDecoder
 from verifier_service.kv_cache import BlockTable, PagedKVCache
 from verifier_service.paged_attention import ATTENTION_NAME, PagedBatch, paged_attention_forward
 
 
 class ModelRunner:
-    def __init__(self, model, device: torch.device, kv: PagedKVCache):
+    def __init__(self, model, device: torch.device, kv: PagedKVCache, linear: str = "auto"):
         if model.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"load the model with attn_implementation={ATTENTION_NAME!r}")
         self.model = model
@@ -29,13 +30,18 @@ class ModelRunner:
         # hidden state for proposers that condition on it. (Llama-family heads: no logit
         # soft-capping or scaling after the head.)
         self._decoder = model.get_decoder()
-        self._head = model.get_output_embeddings()
-        self.vocab_size = self._head.weight.shape[0]
         self.hidden_size = model.config.hidden_size
         # Llama-family models run as plain tensor ops (splitspec/lean_llama.py) with the same
         # paged attention function: the transformers forward's per-call machinery is ~10% of a
         # batch-1 step of a small model. Other architectures keep the transformers forward.
-        self._lean = LeanDecoder(model) if LeanDecoder.supports(model) else None
+        # `linear` picks the matmul kernels (kernels/linear.py): packed once, batch invariant.
+        self._lean = LeanDecoder(model, linear) if LeanDecoder.supports(model) else None
+        if self._lean is not None:
+            self._head, self.linear = self._lean.head, self._lean.linear
+        else:
+            self.linear = pack_linears(model, linear)
+            self._head = model.get_output_embeddings()
+        self.vocab_size = self._head.weight.shape[0]
         self._layer_refs = [SimpleNamespace(layer_idx=i)
                             for i in range(model.config.num_hidden_layers)]
 
@@ -64,5 +70,5 @@ class ModelRunner:
         else:
             states = self._decoder(input_ids=ids[None], position_ids=positions, use_cache=False,
                                    paged=batch).last_hidden_state[0]
-        hidden = states[layout.logits_indices.to(self.device)]  # [T_out, H]
+        hidden = states.index_select(0, layout.logits_indices.to(self.device))  # [T_out, H]
         return self._head(hidden).float(), hidden

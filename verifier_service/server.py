@@ -95,7 +95,7 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
     kv = PagedKVCache(KVCacheSpec.for_model(model.config, dtype, config.block_size,
                                             config.kv_cache_memory_mb << 20,
                                             config.num_kv_blocks), device)
-    runner = ModelRunner(model, device, kv)
+    runner = ModelRunner(model, device, kv, linear=config.linear)
     fingerprint = tokenizer_fingerprint(tokenizer)
     max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
     if proposers is None:

@@ -16,6 +16,12 @@ def model(tiny_target_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
 
 
+@pytest.fixture(params=["dense", "auto"])
+def linear(request):
+    """The matmul kernels (kernels/linear.py): auto packs the test model's fp32 weights."""
+    return request.param
+
+
 @torch.inference_mode()
 def hf_logits(model, ids: list[int]) -> torch.Tensor:
     return model(input_ids=torch.tensor([ids])).logits[0]  # [S, V]
@@ -25,8 +31,8 @@ def test_supports_the_test_llama(model):
     assert LeanDecoder.supports(model)
 
 
-def test_prefill_then_extend_matches_the_full_forward(model):
-    lean = LeanDecoder(model)
+def test_prefill_then_extend_matches_the_full_forward(model, linear):
+    lean = LeanDecoder(model, linear)
     ids = torch.randint(3, model.config.vocab_size, (14,)).tolist()
     full = hf_logits(model, ids)
     logits, kv = lean.forward(torch.tensor([ids[:9]]), torch.arange(9)[None], None, None, 9)
@@ -38,8 +44,8 @@ def test_prefill_then_extend_matches_the_full_forward(model):
     assert kv[0][0].shape[2] == 13
 
 
-def test_a_left_padded_batch_with_a_key_mask_matches_each_row_alone(model):
-    lean = LeanDecoder(model)
+def test_a_left_padded_batch_with_a_key_mask_matches_each_row_alone(model, linear):
+    lean = LeanDecoder(model, linear)
     a = torch.randint(3, model.config.vocab_size, (7,)).tolist()
     b = torch.randint(3, model.config.vocab_size, (4,)).tolist()
     _, kva = lean.forward(torch.tensor([a[:6]]), torch.arange(6)[None], None, None, 1)

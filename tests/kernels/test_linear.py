@@ -1,0 +1,85 @@
+"""Packed linear kernels: the same products as F.linear, row for row independent of the batch,
+and fp16 packing only where it is exact."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.linear import PackedLinear, available, fp16_exact, pack_linears, resolve
+
+PACKED = [b for b in ("onednn", "fp16") if available(b)]
+
+
+def _fp16_valued(*shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).half().float()
+
+
+@pytest.mark.parametrize("backend", ["dense", *PACKED])
+@pytest.mark.parametrize("rows", [1, 2, 6, 9, 150])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_computes_the_dense_product(backend, rows, bias):
+    w = _fp16_valued(96, 64)
+    b = _fp16_valued(96, seed=1) if bias else None
+    x = torch.randn(rows, 64)
+    got = PackedLinear(w, b, backend)(x)
+    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", PACKED)
+def test_packed_linear_keeps_leading_dims(backend):
+    w = _fp16_valued(32, 16)
+    x = torch.randn(2, 3, 16)
+    out = PackedLinear(w, None, backend)(x)
+    assert out.shape == (2, 3, 32)
+    torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", PACKED)
+def test_a_row_gets_the_same_bits_whatever_shares_its_call(backend):
+    """What makes a verified token see the numbers of a plain decode: row i of a k+1-row product
+    equals the 1-row product of that row, bit for bit."""
+    w = _fp16_valued(1376, 512)
+    x = torch.randn(64, 512)
+    lin = PackedLinear(w, None, backend)
+    alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
+    for rows in (2, 6, 8, 64):
+        assert torch.equal(lin(x[:rows]), alone[:rows]), rows
+
+
+def test_auto_packs_fp16_only_when_every_weight_is_an_fp16_value():
+    exact = [_fp16_valued(8, 8), _fp16_valued(16, 8, seed=2)]
+    inexact = exact + [torch.randn(8, 8)]
+    assert all(fp16_exact(w) for w in exact) and not fp16_exact(inexact[-1])
+    if available("fp16"):
+        assert resolve("auto", exact) == "fp16"
+    if available("onednn"):
+        assert resolve("auto", inexact) == "onednn"
+    with pytest.raises(ValueError, match="exactly fp16"):
+        PackedLinear(inexact[-1], None, "fp16")
+
+
+def test_auto_stays_dense_off_float32_and_names_bad_backends():
+    assert resolve("auto", [torch.randn(4, 4, dtype=torch.float64)]) == "dense"
+    assert resolve("dense", [torch.randn(4, 4)]) == "dense"
+    with pytest.raises(ValueError, match="linear backend"):
+        resolve("fast", [torch.randn(4, 4)])
+    with pytest.raises(ValueError, match="float32"):
+        resolve("onednn", [torch.randn(4, 4, dtype=torch.float64)])
+
+
+@pytest.mark.skipif(not PACKED, reason="no packed backend on this CPU")
+def test_pack_linears_swaps_every_linear_and_keeps_the_function():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                              torch.nn.ModuleList([torch.nn.Linear(32, 8, bias=False)]))
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        want = net[2][0](net[1](net[0](x)))
+    chosen = pack_linears(net, "onednn")
+    assert chosen == "onednn"
+    assert not any(isinstance(m, torch.nn.Linear) for m in net.modules())
+    assert net[2][0].weight.shape == (8, 32) and net[0].bias is not None
+    with torch.no_grad():
+        got = net[2][0](net[1](net[0](x)))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
