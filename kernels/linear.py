@@ -22,6 +22,7 @@ step sees the same numbers as in a 1-row decode.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Iterable
 
@@ -32,15 +33,23 @@ BACKENDS = ("auto", "dense", "onednn", "fp16")
 _BATCH_HINT = 8  # oneDNN picks its blocking for about this many rows; any count is accepted
 
 
+@functools.lru_cache(maxsize=None)
 def available(backend: str) -> bool:
+    """Whether this build and CPU run the backend (tried once on a tiny weight)."""
     if backend == "dense":
         return True
-    if backend == "onednn":
-        return torch.backends.mkldnn.is_available()
-    if backend == "fp16":
-        return (hasattr(torch, "fbgemm_pack_gemm_matrix_fp16")
-                and torch.backends.cpu.get_cpu_capability() != "DEFAULT")
-    return False
+    if backend not in BACKENDS[1:]:
+        return False
+    if backend == "fp16" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        return False
+    if backend == "onednn" and not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w = torch.ones(4, 8)
+        return bool(torch.equal(PackedLinear(w, None, backend)(torch.ones(2, 8)),
+                                torch.full((2, 4), 8.0)))
+    except RuntimeError:
+        return False
 
 
 def fp16_exact(weight: torch.Tensor) -> bool:

@@ -51,6 +51,7 @@ __all__ = [
     "SparseProbs",
     "RejectionResult",
     "StepLayout",
+    "greedy_verify",
     "rejection_sample",
     "typical_acceptance_sample",
 ]
@@ -239,6 +240,22 @@ def rejection_sample(
         from kernels.triton_rejection import rejection_sample_triton
 
         return rejection_sample_triton(inputs)
+    return rejection_sample_reference(inputs)
+
+
+def greedy_verify(logits: torch.Tensor, draft_token_ids: torch.Tensor,
+                  layout: LayoutLike) -> RejectionResult:
+    """`rejection_sample` for a batch whose rows are all greedy, straight from the logits [T, V]:
+    a draft is accepted iff it is its row's argmax, and the extra token is the argmax of the
+    first rejected (or the bonus) row. Greedy target probabilities are one-hot at
+    logits.argmax (apply_sampling_params), so the tokens are the same; no probabilities, no
+    random numbers."""
+    layout = as_layout(layout)
+    draft_token_ids = draft_token_ids.reshape(-1).to(torch.int64)
+    _validate(logits, draft_token_ids, layout, None)
+    inputs = SamplerInputs(logits, draft_token_ids, layout, None,
+                           torch.ones(layout.batch_size, dtype=torch.bool), None, None,
+                           logits.argmax(dim=-1))
     return rejection_sample_reference(inputs)
 
 

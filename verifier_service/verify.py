@@ -20,7 +20,7 @@ import torch
 
 from kernels.layout import RejectionResult, StepLayout
 from kernels.logprobs import token_logprobs
-from kernels.rejection import rejection_sample
+from kernels.rejection import greedy_verify, rejection_sample
 from kernels.sampling import SamplingTensors
 from kernels.sparse_probs import SparseProbs
 from splitspec.proposal import Draft
@@ -100,11 +100,14 @@ def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Schedu
                 drafts: Sequence[Draft | None]) -> RejectionResult:
     """logits [T_out, V] of the emitting sequences -> their accepted tokens."""
     params = [s.seq.inp.sampling for s in batch]
-    if layout.num_drafts == 0 and all(p.greedy for p in params):
-        # plain greedy decoding: the sampler would pick argmax(one-hot at argmax(logits)), the
-        # same token; skip building p and the sampler's bookkeeping (the no-speculation path)
-        tokens = logits.argmax(dim=-1)  # [S]
-        return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
+    if all(p.greedy for p in params):
+        # every row greedy: the sampler would pick argmax(one-hot at argmax(logits)); skip
+        # building p and the random numbers (the no-speculation path: just the argmax)
+        if layout.num_drafts == 0:
+            tokens = logits.argmax(dim=-1)  # [S]
+            return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
+        draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
+        return greedy_verify(logits, draft_ids.to(logits.device), layout)
     rows = (layout.num_draft_tokens + 1).tolist()  # logits rows per sequence
 
     def per_row(values):  # one value per sequence -> one per logits row

@@ -10,12 +10,14 @@ from kernels_testlib import dense_q, naive_coupled_row, naive_rejection_row, ran
 from kernels import (
     PLACEHOLDER_TOKEN_ID,
     RejectionResult,
+    SamplingTensors,
     SparseProbs,
     noise_key,
     rejection_sample,
     sample,
 )
 from kernels.layout import StepLayout
+from kernels.rejection import greedy_verify
 
 V = 16
 
@@ -413,3 +415,26 @@ def test_half_precision_target():
     batch.target_probs = batch.target_probs.to(torch.bfloat16)
     res = run(batch)
     check_format(res, [2, 1])
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_greedy_verify_from_logits_matches_the_sampler_on_greedy_rows(trial):
+    """The all-greedy fast path (verify_step) picks what rejection_sample picks for greedy rows,
+    from the logits, whose argmax the greedy probabilities are one-hot at."""
+    gen = torch.Generator().manual_seed(100 + trial)
+    ks = [int(k) for k in torch.randint(0, 6, (5,), generator=gen)]
+    logits = torch.randn(sum(ks) + len(ks), V, generator=gen) * 3
+    probs = SamplingTensors.from_lists([0.0] * logits.shape[0]).apply(logits)
+    am = logits.argmax(-1)
+    layout = StepLayout.for_drafts(ks)
+    _, target_idx, valid = layout.padded_indices()
+    draft_ids = torch.randint(V, (sum(ks),), generator=gen)
+    # plant argmax drafts on a random prefix of every row, so accepted runs of every length occur
+    for i, k in enumerate(ks):
+        n = int(torch.randint(0, k + 1, (1,), generator=gen))
+        for j in range(n):
+            draft_ids[int(layout.draft_offsets[i]) + j] = am[int(target_idx[i, j])]
+    want = rejection_sample(probs, draft_ids, layout, None, [True] * len(ks))
+    got = greedy_verify(logits, draft_ids, layout)
+    assert torch.equal(got.num_accepted, want.num_accepted)
+    assert torch.equal(got.output_token_ids, want.output_token_ids)
