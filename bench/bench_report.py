@@ -34,7 +34,8 @@ def summarize(cfg, runs) -> dict:
     if cfg.system != "splitspec":
         return row
     probe = {key: sum(r.probe.get(key, 0.0) for r in runs)
-             for key in ("steps", "step_s", "round_trip_s", "proposer_s", "hits", "misses")}
+             for key in ("steps", "step_s", "round_trip_s", "proposer_s", "hits", "misses",
+                         "pushed")}
     row["probe"] = probe
     specs = [r.usage.speculation for r in runs if r.usage is not None]
     steps = sum(s.steps for s in specs)
@@ -54,6 +55,7 @@ def summarize(cfg, runs) -> dict:
     row["per_position"] = [a / o if o else 0.0 for a, o in zip(per_pos, offered)]
     decided = probe["hits"] + probe["misses"]
     row["hit_rate"] = probe["hits"] / decided if decided else None
+    row["pushed_rate"] = probe["pushed"] / decided if decided else None
     return row
 
 
@@ -208,7 +210,8 @@ def write_report(out: Path, results: dict, facts: dict, args, ks: dict) -> None:
         lines += [f"## Temperature {t:g}", "",
                   "| configuration | tok/s | vs HF plain | TTFT ms | ITL p50 / p90 / p99 ms | "
                   "acceptance | tokens / step | theoretical | achieved / theoretical | "
-                  "overlap hit rate |", "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+                  "overlap hit rate (pushed) |",
+                  "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
         plain = _find(rows, t, lambda c: c.system == "hf" and c.name == "plain")
         for r in (x for x in rows if x["cfg"].temperature == t):
             th = theoretical(r, off) if off else None
@@ -220,7 +223,7 @@ def write_report(out: Path, results: dict, facts: dict, args, ks: dict) -> None:
                      f"{r['acceptance']:.2f}" if "acceptance" in r else "-",
                      f"{r['tokens_per_step']:.2f}" if "tokens_per_step" in r else "-",
                      f"{th:.2f}x" if th else "-", f"{got / th:.0%}" if th else "-",
-                     f"{hit:.0%}" if hit is not None else "-"]
+                     f"{hit:.0%} ({r['pushed_rate']:.0%} pushed)" if hit is not None else "-"]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", "Acceptance rate per draft position (accepted / drafts that reached it):",
                   "", "| configuration | per position |", "|---|---|"]

@@ -50,4 +50,6 @@ class StackProbe:
                               outcome="hit")
             out["misses"] = get("verifier", "splitspec_spec_decode_precompute_total",
                                 method=method, outcome="miss")
+            out["pushed"] = get("verifier", "splitspec_spec_decode_precompute_pushed_total",
+                                method=method)
         return out

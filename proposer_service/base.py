@@ -11,7 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
-from splitspec.proposal import Draft, ProposerDescription, SequenceStep
+from splitspec.proposal import AheadDraft, Draft, ProposerDescription, SequenceStep
 
 if TYPE_CHECKING:
     from proposer_service.config import ProposerConfig
@@ -47,6 +47,12 @@ class ProposerSession(abc.ABC):
         drafting ahead is cancelled). Called before propose(steps), reads no shared state that
         draft_ahead writes."""
         return False
+
+    def ahead_drafts(self) -> list[AheadDraft]:
+        """What the last finished draft_ahead made, one entry per (sequence, outcome): pushed
+        to a verifier that takes pushes. A step whose message then matches an entry must get
+        exactly that draft from propose() (the verifier already verifies it)."""
+        return []
 
 
 class Proposer(abc.ABC):

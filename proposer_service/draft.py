@@ -46,6 +46,7 @@ from splitspec.params import SamplingParams
 from splitspec.proposal import (
     PRECOMPUTE_HIT,
     PRECOMPUTE_MISS,
+    AheadDraft,
     Draft,
     ProposerDescription,
     SequenceStep,
@@ -135,6 +136,7 @@ class _Ready:
     k: int
     sampling: SamplingParams
     drafts: dict[tuple[int, ...], tuple[Draft, _SeqState]]
+    history_len: int = 0  # before the outcome: the history the step's draft continued
 
 
 class DraftSession(ProposerSession):
@@ -249,7 +251,8 @@ class DraftSession(ProposerSession):
                              plan.state.copy()))
                 outcomes.append((sid, delta))
         # Entries first: a cancelled drafting ahead leaves them empty, so the step counts a miss.
-        ready = {sid: _Ready(len(p.draft.tokens), p.step.sampling, {}) for sid, p in plans.items()}
+        ready = {sid: _Ready(len(p.draft.tokens), p.step.sampling, {}, len(p.history))
+                 for sid, p in plans.items()}
         self._ready.update(ready)
         if len(plans) == 1 and self._p.lean is not None:  # batch 1: rows share one cache
             plan = next(iter(plans.values()))
@@ -275,6 +278,11 @@ class DraftSession(ProposerSession):
                               None if q is None else SparseProbs.from_rows(q.rows()[1:]))
                 state.alternatives = state.alternatives[1:]
             entry.drafts[delta] = (draft, state)
+
+    def ahead_drafts(self) -> list[AheadDraft]:
+        # exactly what _take_ready answers for each outcome (cut to the step's k by both sides)
+        return [AheadDraft(r.history_len + len(delta), delta, Draft(sid, d.tokens, d.q))
+                for sid, r in self._ready.items() for delta, (d, _) in r.drafts.items()]
 
     def release(self, seq_ids: list[str]) -> None:
         self._store.release(seq_ids)

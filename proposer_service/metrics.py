@@ -32,7 +32,10 @@ class ProposerMetrics:
             ["method"], buckets=STEP_BUCKETS, registry=registry).labels(method)
         registry.register(self)
 
-    def on_message(self, sequences: int, drafts: list[Draft], seconds: float) -> None:
+    def on_message(self, sequences: int, drafts: list[Draft], seconds: float,
+                   answered: bool = True) -> None:
+        """answered=False: an outcome-only message (the verifier took pushed drafts): counted,
+        but its time is not an answer anyone waited for."""
         self.messages += 1
         self.sequences += sequences
         for d in drafts:
@@ -41,7 +44,8 @@ class ProposerMetrics:
                 self.resyncs += 1
             self.precompute_hits += d.precompute == PRECOMPUTE_HIT
             self.precompute_misses += d.precompute == PRECOMPUTE_MISS
-        self._seconds.observe(seconds)
+        if answered:
+            self._seconds.observe(seconds)
 
     def describe(self) -> list:
         return []

@@ -8,6 +8,14 @@ drafts afresh on a miss. The session is only ever used by one thread at a time.
 
     verifier  |--verify t--|o|--verify t+1--|o|          o: outcome = the next step message
     proposer  |ahead t+1 ..|h|ahead t+2 ...|h|          h: hit, answered at once
+
+A verifier that takes pushes (ProposeRequest.push_ahead) gets what was drafted ahead as soon as
+it is ready (`pending_push` / `take_push`, ProposeResponse.ahead). When its outcome is among
+them it verifies the pushed draft at once and only tells the outcome (outcome_only): the hit
+costs no round trip.
+
+    verifier  |--verify t--|o|--verify t+1--|o|
+    proposer  |ahead t+1|p    |h|ahead t+2|p               p: push; h: outcome applied, no answer
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import logging
 import threading
 
 from proposer_service.base import ProposerSession
-from splitspec.proposal import SequenceStep
+from splitspec.proposal import AheadDraft, SequenceStep
 
 log = logging.getLogger(__name__)
 
@@ -27,14 +35,28 @@ class AheadRunner:
         self._session = session
         self._task: asyncio.Future | None = None
         self._cancel = threading.Event()
+        self._pushed = False  # what the running (or finished) drafting ahead made was pushed
 
     def start(self) -> None:
         """After answering a step: draft ahead when the session has something to draft."""
         if self._task is not None or not self._session.has_ahead_work():
             return
         self._cancel = threading.Event()
+        self._pushed = False
         self._task = asyncio.ensure_future(
             asyncio.to_thread(self._session.draft_ahead, self._cancel))
+
+    def pending_push(self) -> asyncio.Future | None:
+        """The drafting ahead whose result has not been pushed yet (None: nothing to push)."""
+        return None if self._pushed else self._task
+
+    def take_push(self) -> list[AheadDraft]:
+        """Once the drafting ahead finished: its drafts, to push (each drafting ahead is pushed
+        at most once; nothing when it failed or was cancelled)."""
+        task, self._pushed = self._task, True
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return []
+        return self._session.ahead_drafts()
 
     async def settle(self, steps: list[SequenceStep] | None) -> None:
         """Before the next step touches the session: wait for the drafting ahead, cancelling it

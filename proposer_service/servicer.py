@@ -12,9 +12,23 @@ from proposer_service.metrics import ProposerMetrics
 from proposer_service.overlap import AheadRunner
 from proposer_service.tracing import ProposerTracer
 from protos import proposer_pb2, proposer_pb2_grpc
-from splitspec.proposal import checked_steps, description_to_pb, draft_to_pb, step_from_pb
+from splitspec.proposal import (
+    ahead_to_pb,
+    checked_steps,
+    description_to_pb,
+    draft_to_pb,
+    step_from_pb,
+)
 
 log = logging.getLogger(__name__)
+
+
+async def _next(requests):
+    """The next request of the stream, None at its end."""
+    try:
+        return await requests.__anext__()
+    except StopAsyncIteration:
+        return None
 
 
 class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
@@ -32,8 +46,27 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
         metrics, tracer = self._metrics, self._tracer
         if metrics is not None:
             metrics.streams += 1
+        requests = request_iterator.__aiter__()
+        next_request = asyncio.ensure_future(_next(requests))
+        push = False  # the verifier takes pushes (ProposeRequest.push_ahead)
         try:
-            async for request in request_iterator:
+            while True:
+                pending = ahead.pending_push() if push else None
+                if pending is not None and not next_request.done():
+                    # whichever comes first: the drafting ahead (push it) or the next step
+                    await asyncio.wait({next_request, pending},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    if not next_request.done():
+                        pushed = ahead.take_push()
+                        if pushed:
+                            yield proposer_pb2.ProposeResponse(
+                                ahead=[ahead_to_pb(a) for a in pushed])
+                        continue
+                request = await next_request
+                if request is None:
+                    break
+                next_request = asyncio.ensure_future(_next(requests))
+                push = request.push_ahead
                 start = time.perf_counter()
                 span = tracer.start(request) if tracer is not None else None
                 steps = checked_steps([step_from_pb(s) for s in request.sequences],
@@ -45,14 +78,17 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
                 if metrics is not None:
                     metrics.released += len(request.released)
                     if steps:
-                        metrics.on_message(len(steps), drafts, time.perf_counter() - start)
+                        metrics.on_message(len(steps), drafts, time.perf_counter() - start,
+                                           answered=not request.outcome_only)
                 if span is not None:
                     tracer.finish(span, drafts)
-                response = proposer_pb2.ProposeResponse(step_id=request.step_id,
-                                                        drafts=[draft_to_pb(d) for d in drafts])
                 ahead.start()  # draft the next step ahead while the verifier verifies this one
-                yield response
+                if request.outcome_only:
+                    continue  # the verifier took the pushed drafts: nobody waits for an answer
+                yield proposer_pb2.ProposeResponse(step_id=request.step_id,
+                                                   drafts=[draft_to_pb(d) for d in drafts])
         finally:
+            next_request.cancel()
             await ahead.settle(None)
             session.close()
             if metrics is not None:

@@ -54,14 +54,18 @@ class SequenceStep(_message.Message):
     def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., precompute: _Optional[bool] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
-    __slots__ = ("step_id", "sequences", "released")
+    __slots__ = ("step_id", "sequences", "released", "push_ahead", "outcome_only")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
     RELEASED_FIELD_NUMBER: _ClassVar[int]
+    PUSH_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_ONLY_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     sequences: _containers.RepeatedCompositeFieldContainer[SequenceStep]
     released: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[SequenceStep, _Mapping]]] = ..., released: _Optional[_Iterable[str]] = ...) -> None: ...
+    push_ahead: bool
+    outcome_only: bool
+    def __init__(self, step_id: _Optional[int] = ..., sequences: _Optional[_Iterable[_Union[SequenceStep, _Mapping]]] = ..., released: _Optional[_Iterable[str]] = ..., push_ahead: _Optional[bool] = ..., outcome_only: _Optional[bool] = ...) -> None: ...
 
 class DraftDistribution(_message.Message):
     __slots__ = ("indices", "probs")
@@ -85,13 +89,27 @@ class SequenceDraft(_message.Message):
     precompute: PrecomputeOutcome
     def __init__(self, seq_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., status: _Optional[_Union[SequenceStatus, str]] = ..., precompute: _Optional[_Union[PrecomputeOutcome, str]] = ...) -> None: ...
 
+class AheadDraft(_message.Message):
+    __slots__ = ("seq_id", "history_len", "outcome", "draft")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_LEN_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_FIELD_NUMBER: _ClassVar[int]
+    seq_id: str
+    history_len: int
+    outcome: _containers.RepeatedScalarFieldContainer[int]
+    draft: SequenceDraft
+    def __init__(self, seq_id: _Optional[str] = ..., history_len: _Optional[int] = ..., outcome: _Optional[_Iterable[int]] = ..., draft: _Optional[_Union[SequenceDraft, _Mapping]] = ...) -> None: ...
+
 class ProposeResponse(_message.Message):
-    __slots__ = ("step_id", "drafts")
+    __slots__ = ("step_id", "drafts", "ahead")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     drafts: _containers.RepeatedCompositeFieldContainer[SequenceDraft]
-    def __init__(self, step_id: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SequenceDraft, _Mapping]]] = ...) -> None: ...
+    ahead: _containers.RepeatedCompositeFieldContainer[AheadDraft]
+    def __init__(self, step_id: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SequenceDraft, _Mapping]]] = ..., ahead: _Optional[_Iterable[_Union[AheadDraft, _Mapping]]] = ...) -> None: ...
 
 class ProposerInfo(_message.Message):
     __slots__ = ("method", "vocab_size", "tokenizer_fingerprint", "max_num_speculative_tokens", "needs_hidden_state", "model", "precompute")

@@ -49,14 +49,35 @@ class Draft:
     q: SparseProbs | None = None
     resync: bool = False  # the proposer lost or distrusts its state: resend the full history
     # PRECOMPUTE_HIT: answered from drafting ahead; PRECOMPUTE_MISS: drafted ahead for other
-    # outcomes, drafted afresh; "": nothing drafted ahead.
+    # outcomes, drafted afresh; "": nothing drafted ahead. The verifier marks a hit it took from
+    # a push (AheadDraft) PRECOMPUTE_PUSHED.
     precompute: str = ""
 
 
-PRECOMPUTE_HIT, PRECOMPUTE_MISS = "hit", "miss"
+PRECOMPUTE_HIT, PRECOMPUTE_MISS, PRECOMPUTE_PUSHED = "hit", "miss", "pushed"
 _OUTCOME_TO_PB = {"": pb.PRECOMPUTE_NONE, PRECOMPUTE_HIT: pb.PRECOMPUTE_HIT,
                   PRECOMPUTE_MISS: pb.PRECOMPUTE_MISS}
 _OUTCOME_FROM_PB = {v: k for k, v in _OUTCOME_TO_PB.items()}
+
+
+@dataclass(frozen=True)
+class AheadDraft:
+    """A draft made ahead for one outcome of the step being verified, pushed to the verifier:
+    it serves the step whose message says new_tokens == outcome at history_len, cut to its k."""
+
+    history_len: int
+    outcome: tuple[int, ...]
+    draft: Draft  # draft.seq_id names the sequence
+
+    def serves(self, step: SequenceStep) -> bool:
+        return (not step.full_history and step.history_len == self.history_len
+                and tuple(step.new_tokens) == self.outcome and step.k <= len(self.draft.tokens))
+
+    def taken(self, k: int) -> Draft:
+        """The draft for a step that asks k tokens (k <= its length)."""
+        d = self.draft
+        q = None if d.q is None else SparseProbs.from_rows(d.q.rows()[:k])
+        return Draft(d.seq_id, d.tokens[:k], q, precompute=PRECOMPUTE_PUSHED)
 
 
 @dataclass(frozen=True)
@@ -151,6 +172,17 @@ def draft_from_pb(msg: pb.SequenceDraft) -> Draft:
                  q=SparseProbs.from_rows(rows) if rows else None,
                  resync=msg.status == pb.SEQUENCE_STATUS_RESYNC,
                  precompute=_OUTCOME_FROM_PB.get(msg.precompute, ""))
+
+
+def ahead_to_pb(a: AheadDraft) -> pb.AheadDraft:
+    return pb.AheadDraft(seq_id=a.draft.seq_id, history_len=a.history_len, outcome=a.outcome,
+                         draft=draft_to_pb(a.draft))
+
+
+def ahead_from_pb(msg: pb.AheadDraft) -> AheadDraft:
+    draft = draft_from_pb(msg.draft)
+    draft.seq_id = msg.seq_id
+    return AheadDraft(msg.history_len, tuple(msg.outcome), draft)
 
 
 def description_to_pb(d: ProposerDescription) -> pb.ProposerInfo:

@@ -20,7 +20,13 @@ import time
 import torch
 
 from kernels.sparse_probs import SparseProbs
-from splitspec.proposal import PRECOMPUTE_HIT, PRECOMPUTE_MISS, Draft, SequenceStep
+from splitspec.proposal import (
+    PRECOMPUTE_HIT,
+    PRECOMPUTE_MISS,
+    PRECOMPUTE_PUSHED,
+    Draft,
+    SequenceStep,
+)
 from verifier_service.engine_stats import EngineStats, MethodStepStats
 from verifier_service.overlap_policy import OverlapPolicy
 from verifier_service.proposer_client import ProposerClient, ProposerMismatch
@@ -97,9 +103,12 @@ class DraftCollector:
             if d.seq_id not in wanted:
                 continue
             seq, k = wanted.pop(d.seq_id)
-            if d.precompute == PRECOMPUTE_HIT:
+            if d.precompute in (PRECOMPUTE_HIT, PRECOMPUTE_PUSHED):
                 stats.precompute_hits += 1
                 step.precompute_hits += 1
+                if d.precompute == PRECOMPUTE_PUSHED:
+                    stats.precompute_pushed += 1
+                    step.precompute_pushed += 1
             elif d.precompute == PRECOMPUTE_MISS:
                 stats.precompute_misses += 1
                 step.precompute_misses += 1

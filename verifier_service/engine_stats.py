@@ -81,6 +81,7 @@ class MethodStats:
     # ahead for other outcomes (drafted afresh); hit rate = hits / (hits + misses)
     precompute_hits: int = 0
     precompute_misses: int = 0
+    precompute_pushed: int = 0  # of the hits: taken from a push, no round trip waited for
 
     def add_draft(self, k: int, accepted: int, greedy: bool = True) -> None:
         self.drafts += 1
@@ -144,6 +145,7 @@ class MethodStepStats:
     ahead: bool = False  # the proposer was asked to draft ahead (overlap) this step
     precompute_hits: int = 0  # answered from drafting ahead (overlap)
     precompute_misses: int = 0  # drafted ahead for other outcomes: drafted afresh
+    precompute_pushed: int = 0  # of the hits: taken from a push (no round trip)
     resyncs: int = 0  # sequences the proposer asked to resend in full
 
     def add_draft(self, k: int, accepted: int) -> None:

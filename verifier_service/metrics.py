@@ -47,6 +47,7 @@ class _MethodCounters:
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISS_REASONS, 0))
     round_trip: object = None  # the method's bound histogram child
     precompute: dict[str, int] = field(default_factory=lambda: {"hit": 0, "miss": 0})
+    pushed: int = 0
 
 
 class VerifierMetrics:
@@ -128,6 +129,7 @@ class VerifierMetrics:
                 c.misses["resync"] += resyncs
             c.precompute["hit"] += ms.precompute_hits
             c.precompute["miss"] += ms.precompute_misses
+            c.pushed += ms.precompute_pushed
 
     def on_request_done(self, tl: RequestTimeline) -> None:
         reason = tl.finish_reason or "abort"
@@ -185,6 +187,10 @@ class VerifierMetrics:
                       "rate: sum(rate(..{outcome=\"hit\"})) / sum(rate(..))",
                       ["method", "outcome"],
                       [((m, o), n) for m, c in methods for o, n in c.precompute.items()])
+        yield counter("splitspec_spec_decode_precompute_pushed",
+                      "Of the overlap hits, those taken from what the proposer pushed as soon "
+                      "as it had drafted ahead (no round trip waited for)", ["method"],
+                      [((m,), c.pushed) for m, c in methods])
         yield counter("splitspec_generation_tokens", "Output tokens emitted by the engine",
                       samples=[((), self.generation_tokens)])
         yield counter("splitspec_prompt_tokens", "Prompt tokens of finished requests",

@@ -6,6 +6,12 @@ arrives after its step gave up waiting is dropped, never applied to a later step
 
 Every time a client (re)opens its stream it starts a new `epoch`: the proposer's state for this
 verifier is new then, so the engine sends each sequence's full history on the next step.
+
+Pushes (overlapped speculation): steps that ask the proposer to draft ahead also ask it to push
+what it drafted ahead as soon as it is ready (ProposeResponse.ahead: a draft per likely
+outcome). When every sequence of the next step finds its outcome among the pushed drafts,
+`propose` returns those at once and sends the outcomes without waiting for an answer
+(outcome_only): the proposer continues from the same drafts, so a hit costs no round trip.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from proposer_service.overlap import AheadRunner
 from protos import common_pb2, proposer_pb2, proposer_pb2_grpc
 from splitspec.grpc_server import insecure_channel
 from splitspec.proposal import (
+    AheadDraft,
     Draft,
     ProposerDescription,
     SequenceStep,
+    ahead_from_pb,
     description_from_pb,
     draft_from_pb,
     step_to_pb,
@@ -139,6 +147,7 @@ class GrpcProposerClient(ProposerClient):
         self._call = None
         self._reader: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
+        self._pushed: dict[str, list[AheadDraft]] = {}  # per sequence, for its next step
         self._step_ids = itertools.count(1)
         self._last_attempt = -float("inf")
         self.late_answers = 0
@@ -193,6 +202,13 @@ class GrpcProposerClient(ProposerClient):
                 resp = await call.read()
                 if resp is grpc.aio.EOF:
                     break
+                if resp.ahead:  # a push: replaces what was pushed for these sequences
+                    pushed: dict[str, list[AheadDraft]] = {}
+                    for msg in resp.ahead:
+                        a = ahead_from_pb(msg)
+                        pushed.setdefault(a.draft.seq_id, []).append(a)
+                    self._pushed.update(pushed)
+                    continue
                 fut = self._pending.pop(resp.step_id, None)
                 if fut is None or fut.done():
                     self.late_answers += 1  # its step stopped waiting: drop it
@@ -220,16 +236,38 @@ class GrpcProposerClient(ProposerClient):
             await self._drop_stream()
             return False
 
+    def release(self, seq_ids: list[str]) -> None:
+        super().release(seq_ids)
+        for sid in seq_ids:
+            self._pushed.pop(sid, None)
+
+    def _take_pushed(self, steps: list[SequenceStep]) -> list[Draft] | None:
+        """Every step's draft from the pushes, or None when one has no pushed draft for its
+        outcome. Whatever was pushed for these sequences is stale after this step either way."""
+        found = []
+        for step in steps:
+            a = next((a for a in self._pushed.pop(step.seq_id, ()) if a.serves(step)), None)
+            found.append(None if a is None or not step.precompute else a.taken(step.k))
+        return None if not found or None in found else found
+
     async def propose(self, steps, timeout_s):
         deadline = time.monotonic() + timeout_s
         if not await self.ensure_connected():
             return None
+        push = any(s.precompute for s in steps)
+        taken = self._take_pushed(steps)
+        if taken is not None:  # tell the outcomes; the proposer continues from these drafts
+            request = proposer_pb2.ProposeRequest(step_id=next(self._step_ids),
+                                                  sequences=[step_to_pb(s) for s in steps],
+                                                  released=self._take_released(),
+                                                  push_ahead=True, outcome_only=True)
+            return taken if await self._send(request, timeout_s) else None
         step_id = next(self._step_ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[step_id] = fut
         request = proposer_pb2.ProposeRequest(step_id=step_id,
                                               sequences=[step_to_pb(s) for s in steps],
-                                              released=self._take_released())
+                                              released=self._take_released(), push_ahead=push)
         if not await self._send(request, max(deadline - time.monotonic(), 1e-3)):
             return None
         try:
@@ -251,6 +289,7 @@ class GrpcProposerClient(ProposerClient):
 
     async def _drop_stream(self) -> None:
         call, self._call = self._call, None
+        self._pushed.clear()
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_result(None)
