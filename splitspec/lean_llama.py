@@ -26,6 +26,8 @@ SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.dtype == torch.float32:  # one fused op (the step is mostly per-op overhead)
+        return F.rms_norm(x, weight.shape, weight, eps)
     dtype = x.dtype
     x = x.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -62,6 +64,8 @@ class LeanDecoder:
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._rope_len = 0
+        self._rope_tables = (torch.empty(0), torch.empty(0))
         self.embed = inner.embed_tokens.weight
         self.norm = inner.norm.weight
         head = model.get_output_embeddings().weight
@@ -149,6 +153,22 @@ class LeanDecoder:
         x = self.hidden(ids, pos, attend, keep)
         return self.head(x), new_kv
 
+    def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, 1, S, D] at positions pos [B, S]: rows of tables computed once for the
+        positions seen so far (grown by doubling), the same values as computing them per call."""
+        need = int(pos.max()) + 1 if pos.numel() else 1
+        if self._rope_len < need or self._rope_tables[0].dtype != dtype \
+                or self._rope_tables[0].device != pos.device:
+            n = max(need, 2 * self._rope_len, 64)
+            freqs = torch.arange(n, device=pos.device).float()[:, None] \
+                * self.inv_freq.to(pos.device)  # [n, D/2]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope_tables = ((emb.cos() * self.rope_scale).to(dtype),
+                                 (emb.sin() * self.rope_scale).to(dtype))
+            self._rope_len = n
+        cos, sin = self._rope_tables
+        return cos[pos][:, None], sin[pos][:, None]
+
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
                ) -> torch.Tensor:
         """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
@@ -156,10 +176,7 @@ class LeanDecoder:
         applied) -> attention output [B, S, Hq * D]: the caller's cache and mask."""
         b, s = ids.shape
         x = F.embedding(ids, self.embed)  # [B, S, H]
-        freqs = pos[..., None].float() * self.inv_freq  # [B, S, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(x.dtype)[:, None]  # [B, 1, S, D]
-        sin = (emb.sin() * self.rope_scale).to(x.dtype)[:, None]
+        cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D]
         for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):
             h = _rms(x, ln1, self.eps)
             q, k, v = qkv(h).split(self.split_qkv, dim=-1)
