@@ -57,7 +57,7 @@ bench-quick: $(STAMP)
 # Every older benchmark in turn (kernels, engine, speculation sweep, repetitive traffic).
 bench-all: bench-kernels bench-engine bench-spec bench-repeat
 
-# auto vs every fixed speculation setting at concurrency 1/4/16, greedy and T=0.8 (about 10
+# auto vs every fixed speculation setting at concurrency 1/4/16, greedy and T=0.8 (about 8
 # minutes on 2 idle cores); report in bench/reports/policy.md; docs/policy.md.
 .PHONY: bench-policy
 bench-policy: $(STAMP)

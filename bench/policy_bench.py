@@ -151,7 +151,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
-    ap.add_argument("--rounds", type=int, default=3, help="waves per configuration and point")
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="waves per configuration and point (8: about 8 minutes on 2 idle cores)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
