@@ -76,12 +76,14 @@ def ensure_all_serving(stack: Stack, client: GenClient) -> None:
         if not v.alive():
             stack.restart(v)
     before = {v.name: watch_until(v.port, idle).finished_requests for v in stack.verifiers}
-    for _ in range(100):
-        if all(current(v.port).finished_requests > before[v.name] for v in stack.verifiers):
-            break
+    # by time, not by a count of requests: a restarted replica needs its start and the gateway's
+    # health watch to see it, however fast the requests meanwhile are
+    deadline = time.monotonic() + 60
+    while not all(current(v.port).finished_requests > before[v.name] for v in stack.verifiers):
+        if time.monotonic() > deadline:
+            raise AssertionError("the gateway does not route to every replica")
         client.generate(client.request("x", None, max_tokens=1))
-    else:
-        raise AssertionError("the gateway does not route to every replica")
+        time.sleep(0.05)
     for v in stack.verifiers:
         watch_until(v.port, idle)
 
