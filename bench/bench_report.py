@@ -195,7 +195,9 @@ def plots(rows, out_dir: Path, stem: str) -> list[str]:
     return files
 
 
-def write_report(out: Path, results: dict, facts: dict, args, ks: dict) -> None:
+def write_report(out: Path, results: dict, facts: dict, args, ks: dict,
+                 profile: list[str] = ()) -> None:
+    """profile: markdown lines of bench/forward_profile.py, added before the plots."""
     rows = [summarize(cfg, runs) for cfg, runs in results.items()]
     out.parent.mkdir(parents=True, exist_ok=True)
     temps = sorted({r["cfg"].temperature for r in rows})
@@ -247,6 +249,7 @@ def write_report(out: Path, results: dict, facts: dict, args, ks: dict) -> None:
     lines += ["## Greedy output identical to speculation off", "", "| configuration | identical |",
               "|---|---|", *identical_to_off(results), ""]
     stem = out.stem
+    lines += list(profile)
     for f in plots(rows, out.parent, stem):
         lines.append(f"![{f}]({f})")
     out.write_text("\n".join(lines) + "\n")

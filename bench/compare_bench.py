@@ -17,7 +17,9 @@ Per configuration: tokens/s, time to first token, inter-token latency p50/p90/p9
 tokens arrives at once: n - 1 gaps of 0), acceptance per draft position, mean tokens per step,
 the theoretical speedup from measured acceptance and cost ratio (bench/speedup_model.py) and
 achieved / theoretical, the time split of a step (bench/stack_probe.py), and the overlap hit
-rate. Writes bench/reports/bench.md and PNG plots next to it (bench/bench_report.py).
+rate; then the verifier's forward in this process by matmul backend with its top operators
+(bench/forward_profile.py). Writes bench/reports/bench.md and PNG plots next to it
+(bench/bench_report.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_report import write_report  # noqa: E402
+from forward_profile import profile_section  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 from stack_probe import StackProbe  # noqa: E402
 
@@ -293,7 +296,10 @@ def main() -> None:
                     bar.update()
         for c in clients.values():
             c.close()
-    write_report(Path(args.out), results, facts, args, ks)
+    # the verifier's forward by matmul backend and its top operators, after the stacks are
+    # down (in this process, nothing else running)
+    profile = profile_section(args.model, k=ks.get("draft", 5))
+    write_report(Path(args.out), results, facts, args, ks, profile)
 
 
 if __name__ == "__main__":
