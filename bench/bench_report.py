@@ -143,6 +143,12 @@ def plots(rows, out_dir: Path, stem: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def save(fig, name: str) -> str:
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{stem}-{name}.png", dpi=100)
+        plt.close(fig)
+        return f"{stem}-{name}.png"
+
     files = []
     temps = sorted({r["cfg"].temperature for r in rows})
     fig, axes = plt.subplots(1, len(temps), figsize=(7 * len(temps), 5), squeeze=False)
@@ -153,10 +159,7 @@ def plots(rows, out_dir: Path, stem: str) -> list[str]:
         ax.set_xlabel("tokens / s")
         ax.set_title(f"temperature {t:g}")
         ax.invert_yaxis()
-    fig.tight_layout()
-    files.append(f"{stem}-throughput.png")
-    fig.savefig(out_dir / files[-1], dpi=100)
-    plt.close(fig)
+    files.append(save(fig, "throughput"))
 
     fig, axes = plt.subplots(1, len(temps), figsize=(7 * len(temps), 4), squeeze=False)
     for ax, t in zip(axes[0], temps):
@@ -169,10 +172,7 @@ def plots(rows, out_dir: Path, stem: str) -> list[str]:
         ax.set_ylim(0, 1)
         ax.set_title(f"temperature {t:g}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(f"{stem}-acceptance.png")
-    fig.savefig(out_dir / files[-1], dpi=100)
-    plt.close(fig)
+    files.append(save(fig, "acceptance"))
 
     fig, axes = plt.subplots(1, len(temps), figsize=(7 * len(temps), 5), squeeze=False)
     for ax, t in zip(axes[0], temps):
@@ -188,10 +188,7 @@ def plots(rows, out_dir: Path, stem: str) -> list[str]:
         ax.set_title(f"time split of a step, temperature {t:g}")
         ax.invert_yaxis()
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    files.append(f"{stem}-step-split.png")
-    fig.savefig(out_dir / files[-1], dpi=100)
-    plt.close(fig)
+    files.append(save(fig, "step-split"))
     return files
 
 
