@@ -34,12 +34,16 @@ def test_a_rest_client_that_disconnects_frees_its_kv_blocks(stack):
                            ) as r:
             assert r.status_code == 200
             events = 0
-            for line in r.iter_lines():
+            lines = r.iter_lines()
+            for line in lines:
                 events += bool(line)
                 if events == 3:
                     break
+            # Still connected: the request runs and holds blocks. (Closing `lines` would close the
+            # connection, so it stays referenced until the block ends.)
             during = watch_until(port, holding_blocks(before))
             assert during.kv_blocks_free < during.kv_blocks_total
+            lines.close()
         # leaving the block closes the connection mid-stream
     after = watch_until(port, aborted_and_idle(before))
     assert after.aborted_requests - before.aborted_requests == 1

@@ -10,6 +10,7 @@ import threading
 
 import grpc
 import httpx
+import openai  # imported here, not while the queue is held full: the import takes a while
 import pytest
 from learned_testlib import GenClient
 from stats_testlib import idle, watch_until
@@ -23,7 +24,10 @@ pytestmark = pytest.mark.integration
 def small_stack(target_model_dir, tmp_path_factory):
     config = StackConfig.with_free_ports(
         model=target_model_dir, device="cpu", log_dir=tmp_path_factory.mktemp("queue-logs"),
-        verifier_args=["--threads", "1", "--max-num-seqs", "1", "--max-waiting", "1"])
+        # Plain (unpacked) matmuls: the slowest forward, so a held 480-token request outlasts
+        # each test by seconds.
+        verifier_args=["--threads", "1", "--max-num-seqs", "1", "--max-waiting", "1",
+                       "--linear", "dense"])
     with Stack(config) as s:
         yield s
 
@@ -90,7 +94,6 @@ def test_a_streamed_request_gets_http_429_with_retry_after(full_queue):
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
     error = r.json()["error"]
     assert error["code"] == 429 and error["type"] == "rate_limit_error"
-    openai = pytest.importorskip("openai")
     oa = openai.OpenAI(base_url=full_queue.url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.RateLimitError):
         list(oa.chat.completions.create(model=oa.models.list().data[0].id, stream=True,

@@ -94,10 +94,12 @@ def test_a_resumed_rest_stream_is_one_uninterrupted_response(replicas, replica_c
     """Through the OpenAI-compatible REST API: one SSE response, no error event, the text and
     usage of the undisturbed run."""
     a, b = replicas.verifiers
-    body = {"prompt": "def walk(tree):\n", "max_tokens": 64, "temperature": 0,
+    # Long enough that it is still streaming when A dies four events in.
+    body = {"prompt": "def walk(tree):\n", "max_tokens": 256, "temperature": 0,
             "ignore_eos": True, "speculation": {"mode": "on", "method": "ngram"}}
     with httpx.Client(base_url=replicas.url, timeout=120) as http:
         ref = http.post("/v1/completions", json=body).json()
+        before = resumes(replicas)
         kill(b)
         events = []
         with http.stream("POST", "/v1/completions", json={
@@ -117,5 +119,6 @@ def test_a_resumed_rest_stream_is_one_uninterrupted_response(replicas, replica_c
     assert text == ref["choices"][0]["text"]
     assert [ch["finish_reason"] for c in chunks for ch in c["choices"]
             if ch["finish_reason"]] == ["length"]
-    assert chunks[-1]["usage"]["completion_tokens"] == ref["usage"]["completion_tokens"] == 64
+    assert chunks[-1]["usage"]["completion_tokens"] == ref["usage"]["completion_tokens"] == 256
+    assert resumes(replicas) - before == 1  # it really was resumed, not finished on A
     assert watch_until(b.port, idle).finished_requests == 2  # warm-up + the resumed stream
