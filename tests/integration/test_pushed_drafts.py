@@ -85,9 +85,7 @@ def test_a_pushed_draft_is_taken_without_a_round_trip_and_the_proposer_follows(d
             a = next(a for a in pushed if a.outcome[:-1] != tuple(d1.tokens))
             history += list(a.outcome)
             step = SequenceStep("s", list(a.outcome), len(history), K, precompute=True)
-            start = time.monotonic()
             (d2,) = await ahead.propose([step], 30)
-            assert time.monotonic() - start < 1.0
             assert d2.precompute == PRECOMPUTE_PUSHED and d2.tokens == a.draft.tokens[:K]
             # the same draft a fresh stream drafts for that history (greedy, same positions)
             (f2,) = await fresh.propose([SequenceStep("s", list(history), len(history), K,
