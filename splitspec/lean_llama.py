@@ -34,9 +34,22 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x.to(dtype)
 
 
+@torch.no_grad()
 def _fused(projections, backend: str) -> PackedLinear:
-    """One linear computing the projections' outputs side by side (biases zero where absent)."""
-    weight = torch.cat([p.weight for p in projections])
+    """One linear computing the projections' outputs side by side (biases zero where absent).
+
+    The projections' own weights become views of the fused matrix, so fusing holds no second
+    copy of them (on an accelerator, where the dense path runs, a copy would be taken from the
+    KV cache); the model's forward computes exactly what it did."""
+    if len(projections) == 1:
+        weight = projections[0].weight.detach()
+    else:
+        weight = torch.cat([p.weight.detach() for p in projections])
+        start = 0
+        for p in projections:
+            rows = p.weight.shape[0]
+            p.weight = torch.nn.Parameter(weight[start:start + rows], requires_grad=False)
+            start += rows
     biases = [p.bias for p in projections]
     bias = None
     if any(b is not None for b in biases):

@@ -63,3 +63,29 @@ def test_a_left_padded_batch_with_a_key_mask_matches_each_row_alone(model, linea
     logits, _ = lean.forward(ids, pos, kv, key_mask, 1)
     torch.testing.assert_close(logits[0, 0], hf_logits(model, a)[-1], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(logits[1, 0], hf_logits(model, b)[-1], atol=1e-4, rtol=1e-4)
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind tensors (views of one storage count once)."""
+    seen = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def test_the_fused_projections_share_the_models_memory(tiny_target_dir):
+    """Fusing q/k/v and gate/up must not hold a second copy of the weights: the model's own
+    projections become views of the fused matrices (on an accelerator, where the dense path
+    runs, a copy would take the KV cache's memory). Its forward is unchanged."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32).eval()
+    ids = torch.randint(3, model.config.vocab_size, (9,)).tolist()
+    before_logits = hf_logits(model, ids)
+    before = _storage_bytes(model.parameters())
+    lean = LeanDecoder(model, "dense")
+    fused = [lin.weight for layer in lean.layers for lin in layer[1:] if hasattr(lin, "weight")]
+    assert _storage_bytes([*model.parameters(), *fused, lean.head.weight]) == before
+    torch.testing.assert_close(hf_logits(model, ids), before_logits, atol=0, rtol=0)
+    logits, _ = lean.forward(torch.tensor([ids]), torch.arange(9)[None], None, None, 9)
+    torch.testing.assert_close(logits[0], before_logits, atol=1e-4, rtol=1e-4)
