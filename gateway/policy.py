@@ -142,9 +142,10 @@ class SpeculationPolicy:
         models = {}
         for m in methods:
             acc = est.acceptance_of(m, greedy)
-            models[m] = MethodModel(acc.rate(), acc.hit_rate(),
-                                    est.round_trip(load.address, m) if load.address
-                                    else RoundTrip(), est.draft_limit(load.address, m))
+            a, h = acc.rate(), acc.hit_rate()
+            models[m] = MethodModel(a, h, est.round_trip(load.address, m) if load.address
+                                    else RoundTrip(), est.draft_limit(load.address, m),
+                                    acc.positions(a, h))
         if fixed_k is None:
             c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
             return c.method, c.k, c.reason

@@ -20,7 +20,9 @@ RETRY_S = 1.0
 
 
 def _acceptance(pb: verifier_pb2.AcceptanceCounts) -> Acceptance:
-    return Acceptance(pb.accepted_tokens, pb.accepted_tokens + pb.rejections, pb.drafts, pb.asked)
+    return Acceptance(pb.accepted_tokens, pb.accepted_tokens + pb.rejections, pb.drafts, pb.asked,
+                      tuple(map(float, pb.asked_at)), tuple(map(float, pb.drafted_at)),
+                      tuple(map(float, pb.accepted_at)))
 
 
 def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:

@@ -54,18 +54,24 @@ class RoundTripBucket(_message.Message):
     def __init__(self, k: _Optional[int] = ..., calls: _Optional[int] = ..., seconds_total: _Optional[float] = ...) -> None: ...
 
 class AcceptanceCounts(_message.Message):
-    __slots__ = ("drafts", "proposed_tokens", "accepted_tokens", "rejections", "asked")
+    __slots__ = ("drafts", "proposed_tokens", "accepted_tokens", "rejections", "asked", "asked_at", "drafted_at", "accepted_at")
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     ASKED_FIELD_NUMBER: _ClassVar[int]
+    ASKED_AT_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_AT_FIELD_NUMBER: _ClassVar[int]
     drafts: int
     proposed_tokens: int
     accepted_tokens: int
     rejections: int
     asked: int
-    def __init__(self, drafts: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ..., asked: _Optional[int] = ...) -> None: ...
+    asked_at: _containers.RepeatedScalarFieldContainer[int]
+    drafted_at: _containers.RepeatedScalarFieldContainer[int]
+    accepted_at: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, drafts: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ..., asked: _Optional[int] = ..., asked_at: _Optional[_Iterable[int]] = ..., drafted_at: _Optional[_Iterable[int]] = ..., accepted_at: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepCostBucket(_message.Message):
     __slots__ = ("max_tokens", "steps", "tokens_total", "seconds_total")

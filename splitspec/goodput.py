@@ -16,11 +16,20 @@ Acceptance is estimated with the usual model's maximum-likelihood estimate: of t
 positions that were tried (accepted tokens plus one rejected token per draft that was not
 accepted in full), the share accepted, shrunk towards a prior while there is little data.
 The round trip is fitted as base + per_token * k from its mean per k asked.
+
+Per draft position the counts are also measured directly: of the sequence-steps that asked for
+at least j tokens, how many drafts had a j-th token (a row the verifier forwards) and how many
+had their first j tokens accepted (a token gained). A proposer does not always draft what it
+is asked for (prompt lookup and suffix decoding stop where their match ends), and its long
+drafts are not its average ones (a long suffix match is a confident one): the geometric model
+above prices neither. The measured shares, shrunk towards that model while a position has
+little data, are what a step asking for k tokens forwards and gains (`MethodModel.positions`).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Iterable, Mapping
@@ -57,6 +66,20 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def _per_position(a: tuple[float, ...], b: tuple[float, ...], op) -> tuple[float, ...]:
+    """op applied position by position, the shorter tuple read as zeros where it ends."""
+    n = max(len(a), len(b))
+    return tuple(op(a[i] if i < len(a) else 0.0, b[i] if i < len(b) else 0.0) for i in range(n))
+
+
+def _add(x: float, y: float) -> float:
+    return x + y
+
+
+def _sub(x: float, y: float) -> float:
+    return max(x - y, 0.0)
+
+
 @dataclass(frozen=True)
 class Acceptance:
     """Draft positions tried and accepted (counts; may be decayed, hence floats)."""
@@ -65,6 +88,12 @@ class Acceptance:
     tried: float = 0.0  # accepted + one per draft with a rejection
     drafts: float = 0.0  # non-empty drafts verified
     asked: float = 0.0  # sequence-steps that asked for one
+    # Per draft position j (entry j - 1): sequence-steps that asked for at least j tokens, of
+    # those the drafts that had a j-th token, and of those the drafts whose first j tokens
+    # were all accepted.
+    asked_at: tuple[float, ...] = ()
+    drafted_at: tuple[float, ...] = ()
+    accepted_at: tuple[float, ...] = ()
 
     def rate(self, prior: float = PRIOR_ACCEPTANCE, strength: float = PRIOR_STRENGTH) -> float:
         return (self.accepted + prior * strength) / (self.tried + strength)
@@ -73,19 +102,39 @@ class Acceptance:
                  strength: float = PRIOR_HIT_STRENGTH) -> float:
         return min((self.drafts + prior * strength) / (self.asked + strength), 1.0)
 
+    def positions(self, acceptance: float, hit_rate: float,
+                  strength: float = PRIOR_HIT_STRENGTH) -> tuple[tuple[float, float], ...]:
+        """Per position j with data: (rows, gain), the shares of the steps asking for at least
+        j tokens whose draft had a j-th token and whose first j tokens were accepted, each
+        shrunk towards the geometric model (hit_rate, hit_rate * acceptance^j) with the weight
+        of `strength` asks."""
+        out = []
+        for j, (n, d, acc) in enumerate(zip(self.asked_at, self.drafted_at, self.accepted_at), 1):
+            rows = min((d + hit_rate * strength) / (n + strength), 1.0)
+            gain = min((acc + hit_rate * acceptance ** j * strength) / (n + strength), rows)
+            out.append((rows, gain))
+        return tuple(out)
+
     def plus(self, other: "Acceptance") -> "Acceptance":
         return Acceptance(self.accepted + other.accepted, self.tried + other.tried,
-                          self.drafts + other.drafts, self.asked + other.asked)
+                          self.drafts + other.drafts, self.asked + other.asked,
+                          _per_position(self.asked_at, other.asked_at, _add),
+                          _per_position(self.drafted_at, other.drafted_at, _add),
+                          _per_position(self.accepted_at, other.accepted_at, _add))
 
     def minus(self, other: "Acceptance") -> "Acceptance":
         """The counts since `other` (never negative)."""
-        return Acceptance(max(self.accepted - other.accepted, 0.0),
-                          max(self.tried - other.tried, 0.0),
-                          max(self.drafts - other.drafts, 0.0), max(self.asked - other.asked, 0.0))
+        return Acceptance(_sub(self.accepted, other.accepted), _sub(self.tried, other.tried),
+                          _sub(self.drafts, other.drafts), _sub(self.asked, other.asked),
+                          _per_position(self.asked_at, other.asked_at, _sub),
+                          _per_position(self.drafted_at, other.drafted_at, _sub),
+                          _per_position(self.accepted_at, other.accepted_at, _sub))
 
     def scaled(self, factor: float) -> "Acceptance":
         return Acceptance(self.accepted * factor, self.tried * factor, self.drafts * factor,
-                          self.asked * factor)
+                          self.asked * factor, tuple(x * factor for x in self.asked_at),
+                          tuple(x * factor for x in self.drafted_at),
+                          tuple(x * factor for x in self.accepted_at))
 
 
 @dataclass(frozen=True)
@@ -126,17 +175,60 @@ class MethodModel:
     hit_rate: float = 1.0  # share of asked steps that get a draft
     round_trip: RoundTrip = RoundTrip()
     max_draft: int = 0  # the most tokens it drafts whatever k is asked (0: no known limit)
+    # Per draft position j (entry j - 1), measured (Acceptance.positions): the share of steps
+    # asking for at least j tokens that forward a j-th draft token, and that gain it. Beyond
+    # the measured positions a draft goes on as the last one did, each token accepted with
+    # `acceptance`; with none measured that is the geometric model.
+    positions: tuple[tuple[float, float], ...] = ()
 
     def drafted(self, k: int) -> int:
         return min(k, self.max_draft) if self.max_draft else k
 
+    def per_position(self, k: int) -> list[tuple[float, float]]:
+        """(rows, gain) of positions 1 .. k when k tokens are asked for."""
+        a = min(max(self.acceptance, 0.0), 1.0)
+        out, rows, gain = [], self.hit_rate, self.hit_rate
+        for j in range(1, self.drafted(k) + 1):
+            if j <= len(self.positions):
+                rows, gain = self.positions[j - 1]
+            else:
+                gain *= a
+            out.append((rows, gain))
+        return out
+
+    def _sums(self, k: int) -> tuple[float, float]:
+        """(rows, gain) summed over the positions a k-token ask drafts; the running sums are
+        computed once per model (the verifier asks for every k of every sequence each step)."""
+        n = self.drafted(k)
+        sums = self.__dict__.get("_running_sums")
+        if sums is None or len(sums) <= n:
+            sums = [(0.0, 0.0)]
+            for rows, gain in self.per_position(max(n, 16)):
+                sums.append((sums[-1][0] + rows, sums[-1][1] + gain))
+            object.__setattr__(self, "_running_sums", sums)  # a cache, not a field
+        return sums[n]
+
     def expected(self, k: int) -> float:
-        """Tokens a step emits when k tokens are asked for."""
-        return 1.0 + self.hit_rate * (expected_tokens(self.acceptance, self.drafted(k)) - 1.0)
+        """Tokens a step emits when k tokens are asked for: the target's own token, plus each
+        draft token that is there and accepted together with all before it."""
+        return 1.0 + self._sums(k)[1]
 
     def tokens(self, k: int) -> float:
         """Tokens the verifier forwards for it: the last token plus the draft when there is one."""
-        return 1.0 + self.hit_rate * self.drafted(k)
+        return 1.0 + self._sums(k)[0]
+
+    def for_request(self, acceptance: float, hit_rate: float) -> "MethodModel":
+        """The model of one request of this method whose own (shrunk) acceptance and hit rate
+        are given: the measured positions scaled by its hit rate and by its acceptance to the
+        power of the position, relative to the method's."""
+        h = hit_rate / self.hit_rate if self.hit_rate > 0 else 1.0
+        a = acceptance / self.acceptance if self.acceptance > 0 else 1.0
+        positions = []
+        for j, (rows, gain) in enumerate(self.positions, 1):
+            rows = min(rows * h, 1.0)
+            positions.append((rows, min(gain * h * a ** j, rows)))
+        return dataclasses.replace(self, acceptance=acceptance, hit_rate=hit_rate,
+                                   positions=tuple(positions))
 
 
 def draft_limit(longest_draft: int, largest_asked: int, drafts: float,

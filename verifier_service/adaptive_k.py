@@ -67,10 +67,13 @@ class AdaptiveK:
         self._cost: StepCost | None = None
         self._cost_steps = -1
         self._batch: _Batch | None = None
+        self._methods: dict[tuple[str, bool], MethodModel] = {}
 
     def begin_step(self) -> None:
-        """Forget the cached view of the batch: the running set may change before this step."""
+        """Forget the cached view of the batch (the running set may change before this step)
+        and the method models (the last step added counts)."""
         self._batch = None
+        self._methods.clear()
 
     def step_cost(self) -> StepCost:
         if self._cost is None or self._cost_steps != self.stats.steps:
@@ -84,14 +87,25 @@ class AdaptiveK:
 
     def model(self, seq: Sequence) -> MethodModel:
         """The request's own acceptance and hit rate, shrunk towards its method's."""
-        method = self.stats.method(seq.inp.speculation.method or "")
-        c = method.greedy if seq.inp.sampling.greedy else method.sampled
-        prior = Acceptance(c.accepted_tokens, c.accepted_tokens + c.rejections, c.drafts, c.asked)
+        prior = self.method_model(seq.inp.speculation.method or "", seq.inp.sampling.greedy)
         own = Acceptance(seq.accepted, seq.accepted + seq.rejections, seq.drafts, seq.asked)
-        return MethodModel(own.rate(prior.rate(), REQUEST_PRIOR_STRENGTH),
-                           own.hit_rate(prior.hit_rate(), REQUEST_PRIOR_STRENGTH),
-                           self.round_trip(seq.inp.speculation.method or ""),
-                           method.draft_limit())
+        # the method's measured positions, scaled to the request's own (shrunk) rates
+        return prior.for_request(own.rate(prior.acceptance, REQUEST_PRIOR_STRENGTH),
+                                 own.hit_rate(prior.hit_rate, REQUEST_PRIOR_STRENGTH))
+
+    def method_model(self, name: str, greedy: bool) -> MethodModel:
+        """The method's model for one kind of request, from its counters (once per step)."""
+        key = (name, greedy)
+        if key not in self._methods:
+            method = self.stats.method(name)
+            c = method.greedy if greedy else method.sampled
+            counts = Acceptance(c.accepted_tokens, c.accepted_tokens + c.rejections, c.drafts,
+                                c.asked, tuple(c.asked_at), tuple(c.drafted_at),
+                                tuple(c.accepted_at))
+            a, h = counts.rate(), counts.hit_rate()
+            self._methods[key] = MethodModel(a, h, self.round_trip(name), method.draft_limit(),
+                                             counts.positions(a, h))
+        return self._methods[key]
 
     def round_trip(self, method: str) -> RoundTrip:
         trips = self.stats.method(method).round_trips

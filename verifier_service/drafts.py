@@ -87,8 +87,9 @@ class DraftCollector:
         steps, wanted = self._messages(client, group, step.ahead)
         if not steps:
             return {}
-        for seq, _ in wanted.values():  # sent a request for a draft: answered or not
+        for seq, k in wanted.values():  # sent a request for a draft: answered or not
             seq.asked += 1
+            seq.asked_k = k
             (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1
         start = time.perf_counter()
         drafts = await client.propose(steps, self.timeout_s)

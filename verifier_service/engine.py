@@ -314,10 +314,14 @@ class Engine:
         seq.target_hidden = result.hidden
         seq.steps += 1
         seq.record_draft(k, n_acc)
+        method = self.stats.method(seq.inp.speculation.method) if k or seq.asked_k else None
         if k:
-            self.stats.method(seq.inp.speculation.method).add_draft(k, n_acc,
-                                                                   seq.inp.sampling.greedy)
+            method.add_draft(k, n_acc, seq.inp.sampling.greedy)
             step.add_draft(k, n_acc)  # the method was asked this step: it has a record
+        if seq.asked_k:
+            counts = method.greedy if seq.inp.sampling.greedy else method.sampled
+            counts.add_asked(seq.asked_k, k, n_acc)
+            seq.asked_k = 0
         appended = seq.tracker.append(result.tokens)
         seq.tokens.extend(appended.token_ids)
         # a stop condition may keep only a prefix of the tokens: their logprobs alike

@@ -34,6 +34,14 @@ def count_accepted(per_position: list[int], k: int, accepted: int) -> None:
         per_position[j] += 1
 
 
+def _count_up_to(counts: list[int], n: int) -> None:
+    """Add one to counts[0 .. n - 1], growing the list as needed."""
+    if len(counts) < n:
+        counts.extend([0] * (n - len(counts)))
+    for j in range(n):
+        counts[j] += 1
+
+
 @dataclass
 class AcceptanceCounts:
     """Verified drafts of one kind of request (greedy or sampled), counters."""
@@ -43,12 +51,24 @@ class AcceptanceCounts:
     accepted_tokens: int = 0
     rejections: int = 0  # drafts with a rejected token
     asked: int = 0  # sequence-steps that asked the method for a draft, answered or not
+    # Per draft position j (entry j - 1), over the verified steps that had asked: asked for at
+    # least j tokens; of those, a draft with a j-th token; of those, its first j accepted.
+    asked_at: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
 
     def add(self, k: int, accepted: int) -> None:
         self.drafts += 1
         self.proposed_tokens += k
         self.accepted_tokens += accepted
         self.rejections += tried_positions(k, accepted) - accepted
+
+    def add_asked(self, asked_k: int, drafted: int, accepted: int) -> None:
+        """One verified step of a sequence that asked for asked_k tokens and got a draft of
+        `drafted` (0: none), `accepted` of them accepted."""
+        _count_up_to(self.asked_at, asked_k)
+        _count_up_to(self.drafted_at, min(drafted, asked_k))
+        _count_up_to(self.accepted_at, min(accepted, drafted, asked_k))
 
 
 @dataclass

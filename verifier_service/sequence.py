@@ -62,6 +62,7 @@ class Sequence:
     rejections: int = 0  # drafts with a rejected token (acceptance = accepted / (that + this))
     drafts: int = 0  # non-empty drafts verified
     asked: int = 0  # steps that asked its proposer for a draft
+    asked_k: int = 0  # the draft tokens it asked for in the step being run (0: none)
     paused_steps: int = 0  # adaptive k: steps in a row without drafting (adaptive_k.py)
     steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)

@@ -142,7 +142,9 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
 def _acceptance_to_pb(c: AcceptanceCounts) -> verifier_pb2.AcceptanceCounts:
     return verifier_pb2.AcceptanceCounts(drafts=c.drafts, proposed_tokens=c.proposed_tokens,
                                          accepted_tokens=c.accepted_tokens,
-                                         rejections=c.rejections, asked=c.asked)
+                                         rejections=c.rejections, asked=c.asked,
+                                         asked_at=c.asked_at, drafted_at=c.drafted_at,
+                                         accepted_at=c.accepted_at)
 
 
 def _output_to_pb(request_id: str, out: StepOutput,

@@ -124,6 +124,66 @@ def test_a_proposer_with_its_own_draft_limit_is_not_asked_for_more():
     assert draft_limit(5, 5, 100) == 0  # never asked for more than it drafted
 
 
+# Memory-bound for longer, as on a CPU with packed weights: rows are cheap up to 64 batch tokens.
+CONCAVE = StepCost((1.0, 16.0, 32.0, 64.0, 128.0), (0.010, 0.012, 0.014, 0.020, 0.045), 0.0004)
+# A suffix-style proposer, 1000 asks for 5 tokens: it drafts one token 90 % of the time, but a
+# second only where its match is long, and those long drafts are confident ones.
+SUFFIX_LIKE = Acceptance(asked_at=(1000,) * 5, drafted_at=(900, 300, 150, 100, 80),
+                         accepted_at=(500, 200, 120, 90, 75))
+
+
+def test_without_measured_positions_the_model_is_the_geometric_one():
+    model = MethodModel(0.8, 0.5, max_draft=4)
+    assert model.tokens(3) == pytest.approx(1 + 0.5 * 3)
+    assert model.expected(3) == pytest.approx(1 + 0.5 * (expected_tokens(0.8, 3) - 1))
+    assert model.tokens(8) == pytest.approx(1 + 0.5 * 4)
+
+
+def test_positions_are_the_measured_shares_shrunk_towards_the_geometric_model():
+    acc = Acceptance(asked_at=(100, 30), drafted_at=(40, 6), accepted_at=(20, 3))
+    (r1, g1), (r2, g2) = acc.positions(0.5, 0.8, strength=10)
+    assert (r1, g1) == (pytest.approx((40 + 8) / 110), pytest.approx((20 + 0.8 * 0.5 * 10) / 110))
+    assert (r2, g2) == (pytest.approx((6 + 8) / 40), pytest.approx((3 + 0.8 * 0.25 * 10) / 40))
+    assert Acceptance().positions(0.5, 0.8) == ()
+    # counts add, subtract and decay position by position
+    both = acc.plus(Acceptance(asked_at=(10,), drafted_at=(2,), accepted_at=(1,)))
+    assert (both.asked_at, both.drafted_at, both.accepted_at) == ((110, 30), (42, 6), (21, 3))
+    assert both.minus(acc) == Acceptance(asked_at=(10, 0), drafted_at=(2, 0), accepted_at=(1, 0))
+    assert acc.scaled(0.5).asked_at == (50, 15)
+
+
+def test_measured_positions_give_the_rows_and_tokens_of_a_step():
+    pos = SUFFIX_LIKE.positions(0.55, 0.9)
+    model = MethodModel(0.55, 0.9, positions=pos)
+    assert model.tokens(5) == pytest.approx(1 + sum(r for r, _ in pos))
+    assert model.tokens(5) == pytest.approx(1 + 1.53, abs=0.05)  # not 1 + 0.9 * 5
+    assert model.expected(5) == pytest.approx(1 + 0.975, abs=0.05)
+    # beyond the measured positions: the last one's rows, its gain times the acceptance
+    assert model.per_position(6)[5] == pytest.approx((pos[4][0], pos[4][1] * 0.55))
+
+
+def test_a_proposer_that_rarely_drafts_long_is_asked_for_more_in_a_large_batch():
+    """Pricing every asked token as a forwarded row (the geometric model) makes a large k look
+    dear in a batch of 16; the measured positions show most drafts stop early and the long ones
+    are accepted, so the measured model asks for more and expects more of it."""
+    rt = RoundTrip(0.0005)
+    naive = choose({"suffix": MethodModel(0.55, 0.9, rt)}, 16, CONCAVE, 8)
+    measured = choose({"suffix": MethodModel(0.55, 0.9, rt,
+                                             positions=SUFFIX_LIKE.positions(0.55, 0.9))},
+                      16, CONCAVE, 8)
+    assert naive.method == measured.method == "suffix"
+    assert naive.k <= 2 and measured.k >= 4 and measured.goodput > naive.goodput
+
+
+def test_a_requests_own_rates_scale_its_methods_positions():
+    method = MethodModel(0.5, 0.8, positions=((0.8, 0.4), (0.4, 0.1)))
+    mine = method.for_request(acceptance=0.25, hit_rate=0.4)
+    assert (mine.acceptance, mine.hit_rate) == (0.25, 0.4)
+    assert mine.positions == (pytest.approx((0.4, 0.1)), pytest.approx((0.2, 0.0125)))
+    # a better request never gains more at a position than it forwards there
+    assert all(g <= r for r, g in method.for_request(1.0, 1.0).positions)
+
+
 def test_round_trip_fit():
     rt = fit_round_trip([(2, 10, 10 * 0.003), (4, 10, 10 * 0.005), (6, 10, 10 * 0.007)])
     assert (rt.base_s, rt.per_token_s) == (pytest.approx(0.001), pytest.approx(0.001))

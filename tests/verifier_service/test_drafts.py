@@ -5,6 +5,7 @@ the method shows as unavailable in stats and usage, and it is used again once co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from engine_testlib import PROMPTS, collect, make_engine, request
 
@@ -62,3 +63,46 @@ def test_a_proposer_turning_incompatible_costs_only_speculation(target_model_dir
     assert sum(last.usage.proposed_tokens for _, _, last in after) > 0
     assert all(last.usage.reason == "" for _, _, last in after)
     assert stats.per_method["ngram"].unavailable == ""
+
+
+class ShortDrafts(NgramProposer):
+    """Prompt lookup cut to at most 2 tokens, whatever k is asked: a proposer that often
+    drafts fewer tokens than it is asked for."""
+
+    def open_session(self):
+        session = super().open_session()
+        propose = session.propose
+        session.propose = lambda steps: [dataclasses.replace(d, tokens=d.tokens[:2])
+                                         for d in propose(steps)]
+        return session
+
+
+def test_per_position_counts_say_what_each_asked_position_forwarded_and_gained(
+        target_model_dir):
+    engine = make_engine(target_model_dir, {"ngram": ShortDrafts()}, max_num_seqs=8)
+
+    async def scenario():
+        engine.start()
+        try:
+            return await asyncio.gather(*(collect(engine, request(engine, f"r{i}", p, k=4,
+                                                                  max_tokens=40))
+                                          for i, p in enumerate(PROMPTS[:6])))
+        finally:
+            await engine.shutdown()
+
+    results = asyncio.run(scenario())
+    c = engine.snapshot().per_method["ngram"].greedy
+    steps = [sc for _, _, last in results for sc in last.usage.step_counts]
+    assert len(c.asked_at) == 4 and c.asked_at[0] == c.asked  # every asked step was verified
+    assert all(x >= y for x, y in zip(c.asked_at, c.asked_at[1:]))
+    assert c.asked_at[2] > 0 and len(c.drafted_at) == 2  # asked for 3+, never drafted
+    assert c.drafted_at[0] == c.drafts > c.drafted_at[1] > 0
+    assert sum(c.drafted_at) == c.proposed_tokens and sum(c.accepted_at) == c.accepted_tokens
+    assert c.accepted_at == [sum(1 for _, a in steps if a >= j) for j in (1, 2)]
+    # the same counts reach the gateway's policy through Verifier/WatchStats
+    from gateway.stats_watch import snapshot_from_pb
+    from verifier_service.servicer import _stats_to_pb
+
+    wire = snapshot_from_pb(_stats_to_pb(engine.snapshot())).methods["ngram"].greedy
+    assert (wire.asked_at, wire.drafted_at, wire.accepted_at) == (
+        tuple(c.asked_at), tuple(c.drafted_at), tuple(c.accepted_at))
