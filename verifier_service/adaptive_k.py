@@ -47,6 +47,7 @@ class _Batch:
     tokens: float = 0.0
     expected: float = 0.0
     drafting: dict[str, int] | None = None  # method -> sequences that drafted last step
+    candidates: dict[str, int] | None = None  # method -> running sequences planned with it
 
 
 def _last_share(seq: Sequence) -> tuple[float, float, str | None]:
@@ -113,13 +114,16 @@ class AdaptiveK:
 
     def _view(self, running: list[Sequence]) -> _Batch:
         if self._batch is None:
-            batch = _Batch(drafting={})
+            batch = _Batch(drafting={}, candidates={})
             for s in running:
                 tokens, emitted, method = _last_share(s)
                 batch.tokens += tokens
                 batch.expected += emitted
                 if method is not None:
                     batch.drafting[method] = batch.drafting.get(method, 0) + 1
+                plan = s.inp.speculation
+                if plan.enabled:
+                    batch.candidates[plan.method] = batch.candidates.get(plan.method, 0) + 1
             self._batch = batch
         return self._batch
 
@@ -131,12 +135,16 @@ class AdaptiveK:
         others_tokens = max(batch.tokens - tokens, 0.0)
         others_expected = max(batch.expected - emitted, 0.0)
         others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
+        sharing = max(batch.candidates.get(plan.method, 0), 1)
         model, cost = self.model(seq), self.step_cost()
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
         best_k, best = 0, -1.0
         for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):
-            # its proposer is waited for anyway when others ask it (their k: about as large)
-            wait = 0.0 if others_drafting > 0 else model.round_trip(k)
+            # Its proposer is waited for anyway when others ask it (their k: about as large).
+            # When none did last step, the wait is shared by every sequence planned with the
+            # method: each alone would find the whole round trip too dear, and all of them
+            # would stay paused where drafting together pays.
+            wait = 0.0 if others_drafting > 0 else model.round_trip(k) / sharing
             g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait)
             if g > best * (1 + 1e-9):
                 best_k, best = k, g

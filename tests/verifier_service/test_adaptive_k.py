@@ -69,6 +69,28 @@ def test_a_compute_bound_batch_pauses_drafting(engine):
     assert engine.adaptive.choose(seq, [seq, *others]) == 0
 
 
+def test_sequences_that_all_paused_share_the_round_trip_and_draft_together(target_model_dir):
+    """A batch of 16 planned with one method, none of which drafted last step: one sequence
+    drafting alone would make the whole step wait for the proposer, which its own draft does
+    not repay; all of them drafting share that wait, and the batch gains. They must not stay
+    paused for each other."""
+    engine = make_engine(target_model_dir, max_num_seqs=32, max_num_speculative_tokens=8)
+    for tokens, seconds in ((1, 0.010), (16, 0.0105), (64, 0.012)):  # memory-bound throughout
+        for _ in range(5):
+            engine.stats.add_step_cost(tokens, seconds)
+    engine.stats.method("ngram").round_trips = {3: [100, 100 * 0.008]}  # an 8 ms round trip
+    batch = [engine.add_request(adaptive(request(engine, f"s{i}", PROMPTS[i % len(PROMPTS)])))
+             for i in range(16)]
+    for seq in batch:
+        seq.num_computed = len(seq.tokens) - 1
+        seq.accepted, seq.rejections = 90, 10
+    assert all(engine.adaptive.choose(seq, batch) > 0 for seq in batch)
+    # alone (the others not planned with it), the same sequence waits for the proposer alone
+    plain = [decoding(engine, f"p{i}") for i in range(15)]
+    engine.adaptive.begin_step()
+    assert engine.adaptive.choose(batch[0], [batch[0], *plain]) == 0
+
+
 def test_the_request_history_outweighs_the_method_prior(engine):
     counts = engine.stats.method("ngram").greedy
     counts.accepted_tokens, counts.rejections = 10, 990  # the method is bad on this verifier
