@@ -98,7 +98,11 @@ class DraftCollector:
             step.missed = True
             return {}
         step.round_trip_s = time.perf_counter() - start
-        stats.add_round_trip(max(s.k for s in group), step.round_trip_s)
+        if not any(st.full_history for st in steps):
+            # The policy's round-trip model is of a step's usual answer; a sequence's first ask
+            # (its whole history: a draft model prefills the prompt) would dominate the fit
+            # while there are only a few calls, and make a fresh stack pause drafting.
+            stats.add_round_trip(max(s.k for s in group), step.round_trip_s)
         out: dict[Sequence, Draft] = {}
         for d in drafts:
             if d.seq_id not in wanted:

@@ -106,3 +106,21 @@ def test_per_position_counts_say_what_each_asked_position_forwarded_and_gained(
     wire = snapshot_from_pb(_stats_to_pb(engine.snapshot())).methods["ngram"].greedy
     assert (wire.asked_at, wire.drafted_at, wire.accepted_at) == (
         tuple(c.asked_at), tuple(c.drafted_at), tuple(c.accepted_at))
+
+
+def test_a_sequences_first_ask_is_not_a_point_of_the_round_trip_model(target_model_dir):
+    """The first ask carries the whole history (a draft model prefills the prompt): it is not
+    the step's usual round trip, and with few calls it would dominate the fit."""
+    engine = make_engine(target_model_dir)
+
+    async def scenario():
+        engine.start()
+        try:
+            return await collect(engine, request(engine, "r", PROMPTS[0], k=3, max_tokens=24))
+        finally:
+            await engine.shutdown()
+
+    asyncio.run(scenario())
+    ngram = engine.stats.method("ngram")
+    assert ngram.steps > 2 and ngram.missed_steps == 0
+    assert sum(n for n, _ in ngram.round_trips.values()) == ngram.steps - 1
