@@ -314,11 +314,11 @@ class Engine:
         seq.target_hidden = result.hidden
         seq.steps += 1
         seq.record_draft(k, n_acc)
-        method = self.stats.method(seq.inp.speculation.method) if k or seq.asked_k else None
-        if k:
-            method.add_draft(k, n_acc, seq.inp.sampling.greedy)
-            step.add_draft(k, n_acc)  # the method was asked this step: it has a record
-        if seq.asked_k:
+        if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
+            method = self.stats.method(seq.inp.speculation.method)
+            if k:
+                method.add_draft(k, n_acc, seq.inp.sampling.greedy)
+                step.add_draft(k, n_acc)  # the method was asked this step: it has a record
             counts = method.greedy if seq.inp.sampling.greedy else method.sampled
             counts.add_asked(seq.asked_k, k, n_acc)
             seq.asked_k = 0

@@ -34,14 +34,6 @@ def count_accepted(per_position: list[int], k: int, accepted: int) -> None:
         per_position[j] += 1
 
 
-def _count_up_to(counts: list[int], n: int) -> None:
-    """Add one to counts[0 .. n - 1], growing the list as needed."""
-    if len(counts) < n:
-        counts.extend([0] * (n - len(counts)))
-    for j in range(n):
-        counts[j] += 1
-
-
 @dataclass
 class AcceptanceCounts:
     """Verified drafts of one kind of request (greedy or sampled), counters."""
@@ -66,9 +58,9 @@ class AcceptanceCounts:
     def add_asked(self, asked_k: int, drafted: int, accepted: int) -> None:
         """One verified step of a sequence that asked for asked_k tokens and got a draft of
         `drafted` (0: none), `accepted` of them accepted."""
-        _count_up_to(self.asked_at, asked_k)
-        _count_up_to(self.drafted_at, min(drafted, asked_k))
-        _count_up_to(self.accepted_at, min(accepted, drafted, asked_k))
+        for counts, n in ((self.asked_at, asked_k), (self.drafted_at, min(drafted, asked_k)),
+                          (self.accepted_at, min(accepted, drafted, asked_k))):
+            count_accepted(counts, n, n)  # one more at each of the first n positions
 
 
 @dataclass
