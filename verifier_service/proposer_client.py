@@ -24,7 +24,6 @@ import time
 
 import grpc
 
-from proposer_service.overlap import AheadRunner
 from protos import common_pb2, proposer_pb2, proposer_pb2_grpc
 from splitspec.grpc_server import insecure_channel
 from splitspec.proposal import (
@@ -95,44 +94,6 @@ class ProposerClient(abc.ABC):
         """Send queued releases even when no sequence of this proposer runs this step."""
 
     async def close(self) -> None: ...
-
-
-class InProcessProposerClient(ProposerClient):
-    """Calls a proposer in this process (anything with describe() and open_session(), i.e. a
-    proposer_service.base.Proposer): for fast tests of the engine without gRPC."""
-
-    def __init__(self, proposer):
-        desc = proposer.describe()
-        super().__init__(desc.method)
-        self.description = desc
-        self._session = proposer.open_session()
-        self._ahead = AheadRunner(self._session)  # drafting ahead, as the proposer service does
-
-    @property
-    def connected(self) -> bool:
-        return True
-
-    async def propose(self, steps, timeout_s):
-        await self._ahead.settle(steps)
-        self._session.release(self._take_released())
-        drafts = self._session.propose(steps)
-        self._ahead.start()  # runs in a worker thread while the engine verifies
-        return drafts
-
-    async def flush_released(self) -> None:
-        await self._ahead.settle([])
-        self._session.release(self._take_released())
-
-    def restart(self, proposer) -> None:
-        """Simulate a proposer restart: its state is gone, a new epoch begins."""
-        self._ahead.abandon()
-        self._session.close()
-        self._session = proposer.open_session()
-        self._ahead = AheadRunner(self._session)
-        self.epoch += 1
-
-    async def close(self) -> None:
-        await self._ahead.settle(None)
 
 
 class GrpcProposerClient(ProposerClient):

@@ -38,7 +38,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from proposer_service.base import HistoryStore
+from splitspec.history_store import HistoryStore
 from splitspec.proposal import Draft, SequenceStep
 from verifier_service.proposer_addresses import Resolver, resolve_dns, split_target
 from verifier_service.proposer_client import ProposerClient, ProposerMismatch

@@ -6,13 +6,13 @@ import asyncio
 import dataclasses
 import time
 
+from proposer_testlib import InProcessProposerClient
 from testdata import PROMPTS  # noqa: F401 - re-exported for the engine tests
 
 from proposer_service.base import Proposer
 from proposer_service.ngram import NgramProposer
 from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria
 from verifier_service.config import VerifierConfig
-from verifier_service.proposer_client import InProcessProposerClient
 from verifier_service.server import build_engine
 
 

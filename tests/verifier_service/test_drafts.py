@@ -8,10 +8,11 @@ import asyncio
 import dataclasses
 
 from engine_testlib import PROMPTS, collect, make_engine, request
+from proposer_testlib import InProcessProposerClient
 
 from proposer_service.ngram import NgramProposer
 from verifier_service.drafts import INCOMPATIBLE
-from verifier_service.proposer_client import InProcessProposerClient, ProposerMismatch
+from verifier_service.proposer_client import ProposerMismatch
 
 
 class ReplaceableClient(InProcessProposerClient):

@@ -8,12 +8,13 @@ import asyncio
 import socket
 
 import pytest
+from proposer_testlib import InProcessProposerClient
 
 from proposer_service.ngram import NgramProposer
 from splitspec.proposal import SequenceStep
 from verifier_service.config import VerifierConfig
 from verifier_service.proposer_addresses import resolve_dns, split_target
-from verifier_service.proposer_client import InProcessProposerClient, ProposerMismatch
+from verifier_service.proposer_client import ProposerMismatch
 from verifier_service.proposer_pool import ProposerPool
 
 TARGET = "ngram-pool.test:50052"
