@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from splitspec.launcher import Service
-from splitspec.supervisor import INITIAL_BACKOFF_S, MAX_BACKOFF_S, Supervisor
+from splitspec.launcher.service import Service
+from splitspec.launcher.supervisor import INITIAL_BACKOFF_S, MAX_BACKOFF_S, Supervisor
 
 
 def test_an_exited_service_is_restarted_with_backoff_and_a_running_one_is_left_alone(tmp_path):

@@ -19,10 +19,9 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-if TYPE_CHECKING:
-    from splitspec.launcher import Service
+from splitspec.launcher.service import Service
 
 INITIAL_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 10.0
@@ -38,7 +37,7 @@ class _Watch:
 
 
 class Supervisor:
-    def __init__(self, services: Sequence["Service"], environment: Callable[[], dict[str, str]],
+    def __init__(self, services: Sequence[Service], environment: Callable[[], dict[str, str]],
                  log: Callable[[str], None] | None = None):
         self.services = list(services)
         self._environment = environment

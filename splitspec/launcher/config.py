@@ -1,0 +1,81 @@
+"""What a local stack runs: which proposer methods (and their models), how many verifier
+replicas, every port (splitspec/launcher/ports.py) and the flags passed through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from splitspec.config import DEFAULT_MODEL
+from splitspec.launcher.ports import replica_ports
+from splitspec.methods import METHODS, find_model
+from splitspec.net import free_port
+from splitspec.telemetry.config import GATEWAY_METRICS_PORT
+
+
+def sibling_proposer_models(model: str | Path) -> dict[str, str]:
+    """Per model-backed method, its model directory found next to the target, when it fits
+    (cheap file checks; the verifier still checks Info)."""
+    found = {name: find_model(spec, model) for name, spec in METHODS.items()}
+    return {name: path for name, path in found.items() if path}
+
+
+@dataclass
+class ProposerLaunch:
+    """How one proposer method is started."""
+
+    port: int
+    model: str | None = None  # model-backed methods: None leaves the method out
+    args: list[str] = field(default_factory=list)  # extra flags; the last one given wins
+
+
+@dataclass
+class StackConfig:
+    model: str = DEFAULT_MODEL
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 50050
+    verifier_port: int = 50051
+    device: str = "auto"
+    log_dir: Path | None = None
+    verifier_args: list[str] = field(default_factory=list)
+    gateway_args: list[str] = field(default_factory=list)
+    # Verifiers sharing the proposers behind the gateway; ports: verifier_port, then
+    # verifier_ports[1:] when given, else the next ports no other service has.
+    verifier_replicas: int = 1
+    verifier_ports: list[int] = field(default_factory=list)
+    startup_timeout_s: float = 180.0
+    # Per method; each gets --device `device` and --dtype auto unless its args say otherwise.
+    # Methods missing here are not started; model-backed ones also need a model.
+    proposers: dict[str, ProposerLaunch] = field(default_factory=lambda: {
+        name: ProposerLaunch(spec.default_port) for name, spec in METHODS.items()})
+    # Prometheus /metrics: the gateway on this port, the verifier on the next, then the
+    # proposers; None: each on a free port; 0: off.
+    metrics_port: int | None = GATEWAY_METRICS_PORT
+
+    @classmethod
+    def with_free_ports(cls, models: dict[str, str] | None = None,
+                        proposer_args: dict[str, list[str]] | None = None,
+                        methods: Sequence[str] | None = None, **kwargs) -> "StackConfig":
+        """Every port free; `models` gives model-backed methods their directories."""
+        models, proposer_args = models or {}, proposer_args or {}
+        names = list(METHODS) if methods is None else list(methods)
+        kwargs.setdefault("metrics_port", None)
+        verifier_ports = [free_port() for _ in range(kwargs.get("verifier_replicas", 1))]
+        return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=verifier_ports[0],
+                   verifier_ports=verifier_ports,
+                   proposers={m: ProposerLaunch(free_port(), models.get(m),
+                                                list(proposer_args.get(m, [])))
+                              for m in names}, **kwargs)
+
+    def replica_ports(self) -> list[int]:
+        """The gRPC port of each verifier replica (none on a port of another service)."""
+        taken = {self.http_port, self.grpc_port, *(p.port for p in self.proposers.values())}
+        return replica_ports(self.verifier_port, self.verifier_replicas,
+                             self.verifier_ports[1:], taken)
+
+    def launched(self) -> dict[str, ProposerLaunch]:
+        """The methods that will actually start."""
+        return {m: p for m, p in self.proposers.items()
+                if not METHODS[m].capabilities.needs_model or p.model}
