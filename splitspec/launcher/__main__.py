@@ -2,4 +2,5 @@
 
 from splitspec.launcher.cli import main
 
-main()
+if __name__ == "__main__":
+    main()
