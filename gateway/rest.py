@@ -128,6 +128,8 @@ class RestHandlers:
             self.metrics.on_request("rest", str(code))
 
     async def generation(self, api: GenerationApi, request: Request):
+        """One request to a generation endpoint: its key checked and counted against the
+        concurrency limit until its response (or stream) ends; its span and status recorded."""
         tracer, concurrency = self.tracer, self.limits.concurrency
         span = tracer.start_rest(request.headers) if tracer is not None else None
         try:
