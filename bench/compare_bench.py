@@ -24,7 +24,6 @@ rate; then the verifier's forward in this process by matmul backend with its top
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -35,12 +34,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_common import bench_parser  # noqa: E402
 from bench_report import write_report  # noqa: E402
 from forward_profile import profile_section  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 from stack_probe import StackProbe  # noqa: E402
 
-from splitspec.config import DEFAULT_MODEL  # noqa: E402
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
 from splitspec.methods import METHODS  # noqa: E402
 
@@ -218,9 +217,7 @@ def parse_k(items: list[str]) -> dict[str, int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    ap = bench_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", nargs="*", default=[], help="METHOD=K (default: %s)" % " ".join(

@@ -11,7 +11,6 @@ Writes bench/reports/engine.md.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import platform
@@ -24,7 +23,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from splitspec.config import DEFAULT_MODEL  # noqa: E402
+from bench_common import bench_parser, write_markdown  # noqa: E402
+
 from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria  # noqa: E402
 from verifier_service.config import VerifierConfig  # noqa: E402
 from verifier_service.server import build_engine  # noqa: E402
@@ -70,9 +70,7 @@ async def run_level(model: str, concurrency: int, rounds: int, tokens: int, plan
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    ap = bench_parser(__doc__)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--requests-per-client", type=int, default=2)
@@ -97,9 +95,7 @@ def main() -> None:
         lines.append(f"| {r['concurrency']} | {r['tokens']} | {r['seconds']:.2f} | "
                      f"{r['tok_s']:.1f} | {r['tok_s'] / base:.2f} | {r['ms_per_token']:.2f} | "
                      f"{r['steps']} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_markdown(args.out, lines)
 
 
 if __name__ == "__main__":

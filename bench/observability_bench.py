@@ -21,7 +21,6 @@ Writes bench/reports/observability.md (with --quick: bench/out/observability-qui
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -36,7 +35,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from splitspec.config import DEFAULT_MODEL  # noqa: E402
+from bench_common import bench_parser  # noqa: E402
+
 from splitspec.launcher import Stack, StackConfig  # noqa: E402
 from splitspec.telemetry.otlp_sink import OtlpSink  # noqa: E402
 
@@ -147,9 +147,7 @@ def observer_costs(steps: int = 64, requests: int = 200) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    ap = bench_parser(__doc__)
     ap.add_argument("--quick", action="store_true", help="a short run to check the harness")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--blocks", type=int, default=4,

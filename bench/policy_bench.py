@@ -17,7 +17,6 @@ Writes bench/reports/policy.md (--quick: bench/out/policy-quick.md).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import platform
 import sys
@@ -32,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_common import bench_parser  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 
-from splitspec.config import DEFAULT_MODEL  # noqa: E402
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
 from splitspec.methods import METHODS  # noqa: E402
 
@@ -148,9 +147,7 @@ def report(points: dict, configs: list[Config], args, methods: list[str]) -> str
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    ap = bench_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=8,
                     help="waves per configuration and point (8: about 8 minutes on 2 idle cores)")
     ap.add_argument("--max-tokens", type=int, default=64)

@@ -13,11 +13,8 @@ per verifier step, speedup vs off. Writes bench/reports/repeat.md.
 
 from __future__ import annotations
 
-import argparse
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -26,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_common import Totals, bench_parser, identical, timed_completion, write_markdown  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 
-from splitspec.config import DEFAULT_MODEL  # noqa: E402
 from splitspec.launcher import Stack, StackConfig  # noqa: E402
 
 INPUTS = ["x = load(path)", "items = sorted(items)", "total = 0", "result = None",
@@ -40,9 +37,7 @@ def task_prompt(snippet: str, round_no: int) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    ap = bench_parser(__doc__)
     ap.add_argument("--tasks", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -61,17 +56,8 @@ def main() -> None:
             for snippet in snippets:
                 prompt = task_prompt(snippet, r)
                 for method, k in configs:
-                    spec = ({"mode": "off"} if method == "off" else
-                            {"mode": "on", "method": method, "num_speculative_tokens": k})
-                    t0 = time.perf_counter()
-                    resp = client.post("/v1/completions", json={
-                        "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
-                        "ignore_eos": True, "speculation": spec})
-                    elapsed = time.perf_counter() - t0
-                    resp.raise_for_status()
-                    body = resp.json()
                     rows.setdefault((method, r), []).append(
-                        (elapsed, body["choices"][0]["text"], body["usage"]))
+                        timed_completion(client, prompt, args.max_tokens, method, k))
     lines = [
         "# Repetitive traffic: n-gram vs the cross-request suffix proposer", "",
         f"Target `{Path(args.model).name}`; {args.tasks} tasks x {args.rounds} rounds, "
@@ -84,33 +70,25 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
 
-    def ms_per_token(entries) -> float:
-        return statistics.mean(e / u["completion_tokens"] for e, _, u in entries) * 1000
-
     totals: dict[str, list] = {}
     for r in range(args.rounds):
-        off = rows[("off", r)]
+        off = Totals.of(rows[("off", r)])
         for method, _ in configs:
             entries = rows[(method, r)]
             totals.setdefault(method, []).extend(entries)
-            steps = sum(u["speculation"]["steps"] for _, _, u in entries)
-            acc = sum(u["speculation"]["accepted_tokens"] for _, _, u in entries)
-            toks = sum(u["completion_tokens"] for _, _, u in entries)
-            same = all(t == o[1] for (_, t, _), o in zip(entries, off))
-            lines.append(f"| {method} | {r + 1} | {ms_per_token(entries):.2f} | "
-                         f"{ms_per_token(off) / ms_per_token(entries):.2f}x | {acc / steps:.2f} | "
-                         f"{toks / steps:.2f} | {'yes' if same else 'NO'} |")
+            t = Totals.of(entries)
+            lines.append(f"| {method} | {r + 1} | {t.ms_per_token:.2f} | "
+                         f"{off.ms_per_token / t.ms_per_token:.2f}x | "
+                         f"{t.accepted / t.steps:.2f} | {t.tokens / t.steps:.2f} | "
+                         f"{identical(entries, rows[('off', r)])} |")
     lines += ["", "| method | all rounds: ms / token | speedup vs off | accepted / step |",
               "|---|---:|---:|---:|"]
+    off_ms = Totals.of(totals["off"]).ms_per_token
     for method, entries in totals.items():
-        steps = sum(u["speculation"]["steps"] for _, _, u in entries)
-        acc = sum(u["speculation"]["accepted_tokens"] for _, _, u in entries)
-        lines.append(f"| {method} | {ms_per_token(entries):.2f} | "
-                     f"{ms_per_token(totals['off']) / ms_per_token(entries):.2f}x | "
-                     f"{acc / steps:.2f} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        t = Totals.of(entries)
+        lines.append(f"| {method} | {t.ms_per_token:.2f} | {off_ms / t.ms_per_token:.2f}x | "
+                     f"{t.accepted / t.steps:.2f} |")
+    write_markdown(args.out, lines)
 
 
 if __name__ == "__main__":

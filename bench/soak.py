@@ -106,28 +106,28 @@ def run_one(stub, spec: Spec, cancel_after: int | None, timeout: float) -> Outco
     return Outcome("ok", ids, text)
 
 
-@dataclass
 class Tally:
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    checked: int = 0
-    mismatched: int = 0
-    errors: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    """The requests' outcomes so far (completed ones also checked against their undisturbed
+    run), and what went wrong: failures and mismatches. Added to by every stream's thread."""
+
+    def __init__(self) -> None:
+        self.counts = dict.fromkeys(("completed", "cancelled", "failed", "checked",
+                                     "mismatched"), 0)
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
 
     def add(self, spec: Spec, out: Outcome, ref: Outcome) -> None:
-        with self.lock:
+        with self._lock:
             if out.kind == "cancelled":
-                self.cancelled += 1
+                self.counts["cancelled"] += 1
             elif out.kind == "failed":
-                self.failed += 1
+                self.counts["failed"] += 1
                 self.errors.append(out.error)
             else:
-                self.completed += 1
-                self.checked += 1
+                self.counts["completed"] += 1
+                self.counts["checked"] += 1
                 if (out.token_ids, out.text) != (ref.token_ids, ref.text):
-                    self.mismatched += 1
+                    self.counts["mismatched"] += 1
                     self.errors.append(f"output differs from the reference: {spec}")
 
 
@@ -265,9 +265,7 @@ def soak(args) -> dict:
         "streams": args.streams, "verifier_replicas": args.verifier_replicas,
         "methods": methods, "unique_requests": len(specs),
         "faulty_phase_s": round(faulty_s, 1), "total_s": round(time.monotonic() - started, 1),
-        "completed": tally.completed, "cancelled": tally.cancelled, "failed": tally.failed,
-        "checked": tally.checked, "mismatched": tally.mismatched,
-        "errors": tally.errors[:10], "kills": chaos.kills,
+        **tally.counts, "errors": tally.errors[:10], "kills": chaos.kills,
         "restarts": {s.name: supervisor.restarts(s.name) for s in stack.services},
         "kv_blocks_leaked": leaked,
         "rss_kb": {n: {"start": rss_start[n], "end": rss_end[n]} for n in rss_start},

@@ -12,13 +12,10 @@ speculation-off output (it must be). Writes bench/reports/speculation.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
-import statistics
 import sys
 import sysconfig
-import time
 from pathlib import Path
 
 import httpx
@@ -26,7 +23,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from splitspec.config import DEFAULT_MODEL  # noqa: E402
+from bench_common import Totals, bench_parser, identical, timed_completion, write_markdown  # noqa: E402
+
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
 
 FALLBACK_PROMPTS = [
@@ -78,9 +76,7 @@ def held_out_prompts(n: int, chars: int = 400) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    ap = bench_parser(__doc__)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 6])
@@ -103,18 +99,10 @@ def main() -> None:
         results = {c: [] for c in configs}
         for prompt in prompts:
             for method, k in configs:  # interleaved: noise hits every configuration alike
-                spec = ({"mode": "off"} if method == "off" else
-                        {"mode": "on", "method": method, "num_speculative_tokens": k})
-                t0 = time.perf_counter()
-                r = client.post("/v1/completions", json={
-                    "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0,
-                    "ignore_eos": True, "speculation": spec})
-                elapsed = time.perf_counter() - t0
-                r.raise_for_status()
-                body = r.json()
-                results[(method, k)].append((elapsed, body["choices"][0]["text"], body["usage"]))
+                results[(method, k)].append(
+                    timed_completion(client, prompt, args.max_tokens, method, k))
     off = results[("off", 0)]
-    off_ms = statistics.mean(e / u["completion_tokens"] for e, _, u in off) * 1000
+    off_ms = Totals.of(off).ms_per_token
     lines = [
         "# Speculative decoding, end to end", "",
         f"Target `{Path(args.model).name}`; {len(prompts)} prompts, {args.max_tokens} greedy "
@@ -126,18 +114,12 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     for (method, k), rows in results.items():
-        ms = statistics.mean(e / u["completion_tokens"] for e, _, u in rows) * 1000
-        toks = sum(u["completion_tokens"] for _, _, u in rows)
-        steps = sum(u["speculation"]["steps"] for _, _, u in rows)
-        prop = sum(u["speculation"]["proposed_tokens"] for _, _, u in rows)
-        acc = sum(u["speculation"]["accepted_tokens"] for _, _, u in rows)
-        same = all(t == o[1] for (_, t, _), o in zip(rows, off))
-        lines.append(f"| {method} | {k or '-'} | {ms:.2f} | {off_ms / ms:.2f}x | "
-                     f"{toks / steps:.2f} | {(acc / prop) if prop else 0:.2f} | "
-                     f"{'yes' if same else 'NO'} |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        t = Totals.of(rows)
+        lines.append(f"| {method} | {k or '-'} | {t.ms_per_token:.2f} | "
+                     f"{off_ms / t.ms_per_token:.2f}x | {t.tokens / t.steps:.2f} | "
+                     f"{(t.accepted / t.proposed) if t.proposed else 0:.2f} | "
+                     f"{identical(rows, off)} |")
+    write_markdown(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The REST server's HTTP/1.1 protocol: uvicorn's h11 protocol with a header timeout.
+"""The REST door's HTTP server: uvicorn, stopped by the gateway's own signal handlers, on an
+HTTP/1.1 protocol with a header timeout (uvicorn's h11 protocol with a timer).
 
 uvicorn closes an idle keep-alive connection, but a client that has sent part of a request's
 headers is waited for forever. Here every connection must deliver a request's complete headers
@@ -8,9 +9,29 @@ body's own deadline is gateway/limits.py's."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
+import uvicorn
+from starlette.applications import Starlette
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gateway.config import GatewayConfig
+
+
+def rest_server(app: Starlette, config: GatewayConfig) -> uvicorn.Server:
+    """The server of the REST app on --host/--http-port. SIGINT and SIGTERM make it stop taking
+    connections and return from serve() once its requests in flight have finished, so that the
+    gateway stops the rest after it (gateway/lifecycle.py)."""
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.http_port,
+                                           http=timed_h11(config.header_timeout_s),
+                                           log_level=config.log_level.lower(),
+                                           access_log=False))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # ours below
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    return server
 
 
 def timed_h11(header_timeout_s: float) -> type[H11Protocol]:

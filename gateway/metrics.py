@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
-from splitspec.telemetry.metrics import LATENCY_BUCKETS, counter, gauge
+from splitspec.telemetry.metrics import LATENCY_BUCKETS, counter, gauge, histogram
 
 
 class GatewayMetrics:
@@ -25,14 +25,11 @@ class GatewayMetrics:
         self.prompt_tokens = 0
         self._in_flight = in_flight
         self._resumed_streams = resumed_streams
-        self._ttft = Histogram(
-            "splitspec_gateway_time_to_first_token_seconds",
-            "Time from the gateway sending a request to a verifier to its first token",
-            buckets=LATENCY_BUCKETS, registry=registry)
-        self._e2e = Histogram(
-            "splitspec_gateway_e2e_request_latency_seconds",
-            "Time from the gateway sending a request to a verifier to its last token",
-            buckets=LATENCY_BUCKETS, registry=registry)
+        sent = "Time from the gateway sending a request to a verifier"
+        self._ttft = histogram(registry, "splitspec_gateway_time_to_first_token_seconds",
+                               f"{sent} to its first token", LATENCY_BUCKETS)
+        self._e2e = histogram(registry, "splitspec_gateway_e2e_request_latency_seconds",
+                              f"{sent} to its last token", LATENCY_BUCKETS)
         registry.register(self)
 
     def on_request(self, api: str, code: str) -> None:

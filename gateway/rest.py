@@ -26,31 +26,13 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from gateway.auth import ApiKeys
-from gateway.chat import (
-    chat_body,
-    chat_choice,
-    chat_chunk,
-    chat_delta,
-    chat_logprobs,
-    new_chat_id,
-    parse_chat_request,
-)
+from gateway.chat import chat_delta
 from gateway.fanout import Fanout
 from gateway.frontend import Collected, Frontend
 from gateway.limits import ClientGone, ConcurrencyLimit, read_body
-from gateway.openai_api import (
-    Generation,
-    SpeculationDetails,
-    choice_body,
-    completion_body,
-    completion_logprobs,
-    error_body,
-    new_completion_id,
-    parse_completion_request,
-    parse_json,
-    usage_body,
-)
+from gateway.openai_api import Generation, error_body, parse_json
 from gateway.openapi import openapi_schema
+from gateway.rest_bodies import GenerationApi, request_usage
 from protos import common_pb2
 from splitspec.errors import ServiceError
 from splitspec.wire import FINISH_REASON_NAMES
@@ -69,33 +51,6 @@ class RestLimits:
     api_keys: ApiKeys = field(default_factory=ApiKeys)
     # requests in flight per API key, shared with the gRPC door when given the same object
     concurrency: ConcurrencyLimit = field(default_factory=lambda: ConcurrencyLimit(0))
-
-
-def _usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) -> dict:
-    """One usage for a request's generations; its n choices of a prompt count the prompt once."""
-    methods = {u.speculation.method for u in usages if u.speculation.method}
-    reasons = {u.speculation.reason for u in usages if u.speculation.reason}
-    modes = {u.speculation.mode for u in usages if u.speculation.mode}
-    policy = {u.speculation.policy_reason for u in usages if u.speculation.policy_reason}
-    detail = None
-    if details:  # prompts of one request: positions summed, steps in prompt order
-        per_pos: list[int] = []
-        steps: list[tuple[int, int]] = []
-        for u in usages:
-            s = u.speculation
-            per_pos.extend([0] * (len(s.accepted_per_position) - len(per_pos)))
-            for j, k in enumerate(s.accepted_per_position):
-                per_pos[j] += k
-            steps.extend(zip(s.step_draft_tokens, s.step_accepted_tokens))
-        detail = SpeculationDetails(per_pos, steps)
-    return usage_body(
-        sum(u.prompt_tokens for u in usages) // n, sum(u.completion_tokens for u in usages),
-        methods.pop() if len(methods) == 1 else None,
-        max((u.speculation.num_speculative_tokens for u in usages), default=0),
-        sum(u.speculation.proposed_tokens for u in usages),
-        sum(u.speculation.accepted_tokens for u in usages),
-        sum(u.speculation.steps for u in usages), detail, ",".join(sorted(reasons)),
-        mode=",".join(sorted(modes)), policy_reason=",".join(sorted(policy)))
 
 
 def _sse(obj: dict | str) -> str:
@@ -134,94 +89,80 @@ async def _while_connected(request: Request, work, fan: Fanout):
     return task.result()
 
 
-@dataclass
-class _Api:
-    """One of the generation endpoints: how its body parses and its responses look."""
-
-    chat: bool
-
-    def parse(self, body, max_prompts: int) -> tuple[list, Generation]:
-        if self.chat:
-            req = parse_chat_request(body)
-            return [req.chat], req.generation
-        req = parse_completion_request(body, max_prompts)
-        return req.prompts, req.generation
-
-    def new_id(self) -> str:
-        return new_chat_id() if self.chat else new_completion_id()
-
-    def logprobs(self, gen: Generation, entries, offset: int = 0) -> dict | None:
-        if gen.top_logprobs is None:
-            return None
-        return chat_logprobs(entries) if self.chat else completion_logprobs(entries, offset)
-
-    def body(self, cid: str, model: str, gen: Generation, results: list[Collected],
-             usage: dict) -> dict:
-        if self.chat:
-            return chat_body(cid, model, [chat_choice(i, r.text, r.finish_reason,
-                                                      self.logprobs(gen, r.logprobs))
-                                          for i, r in enumerate(results)], usage)
-        return completion_body(cid, model, [choice_body(i, r.text, r.finish_reason,
-                                                        self.logprobs(gen, r.logprobs))
-                                            for i, r in enumerate(results)], usage)
-
-    def chunk(self, cid: str, model: str, choices: list[dict], usage: dict | None = None
-              ) -> dict:
-        if self.chat:
-            return chat_chunk(cid, model, choices, usage)
-        return completion_body(cid, model, choices, usage)
-
-    def delta(self, index: int, text: str, reason: str | None, logprobs: dict | None) -> dict:
-        if self.chat:
-            return chat_delta(index, text, reason, logprobs)
-        return choice_body(index, text, reason, logprobs)
-
-
 def build_app(frontend: Frontend, max_prompts: int = 16,
               limits: RestLimits | None = None) -> Starlette:
-    tracer, metrics = frontend.tracer, frontend.metrics
-    limits = limits or RestLimits()
-    concurrency = limits.concurrency
+    handlers = RestHandlers(frontend, max_prompts, limits or RestLimits())
+    return Starlette(routes=handlers.routes, exception_handlers={
+        ServiceError: _service_error, HTTPException: _http_error, Exception: _internal_error})
 
-    def count(code: int) -> None:
-        if metrics is not None:
-            metrics.on_request("rest", str(code))
 
-    def endpoint(api: _Api):
+class RestHandlers:
+    """The REST door's routes over one frontend: the two generation endpoints (each request
+    authorized, counted against its key's concurrency, traced and counted in the metrics), the
+    model list, health, readiness and the OpenAPI document of these very routes."""
+
+    def __init__(self, frontend: Frontend, max_prompts: int, limits: RestLimits):
+        self.frontend = frontend
+        self.tracer, self.metrics = frontend.tracer, frontend.metrics
+        self.max_prompts = max_prompts
+        self.limits = limits
+        self.routes = [
+            Route("/v1/completions", self._endpoint(GenerationApi(chat=False)),
+                  methods=["POST"]),
+            Route("/v1/chat/completions", self._endpoint(GenerationApi(chat=True)),
+                  methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/ready", self.ready, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+        ]
+
+    def _endpoint(self, api: GenerationApi):
         async def handle(request: Request):
-            span = tracer.start_rest(request.headers) if tracer is not None else None
-            try:
-                key = limits.api_keys.check(request.headers.get("authorization"))
-                concurrency.acquire(key)
-                release = _once(lambda: concurrency.release(key))
-                try:
-                    response, streaming = await _generate(api, request, span, release)
-                except BaseException:
-                    release()
-                    raise
-                if not streaming:
-                    release()
-            except ServiceError as exc:
-                count(exc.http_status)
-                if span is not None:
-                    tracer.finish(span, None, None, [], [], exc, str(exc.http_status))
-                raise
-            except BaseException as exc:
-                count(500)
-                if span is not None:
-                    tracer.finish(span, None, None, [], [], exc, "500")
-                raise
-            count(response.status_code)
-            return response
+            return await self.generation(api, request)
 
         return handle
 
-    async def _generate(api: _Api, request: Request, span, release: Callable[[], None]
-                        ) -> tuple:
+    def _count(self, code: int) -> None:
+        if self.metrics is not None:
+            self.metrics.on_request("rest", str(code))
+
+    async def generation(self, api: GenerationApi, request: Request):
+        """One request to a generation endpoint: its key checked and counted against the
+        concurrency limit until its response (or stream) ends; its span and status recorded."""
+        tracer, concurrency = self.tracer, self.limits.concurrency
+        span = tracer.start_rest(request.headers) if tracer is not None else None
+        try:
+            key = self.limits.api_keys.check(request.headers.get("authorization"))
+            concurrency.acquire(key)
+            release = _once(lambda: concurrency.release(key))
+            try:
+                response, streaming = await self._generate(api, request, span, release)
+            except BaseException:
+                release()
+                raise
+            if not streaming:
+                release()
+        except ServiceError as exc:
+            self._count(exc.http_status)
+            if span is not None:
+                tracer.finish(span, None, None, [], [], exc, str(exc.http_status))
+            raise
+        except BaseException as exc:
+            self._count(500)
+            if span is not None:
+                tracer.finish(span, None, None, [], [], exc, "500")
+            raise
+        self._count(response.status_code)
+        return response
+
+    async def _generate(self, api: GenerationApi, request: Request, span,
+                        release: Callable[[], None]) -> tuple:
         """(response, streaming); a streaming response ends the span and releases the
         request's concurrency slot when its stream ends."""
+        frontend, tracer, limits = self.frontend, self.tracer, self.limits
         body = parse_json(await read_body(request, limits.max_body_bytes, limits.body_timeout_s))
-        prompts, gen = api.parse(body, max_prompts)
+        prompts, gen = api.parse(body, self.max_prompts)
         model = await frontend.check_model(gen.model)
         if span is not None:
             tracer.on_parsed(span, model, gen.sampling, gen.stopping, len(prompts) * gen.n,
@@ -236,26 +177,19 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
         if gen.stream:
             # an error before the first token raises here: it becomes the response's status
             await _while_connected(request, fan.start(), fan)
-            return _Stream(_stream(api, cid, model, gen, fan, len(pbs), span, release),
+            return _Stream(self._stream(api, cid, model, gen, fan, len(pbs), span, release),
                            lambda: (fan.cancel(), release()), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache"}), True
         results = await _while_connected(request, _collect(fan, len(pbs)), fan)
         usages = [r.usage for r in results]
         if span is not None:
             tracer.finish(span, cid, model, usages, [r.finish_reason for r in results])
-        usage = _usage(usages, gen.speculation_details, gen.n)
+        usage = request_usage(usages, gen.speculation_details, gen.n)
         return JSONResponse(api.body(cid, model, gen, results, usage)), False
 
-    async def _collect(fan: Fanout, n: int) -> list[Collected]:
-        results = [Collected() for _ in range(n)]
-        async for index, item in fan:
-            if isinstance(item, ServiceError):
-                raise item
-            results[index].add(item)
-        return results
-
-    async def _stream(api: _Api, cid: str, model: str, gen: Generation, fan: Fanout, n: int,
-                      span, release: Callable[[], None]) -> AsyncIterator[str]:
+    async def _stream(self, api: GenerationApi, cid: str, model: str, gen: Generation,
+                      fan: Fanout, n: int, span, release: Callable[[], None]
+                      ) -> AsyncIterator[str]:
         """Chunks of all choices interleaved as they come; usage last if asked for."""
         usages: list[common_pb2.Usage] = []
         reasons: list[str | None] = [None] * n
@@ -280,8 +214,8 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
                     reasons[index] = reason
                     usages.append(item.usage)
             if gen.include_usage:
-                yield _sse(api.chunk(cid, model, [], _usage(usages, gen.speculation_details,
-                                                            gen.n)))
+                usage = request_usage(usages, gen.speculation_details, gen.n)
+                yield _sse(api.chunk(cid, model, [], usage))
             yield _sse("[DONE]")
         except BaseException as exc:  # the client went away (cancelled) or the stream failed
             error = exc
@@ -290,58 +224,56 @@ def build_app(frontend: Frontend, max_prompts: int = 16,
             fan.cancel()  # client gone: cancelling the pumps cancels the verifier requests
             release()
             if span is not None:
-                tracer.finish(span, cid, model, usages, reasons, error)
+                self.tracer.finish(span, cid, model, usages, reasons, error)
 
-    async def models(request: Request):
-        limits.api_keys.check(request.headers.get("authorization"))
-        info = await frontend.pool.info()
+    async def models(self, request: Request):
+        self.limits.api_keys.check(request.headers.get("authorization"))
+        info = await self.frontend.pool.info()
         return JSONResponse({"object": "list", "data": [{
             "id": info.model, "object": "model", "created": 0, "owned_by": "splitspec",
             "max_model_len": info.max_model_len,
             "speculation_methods": [p.method for p in info.proposers if p.connected]}]})
 
-    async def health(request: Request):
-        ok = await frontend.pool.healthy()
+    async def health(self, request: Request):
+        ok = await self.frontend.pool.healthy()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, 200 if ok else 503)
 
-    async def ready(request: Request):
+    async def ready(self, request: Request):
         """A verifier is SERVING (its model loaded and warmed up) and answers Info."""
-        ok = await frontend.pool.healthy()
+        ok = await self.frontend.pool.healthy()
         if ok:
             try:
-                await frontend.pool.info()
+                await self.frontend.pool.info()
             except ServiceError:
                 ok = False
         return JSONResponse({"status": "ready" if ok else "not_ready"}, 200 if ok else 503)
 
-    routes = [
-        Route("/v1/completions", endpoint(_Api(chat=False)), methods=["POST"]),
-        Route("/v1/chat/completions", endpoint(_Api(chat=True)), methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/ready", ready, methods=["GET"]),
-    ]
+    async def openapi(self, request: Request):
+        return JSONResponse(openapi_schema(self.routes, self.max_prompts))
 
-    async def openapi(request: Request):
-        return JSONResponse(openapi_schema(routes, max_prompts))
 
-    routes.append(Route("/openapi.json", openapi, methods=["GET"]))
+async def _collect(fan: Fanout, n: int) -> list[Collected]:
+    results = [Collected() for _ in range(n)]
+    async for index, item in fan:
+        if isinstance(item, ServiceError):
+            raise item
+        results[index].add(item)
+    return results
 
-    async def service_error(request: Request, exc: ServiceError):
-        return _error_response(exc)
 
-    async def http_error(request: Request, exc: HTTPException):
-        param = "method" if exc.status_code == 405 else "path"
-        return JSONResponse(error_body(f"{param}: {exc.detail}", exc.status_code, param),
-                            exc.status_code, headers=exc.headers)
+async def _service_error(request: Request, exc: ServiceError):
+    return _error_response(exc)
 
-    async def internal_error(request: Request, exc: Exception):
-        log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", 500), 500)
 
-    return Starlette(routes=routes, exception_handlers={ServiceError: service_error,
-                                                       HTTPException: http_error,
-                                                       Exception: internal_error})
+async def _http_error(request: Request, exc: HTTPException):
+    param = "method" if exc.status_code == 405 else "path"
+    return JSONResponse(error_body(f"{param}: {exc.detail}", exc.status_code, param),
+                        exc.status_code, headers=exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception):
+    log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(error_body(f"internal error: {type(exc).__name__}", 500), 500)
 
 
 class _Stream(StreamingResponse):

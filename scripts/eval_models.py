@@ -414,33 +414,19 @@ def render(res: dict) -> str:
         "Mean accepted draft tokens per step (tokens emitted per step = this + 1) and "
         "acceptance rate (accepted / proposed):",
         "",
-        "| proposer | " + " | ".join(f"k={k}" for k in range(1, K_MAX + 1)) + " |",
-        "|---|" + "---:|" * K_MAX,
     ]
-    for name in ("ngram", "draft", "mlp"):
-        lines.append(
-            f"| {name} | "
-            + " | ".join(
-                f"{r['mean_accepted_per_step']:.2f} ({r['acceptance_rate']:.2f})" for r in tab[name]
-            )
-            + " |"
-        )
+    lines += _proposer_table("k", {
+        name: [f"{r['mean_accepted_per_step']:.2f} ({r['acceptance_rate']:.2f})" for r in rows]
+        for name, rows in tab.items()})
     lines += [
         "",
         "Per position at k=8: P(draft i accepted | drafts 1..i-1 accepted):",
         "",
-        "| proposer | " + " | ".join(f"i={i}" for i in range(1, K_MAX + 1)) + " |",
-        "|---|" + "---:|" * K_MAX,
     ]
-    for name in ("ngram", "draft", "mlp"):
-        lines.append(
-            f"| {name} | "
-            + " | ".join(
-                "n/a" if math.isnan(x) else f"{x:.2f}"
-                for x in tab[name][-1]["conditional_acceptance"]
-            )
-            + " |"
-        )
+    lines += _proposer_table("i", {
+        name: ["n/a" if math.isnan(x) else f"{x:.2f}"
+               for x in rows[-1]["conditional_acceptance"]]
+        for name, rows in tab.items()})
     lines += [
         "",
         "At k=5: "
@@ -452,6 +438,15 @@ def render(res: dict) -> str:
         + ".",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _proposer_table(column: str, cells: dict[str, list[str]]) -> list[str]:
+    """A markdown table with a row per proposer (n-gram, draft, MLP) and a column per
+    `column` = 1..K_MAX."""
+    return (["| proposer | " + " | ".join(f"{column}={i}" for i in range(1, K_MAX + 1)) + " |",
+             "|---|" + "---:|" * K_MAX]
+            + [f"| {name} | " + " | ".join(cells[name]) + " |"
+               for name in ("ngram", "draft", "mlp")])
 
 
 def write_card(path: Path, md: str) -> None:

@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 
-from splitspec.telemetry.metrics import LATENCY_BUCKETS, STEP_BUCKETS, counter, gauge
+from splitspec.telemetry.metrics import LATENCY_BUCKETS, STEP_BUCKETS, counter, gauge, histogram
 from verifier_service.engine_stats import EngineStats, RequestTimeline, StepStats
 
 # Reasons a proposer's help was lost for a step, as counted in
@@ -63,30 +63,25 @@ class VerifierMetrics:
         self.finished: dict[str, int] = {}  # finished_reason -> requests
         self.failed = 0  # requests ended by a failed step
         self.generation_tokens_by_method: dict[str, int] = {}  # method ("none": off) -> tokens
-        self._step_seconds = Histogram(
-            "splitspec_engine_step_seconds", "Verifier engine step time (one target forward "
-            "and rejection sampling for the whole batch, proposer wait included)",
-            buckets=STEP_BUCKETS, registry=registry)
-        self._round_trip = Histogram(
-            "splitspec_spec_decode_proposer_round_trip_seconds",
-            "Time from sending a step's message to a proposer to its answer",
-            ["method"], buckets=STEP_BUCKETS, registry=registry)
-        self._ttft = Histogram(
-            "splitspec_time_to_first_token_seconds",
-            "Time from a request's arrival at the verifier to its first output token",
-            buckets=LATENCY_BUCKETS, registry=registry)
-        self._tpot = Histogram(
-            "splitspec_time_per_output_token_seconds",
-            "Mean time per output token after the first, per request",
-            buckets=STEP_BUCKETS, registry=registry)
-        self._e2e = Histogram(
-            "splitspec_e2e_request_latency_seconds",
-            "Time from a request's arrival at the verifier to its last token",
-            buckets=LATENCY_BUCKETS, registry=registry)
-        self._queue = Histogram(
-            "splitspec_request_queue_time_seconds",
-            "Time a request waited before it was first scheduled",
-            buckets=LATENCY_BUCKETS, registry=registry)
+        self._step_seconds = histogram(
+            registry, "splitspec_engine_step_seconds", "Verifier engine step time (one target "
+            "forward and rejection sampling for the whole batch, proposer wait included)",
+            STEP_BUCKETS)
+        self._round_trip = histogram(
+            registry, "splitspec_spec_decode_proposer_round_trip_seconds",
+            "Time from sending a step's message to a proposer to its answer", STEP_BUCKETS,
+            ["method"])
+        arrival = "Time from a request's arrival at the verifier"
+        self._ttft = histogram(registry, "splitspec_time_to_first_token_seconds",
+                               f"{arrival} to its first output token", LATENCY_BUCKETS)
+        self._tpot = histogram(registry, "splitspec_time_per_output_token_seconds",
+                               "Mean time per output token after the first, per request",
+                               STEP_BUCKETS)
+        self._e2e = histogram(registry, "splitspec_e2e_request_latency_seconds",
+                              f"{arrival} to its last token", LATENCY_BUCKETS)
+        self._queue = histogram(registry, "splitspec_request_queue_time_seconds",
+                                "Time a request waited before it was first scheduled",
+                                LATENCY_BUCKETS)
         registry.register(self)
 
     def bind(self, snapshot: Callable[[], EngineStats]) -> None:

@@ -15,6 +15,7 @@ from typing import Iterable
 
 from prometheus_client import (
     CollectorRegistry,
+    Histogram,
     PlatformCollector,
     ProcessCollector,
     start_http_server,
@@ -86,6 +87,13 @@ def gauge(name: str, doc: str, value: float | None = None, labels: Iterable[str]
     for values, v in samples:
         family.add_metric(list(values), v)
     return family
+
+
+def histogram(registry: CollectorRegistry, name: str, doc: str, buckets: Iterable[float],
+              labels: Iterable[str] = ()) -> Histogram:
+    """A histogram in `registry`; exporters observe it on the spot (a histogram is not a plain
+    integer a collector could read at scrape time)."""
+    return Histogram(name, doc, list(labels), buckets=tuple(buckets), registry=registry)
 
 
 class ServiceTelemetry:

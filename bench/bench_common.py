@@ -1,0 +1,78 @@
+"""What the benchmark scripts share: the start of their command line, one timed greedy
+completion through the gateway, the sums over a configuration's responses, and writing the
+markdown report (to --out and to stdout).
+
+Imported by the scripts in bench/ (run as `python bench/NAME.py`, so bench/ is on sys.path and
+they have put the repository root there too)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from splitspec.config import DEFAULT_MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+Response = tuple[float, str, dict]  # seconds seen by the client, the text, the usage body
+
+
+def bench_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The script's parser: its docstring as the description, and --model (the target)."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / DEFAULT_MODEL))
+    return ap
+
+
+def timed_completion(client: httpx.Client, prompt: str, max_tokens: int, method: str,
+                     k: int) -> Response:
+    """One greedy completion of max_tokens tokens (EOS ignored), speculation off for method
+    "off" and on with (method, k) otherwise."""
+    spec = ({"mode": "off"} if method == "off" else
+            {"mode": "on", "method": method, "num_speculative_tokens": k})
+    t0 = time.perf_counter()
+    resp = client.post("/v1/completions", json={
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "speculation": spec})
+    elapsed = time.perf_counter() - t0
+    resp.raise_for_status()
+    body = resp.json()
+    return elapsed, body["choices"][0]["text"], body["usage"]
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A configuration's responses summed: mean client ms per output token, output tokens,
+    verifier steps, draft tokens proposed and accepted."""
+
+    ms_per_token: float
+    tokens: int
+    steps: int
+    proposed: int
+    accepted: int
+
+    @classmethod
+    def of(cls, responses: list[Response]) -> "Totals":
+        def spec(field: str) -> int:
+            return sum(u["speculation"][field] for _, _, u in responses)
+
+        return cls(statistics.mean(e / u["completion_tokens"] for e, _, u in responses) * 1000,
+                   sum(u["completion_tokens"] for _, _, u in responses), spec("steps"),
+                   spec("proposed_tokens"), spec("accepted_tokens"))
+
+
+def identical(responses: list[Response], off: list[Response]) -> str:
+    """"yes" when every text equals speculation off's for the same prompt, else "NO"."""
+    return "yes" if all(t == o[1] for (_, t, _), o in zip(responses, off)) else "NO"
+
+
+def write_markdown(out: str | Path, lines: list[str]) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))

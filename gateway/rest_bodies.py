@@ -1,0 +1,99 @@
+"""The bodies of the REST generation endpoints: how /v1/completions and /v1/chat/completions
+parse a request and shape their responses, stream chunks and logprobs (GenerationApi), and the
+usage of a request's generations summed into one (request_usage)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.chat import (
+    chat_body,
+    chat_choice,
+    chat_chunk,
+    chat_delta,
+    chat_logprobs,
+    new_chat_id,
+    parse_chat_request,
+)
+from gateway.frontend import Collected
+from gateway.openai_api import (
+    Generation,
+    SpeculationDetails,
+    choice_body,
+    completion_body,
+    completion_logprobs,
+    new_completion_id,
+    parse_completion_request,
+    usage_body,
+)
+from protos import common_pb2
+
+
+def request_usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) -> dict:
+    """One usage for a request's generations; its n choices of a prompt count the prompt once."""
+    methods = {u.speculation.method for u in usages if u.speculation.method}
+    reasons = {u.speculation.reason for u in usages if u.speculation.reason}
+    modes = {u.speculation.mode for u in usages if u.speculation.mode}
+    policy = {u.speculation.policy_reason for u in usages if u.speculation.policy_reason}
+    detail = None
+    if details:  # prompts of one request: positions summed, steps in prompt order
+        per_pos: list[int] = []
+        steps: list[tuple[int, int]] = []
+        for u in usages:
+            s = u.speculation
+            per_pos.extend([0] * (len(s.accepted_per_position) - len(per_pos)))
+            for j, k in enumerate(s.accepted_per_position):
+                per_pos[j] += k
+            steps.extend(zip(s.step_draft_tokens, s.step_accepted_tokens))
+        detail = SpeculationDetails(per_pos, steps)
+    return usage_body(
+        sum(u.prompt_tokens for u in usages) // n, sum(u.completion_tokens for u in usages),
+        methods.pop() if len(methods) == 1 else None,
+        max((u.speculation.num_speculative_tokens for u in usages), default=0),
+        sum(u.speculation.proposed_tokens for u in usages),
+        sum(u.speculation.accepted_tokens for u in usages),
+        sum(u.speculation.steps for u in usages), detail, ",".join(sorted(reasons)),
+        mode=",".join(sorted(modes)), policy_reason=",".join(sorted(policy)))
+
+
+@dataclass
+class GenerationApi:
+    """One of the generation endpoints: how its body parses and its responses look."""
+
+    chat: bool
+
+    def parse(self, body, max_prompts: int) -> tuple[list, Generation]:
+        if self.chat:
+            req = parse_chat_request(body)
+            return [req.chat], req.generation
+        req = parse_completion_request(body, max_prompts)
+        return req.prompts, req.generation
+
+    def new_id(self) -> str:
+        return new_chat_id() if self.chat else new_completion_id()
+
+    def logprobs(self, gen: Generation, entries, offset: int = 0) -> dict | None:
+        if gen.top_logprobs is None:
+            return None
+        return chat_logprobs(entries) if self.chat else completion_logprobs(entries, offset)
+
+    def body(self, cid: str, model: str, gen: Generation, results: list[Collected],
+             usage: dict) -> dict:
+        if self.chat:
+            return chat_body(cid, model, [chat_choice(i, r.text, r.finish_reason,
+                                                      self.logprobs(gen, r.logprobs))
+                                          for i, r in enumerate(results)], usage)
+        return completion_body(cid, model, [choice_body(i, r.text, r.finish_reason,
+                                                        self.logprobs(gen, r.logprobs))
+                                            for i, r in enumerate(results)], usage)
+
+    def chunk(self, cid: str, model: str, choices: list[dict], usage: dict | None = None
+              ) -> dict:
+        if self.chat:
+            return chat_chunk(cid, model, choices, usage)
+        return completion_body(cid, model, choices, usage)
+
+    def delta(self, index: int, text: str, reason: str | None, logprobs: dict | None) -> dict:
+        if self.chat:
+            return chat_delta(index, text, reason, logprobs)
+        return choice_body(index, text, reason, logprobs)
