@@ -35,6 +35,7 @@ from typing import Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from splitspec import gguf_import
 from splitspec.config import DEFAULT_MODEL
 from splitspec.grpc_server import CHANNEL_OPTIONS
 from splitspec.lifecycle import LAUNCHER_PID_ENV
@@ -306,7 +307,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                             "target, if it fits)")
             up.add_argument(f"--{name}-device", default=None,
                             help="its device (default: --device)")
+    gguf_import.add_arguments(sub.add_parser(
+        "import-gguf", help="turn a GGUF file into a local model directory"))
     args = ap.parse_args(argv)
+    if args.command == "import-gguf":
+        sys.exit(gguf_import.run(args))
     if args.verifier_replicas < 1:
         ap.error("--verifier-replicas must be at least 1")
     found = sibling_proposer_models(args.model)
