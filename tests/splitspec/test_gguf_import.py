@@ -117,3 +117,16 @@ def test_cli_subcommand(imported, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "missing.gguf: no such file" in err
     assert not (tmp_path / "n").exists()
+
+
+def test_launcher_starts_no_toy_proposer_for_an_imported_model(imported, tmp_path):
+    """Imported beside the toy family's draft and MLP speculator, which were trained for another
+    tokenizer and hidden size: `splitspec up` leaves both out (n-gram and suffix always run)."""
+    _, _, out = imported
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("target", "draft", "mlp-speculator"):
+        (models / name).symlink_to(launcher.REPO_ROOT / "models" / name)
+    (models / "imported").symlink_to(out)
+    assert launcher.sibling_proposer_models(models / "imported") == {}
+    assert set(launcher.sibling_proposer_models(models / "target")) == {"draft", "mlp"}
