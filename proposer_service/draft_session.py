@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kernels.sparse_probs import SparseProbs
 from proposer_service.base import HistoryStore, ProposerSession, draft_in_batches
 from proposer_service.draft_cache import SeqState
+from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import (
     PRECOMPUTE_HIT,
@@ -24,8 +25,24 @@ from splitspec.proposal import (
     SequenceStep,
 )
 
-if TYPE_CHECKING:
-    from proposer_service.draft import DraftModelProposer
+
+class Drafter(Protocol):
+    """What a session needs of its proposer (proposer_service/draft.py's DraftModelProposer)."""
+
+    idle_timeout_s: float
+    ahead_rejections: int
+    lean: LeanDecoder | None  # the lean forward, when the model has one
+    max_batch: int
+    max_k: int
+    max_positions: int
+    precompute: bool
+
+    def draft_batch(self, work: list[tuple[SequenceStep, list[int], SeqState]],
+                    cancel: threading.Event | None = None) -> list[Draft] | None: ...
+
+    def draft_shared(self, step: SequenceStep, rows: list[tuple[int, int, int]],
+                     state: SeqState, cancel: threading.Event, guess_row: int | None = None
+                     ) -> list[tuple[Draft, SeqState]] | None: ...
 
 
 @dataclass
@@ -65,7 +82,7 @@ class _Ready:
 
 
 class DraftSession(ProposerSession):
-    def __init__(self, proposer: "DraftModelProposer"):
+    def __init__(self, proposer: Drafter):
         self._p = proposer
         self._store = HistoryStore(proposer.idle_timeout_s)
         self._states: dict[str, SeqState] = {}
