@@ -176,6 +176,8 @@ def test_grpc_generate_takes_chat_messages_and_reports_logprobs(stack, oa, model
     entries = [e for c in chunks for e in c.logprobs]
     assert [e.token_id for e in entries] == [t for c in chunks for t in c.token_ids]
     assert "".join(c.text for c in chunks) == rest.choices[0].message.content
+    # float32 sums differ in their last bits with the batch a step ran in (the stack is
+    # shared: another test's request may share a step), hence a tolerance above 1e-6
     assert [e.logprob for e in entries] == pytest.approx(
-        [t.logprob for t in rest.choices[0].logprobs.content], abs=1e-6)
+        [t.logprob for t in rest.choices[0].logprobs.content], abs=1e-4)
     assert all(len(e.top) == 2 for e in entries)
