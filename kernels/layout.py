@@ -16,6 +16,19 @@ sequence 2 decodes with k = 0:
     input rows   [a d1 d2 | x y z | b]      query_start = [0, 3, 6]
     logits rows  [0 1 2 6]                  target_offsets = [0, 3]  (over emitting 0 and 2)
     draft rows   [d1 d2]                    draft_offsets  = [0, 2]
+
+Which rows a row attends to is the layout's too. Every fed row has a parent among its sequence's
+fed rows (`parents`, local indices; -1: the last cached token): the uncached tokens form a chain,
+and each draft node hangs off the last uncached token (-1 in `draft_parents`) or off an earlier
+draft node. A row sits at the position of its depth (start position + depth) and sees the
+sequence's cached tokens, its ancestors and itself. For a chain (parents i - 1, today's drafts) that
+is the causal mask and the attention path builds it arithmetically; any other tree carries the
+relation as `ancestors` [B, max_q, max_q], once per step, shared by every layer. A sequence's fed
+row j is stored in the cache column start_pos + j whatever its position, so after verification the
+rows to keep are named by their fed index (verifier_service/kv_cache.py `keep`).
+
+The tree above with draft_parents [-1, -1] for sequence 0 (two alternatives for one position):
+    positions    [p p+1 p+1 | ...]          d1 and d2 both at depth 1; d2 does not see d1
 """
 
 from __future__ import annotations
@@ -52,11 +65,27 @@ class StepLayout:
     sample_positions: torch.Tensor  # int64 [S]: position of the token the first logits row picks
     num_drafts: int  # D
     max_k: int
+    # -- per fed row, and the ancestor relation among each sequence's fed rows
+    query_positions: torch.Tensor  # int64 [T_in]: start_pos + depth of every input row
+    parents: torch.Tensor  # int64 [T_in]: fed-row index of its parent in its sequence (-1: cache)
+    max_query_len: int
+    # bool [B, max_q, max_q]: [b, j, a] = fed row a of sequence b is row j or an ancestor of it;
+    # None when every sequence is a chain (the causal relation: a <= j)
+    ancestors: Optional[torch.Tensor] = None
+
+    @property
+    def chain(self) -> bool:
+        """Whether every sequence's fed rows are a chain (the causal case)."""
+        return self.ancestors is None
 
     @classmethod
     def build(cls, query_lens: Sequence[int], start_pos: Sequence[int],
-              num_draft_tokens: Sequence[int], emits: Sequence[bool]) -> "StepLayout":
-        """From per-sequence counts; num_draft_tokens of a non-emitting sequence must be 0."""
+              num_draft_tokens: Sequence[int], emits: Sequence[bool],
+              draft_parents: Optional[Sequence[Optional[Sequence[int]]]] = None
+              ) -> "StepLayout":
+        """From per-sequence counts; num_draft_tokens of a non-emitting sequence must be 0.
+        draft_parents (default: every draft a chain): per sequence None (a chain) or, for each of
+        its k draft nodes in order, its parent: -1 (the last uncached token) or an earlier node."""
         q, s = _host(query_lens), _host(start_pos)
         k_all, e = _host(num_draft_tokens), _host(emits, torch.bool)
         if not (q.numel() == s.numel() == k_all.numel() == e.numel()):
@@ -76,11 +105,14 @@ class StepLayout:
         logits_indices = (torch.cat([torch.arange(int(end) - int(n), int(end))
                                      for end, n in zip(ends, rows)])
                           if seq_index.numel() else torch.zeros(0, dtype=torch.int64))
+        positions, parents, max_q, ancestors = _rows(q, s, query_start, k_all, draft_parents)
         return cls(query_lens=q, start_pos=s, query_start=query_start, emits=e,
                    logits_indices=logits_indices, seq_index=seq_index, num_draft_tokens=k,
                    draft_offsets=k.cumsum(0) - k, target_offsets=target_offsets,
                    sample_positions=(s + q)[seq_index] - k,
-                   num_drafts=int(k.sum()), max_k=int(k.max()) if k.numel() else 0)
+                   num_drafts=int(k.sum()), max_k=int(k.max()) if k.numel() else 0,
+                   query_positions=positions, parents=parents, max_query_len=max_q,
+                   ancestors=ancestors)
 
     @classmethod
     def for_drafts(cls, num_draft_tokens, sample_positions: Optional[Sequence[int]] = None
@@ -109,11 +141,8 @@ class StepLayout:
         return int(self.query_lens.sum())
 
     def positions(self) -> torch.Tensor:
-        """int64 [T_in]: the position of every input row."""
-        if not self.num_seqs:
-            return torch.zeros(0, dtype=torch.int64)
-        return torch.cat([torch.arange(int(s), int(s) + int(n))
-                          for s, n in zip(self.start_pos, self.query_lens)])
+        """int64 [T_in]: the position of every input row (start position + depth)."""
+        return self.query_positions
 
     def padded_indices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(draft row, target row, valid), each [S, max_k]; invalid slots point at safe rows."""
@@ -131,6 +160,46 @@ class StepLayout:
             return torch.zeros(0, dtype=torch.int64)
         return torch.cat([torch.arange(int(p), int(p) + int(n) + 1)
                           for p, n in zip(self.sample_positions, k)])
+
+
+def _rows(q: torch.Tensor, s: torch.Tensor, query_start: torch.Tensor, k: torch.Tensor,
+          draft_parents) -> tuple[torch.Tensor, torch.Tensor, int, Optional[torch.Tensor]]:
+    """Per fed row: position, parent (local fed index, -1: the cache); max query length; and the
+    ancestor relation [B, max_q, max_q] unless every sequence is a chain (None)."""
+    total = int(q.sum())
+    local = torch.arange(total) - torch.repeat_interleave(query_start, q)  # [T_in] j in its seq
+    positions = torch.repeat_interleave(s, q) + local  # a chain: depth = j
+    parents = local - 1
+    max_q = int(q.max()) if q.numel() else 0
+    if draft_parents is None or all(p is None for p in draft_parents):
+        return positions, parents, max_q, None
+    if len(draft_parents) != q.numel():
+        raise ValueError("draft_parents needs one entry (or None) per sequence")
+    for i, given in enumerate(draft_parents):
+        if given is None:
+            continue
+        n_k, first = int(k[i]), int(query_start[i])
+        if len(given) != n_k:
+            raise ValueError(f"sequence {i}: {len(given)} draft parents for {n_k} drafts")
+        root = int(q[i]) - n_k - 1  # fed index of the last uncached token
+        for d, p in enumerate(given):
+            if not -1 <= int(p) < d:  # an earlier node: no cycle, nodes in topological order
+                raise ValueError(f"sequence {i}: draft {d}'s parent {p} is not in [-1, {d})")
+            row, parent = first + root + 1 + d, root + 1 + int(p) if p >= 0 else root
+            parents[row] = parent
+            positions[row] = positions[first + parent] + 1
+    # ancestors-or-self, row by row: a row sees what its parent sees, and itself
+    b = q.numel()
+    anc = torch.zeros(b, max_q, max_q, dtype=torch.bool)
+    padded = torch.full((b, max_q), -1, dtype=torch.int64)  # parents per [seq, fed row]
+    padded[torch.repeat_interleave(torch.arange(b), q), local] = parents
+    seqs = torch.arange(b)
+    for j in range(max_q):
+        p = padded[:, j]
+        has = p >= 0
+        anc[seqs[has], j] = anc[seqs[has], p[has]]
+        anc[:, j, j] = j < q
+    return positions, parents, max_q, anc
 
 
 @dataclass
