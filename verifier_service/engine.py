@@ -11,7 +11,8 @@ One step (see docs/architecture.md):
   3. verify.py, on the model thread: the step layout, one target forward over the packed ragged
      batch ([uncached tokens..., d1..dk] per sequence), the rejection sampler (kernels/), which
      keeps an accepted prefix plus one recovered or bonus token;
-  4. _apply: rollback of rejected slots (emptied blocks are freed), detokenization, stop checks,
+  4. _apply: the KV cache keeps the fed rows verification accepted (the rest are rolled back,
+     emptied blocks freed), detokenization, stop checks,
      streaming; then the step's and finished requests' records go to the observers
      (engine_stats.py: metrics, traces).
 A proposer that is late, gone or wrong costs only speculation: its sequences decode plainly.
@@ -308,9 +309,10 @@ class Engine:
         if seq.finished:
             return 0
         k, n_acc = (len(draft.tokens) if draft else 0), result.num_accepted
-        # Cached now: every old token plus all k drafts; keep the old ones + accepted drafts.
-        seq.num_computed = len(seq.tokens) + n_acc
-        self.runner.kv.truncate(seq.blocks, seq.num_computed)
+        # Cached now: every fed row (uncached tokens + k drafts); keep the rows the verification
+        # accepted, at consecutive positions, and free the blocks that leaves empty.
+        self.runner.kv.keep(seq.blocks, seq.num_computed, result.kept_rows)
+        seq.num_computed += len(result.kept_rows)
         seq.target_hidden = result.hidden
         seq.steps += 1
         seq.record_draft(k, n_acc)
