@@ -38,7 +38,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from splitspec.config import DEFAULT_MODEL
 from splitspec.grpc_server import CHANNEL_OPTIONS
 from splitspec.lifecycle import LAUNCHER_PID_ENV
-from splitspec.methods import METHODS, HiddenState, find_model
+from splitspec.methods import METHODS, HiddenState, find_model, proposer_methods
 from splitspec.net import free_port, wait_for_port
 from splitspec.supervisor import Supervisor
 from splitspec.telemetry.config import GATEWAY_METRICS_PORT, stack_metrics_ports
@@ -120,7 +120,7 @@ class StackConfig:
     # Per method; each gets --device `device` and --dtype auto unless its args say otherwise.
     # Methods missing here are not started; model-backed ones also need a model.
     proposers: dict[str, ProposerLaunch] = field(default_factory=lambda: {
-        name: ProposerLaunch(spec.default_port) for name, spec in METHODS.items()})
+        name: ProposerLaunch(spec.default_port) for name, spec in proposer_methods().items()})
     # Prometheus /metrics: the gateway on this port, the verifier on the next, then the
     # proposers; None: each on a free port; 0: off.
     metrics_port: int | None = GATEWAY_METRICS_PORT
@@ -131,7 +131,7 @@ class StackConfig:
                         methods: Sequence[str] | None = None, **kwargs) -> "StackConfig":
         """Every port free; `models` gives model-backed methods their directories."""
         models, proposer_args = models or {}, proposer_args or {}
-        names = list(METHODS) if methods is None else list(methods)
+        names = list(proposer_methods()) if methods is None else list(methods)
         kwargs.setdefault("metrics_port", None)
         verifier_ports = [free_port() for _ in range(kwargs.get("verifier_replicas", 1))]
         return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=verifier_ports[0],
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     up.add_argument("--metrics-port", type=int, default=d.metrics_port,
                     help="Prometheus /metrics of the gateway; the verifier and proposers get the "
                     "next ports (0: off)")
-    for name, spec in METHODS.items():  # per registered method: on/off, port, model, device
+    for name, spec in proposer_methods().items():  # per proposer: on/off, port, model, device
         up.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True,
                         help=f"run the {name} proposer ({spec.summary})"
                         + (" when its model is found" if spec.capabilities.needs_model else ""))
@@ -311,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--verifier-replicas must be at least 1")
     found = sibling_proposer_models(args.model)
     launches = {}
-    for name, spec in METHODS.items():
+    for name, spec in proposer_methods().items():
         opt = name.replace("-", "_")
         if not getattr(args, opt):
             continue
