@@ -12,6 +12,7 @@ blocks) and whole blocks left empty go back to the free list.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -117,13 +118,16 @@ class PagedKVCache:
             self.allocator.free(table.blocks[keep:])
             del table.blocks[keep:]
 
-    def keep(self, table: BlockTable, start: int, rows: list[int]) -> None:
+    def keep(self, table: BlockTable, start: int, rows: Sequence[int]) -> None:
         """After a step that fed rows at positions start, start + 1, ...: keep the fed rows
-        `rows` (strictly increasing fed indices) at positions start .. start + len(rows) - 1 and
-        drop every other fed row (rejected drafts, other branches, scratch rows)."""
+        `rows` (strictly increasing fed indices; a chain's: range(n)) at positions
+        start .. start + len(rows) - 1 and drop every other fed row (rejected drafts, other
+        branches, scratch rows)."""
+        n = len(rows)
+        if isinstance(rows, range) and rows.start == 0 and rows.step == 1:
+            return self.truncate(table, start + n)  # a prefix (a chain, a prompt): no move
         if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and rows[0] < 0):
             raise ValueError(f"kept rows must be distinct fed indices in order, got {rows}")
-        n = len(rows)
         if n and rows[-1] != n - 1:  # not a prefix: move each kept row down to its place
             moved = [(i, r) for i, r in enumerate(rows) if r != i]
             src = self.slots(table, start, start + rows[-1] + 1)[[r for _, r in moved]]

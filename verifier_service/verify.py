@@ -34,8 +34,8 @@ class SeqResult:
     tokens: list[int]  # accepted drafts, then one recovered or bonus token
     num_accepted: int
     # fed rows whose K/V the sequence keeps, in order (kv_cache.keep): its uncached tokens, then
-    # the accepted drafts' rows (a chain's: a prefix of what was fed)
-    kept_rows: list[int]
+    # the accepted drafts' rows (a chain's: a prefix of what was fed, range(n))
+    kept_rows: Sequence[int]
     hidden: torch.Tensor | None = None  # [H] the state that produced tokens[-1], when asked
     # per token, when the request asked: (logprob, [(token id, logprob), ...] most likely first)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
@@ -66,7 +66,7 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
     for r, (i, n_acc) in enumerate(zip(emitting, result.num_accepted.tolist())):
         # row n_acc of this sequence picked its last token: its hidden state produced it
         h = hidden[offsets[r] + n_acc].to("cpu", torch.float32) if keep_hidden[i] else None
-        results[i] = SeqResult(rows[r], n_acc, list(range(batch[i].num_new + n_acc)), h)
+        results[i] = SeqResult(rows[r], n_acc, range(batch[i].num_new + n_acc), h)
     _add_logprobs(logits, layout, batch, emitting, rows, results)
     return results
 

@@ -81,6 +81,11 @@ def test_keeping_a_prefix_moves_nothing_and_frees_emptied_blocks():
     assert torch.equal(kv.k, before)
     assert len(table) == 2 and kv.num_free_blocks == 6
     assert _read(kv, table, 8) == [0, 1, 2, 3, 4, 5, 6, 7]
+    kv.reserve(table, 12)
+    _write(kv, table, 8, [8, 90, 91, 92])
+    kv.keep(table, 8, range(1))  # as the verify step names a chain's rows
+    assert len(table) == 3 and kv.num_free_blocks == 5
+    assert _read(kv, table, 9) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
 def test_keeping_rows_that_are_not_a_prefix_moves_them_across_blocks_and_leaks_nothing():

@@ -48,9 +48,9 @@ def test_each_sequence_feeds_its_rows_and_keeps_its_accepted_prefix():
     assert runner.layout.positions().tolist() == [2, 3, 4, 5, 0, 1, 1, 2, 3, 1, 2, 3]
     a, b, c, d = results
     assert b is None
-    assert (a.tokens, a.num_accepted, a.kept_rows) == ([6, 7, 8], 2, [0, 1, 2])
-    assert (c.tokens, c.num_accepted, c.kept_rows) == ([24], 0, [0, 1, 2])
-    assert (d.tokens, d.num_accepted, d.kept_rows) == ([3, 4, 5], 2, [0, 1, 2])
+    assert (a.tokens, a.num_accepted, list(a.kept_rows)) == ([6, 7, 8], 2, [0, 1, 2])
+    assert (c.tokens, c.num_accepted, list(c.kept_rows)) == ([24], 0, [0, 1, 2])
+    assert (d.tokens, d.num_accepted, list(d.kept_rows)) == ([3, 4, 5], 2, [0, 1, 2])
     # the hidden state that produced a's last token: the row of its second draft (input row 2)
     assert a.hidden.tolist() == [2.0, 2.0, 2.0] and c.hidden is None
 
@@ -77,4 +77,4 @@ def test_a_seeded_sampled_sequence_is_reproducible_and_keeps_what_it_accepts():
     assert (first.tokens, first.kept_rows) == (again.tokens, again.kept_rows)
     # the target puts ~all mass on the successor: 6 and 7 accepted, 9 rejected
     assert first.num_accepted == 2 and first.tokens[:2] == [6, 7]
-    assert first.kept_rows == [0, 1, 2]
+    assert list(first.kept_rows) == [0, 1, 2]
