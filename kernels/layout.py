@@ -27,8 +27,12 @@ relation as `ancestors` [B, max_q, max_q], once per step, shared by every layer.
 row j is stored in the cache column start_pos + j whatever its position, so after verification the
 rows to keep are named by their fed index (verifier_service/kv_cache.py `keep`).
 
-The tree above with draft_parents [-1, -1] for sequence 0 (two alternatives for one position):
+Example: sequence 0 above with draft_parents [-1, -1] (two alternatives for one position):
     positions    [p p+1 p+1 | ...]          d1 and d2 both at depth 1; d2 does not see d1
+
+Attention reads only `query_positions` and the relation (verifier_service/paged_attention.py), not
+the parents, so rows whose visibility is not a tree (lookahead decoding's 2-D window) need only a
+way to fill the relation; rows whose K/V is scratch are simply left out of the kept rows.
 """
 
 from __future__ import annotations
