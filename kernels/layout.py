@@ -192,10 +192,15 @@ def _rows(q: list[int], s: list[int], query_start: list[int], k: list[int], draf
                  if q else torch.zeros(0, dtype=torch.int64))  # [T_in]: j within its sequence
         positions = torch.repeat_interleave(_host(s), _host(q)) + local  # a chain: depth = j
         parents = local - 1
-    if draft_parents is None or all(p is None for p in draft_parents):
+    if draft_parents is None:
         return positions, parents, None
     if len(draft_parents) != len(q):
         raise ValueError("draft_parents needs one entry (or None) per sequence")
+    # a chain given as parents (i - 1) is a chain: the causal fast path
+    draft_parents = [None if p is not None and list(p) == list(range(-1, n - 1)) else p
+                     for p, n in zip(draft_parents, k)]
+    if all(p is None for p in draft_parents):
+        return positions, parents, None
     for i, given in enumerate(draft_parents):
         if given is None:
             continue

@@ -74,7 +74,7 @@ def test_a_chain_given_as_parents_is_the_chain():
     plain = StepLayout.build([4, 3], [7, 2], [3, 2], [True, True])
     assert torch.equal(chain.positions(), plain.positions())
     assert torch.equal(chain.parents, plain.parents)
-    assert plain.chain and plain.ancestors is None
+    assert chain.chain and plain.chain and chain.ancestors is None  # the causal fast path
 
 
 @pytest.mark.parametrize("parents, why", [
