@@ -92,8 +92,9 @@ class DraftCollector:
         stats = self.stats.method(method)
         stats.steps += 1
         out: dict[Sequence, Draft] = {}
+        wanted = {s.seq: s.k for s in group}
         for seq, tokens in self.in_target.propose(group).items():
-            k = next(s.k for s in group if s.seq is seq)
+            k = wanted[seq]
             _count_ask(stats, seq, k)
             if not tokens:
                 continue
