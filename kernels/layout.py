@@ -16,6 +16,23 @@ sequence 2 decodes with k = 0:
     input rows   [a d1 d2 | x y z | b]      query_start = [0, 3, 6]
     logits rows  [0 1 2 6]                  target_offsets = [0, 3]  (over emitting 0 and 2)
     draft rows   [d1 d2]                    draft_offsets  = [0, 2]
+
+Which rows a row attends to is the layout's too. Every fed row has a parent among its sequence's
+fed rows (`parents`, local indices; -1: the last cached token): the uncached tokens form a chain,
+and each draft node hangs off the last uncached token (-1 in `draft_parents`) or off an earlier
+draft node. A row sits at the position of its depth (start position + depth) and sees the
+sequence's cached tokens, its ancestors and itself. For a chain (parents i - 1, today's drafts) that
+is the causal mask and the attention path builds it arithmetically; any other tree carries the
+relation as `ancestors` [B, max_q, max_q], once per step, shared by every layer. A sequence's fed
+row j is stored in the cache column start_pos + j whatever its position, so after verification the
+rows to keep are named by their fed index (verifier_service/kv_cache.py `keep`).
+
+Example: sequence 0 above with draft_parents [-1, -1] (two alternatives for one position):
+    positions    [p p+1 p+1 | ...]          d1 and d2 both at depth 1; d2 does not see d1
+
+Attention reads only `query_positions` and the relation (verifier_service/paged_attention.py), not
+the parents, so rows whose visibility is not a tree (lookahead decoding's 2-D window) need only a
+way to fill the relation; rows whose K/V is scratch are simply left out of the kept rows.
 """
 
 from __future__ import annotations
@@ -31,7 +48,9 @@ PLACEHOLDER_TOKEN_ID = -1  # pads output_token_ids after the last valid token of
 
 
 def _host(values, dtype=torch.int64) -> torch.Tensor:
-    return torch.as_tensor(values, dtype=dtype).cpu().reshape(-1)
+    if torch.is_tensor(values):
+        return values.to(dtype).cpu().reshape(-1)
+    return torch.tensor(values, dtype=dtype).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -52,35 +71,54 @@ class StepLayout:
     sample_positions: torch.Tensor  # int64 [S]: position of the token the first logits row picks
     num_drafts: int  # D
     max_k: int
+    # -- per fed row, and the ancestor relation among each sequence's fed rows
+    query_positions: torch.Tensor  # int64 [T_in]: start_pos + depth of every input row
+    parents: torch.Tensor  # int64 [T_in]: fed-row index of its parent in its sequence (-1: cache)
+    max_query_len: int
+    # bool [B, max_q, max_q]: [b, j, a] = fed row a of sequence b is row j or an ancestor of it;
+    # None when every sequence is a chain (the causal relation: a <= j)
+    ancestors: Optional[torch.Tensor] = None
+
+    @property
+    def chain(self) -> bool:
+        """Whether every sequence's fed rows are a chain (the causal case)."""
+        return self.ancestors is None
 
     @classmethod
     def build(cls, query_lens: Sequence[int], start_pos: Sequence[int],
-              num_draft_tokens: Sequence[int], emits: Sequence[bool]) -> "StepLayout":
-        """From per-sequence counts; num_draft_tokens of a non-emitting sequence must be 0."""
-        q, s = _host(query_lens), _host(start_pos)
-        k_all, e = _host(num_draft_tokens), _host(emits, torch.bool)
-        if not (q.numel() == s.numel() == k_all.numel() == e.numel()):
+              num_draft_tokens: Sequence[int], emits: Sequence[bool],
+              draft_parents: Optional[Sequence[Optional[Sequence[int]]]] = None
+              ) -> "StepLayout":
+        """From per-sequence counts; num_draft_tokens of a non-emitting sequence must be 0.
+        draft_parents (default: every draft a chain): per sequence None (a chain) or, for each of
+        its k draft nodes in order, its parent: -1 (the last uncached token) or an earlier node."""
+        # Per-sequence arithmetic on Python ints (B is small; each torch op on a handful of
+        # numbers costs microseconds), then one tensor per field.
+        q, s, k_all = _ints(query_lens), _ints(start_pos), _ints(num_draft_tokens)
+        e = [bool(x) for x in (emits.tolist() if torch.is_tensor(emits) else emits)]
+        if not (len(q) == len(s) == len(k_all) == len(e)):
             raise ValueError("query_lens, start_pos, num_draft_tokens, emits differ in length")
-        if k_all.numel() and int(k_all.min()) < 0:
+        if k_all and min(k_all) < 0:
             raise ValueError("num_draft_tokens must be >= 0")
-        if bool((k_all[~e] != 0).any()):
+        if any(k_i and not e_i for k_i, e_i in zip(k_all, e)):
             raise ValueError("a sequence that does not emit cannot verify drafts")
-        if bool((q < k_all + e.to(torch.int64)).any()):
+        if any(q_i < k_i + e_i for q_i, k_i, e_i in zip(q, k_all, e)):
             raise ValueError("an emitting sequence feeds at least its k drafts + 1 rows")
-        query_start = q.cumsum(0) - q
-        seq_index = e.nonzero().reshape(-1)
-        k = k_all[seq_index]
-        ends = (query_start + q)[seq_index]
-        rows = k + 1
-        target_offsets = rows.cumsum(0) - rows
-        logits_indices = (torch.cat([torch.arange(int(end) - int(n), int(end))
-                                     for end, n in zip(ends, rows)])
-                          if seq_index.numel() else torch.zeros(0, dtype=torch.int64))
-        return cls(query_lens=q, start_pos=s, query_start=query_start, emits=e,
-                   logits_indices=logits_indices, seq_index=seq_index, num_draft_tokens=k,
-                   draft_offsets=k.cumsum(0) - k, target_offsets=target_offsets,
-                   sample_positions=(s + q)[seq_index] - k,
-                   num_drafts=int(k.sum()), max_k=int(k.max()) if k.numel() else 0)
+        query_start = _offsets(q)
+        seq_index = [i for i, e_i in enumerate(e) if e_i]
+        k = [k_all[i] for i in seq_index]
+        rows = [n + 1 for n in k]
+        logits_indices = [r for i, n in zip(seq_index, rows)
+                          for r in range(query_start[i] + q[i] - n, query_start[i] + q[i])]
+        positions, parents, ancestors = _rows(q, s, query_start, k_all, draft_parents)
+        return cls(query_lens=_host(q), start_pos=_host(s), query_start=_host(query_start),
+                   emits=_host(e, torch.bool), logits_indices=_host(logits_indices),
+                   seq_index=_host(seq_index), num_draft_tokens=_host(k),
+                   draft_offsets=_host(_offsets(k)), target_offsets=_host(_offsets(rows)),
+                   sample_positions=_host([s[i] + q[i] - k_all[i] for i in seq_index]),
+                   num_drafts=sum(k), max_k=max(k, default=0),
+                   query_positions=positions, parents=parents, max_query_len=max(q, default=0),
+                   ancestors=ancestors)
 
     @classmethod
     def for_drafts(cls, num_draft_tokens, sample_positions: Optional[Sequence[int]] = None
@@ -109,11 +147,8 @@ class StepLayout:
         return int(self.query_lens.sum())
 
     def positions(self) -> torch.Tensor:
-        """int64 [T_in]: the position of every input row."""
-        if not self.num_seqs:
-            return torch.zeros(0, dtype=torch.int64)
-        return torch.cat([torch.arange(int(s), int(s) + int(n))
-                          for s, n in zip(self.start_pos, self.query_lens)])
+        """int64 [T_in]: the position of every input row (start position + depth)."""
+        return self.query_positions
 
     def padded_indices(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(draft row, target row, valid), each [S, max_k]; invalid slots point at safe rows."""
@@ -131,6 +166,67 @@ class StepLayout:
             return torch.zeros(0, dtype=torch.int64)
         return torch.cat([torch.arange(int(p), int(p) + int(n) + 1)
                           for p, n in zip(self.sample_positions, k)])
+
+
+def _ints(values) -> list[int]:
+    return values.tolist() if torch.is_tensor(values) else [int(v) for v in values]
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    """Exclusive prefix sums: where each of consecutive runs of these lengths starts."""
+    out, at = [], 0
+    for n in lengths:
+        out.append(at)
+        at += n
+    return out
+
+
+def _rows(q: list[int], s: list[int], query_start: list[int], k: list[int], draft_parents
+          ) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Per fed row: position and parent (local fed index, -1: the cache), int64 [T_in] each; and
+    the ancestor relation [B, max_q, max_q] unless every sequence is a chain (None)."""
+    if len(q) == 1:  # one sequence (the common decode step): two aranges
+        positions, parents = torch.arange(s[0], s[0] + q[0]), torch.arange(-1, q[0] - 1)
+    else:
+        local = (torch.arange(sum(q)) - torch.repeat_interleave(_host(query_start), _host(q))
+                 if q else torch.zeros(0, dtype=torch.int64))  # [T_in]: j within its sequence
+        positions = torch.repeat_interleave(_host(s), _host(q)) + local  # a chain: depth = j
+        parents = local - 1
+    if draft_parents is None:
+        return positions, parents, None
+    if len(draft_parents) != len(q):
+        raise ValueError("draft_parents needs one entry (or None) per sequence")
+    # a chain given as parents (i - 1) is a chain: the causal fast path
+    draft_parents = [None if p is not None and list(p) == list(range(-1, n - 1)) else p
+                     for p, n in zip(draft_parents, k)]
+    if all(p is None for p in draft_parents):
+        return positions, parents, None
+    for i, given in enumerate(draft_parents):
+        if given is None:
+            continue
+        if len(given) != k[i]:
+            raise ValueError(f"sequence {i}: {len(given)} draft parents for {k[i]} drafts")
+        first, root = query_start[i], q[i] - k[i] - 1  # root: fed index of the last uncached
+        for d, p in enumerate(given):
+            if not -1 <= int(p) < d:  # an earlier node: no cycle, nodes in topological order
+                raise ValueError(f"sequence {i}: draft {d}'s parent {p} is not in [-1, {d})")
+            row, parent = first + root + 1 + d, root + 1 + int(p) if p >= 0 else root
+            parents[row] = parent
+            positions[row] = positions[first + parent] + 1
+    # ancestors-or-self, row by row: a row sees what its parent sees, and itself
+    b, max_q = len(q), max(q)
+    anc = torch.zeros(b, max_q, max_q, dtype=torch.bool)
+    padded = torch.full((b, max_q), -1, dtype=torch.int64)  # parents per [seq, fed row]
+    for i in range(b):
+        padded[i, :q[i]] = parents[query_start[i]:query_start[i] + q[i]]
+    lens = _host(q)
+    seqs = torch.arange(b)
+    for j in range(max_q):
+        p = padded[:, j]
+        has = p >= 0
+        anc[seqs[has], j] = anc[seqs[has], p[has]]
+        anc[:, j, j] = j < lens
+    return positions, parents, anc
 
 
 @dataclass

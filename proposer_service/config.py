@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitspec.config import option
-from splitspec.methods import method_names
+from splitspec.methods import proposer_methods
 
 
 @dataclass(frozen=True)
 class ProposerConfig:
     """Serve one proposer method over gRPC."""
 
-    method: str = option("ngram", "proposer method (splitspec/methods.py)", choices=method_names())
+    method: str = option("ngram", "proposer method (splitspec/methods.py)",
+                         choices=tuple(proposer_methods()))
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50052, "gRPC port")
     # Learned proposers (draft, mlp): their own model, device and dtype, independent of the target.

@@ -1,6 +1,10 @@
 """A lean forward for Llama-family models: the model's own weights, none of the framework's
 per-call machinery. Used by the draft proposer (its k sequential forwards per step) and by the
-verifier's model runner (attention over the paged cache plugged in as `attend`).
+verifier's model runner (attention over the paged cache plugged in as `attend`). `hidden` takes
+its positions and attention from the caller: in the verifier both come from the step's layout
+(kernels/layout.py: a node's position is its depth, its mask its ancestors), so this file
+computes no row offset or mask of its own there. `forward` is the draft proposer's own
+left-to-right decoding over a contiguous per-sequence cache, with its causal mask.
 
 A 1-4 M parameter draft spends most of a transformers forward in Python: module hooks, output
 dataclasses, mask construction, cache objects. Drafting k tokens is k sequential forwards, so
@@ -185,8 +189,9 @@ class LeanDecoder:
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
                ) -> torch.Tensor:
         """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
-        rows only, when given). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE
-        applied) -> attention output [B, S, Hq * D]: the caller's cache and mask."""
+        rows only, when given). RoPE at `pos` as given (for the verifier: the layout's row
+        positions). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE applied) ->
+        attention output [B, S, Hq * D]: the caller's cache and mask."""
         b, s = ids.shape
         x = F.embedding(ids, self.embed)  # [B, S, H]
         cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D]

@@ -1,13 +1,19 @@
-"""The registry of proposer methods: every method's name, implementation and declared capabilities.
+"""The registry of speculation methods: every method's name, kind, implementation and declared
+capabilities.
 
 Everything that needs to know which methods exist reads this table: request validation
 (splitspec/params.py), the proposer service's --method choices and loader
 (proposer_service/server.py), the local launcher (which proposers `splitspec up` starts, on which
-ports, with which model) and the docs. The verifier's engine never branches on a method's name:
-it asks the capabilities a proposer declares (Proposer/Info: vocabulary, hidden-state needs).
+ports, with which model), the verifier (which in-target methods it serves) and the docs. The
+verifier's engine never branches on a method's name: it asks the capabilities a proposer declares
+(Proposer/Info: vocabulary, hidden-state needs) or the in-target interface.
 
-Adding a method = its own file in proposer_service/ (a `Proposer` with `from_config`) plus one
-entry below.
+Two kinds:
+  * `proposer`: drafts come from a proposer process the verifier streams to. Adding one = its own
+    file in proposer_service/ (a `Proposer` with `from_config`) plus one entry below.
+  * `in_target`: candidates produced inside the verifier, from the target's own step (lookahead
+    decoding, heads on the target): no process, no port. Adding one = its own file in
+    verifier_service/ (a `verifier_service.in_target.InTargetMethod`) plus one entry below.
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ class HiddenState(str, enum.Enum):
     FINAL = "final"
 
 
+class Kind(str, enum.Enum):
+    PROPOSER = "proposer"  # a proposer process (proposer_service/), started by the launcher
+    IN_TARGET = "in_target"  # inside the verifier (verifier_service/in_target.py): no process
+
+
 @dataclass(frozen=True)
 class Capabilities:
     hidden_state: HiddenState = HiddenState.NONE
@@ -42,12 +53,15 @@ class Capabilities:
 class MethodSpec:
     name: str
     summary: str
-    implementation: str  # "module:Class", a proposer_service.base.Proposer; imported lazily
+    # "module:Class", imported lazily: a proposer_service.base.Proposer for a proposer, a
+    # verifier_service.in_target.InTargetMethod for an in-target method
+    implementation: str
     capabilities: Capabilities
-    default_port: int  # the launcher's port for it
+    default_port: int = 0  # the launcher's port for a proposer (in-target methods have none)
     model_dir: str = ""  # the launcher looks for its model here, next to the target directory
     # Cheap file check that a model found next to the target fits it: (target dir, model dir).
     fits: Callable[[Path, Path], bool] | None = None
+    kind: Kind = Kind.PROPOSER
 
 
 def _same_tokenizer(target: Path, model: Path) -> bool:
@@ -89,6 +103,16 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
 
 def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
+
+
+def proposer_methods() -> dict[str, MethodSpec]:
+    """The methods that run as proposer processes (what a launcher starts)."""
+    return {name: spec for name, spec in METHODS.items() if spec.kind is Kind.PROPOSER}
+
+
+def in_target_methods() -> dict[str, MethodSpec]:
+    """The methods that run inside the verifier (no process, no port)."""
+    return {name: spec for name, spec in METHODS.items() if spec.kind is Kind.IN_TARGET}
 
 
 def find_model(spec: MethodSpec, target: str | Path) -> str | None:

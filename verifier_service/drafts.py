@@ -1,6 +1,8 @@
-"""Collecting one step's drafts from the proposers, and never trusting them.
+"""Collecting one step's drafts from the proposers and the in-target methods, and never trusting
+them.
 
-Per proposer, one message carries every speculating sequence's new tokens and k (plus what the
+In-target methods (verifier_service/in_target.py) are asked in place, per sequence. Per
+proposer, one message carries every speculating sequence's new tokens and k (plus what the
 proposer declared it conditions on, e.g. the target's hidden state); all proposers are asked
 concurrently and awaited until the per-step deadline. Whatever comes back is checked before the
 verifier uses it: wrong lengths, unknown ids, or a q that cannot have produced its token drop
@@ -27,7 +29,8 @@ from splitspec.proposal import (
     Draft,
     SequenceStep,
 )
-from verifier_service.engine_stats import EngineStats, MethodStepStats
+from verifier_service.engine_stats import EngineStats, MethodStats, MethodStepStats
+from verifier_service.in_target import InTargetDrafts, StepOutcome
 from verifier_service.overlap_policy import OverlapPolicy
 from verifier_service.proposer_client import ProposerClient, ProposerMismatch
 from verifier_service.scheduler import Scheduled
@@ -41,14 +44,20 @@ INCOMPATIBLE = "proposer_incompatible"
 
 class DraftCollector:
     def __init__(self, proposers: dict[str, ProposerClient], vocab_size: int, timeout_s: float,
-                 stats: EngineStats, overlap: str = "auto"):
+                 stats: EngineStats, overlap: str = "auto",
+                 in_target: InTargetDrafts | None = None):
         self.proposers = proposers
+        self.in_target = in_target if in_target is not None else InTargetDrafts({})
         # whether to ask proposers that declare precompute to draft ahead, per method
         self.overlap = OverlapPolicy(overlap)
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.stats = stats
         self.incompatible: dict[str, str] = {}  # method -> why it is refused right now
+
+    def serves(self, method: str | None) -> bool:
+        """Whether drafts for `method` can be had here (a proposer or an in-target method)."""
+        return method in self.proposers or self.in_target.serves(method)
 
     def needs_hidden_state(self, seq: Sequence) -> bool:
         """Whether the sequence's proposer declared that it conditions on the target's state."""
@@ -67,11 +76,34 @@ class DraftCollector:
                 await client.flush_released()
         step_stats = {m: MethodStepStats() for m in by_method}
         results = await asyncio.gather(*(self._ask(m, group, step_stats[m])
-                                         for m, group in by_method.items()))
+                                         for m, group in by_method.items()
+                                         if not self.in_target.serves(m)))
         merged: dict[Sequence, Draft] = {}
+        for m, group in by_method.items():
+            if self.in_target.serves(m):
+                merged.update(self._in_target(m, group, step_stats[m]))
         for r in results:
             merged.update(r)
         return merged, step_stats
+
+    def _in_target(self, method: str, group: list[Scheduled], step: MethodStepStats
+                   ) -> dict[Sequence, Draft]:
+        """Candidates from an in-target method's per-sequence states, checked as a proposer's."""
+        stats = self.stats.method(method)
+        stats.steps += 1
+        out: dict[Sequence, Draft] = {}
+        wanted = {s.seq: s.k for s in group}
+        for seq, tokens in self.in_target.propose(group).items():
+            k = wanted[seq]
+            _count_ask(stats, seq, k)
+            if not tokens:
+                continue
+            checked = self.checked(Draft(seq.request_id, list(tokens)), k)
+            if checked is not None:
+                out[seq] = checked
+            else:
+                step.garbage += 1
+        return out
 
     async def _ask(self, method: str, group: list[Scheduled], step: MethodStepStats
                    ) -> dict[Sequence, Draft]:
@@ -88,9 +120,7 @@ class DraftCollector:
         if not steps:
             return {}
         for seq, k in wanted.values():  # sent a request for a draft: answered or not
-            seq.asked += 1
-            seq.asked_k = k
-            (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1
+            _count_ask(stats, seq, k)
         start = time.perf_counter()
         drafts = await client.propose(steps, self.timeout_s)
         if drafts is None:
@@ -195,7 +225,32 @@ class DraftCollector:
             return None
         return Draft(d.seq_id, list(d.tokens), q)
 
+    # -- a sequence's life: in-target states live while it runs; proposers hear of its end ----
+
+    def admitted(self, seq: Sequence) -> None:
+        """It joined the running batch (new, or re-admitted after a preemption)."""
+        self.in_target.admit(seq)
+
+    def preempted(self, seq: Sequence) -> None:
+        """It left the running batch to be recomputed later (a proposer keeps its history)."""
+        self.in_target.free(seq)
+
+    def observe(self, seq: Sequence, draft: Draft | None, num_accepted: int,
+                emitted: list[int]) -> None:
+        """A verified step's outcome, for the in-target state that drafted (or may draft) it."""
+        self.in_target.observe(seq, StepOutcome(list(draft.tokens) if draft else [],
+                                                num_accepted, list(emitted)))
+
     def release(self, seq: Sequence) -> None:
+        """It finished, was aborted or failed."""
+        self.in_target.free(seq)
         client = self.proposers.get(seq.inp.speculation.method or "")
         if client is not None and seq.proposer_epoch == client.epoch:
             client.release([seq.request_id])
+
+
+def _count_ask(stats: MethodStats, seq: Sequence, k: int) -> None:
+    """The sequence asked its method for k tokens this step (answered or not)."""
+    seq.asked += 1
+    seq.asked_k = k
+    (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1

@@ -4,16 +4,16 @@ forward, and streams the accepted tokens.
 One step (see docs/architecture.md):
   1. the scheduler admits waiting requests while KV blocks allow and reserves each running
      sequence's slots for this step (preempting the youngest when blocks run out);
-  2. drafts.py: per proposer, one message carrying every speculating sequence's new tokens and
-     k (for requests the gateway's policy marked adaptive, the goodput-best k of this step:
-     adaptive_k.py), sent concurrently and awaited until the per-step deadline; answers are
-     checked;
+  2. drafts.py: in-target methods' per-sequence states (in_target.py) are asked in place; per
+     proposer, one message carrying every speculating sequence's new tokens and k (for requests
+     the gateway's policy marked adaptive, the goodput-best k of this step: adaptive_k.py), sent
+     concurrently and awaited until the per-step deadline; answers are checked;
   3. verify.py, on the model thread: the step layout, one target forward over the packed ragged
      batch ([uncached tokens..., d1..dk] per sequence), the rejection sampler (kernels/), which
      keeps an accepted prefix plus one recovered or bonus token;
-  4. _apply: rollback of rejected slots (emptied blocks are freed), detokenization, stop checks,
-     streaming; then the step's and finished requests' records go to the observers
-     (engine_stats.py: metrics, traces).
+  4. _apply: the KV cache keeps the fed rows verification accepted (the rest are rolled back,
+     emptied blocks freed), detokenization, stop checks, streaming; then the step's and finished
+     requests' records go to the observers (engine_stats.py: metrics, traces).
 A proposer that is late, gone or wrong costs only speculation: its sequences decode plainly.
 """
 
@@ -42,6 +42,7 @@ from verifier_service.engine_stats import (
     StepRecord,
     StepStats,
 )
+from verifier_service.in_target import InTargetDrafts
 from verifier_service.model_runner import ModelRunner
 from verifier_service.output import OutputTracker
 from verifier_service.proposer_client import ProposerClient
@@ -67,11 +68,15 @@ class Engine:
         self.stats = EngineStats(max_num_seqs=config.max_num_seqs)
         self.adaptive = AdaptiveK(self.stats, config.max_num_speculative_tokens)
         self.observers = list(observers)
+        # drafts from the proposers and from the registry's in-target methods
         self.drafts = DraftCollector(proposers, runner.vocab_size,
                                      config.proposer_timeout_ms / 1000, self.stats,
-                                     overlap=config.overlap)
+                                     overlap=config.overlap,
+                                     in_target=InTargetDrafts.from_registry(runner.vocab_size))
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
-                                   config.max_num_batched_tokens)
+                                   config.max_num_batched_tokens,
+                                   on_admit=self.drafts.admitted,
+                                   on_preempt=self.drafts.preempted)
         self._by_id: dict[str, Sequence] = {}
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -163,7 +168,7 @@ class Engine:
             raise InvalidArgument(
                 "max_tokens", f"prompt ({n} tokens) + max_tokens ({inp.stopping.max_tokens}) "
                 f"exceeds the KV cache ({kv.num_blocks * kv.block_size} tokens)")
-        if inp.speculation.enabled and inp.speculation.method not in self.proposers:
+        if inp.speculation.enabled and not self.drafts.serves(inp.speculation.method):
             raise InvalidArgument("speculation.method",
                                   f"{inp.speculation.method!r} is not served here")
         request_id = inp.request_id or uuid.uuid4().hex
@@ -308,12 +313,14 @@ class Engine:
         if seq.finished:
             return 0
         k, n_acc = (len(draft.tokens) if draft else 0), result.num_accepted
-        # Cached now: every old token plus all k drafts; keep the old ones + accepted drafts.
-        seq.num_computed = len(seq.tokens) + n_acc
-        self.runner.kv.truncate(seq.blocks, seq.num_computed)
+        # Cached now: every fed row (uncached tokens + k drafts); keep the rows the verification
+        # accepted, at consecutive positions, and free the blocks that leaves empty.
+        self.runner.kv.keep(seq.blocks, seq.num_computed, result.kept_rows)
+        seq.num_computed += len(result.kept_rows)
         seq.target_hidden = result.hidden
         seq.steps += 1
         seq.record_draft(k, n_acc)
+        self.drafts.observe(seq, draft, n_acc, result.tokens)
         if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
             method = self.stats.method(seq.inp.speculation.method)
             if k:

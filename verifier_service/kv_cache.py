@@ -3,13 +3,16 @@
 Storage is one tensor per K and V, shaped [layers, num_blocks * block_size, kv_heads, head_dim]:
 slot s of a sequence's position p is `table[p // block_size] * block_size + p % block_size`.
 A sequence reserves slots for every token a step may write (its uncached tokens plus k drafts)
-before the step, across block boundaries, and gives back whole blocks that rejected drafts
-leave empty after it (`truncate`).
+before the step, across block boundaries. After it, the engine names the fed rows to keep
+(`keep`): they end at consecutive positions from the step's start (a chain keeps a prefix, so
+nothing moves; a tree's accepted path, or rows around scratch rows, are moved within or across
+blocks) and whole blocks left empty go back to the free list.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -114,6 +117,25 @@ class PagedKVCache:
         if keep < len(table.blocks):
             self.allocator.free(table.blocks[keep:])
             del table.blocks[keep:]
+
+    def keep(self, table: BlockTable, start: int, rows: Sequence[int]) -> None:
+        """After a step that fed rows at positions start, start + 1, ...: keep the fed rows
+        `rows` (strictly increasing fed indices; a chain's: range(n)) at positions
+        start .. start + len(rows) - 1 and drop every other fed row (rejected drafts, other
+        branches, scratch rows)."""
+        n = len(rows)
+        if isinstance(rows, range) and rows.start == 0 and rows.step == 1:
+            return self.truncate(table, start + n)  # a prefix (a chain, a prompt): no move
+        if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and rows[0] < 0):
+            raise ValueError(f"kept rows must be distinct fed indices in order, got {rows}")
+        if n and rows[-1] != n - 1:  # not a prefix: move each kept row down to its place
+            moved = [(i, r) for i, r in enumerate(rows) if r != i]
+            src = self.slots(table, start, start + rows[-1] + 1)[[r for _, r in moved]]
+            dst = self.slots(table, start, start + n)[[i for i, _ in moved]]
+            # gather first, then write: a destination may be another kept row's source
+            self.k[:, dst] = self.k[:, src]
+            self.v[:, dst] = self.v[:, src]
+        self.truncate(table, start + n)
 
     def release(self, table: BlockTable) -> None:
         self.truncate(table, 0)

@@ -57,7 +57,8 @@ class ModelRunner:
         slot_mapping = torch.cat([self.kv.slots(t, s, s + n)
                                   for t, s, n in zip(tables, starts, lens)])
         context = [self.kv.slots(t, 0, s + n) for t, s, n in zip(tables, starts, lens)]
-        batch = PagedBatch.build(self.kv.k, self.kv.v, slot_mapping, context, lens, self.device)
+        batch = PagedBatch.build(self.kv.k, self.kv.v, slot_mapping, context, layout, self.device)
+        # positions and the mask both come from the layout (a tree's node sits at its depth)
         positions = layout.positions().to(self.device)[None]  # [1, T_in]
         if self._lean is not None:
             lean, refs = self._lean, self._layer_refs

@@ -19,42 +19,76 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from kernels.layout import StepLayout
+
 ATTENTION_NAME = "splitspec_paged"
 
 
 @dataclass
 class PagedBatch:
-    """Per-step addressing shared by all layers. Index tensors live on the model's device."""
+    """Per-step addressing shared by all layers. Index tensors live on the model's device.
+
+    Who sees whom comes from the step's layout (kernels/layout.py): a sequence's fed row j sits
+    in cache column start + j and sees the columns before start (its cached tokens) and the
+    columns of its ancestors and itself; for chains that is the causal mask, built here by
+    arithmetic, for trees the layout's ancestor relation is placed over the fed columns."""
 
     k_cache: torch.Tensor  # [layers, slots, kv_heads, head_dim]
     v_cache: torch.Tensor
     slot_mapping: torch.Tensor  # [T]: where each packed token's K/V goes
-    context_slots: torch.Tensor  # [B, max_ctx]: slots of each sequence's positions 0..ctx-1
-    query_pos: torch.Tensor  # [B, max_q, 1]: absolute position of each padded query
+    context_slots: torch.Tensor  # [B, max_ctx]: slots of each sequence's columns 0..ctx-1
+    query_col: torch.Tensor  # [B, max_q, 1]: cache column of each padded query (start + j)
     context_len: torch.Tensor  # [B, 1, 1]
     query_index: torch.Tensor  # [B, max_q]: packed row of each padded query (T for padding)
     packed_index: torch.Tensor  # [T]: flat index into [B * max_q] of each packed token
     # (first, end) when the batch is one sequence whose slots are consecutive (its blocks were
     # handed out in a row): its context is then a view of the cache, no gather
     context_range: tuple[int, int] | None = None
+    # trees only (None for chains): the layout's ancestor relation [B, max_q, max_q], each
+    # sequence's first fed column [B, 1, 1], and the positions of queries [B, max_q, 1] and of
+    # every context column [B, 1, max_ctx] (for sliding windows, which count positions)
+    ancestors: torch.Tensor | None = None
+    start: torch.Tensor | None = None
+    query_pos: torch.Tensor | None = None
+    key_pos: torch.Tensor | None = None
     _masks: dict = field(default_factory=dict)  # sliding window (or None) -> mask
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
-        """[B, 1, max_q, max_ctx] bool: causal, within the context, within the window."""
+        """[B, 1, max_q, max_ctx] bool: cached tokens + ancestors + itself, within the context,
+        within the window. Built once per step and window, shared by every layer."""
         if sliding_window not in self._masks:
-            k_pos = torch.arange(self.context_slots.shape[1], device=self.query_pos.device)
-            m = (k_pos <= self.query_pos) & (k_pos < self.context_len)
-            if sliding_window:
-                m &= k_pos > self.query_pos - sliding_window
+            k_col = torch.arange(self.context_slots.shape[1], device=self.query_col.device)
+            if self.ancestors is None:  # chains: causal, column = position
+                m = (k_col <= self.query_col) & (k_col < self.context_len)
+                if sliding_window:
+                    m &= k_col > self.query_col - sliding_window
+            else:
+                m = self._tree_mask(k_col)
+                if sliding_window:
+                    m &= self.key_pos > self.query_pos - sliding_window
             m[:, :, 0] |= ~m.any(-1)  # padding queries attend something; their rows are dropped
             self._masks[sliding_window] = m[:, None]
         return self._masks[sliding_window]
 
+    def _tree_mask(self, k_col: torch.Tensor) -> torch.Tensor:
+        """[B, max_q, max_ctx]: the cached columns, then the ancestor relation over the fed ones."""
+        b, max_q, _ = self.ancestors.shape
+        n_ctx = k_col.numel()
+        cached = (k_col < self.start).expand(b, max_q, n_ctx)  # [B, max_q, max_ctx]
+        # fed row a of sequence i sits at column start_i + a; a wider buffer takes the columns
+        # that padding pushes past max_ctx, so every scatter index is distinct
+        wide = torch.cat([cached, cached.new_zeros(b, max_q, max_q)], dim=2)
+        cols = (self.start + torch.arange(max_q, device=k_col.device)).expand(b, max_q, max_q)
+        wide.scatter_(2, cols, self.ancestors)
+        return wide[:, :, :n_ctx]
+
     @classmethod
     def build(cls, k_cache, v_cache, slot_mapping: torch.Tensor, context_slots: list[torch.Tensor],
-              query_lens: list[int], device: torch.device) -> "PagedBatch":
+              layout: StepLayout, device: torch.device) -> "PagedBatch":
+        """context_slots: per sequence, the slots of its columns 0..start + query_len - 1."""
+        query_lens = layout.query_lens.tolist()
         b = len(query_lens)
-        max_q = max(query_lens)
+        max_q = layout.max_query_len
         ctx_lens = [len(c) for c in context_slots]
         max_ctx = max(ctx_lens)
         ctx = torch.zeros(b, max_ctx, dtype=torch.long)
@@ -66,18 +100,29 @@ class PagedBatch:
             q_index[i, :n] = torch.arange(start, start + n)
             packed.append(torch.arange(n) + i * max_q)
             start += n
-        # query j of sequence i sits at absolute position ctx_len - n + j
         ctx_len = torch.tensor(ctx_lens)[:, None, None]  # [B, 1, 1]
-        n_q = torch.tensor(query_lens)[:, None, None]
-        q_pos = ctx_len - n_q + torch.arange(max_q)[None, :, None]  # [B, max_q, 1]
+        first = layout.start_pos[:, None, None]  # [B, 1, 1]
+        q_col = first + torch.arange(max_q)[None, :, None]  # [B, max_q, 1]
         span = None
         if b == 1 and max_ctx > 0:
             c = context_slots[0]
-            first = int(c[0])
-            if int(c[-1]) - first == max_ctx - 1 and bool((c.diff() == 1).all()):
-                span = (first, first + max_ctx)
-        return cls(k_cache, v_cache, slot_mapping.to(device), ctx.to(device), q_pos.to(device),
-                   ctx_len.to(device), q_index.to(device), torch.cat(packed).to(device), span)
+            lo = int(c[0])
+            if int(c[-1]) - lo == max_ctx - 1 and bool((c.diff() == 1).all()):
+                span = (lo, lo + max_ctx)
+        tree = {}
+        if layout.ancestors is not None:
+            seq = torch.repeat_interleave(torch.arange(b), layout.query_lens)  # [T]
+            local = torch.arange(len(seq)) - torch.repeat_interleave(layout.query_start,
+                                                                     layout.query_lens)
+            q_pos = torch.zeros(b, max_q, dtype=torch.long)
+            q_pos[seq, local] = layout.query_positions
+            k_pos = torch.arange(max_ctx).repeat(b, 1)  # [B, max_ctx]: a cached column's position
+            k_pos[seq, layout.start_pos[seq] + local] = layout.query_positions
+            tree = dict(ancestors=layout.ancestors.to(device), start=first.to(device),
+                        query_pos=q_pos[:, :, None].to(device), key_pos=k_pos[:, None].to(device))
+        return cls(k_cache, v_cache, slot_mapping.to(device), ctx.to(device), q_col.to(device),
+                   ctx_len.to(device), q_index.to(device), torch.cat(packed).to(device), span,
+                   **tree)
 
     def context(self, cache: torch.Tensor) -> torch.Tensor:
         """Each sequence's cached keys or values: [B, max_ctx, H_kv, D] from cache [slots, ...]

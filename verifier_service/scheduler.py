@@ -41,8 +41,13 @@ class Scheduled:
 
 class Scheduler:
     def __init__(self, kv: PagedKVCache, max_num_seqs: int, max_waiting: int,
-                 max_num_batched_tokens: int = 0):
+                 max_num_batched_tokens: int = 0,
+                 on_admit: Callable[[Sequence], None] | None = None,
+                 on_preempt: Callable[[Sequence], None] | None = None):
         self.kv = kv
+        # told when a sequence joins the running batch and when it is preempted out of it
+        self.on_admit = on_admit
+        self.on_preempt = on_preempt
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens  # 0: no limit
         self.max_waiting = max_waiting
@@ -104,6 +109,8 @@ class Scheduler:
             self.waiting.popleft()
             keys = [s.arrival for s in self.running]
             self.running.insert(bisect.bisect(keys, seq.arrival), seq)
+            if self.on_admit is not None:
+                self.on_admit(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.kv.release(seq.blocks)
@@ -111,3 +118,5 @@ class Scheduler:
         self.running.remove(seq)
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        if self.on_preempt is not None:
+            self.on_preempt(seq)

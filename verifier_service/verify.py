@@ -5,7 +5,8 @@ Reads top to bottom like the step it is (gpt-fast's speculative_decode, for a ra
     1. layout   where every sequence's rows sit (kernels.StepLayout), built once;
     2. forward  one target pass: [uncached tokens..., d1..dk] per sequence;
     3. sample   target probabilities p per verified row, then the lossless rejection sampler;
-    4. results  per sequence: accepted drafts + one recovered/bonus token, and, for proposers that
+    4. results  per sequence: accepted drafts + one recovered/bonus token, the fed rows whose K/V
+                it keeps, and, for proposers that
                 condition on it, the hidden state that produced the last of them; for requests
                 that ask, each emitted token's log-probability from the same logits rows
                 (kernels/logprobs.py; no extra forward).
@@ -32,6 +33,9 @@ from verifier_service.scheduler import Scheduled
 class SeqResult:
     tokens: list[int]  # accepted drafts, then one recovered or bonus token
     num_accepted: int
+    # fed rows whose K/V the sequence keeps, in order (kv_cache.keep): its uncached tokens, then
+    # the accepted drafts' rows (a chain's: a prefix of what was fed, range(n))
+    kept_rows: Sequence[int]
     hidden: torch.Tensor | None = None  # [H] the state that produced tokens[-1], when asked
     # per token, when the request asked: (logprob, [(token id, logprob), ...] most likely first)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
@@ -62,7 +66,7 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
     for r, (i, n_acc) in enumerate(zip(emitting, result.num_accepted.tolist())):
         # row n_acc of this sequence picked its last token: its hidden state produced it
         h = hidden[offsets[r] + n_acc].to("cpu", torch.float32) if keep_hidden[i] else None
-        results[i] = SeqResult(rows[r], n_acc, h)
+        results[i] = SeqResult(rows[r], n_acc, range(batch[i].num_new + n_acc), h)
     _add_logprobs(logits, layout, batch, emitting, rows, results)
     return results
 

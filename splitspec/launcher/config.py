@@ -9,7 +9,7 @@ from typing import Sequence
 
 from splitspec.config import DEFAULT_MODEL
 from splitspec.launcher.ports import replica_ports
-from splitspec.methods import METHODS, find_model
+from splitspec.methods import METHODS, find_model, proposer_methods
 from splitspec.net import free_port
 from splitspec.telemetry.config import GATEWAY_METRICS_PORT
 
@@ -17,7 +17,7 @@ from splitspec.telemetry.config import GATEWAY_METRICS_PORT
 def sibling_proposer_models(model: str | Path) -> dict[str, str]:
     """Per model-backed method, its model directory found next to the target, when it fits
     (cheap file checks; the verifier still checks Info)."""
-    found = {name: find_model(spec, model) for name, spec in METHODS.items()}
+    found = {name: find_model(spec, model) for name, spec in proposer_methods().items()}
     return {name: path for name, path in found.items() if path}
 
 
@@ -49,7 +49,7 @@ class StackConfig:
     # Per method; each gets --device `device` and --dtype auto unless its args say otherwise.
     # Methods missing here are not started; model-backed ones also need a model.
     proposers: dict[str, ProposerLaunch] = field(default_factory=lambda: {
-        name: ProposerLaunch(spec.default_port) for name, spec in METHODS.items()})
+        name: ProposerLaunch(spec.default_port) for name, spec in proposer_methods().items()})
     # Prometheus /metrics: the gateway on this port, the verifier on the next, then the
     # proposers; None: each on a free port; 0: off.
     metrics_port: int | None = GATEWAY_METRICS_PORT
@@ -60,7 +60,7 @@ class StackConfig:
                         methods: Sequence[str] | None = None, **kwargs) -> "StackConfig":
         """Every port free; `models` gives model-backed methods their directories."""
         models, proposer_args = models or {}, proposer_args or {}
-        names = list(METHODS) if methods is None else list(methods)
+        names = list(proposer_methods()) if methods is None else list(methods)
         kwargs.setdefault("metrics_port", None)
         verifier_ports = [free_port() for _ in range(kwargs.get("verifier_replicas", 1))]
         return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=verifier_ports[0],

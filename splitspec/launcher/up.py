@@ -33,7 +33,7 @@ from pathlib import Path
 
 from splitspec.launcher.config import ProposerLaunch, StackConfig, sibling_proposer_models
 from splitspec.launcher.stack import Stack
-from splitspec.methods import METHODS
+from splitspec.methods import proposer_methods
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -64,7 +64,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--metrics-port", type=int, default=d.metrics_port,
                     help="Prometheus /metrics of the gateway; the verifier and proposers get the "
                     "next ports (0: off)")
-    for name, spec in METHODS.items():  # per registered method: on/off, port, model, device
+    for name, spec in proposer_methods().items():  # per proposer: on/off, port, model, device
         up.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True,
                         help=f"run the {name} proposer ({spec.summary})"
                         + (" when its model is found" if spec.capabilities.needs_model else ""))
@@ -84,7 +84,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     """The stack `up` starts for these flags (model-backed methods found next to the target)."""
     found = sibling_proposer_models(args.model)
     launches = {}
-    for name, spec in METHODS.items():
+    for name, spec in proposer_methods().items():
         opt = name.replace("-", "_")
         if not getattr(args, opt):
             continue

@@ -1,0 +1,146 @@
+"""The in-target seam: a method registered with kind in_target drafts from inside the verifier,
+beside proposer-backed sequences. A throwaway method proposing a fixed token chain keeps greedy
+output identical to speculation off, alone, batched and under preemption; its per-sequence
+states are created on admission and freed on finish, abort and preemption; no block leaks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from engine_testlib import PROMPTS, collect, drained, make_engine, request, run_all
+
+from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec
+from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
+
+NAME = "fixed-chain"
+
+
+class FixedChain(InTargetMethod):
+    """Proposes the same token ids for every sequence at every step (`chain`, set per test)."""
+
+    chain: list[int] = []
+    instances: list["FixedChain"] = []
+
+    def __init__(self):
+        self.admitted = self.freed = 0
+        self.outcomes: list[StepOutcome] = []
+        FixedChain.instances.append(self)
+
+    def admit(self, request_id, tokens, sampling) -> InTargetState:
+        self.admitted += 1
+        return _FixedState(self)
+
+
+class _FixedState(InTargetState):
+    def __init__(self, method: FixedChain):
+        self.method = method
+
+    def propose(self, tokens, k):
+        return FixedChain.chain[:k]
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.method.outcomes.append(outcome)
+
+    def free(self) -> None:
+        self.method.freed += 1
+
+
+@pytest.fixture
+def fixed_chain(monkeypatch):
+    """The method in the registry for one test (what a product method's registry line does)."""
+    monkeypatch.setitem(METHODS, NAME, MethodSpec(
+        NAME, "a fixed token chain", f"{__name__}:FixedChain", Capabilities(),
+        kind=Kind.IN_TARGET))
+    monkeypatch.setattr(FixedChain, "instances", [])
+    return FixedChain
+
+
+@pytest.fixture(scope="module")
+def baseline(target_model_dir):
+    """Greedy output of the first prompts alone, speculation off."""
+    out = {}
+    for i, p in enumerate(PROMPTS[:4]):
+        engine = make_engine(target_model_dir)
+        (res,) = asyncio.run(run_all(engine, [request(engine, f"b{i}", p, k=0)]))
+        out[p] = res[0]
+    return out
+
+
+def _served(engine) -> FixedChain:
+    (method,) = FixedChain.instances
+    assert engine.drafts.in_target.methods == {NAME: method}
+    return method
+
+
+def test_registry_kind_in_target_has_no_process(fixed_chain):
+    from splitspec.launcher import StackConfig
+    from splitspec.methods import in_target_methods, proposer_methods
+
+    assert NAME in in_target_methods() and NAME not in proposer_methods()
+    assert NAME not in StackConfig().proposers and NAME not in StackConfig.with_free_ports(
+    ).proposers
+
+
+def test_fixed_chain_alone_equals_speculation_off(target_model_dir, baseline, fixed_chain):
+    prompt = PROMPTS[0]
+    fixed_chain.chain = baseline[prompt][:4]  # accepted whole where it fits, rejected elsewhere
+    engine = make_engine(target_model_dir, proposers={})
+    method = _served(engine)
+    (res,) = asyncio.run(run_all(engine, [request(engine, "a", prompt, method=NAME, k=4)]))
+    tokens, _, last = res
+    assert tokens == baseline[prompt]
+    assert last.usage.method == NAME and last.usage.proposed_tokens > 0
+    assert 4 <= last.usage.accepted_tokens < last.usage.proposed_tokens
+    assert method.admitted == method.freed == 1 and engine.drafts.in_target.num_states == 0
+    assert [o.num_accepted for o in method.outcomes][0] == 4  # told each step's outcome
+    assert all(o.emitted[:o.num_accepted] == o.draft[:o.num_accepted] for o in method.outcomes)
+    assert drained(engine)
+
+
+def test_fixed_chain_batched_with_proposer_backed_and_plain_sequences(
+        target_model_dir, baseline, fixed_chain):
+    fixed_chain.chain = baseline[PROMPTS[2]][:3]
+    engine = make_engine(target_model_dir, max_num_seqs=8)  # the n-gram proposer too
+    method = _served(engine)
+    plans = [(NAME, 3), ("ngram", 3), (None, 0), (NAME, 2)]
+    results = asyncio.run(run_all(engine, [request(engine, f"m{i}", p, method=m, k=k)
+                                           for i, (p, (m, k)) in enumerate(zip(PROMPTS, plans))]))
+    for p, (m, _), (tokens, _, last) in zip(PROMPTS, plans, results):
+        assert tokens == baseline[p], (p, m)
+        assert last.usage.method == m
+    assert results[0][2].usage.proposed_tokens > 0 and results[1][2].usage.proposed_tokens > 0
+    assert engine.snapshot().per_method[NAME].steps > 0
+    assert method.admitted == method.freed == 2
+    assert drained(engine)
+
+
+def test_states_are_freed_on_preemption_and_abort(target_model_dir, fixed_chain):
+    fixed_chain.chain = [11, 12, 13]
+
+    async def run(**cfg):
+        engine = make_engine(target_model_dir, proposers={}, **cfg)
+        engine.start()
+        try:
+            res = await asyncio.gather(*(collect(engine, request(engine, f"p{i}", p,
+                                                                 max_tokens=40, method=NAME,
+                                                                 k=3))
+                                         for i, p in enumerate(PROMPTS)))
+            # an abort mid-stream frees its state too
+            seq = engine.add_request(request(engine, "gone", PROMPTS[0], max_tokens=40,
+                                             method=NAME, k=3))
+            await seq.outputs.get()
+            engine.abort("gone")
+            while engine.num_in_flight:
+                await asyncio.sleep(0.01)
+            return [r[0] for r in res], engine, _served(engine)
+        finally:
+            await engine.shutdown()
+
+    roomy, _, _ = asyncio.run(run(max_num_seqs=8))
+    FixedChain.instances.clear()
+    tight, engine, method = asyncio.run(run(max_num_seqs=8, block_size=4, num_kv_blocks=45))
+    assert engine.scheduler.num_preemptions > 0 and tight == roomy
+    # every admission (first ones and re-admissions after preemption) freed exactly once
+    assert method.admitted == method.freed > len(PROMPTS) + 1
+    assert engine.drafts.in_target.num_states == 0 and drained(engine)

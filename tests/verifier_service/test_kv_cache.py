@@ -1,0 +1,134 @@
+"""The paged KV cache on its own: the block allocator, addressing, and keeping the fed rows a
+step accepted (a prefix, or rows moved within and across blocks) without leaking a block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verifier_service.kv_cache import (
+    BlockAllocator,
+    BlockTable,
+    KVCacheSpec,
+    OutOfBlocks,
+    PagedKVCache,
+)
+
+BLOCK = 4
+
+
+def _cache(num_blocks: int = 8) -> PagedKVCache:
+    spec = KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=3, dtype=torch.float32,
+                       block_size=BLOCK, num_blocks=num_blocks)
+    return PagedKVCache(spec, torch.device("cpu"))
+
+
+def _write(kv: PagedKVCache, table: BlockTable, start: int, values: list[float]) -> None:
+    """A step feeding rows at positions start, start + 1, ...: row j's K is values[j] (V its
+    negative) in every layer and head dimension."""
+    slots = kv.slots(table, start, start + len(values))
+    vals = torch.tensor(values, dtype=torch.float32)[:, None, None].expand(-1, 1, 3)
+    for layer in range(kv.spec.num_layers):
+        kv.k[layer, slots] = vals + layer
+        kv.v[layer, slots] = -vals - layer
+
+
+def _read(kv: PagedKVCache, table: BlockTable, n: int) -> list[float]:
+    slots = kv.slots(table, 0, n)
+    k, v = kv.k[:, slots, 0, 0], kv.v[:, slots, 0, 0]  # [layers, n]
+    assert torch.equal(k[1] - 1, k[0]) and torch.equal(v, -k)  # every layer, K and V moved
+    return k[0].tolist()
+
+
+def test_allocator_hands_out_low_ids_and_takes_them_back():
+    alloc = BlockAllocator(4)
+    assert alloc.allocate(2) == [0, 1] and alloc.num_free == 2 and alloc.num_used == 2
+    with pytest.raises(OutOfBlocks):
+        alloc.allocate(3)
+    assert alloc.num_free == 2  # a failed allocation takes nothing
+    alloc.free([0, 1])
+    assert alloc.allocate(4) == [0, 1, 2, 3]
+
+
+def test_spec_sizes_blocks_from_memory():
+    class Config:
+        num_attention_heads, hidden_size, num_hidden_layers, num_key_value_heads = 4, 32, 2, 2
+
+    spec = KVCacheSpec.for_model(Config, torch.float32, block_size=BLOCK, memory_bytes=4096)
+    assert spec.bytes_per_token == 2 * 2 * 2 * 8 * 4  # K and V, layers, kv heads, head dim, fp32
+    assert spec.num_blocks == 4096 // (spec.bytes_per_token * BLOCK)
+    assert KVCacheSpec.for_model(Config, torch.float32, BLOCK, 4096, num_blocks=3).num_blocks == 3
+
+
+def test_slots_address_positions_through_the_table():
+    kv = _cache()
+    other, table = BlockTable(), BlockTable()
+    kv.reserve(other, 3)  # the sequence's blocks are not the first ones
+    kv.reserve(table, 6)
+    b0, b1 = table.blocks
+    assert kv.slots(table, 2, 6).tolist() == [b0 * BLOCK + 2, b0 * BLOCK + 3, b1 * BLOCK,
+                                              b1 * BLOCK + 1]
+    assert kv.extra_blocks_needed(table, 9) == 1 and kv.can_reserve(table, 9)
+
+
+def test_keeping_a_prefix_moves_nothing_and_frees_emptied_blocks():
+    kv = _cache()
+    table = BlockTable()
+    kv.reserve(table, 10)  # 3 blocks: 6 cached positions + 4 fed rows
+    _write(kv, table, 0, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    before = kv.k.clone()
+    kv.keep(table, 6, [0, 1])  # a chain: its first two fed rows accepted
+    assert torch.equal(kv.k, before)
+    assert len(table) == 2 and kv.num_free_blocks == 6
+    assert _read(kv, table, 8) == [0, 1, 2, 3, 4, 5, 6, 7]
+    kv.reserve(table, 12)
+    _write(kv, table, 8, [8, 90, 91, 92])
+    kv.keep(table, 8, range(1))  # as the verify step names a chain's rows
+    assert len(table) == 3 and kv.num_free_blocks == 5
+    assert _read(kv, table, 9) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def test_keeping_rows_that_are_not_a_prefix_moves_them_across_blocks_and_leaks_nothing():
+    kv = _cache()
+    table = BlockTable()
+    kv.reserve(table, 14)  # 4 blocks: 3 cached positions + 11 fed rows (positions 3..13)
+    fed = [10.0 + j for j in range(11)]
+    _write(kv, table, 0, [0.0, 1.0, 2.0])
+    _write(kv, table, 3, fed)
+    kept = [0, 2, 5, 9, 10]  # a tree's accepted path; rows 5, 9 and 10 sit in later blocks
+    kv.keep(table, 3, kept)
+    assert _read(kv, table, 8) == [0.0, 1.0, 2.0] + [fed[r] for r in kept]
+    assert len(table) == kv.blocks_for(8) == 2 and kv.num_free_blocks == 6
+    kv.release(table)
+    assert kv.num_free_blocks == kv.num_blocks
+
+
+def test_scratch_rows_between_kept_rows_leave_the_cache_as_if_never_fed():
+    kv = _cache()
+    plain, mixed = BlockTable(), BlockTable()
+    kv.reserve(plain, 5)
+    kv.reserve(mixed, 9)
+    _write(kv, plain, 0, [1, 2, 3, 4, 5])
+    _write(kv, mixed, 0, [1, 2, 3])
+    _write(kv, mixed, 3, [4, 90, 91, 5, 92, 93])  # rows 1, 2, 4, 5: scratch
+    kv.keep(mixed, 3, [0, 3])
+    assert _read(kv, mixed, 5) == _read(kv, plain, 5)
+    assert len(mixed) == len(plain) == 2
+
+
+@pytest.mark.parametrize("rows", [[1, 1], [2, 0], [-1, 0]])
+def test_kept_rows_must_be_fed_indices_in_order(rows):
+    kv = _cache()
+    table = BlockTable()
+    kv.reserve(table, 4)
+    with pytest.raises(ValueError, match="kept rows"):
+        kv.keep(table, 0, rows)
+    assert len(table) == 1  # refused: nothing freed or moved
+
+
+def test_keeping_nothing_rolls_back_to_the_start():
+    kv = _cache()
+    table = BlockTable()
+    kv.reserve(table, 9)
+    kv.keep(table, 4, [])
+    assert len(table) == 1 and kv.num_free_blocks == kv.num_blocks - 1

@@ -1,0 +1,121 @@
+"""Methods whose candidates are produced inside the verifier (registry kind `in_target`).
+
+Some methods need no proposer process: their candidates come from the target's own steps
+(lookahead decoding's Jacobi window and n-gram pool; later, heads on the target's hidden state).
+Such a method is a class implementing `InTargetMethod`, named in splitspec/methods.py with
+`kind=Kind.IN_TARGET`; the verifier makes one per method it serves (`InTargetDrafts.from_registry`).
+Each sequence whose plan names the method gets its own `InTargetState`:
+
+    admitted to the running batch   method.admit(...)        -> state
+    a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids
+    the step was verified           state.observe(outcome)
+    finished, aborted, failed or    state.free()              (a preempted sequence gets a
+    preempted                                                  fresh state when re-admitted)
+
+Candidates are deterministic (one-hot q), as lookahead's are, and are checked like a proposer's
+before the verifier uses them: a state that returns garbage costs only that step's speculation.
+The engine reaches this through verifier_service/drafts.py, beside the proposer clients, and never
+names a method.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from dataclasses import dataclass
+from typing import Sequence as Seq
+
+from splitspec.methods import in_target_methods
+from splitspec.params import SamplingParams
+from verifier_service.scheduler import Scheduled
+from verifier_service.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one verified step did to a sequence, as its state is told."""
+
+    draft: list[int]  # the candidates verified this step (empty: none)
+    num_accepted: int  # how many of them were accepted, in order
+    emitted: list[int]  # the tokens the step emitted: accepted candidates + recovered/bonus
+
+
+class InTargetState(abc.ABC):
+    """One sequence's drafting state inside the verifier; bounded in memory by its method."""
+
+    @abc.abstractmethod
+    def propose(self, tokens: Seq[int], k: int) -> list[int]:
+        """Up to k candidate tokens to follow `tokens` (the sequence's whole history, the last
+        one not yet cached); [] for none this step."""
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """The step's outcome (called after every step that emitted tokens for the sequence)."""
+
+    def free(self) -> None:
+        """The sequence left the running batch; drop what the state holds."""
+
+
+class InTargetMethod(abc.ABC):
+    """An in-target method: one instance per verifier, a state per running sequence."""
+
+    @classmethod
+    def from_verifier(cls, vocab_size: int) -> "InTargetMethod":
+        """The method as the verifier creates it, knowing the target's vocabulary."""
+        return cls()
+
+    @abc.abstractmethod
+    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams
+              ) -> InTargetState:
+        """A state for a sequence joining the running batch with history `tokens`."""
+
+
+def _load(implementation: str) -> type[InTargetMethod]:
+    module, _, name = implementation.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class InTargetDrafts:
+    """The verifier's in-target methods and their per-sequence states."""
+
+    def __init__(self, methods: dict[str, InTargetMethod]):
+        self.methods = methods
+        self._states: dict[Sequence, InTargetState] = {}
+
+    @classmethod
+    def from_registry(cls, vocab_size: int) -> "InTargetDrafts":
+        """Every in-target method of the registry."""
+        return cls({name: _load(spec.implementation).from_verifier(vocab_size)
+                    for name, spec in in_target_methods().items()})
+
+    def serves(self, method: str | None) -> bool:
+        return method in self.methods
+
+    @property
+    def num_states(self) -> int:
+        return len(self._states)
+
+    def admit(self, seq: Sequence) -> None:
+        """A sequence joined the running batch: a state if its plan names one of these methods."""
+        plan = seq.inp.speculation
+        if plan.enabled and plan.method in self.methods and seq not in self._states:
+            self._states[seq] = self.methods[plan.method].admit(seq.request_id, seq.tokens,
+                                                                seq.inp.sampling)
+
+    def propose(self, group: list[Scheduled]) -> dict[Sequence, list[int]]:
+        """Candidates for each scheduled sequence that wants k > 0 (unchecked)."""
+        out = {}
+        for s in group:
+            state = self._states.get(s.seq)
+            if state is not None:
+                out[s.seq] = state.propose(s.seq.tokens, s.k)
+        return out
+
+    def observe(self, seq: Sequence, outcome: StepOutcome) -> None:
+        state = self._states.get(seq)
+        if state is not None:
+            state.observe(outcome)
+
+    def free(self, seq: Sequence) -> None:
+        state = self._states.pop(seq, None)
+        if state is not None:
+            state.free()
