@@ -13,11 +13,15 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
           Only for weights that are all exactly fp16 values (a checkpoint stored in fp16 and
           loaded as fp32): the products use the very same numbers and read half the bytes.
   auto    fp16 where every weight of the model is fp16-exact, else onednn, on a CPU float32
-          model; dense on accelerators and other dtypes.
+          model; dense on accelerators and other dtypes. A packed kernel is chosen only where
+          it is batch invariant on this CPU (probed once, see below).
 
-Unlike dense, the packed kernels are batch invariant: a row's result does not depend on how
-many other rows share the call (tests/kernels/test_linear.py), so a token verified in a 6-row
-step sees the same numbers as in a 1-row decode.
+Unlike dense, the packed kernels are batch invariant on the CPUs they were built for: a row's
+result does not depend on how many other rows share the call (tests/kernels/test_linear.py), so
+a token verified in a 6-row step sees the same numbers as in a 1-row decode. That is a property
+of the CPU's code path, not of the library: FBGEMM's fp16 kernel on some AMD EPYC parts gives a
+row other bits when it shares the call with another row. `batch_invariant` probes it once and
+`auto` skips a kernel that fails; naming such a kernel explicitly still runs it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,23 @@ def available(backend: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def batch_invariant(backend: str) -> bool:
+    """Whether the backend gives every row the same bits whatever else shares its call, on this
+    CPU (probed once on a fixed fp16-exact weight, row counts a step uses)."""
+    if not available(backend):
+        return False
+    if backend == "dense":
+        return False  # MKL sgemm picks its blocking by the row count
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 512, generator=g).to(torch.float16).to(torch.float32)
+    x = torch.randn(16, 512, generator=g)
+    with torch.inference_mode():
+        lin = PackedLinear(w, None, backend)
+        alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
+        return all(torch.equal(lin(x[:rows]), alone[:rows]) for rows in (2, 5, 8, 16))
+
+
 def fp16_exact(weight: torch.Tensor) -> bool:
     """Whether every value of a float32 weight is exactly an fp16 value."""
     return bool(torch.equal(weight.to(torch.float16).to(weight.dtype), weight))
@@ -65,11 +86,11 @@ def resolve(backend: str, weights: Iterable[torch.Tensor]) -> str:
     weights = list(weights)
     cpu_fp32 = all(w.device.type == "cpu" and w.dtype == torch.float32 for w in weights)
     if backend == "auto":
-        if not cpu_fp32 or not available("onednn"):
+        if not cpu_fp32:
             return "dense"
-        if available("fp16") and all(fp16_exact(w) for w in weights):
+        if batch_invariant("fp16") and all(fp16_exact(w) for w in weights):
             return "fp16"
-        return "onednn"
+        return "onednn" if batch_invariant("onednn") else "dense"
     if backend != "dense" and not (cpu_fp32 and available(backend)):
         raise ValueError(f"linear backend {backend!r} needs float32 weights on a CPU that has it")
     return backend
