@@ -1,4 +1,4 @@
-"""Per-step k for requests the gateway's policy marked adaptive (SpeculationConfig.adaptive).
+"""Per-step k for requests the gateway's policy marked adaptive (SpeculationPlan.adaptive).
 
 Before every step, each such sequence gets the k in [k_min, k_max] that maximises the step's
 goodput (splitspec/goodput.py `marginal_goodput`), given:

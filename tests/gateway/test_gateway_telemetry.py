@@ -50,12 +50,13 @@ class FakePool:
     async def generate(self, request):
         self.requests.append(request)
         self.current.append(trace.get_current_span().get_span_context())
-        on = request.speculation.mode == common_pb2.SPECULATION_MODE_ON
+        plan = request.speculation_plan
+        on = bool(plan.method)
         yield common_pb2.GenerateResponse(token_ids=[1, 2], text="ab")
         spec = common_pb2.SpeculationStats(
-            method=request.speculation.method if on else "", proposed_tokens=6 if on else 0,
+            method=plan.method, proposed_tokens=6 if on else 0,
             accepted_tokens=2 if on else 0, steps=2)
-        if request.speculation.details:
+        if plan.details:
             spec.accepted_per_position.extend([1, 1, 0])
             spec.step_draft_tokens.extend([3, 3])
             spec.step_accepted_tokens.extend([2, 0])
@@ -106,7 +107,7 @@ def test_rest_request_span_follows_traceparent_and_the_genai_conventions(gateway
     assert a["splitspec.speculation.reason"] == "requested_on"
     # The verifier was called with the gateway span current: gRPC carries it in metadata.
     assert [c.span_id for c in pool.current] == [span.context.span_id] * 2
-    assert all(req.speculation.details for req in pool.requests)
+    assert all(req.speculation_plan.details for req in pool.requests)
     spec = r.json()["usage"]["speculation"]
     assert spec["accepted_per_position"] == [2, 2, 0]  # two prompts, summed per position
     assert spec["step_counts"] == [[3, 2], [3, 0], [3, 2], [3, 0]]
