@@ -137,13 +137,10 @@ class SpeculationPolicy:
                 fixed_k: int | None, allow_off: bool) -> tuple[str | None, int, str]:
         est = self.estimates
         cost = est.cost(load.address) if load.address else default_step_cost()
-        models = {}
-        for m in methods:
-            acc = est.acceptance_of(m, greedy)
-            a, h = acc.rate(), acc.hit_rate()
-            models[m] = MethodModel(a, h, est.round_trip(load.address, m) if load.address
-                                    else RoundTrip(), est.draft_limit(load.address, m),
-                                    acc.positions(a, h))
+        models = {m: MethodModel.from_acceptance(
+            est.acceptance_of(m, greedy),
+            est.round_trip(load.address, m) if load.address else RoundTrip(),
+            est.draft_limit(load.address, m)) for m in methods}
         if fixed_k is None:
             c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
             return c.method, c.k, c.reason

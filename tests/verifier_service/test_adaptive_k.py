@@ -9,12 +9,15 @@ import asyncio
 import pytest
 from engine_testlib import PROMPTS, make_engine, request, run_all
 
+from gateway.stats_watch import snapshot_from_pb
 from protos import common_pb2
 from splitspec.errors import InvalidArgument
+from splitspec.goodput import Acceptance
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.wire import plan_to_pb
 from verifier_service.adaptive_k import PROBE_AFTER
-from verifier_service.servicer import VerifierServicer
+from verifier_service.engine_stats import EngineStats
+from verifier_service.servicer import VerifierServicer, _stats_to_pb
 
 
 def adaptive(inp, k: int = 3, k_min: int = 0, method: str = "ngram"):
@@ -155,3 +158,18 @@ def test_a_plan_beyond_what_this_verifier_serves_is_refused(engine):
         engine.add_request(adaptive(request(engine, "big", PROMPTS[0]), k=9))
     with pytest.raises(InvalidArgument, match="speculation.method.*not served"):
         engine.add_request(adaptive(request(engine, "draft", PROMPTS[0]), method="draft"))
+
+
+def test_the_gateway_reads_the_counts_the_verifier_models_from():
+    stats = EngineStats()
+    ngram = stats.method("ngram")
+    for k, accepted, greedy in ((3, 3, True), (3, 1, True), (2, 0, False), (4, 2, True)):
+        ngram.add_draft(k, accepted, greedy)
+        (ngram.greedy if greedy else ngram.sampled).add_asked(k, k, accepted)
+    ngram.add_round_trip(3, 0.002)
+    ngram.add_round_trip(4, 0.003)
+    mine = ngram.counts()
+    wire = snapshot_from_pb(_stats_to_pb(stats)).methods["ngram"]
+    assert (wire.greedy, wire.sampled, wire.round_trips, wire.longest_draft) == (
+        mine.greedy, mine.sampled, mine.round_trips, mine.longest_draft)
+    assert mine.greedy == Acceptance(6, 8, 3, 0, (3, 3, 3, 1), (3, 3, 3, 1), (3, 2, 1))
