@@ -153,15 +153,4 @@ class SpeculationPolicy:
         return best, fixed_k, "goodput"
 
 
-def decision_reason(req: SpeculationRequest, plan: SpeculationPlan, served: bool) -> str:
-    """The coarse reason of a decision from the request and the plan alone (no stats)."""
-    if req.mode is SpeculationMode.OFF:
-        return "requested_off"
-    if req.num_speculative_tokens == 0:
-        return "requested_k0"
-    if req.mode is SpeculationMode.ON:
-        return "requested_on"
-    return "auto_on" if plan.enabled else ("no_proposer" if not served else "auto_off")
-
-
-__all__ = ["Decision", "Load", "PolicyConfig", "SpeculationPolicy", "decision_reason"]
+__all__ = ["Decision", "Load", "PolicyConfig", "SpeculationPolicy"]

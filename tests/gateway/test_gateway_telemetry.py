@@ -20,12 +20,12 @@ from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import parse_completion_request
-from gateway.policy import SpeculationPolicy, decision_reason
+from gateway.policy import SpeculationPolicy
 from gateway.rest import build_app
 from gateway.tracing import GatewayTracer
 from protos import common_pb2, verifier_pb2
 from splitspec.errors import InvalidArgument
-from splitspec.params import SpeculationMode, SpeculationPlan, SpeculationRequest
+from splitspec.params import SpeculationMode
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
@@ -180,18 +180,6 @@ def test_speculation_details_flag_is_parsed_and_checked():
     with pytest.raises(InvalidArgument) as e:
         parse_completion_request({"prompt": "x", "speculation": {"details": "yes"}})
     assert e.value.field == "speculation.details"
-
-
-@pytest.mark.parametrize("mode, k, plan, served, reason", [
-    (SpeculationMode.OFF, None, SpeculationPlan(), True, "requested_off"),
-    (SpeculationMode.ON, None, SpeculationPlan("ngram", 3), True, "requested_on"),
-    (SpeculationMode.ON, 0, SpeculationPlan(), True, "requested_k0"),
-    (SpeculationMode.AUTO, None, SpeculationPlan("ngram", 3), True, "auto_on"),
-    (SpeculationMode.AUTO, None, SpeculationPlan(), False, "no_proposer"),
-])
-def test_policy_decisions_have_reasons(mode, k, plan, served, reason):
-    req = SpeculationRequest(mode=mode, num_speculative_tokens=k)
-    assert decision_reason(req, plan, served) == reason
 
 
 def test_a_chat_request_span_is_a_chat_operation(gateway):
