@@ -173,11 +173,12 @@ def _finite(name: str, value: float) -> None:
 
 
 def resolve_speculation(req: SpeculationRequest, available_methods: tuple[str, ...],
-                        default_k: int, max_k: int | None = None) -> SpeculationPlan:
+                        default_k: int) -> SpeculationPlan:
     """A plan for a request without the gateway's policy (a direct client of the verifier):
     validated, then auto and on take the request's method (else the first served) and its k
-    (else `default_k`), fixed for every step; off and k = 0 are off."""
-    req.validate(available_methods, max_k)
+    (else `default_k`), fixed for every step; off and k = 0 are off. The verifier's own limit
+    on k is the engine's check, as for every plan."""
+    req.validate(available_methods)
     k = default_k if req.num_speculative_tokens is None else req.num_speculative_tokens
     if req.mode is SpeculationMode.OFF or not available_methods or k <= 0:
         return SpeculationPlan(details=req.details)
