@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 
 from splitspec.goodput import (
     Acceptance,
+    MethodCounts,
     RoundTrip,
     StepCost,
     decay_factor,
     default_step_cost,
-    draft_limit,
-    fit_round_trip,
     fit_step_cost,
 )
 
@@ -34,16 +33,10 @@ RUNNING_ALPHA = 0.2  # at the default 500 ms between snapshots: about 2.5 s of m
 
 
 @dataclass(frozen=True)
-class MethodSnapshot:
-    greedy: Acceptance = Acceptance()  # counters since the replica started
-    sampled: Acceptance = Acceptance()
-    round_trips: tuple[tuple[int, float, float], ...] = ()  # (k, calls, seconds total)
-    unavailable: str = ""
-    longest_draft: int = 0
+class MethodSnapshot(MethodCounts):
+    """A method's counters since the replica started, and whether it is available there."""
 
-    def draft_limit(self) -> int:
-        return draft_limit(self.longest_draft, max((k for k, _, _ in self.round_trips), default=0),
-                           self.greedy.drafts + self.sampled.drafts)
+    unavailable: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,7 +102,7 @@ class Estimates:
         if key not in self._round_trips:
             snap = self.replicas.get(address)
             m = snap.methods.get(method) if snap else None
-            self._round_trips[key] = fit_round_trip(m.round_trips) if m else RoundTrip()
+            self._round_trips[key] = m.round_trip() if m else RoundTrip()
         return self._round_trips[key]
 
     def draft_limit(self, address: str, method: str) -> int:

@@ -7,7 +7,10 @@ Every decided generation counts as in flight here from its decision until its st
 for one never streamed, RESERVATION_TTL_S). A replica's load, as the policy sees it, is these
 (exact, at once: a burst is seen before any stats arrive) plus what its last stats snapshot
 counted beyond this gateway's own streams (other gateways, direct clients). The policy's mode
-and reason are written into the last message's usage.speculation."""
+and reason are written into the last message's usage.speculation.
+
+Each request goes to the verifier with the policy's decision as its speculation_plan (the one
+plan type, converted to protobuf here); the client's SpeculationConfig is not forwarded."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from splitspec.params import (
     check_token_ids,
     check_top_logprobs,
 )
-from splitspec.wire import FINISH_REASON_NAMES, sampling_to_pb, stopping_to_pb
+from splitspec.wire import FINISH_REASON_NAMES, plan_to_pb, sampling_to_pb, stopping_to_pb
 
 if TYPE_CHECKING:
     from gateway.metrics import GatewayMetrics
@@ -76,12 +79,34 @@ class Frontend:
 
     async def build_requests(self, request_ids: list[str], prompts: list[str | list[int] | Chat],
                              sampling: SamplingParams, stopping: StoppingCriteria,
-                             speculation: SpeculationRequest, details: bool = False,
-                             span=None, samplings: list[SamplingParams] | None = None,
+                             speculation: SpeculationRequest, span=None,
+                             samplings: list[SamplingParams] | None = None,
                              top_logprobs: int | None = None
                              ) -> list[common_pb2.GenerateRequest]:
-        """One GenerateRequest per prompt, each with its own speculation decision; `samplings`
-        (one per prompt) overrides `sampling`, e.g. for the n choices' own seeds."""
+        """REST: one GenerateRequest per prompt from the parsed, validated dataclasses (converted
+        to protobuf here, once), each with its own speculation decision; `samplings` (one per
+        prompt) overrides `sampling`, e.g. for the n choices' own seeds."""
+        samplings = samplings or [sampling] * len(prompts)
+        return await self._build(request_ids, prompts,
+                                 [(sampling_to_pb(p), p.greedy) for p in samplings],
+                                 stopping_to_pb(stopping), speculation, span, top_logprobs)
+
+    async def build_request(self, request_id: str, prompt: str | list[int] | Chat,
+                            sampling: common_pb2.SamplingParams | None, greedy: bool,
+                            stopping: common_pb2.StoppingCriteria | None,
+                            speculation: SpeculationRequest, span=None,
+                            top_logprobs: int | None = None) -> common_pb2.GenerateRequest:
+        """gRPC: the client's own sampling and stopping messages (None: not set, the verifier's
+        defaults), already checked by the caller, forwarded as they are."""
+        (req,) = await self._build([request_id], [prompt], [(sampling, greedy)], stopping,
+                                   speculation, span, top_logprobs)
+        return req
+
+    async def _build(self, request_ids: list[str], prompts: list[str | list[int] | Chat],
+                     samplings: list[tuple[common_pb2.SamplingParams | None, bool]],
+                     stopping: common_pb2.StoppingCriteria | None,
+                     speculation: SpeculationRequest, span, top_logprobs: int | None
+                     ) -> list[common_pb2.GenerateRequest]:
         info = await self.pool.info()
         check_top_logprobs("top_logprobs", top_logprobs)
         for prompt in prompts:  # what the verifier would refuse, refused before it is sent
@@ -91,22 +116,22 @@ class Frontend:
                 check_prompt_chars("prompt", len(prompt), info.max_model_len)
             else:
                 check_token_ids("prompt", prompt)
-        stopping_pb = stopping_to_pb(stopping)
-        samplings = samplings or [sampling] * len(prompts)
         out = []
-        for i, (request_id, prompt, params) in enumerate(zip(request_ids, prompts, samplings)):
-            decision = self.policy.decide(speculation, info, params.greedy, self.load())
+        for i, (request_id, prompt, (sampling, greedy)) in enumerate(
+                zip(request_ids, prompts, samplings)):
+            decision = self.policy.decide(speculation, info, greedy, self.load())
             self._decided[request_id] = (time.monotonic(), decision.mode.value, decision.reason)
-            spec = self.policy.to_pb(decision)
-            spec.details = details
+            plan = decision.plan
             if self.metrics is not None:
-                self.metrics.on_decision(decision.plan.method if decision.plan.enabled
-                                         else None, decision.reason)
+                self.metrics.on_decision(plan.method if plan.enabled else None, decision.reason)
             if i == 0 and span is not None and self.tracer is not None:
-                self.tracer.on_plan(span, spec, decision.reason)
+                self.tracer.on_plan(span, plan, decision.reason)
             req = common_pb2.GenerateRequest(request_id=request_id,
-                                             sampling=sampling_to_pb(params),
-                                             stopping=stopping_pb, speculation=spec)
+                                             speculation_plan=plan_to_pb(plan))
+            if sampling is not None:
+                req.sampling.CopyFrom(sampling)
+            if stopping is not None:
+                req.stopping.CopyFrom(stopping)
             if top_logprobs is not None:
                 req.options.top_logprobs = top_logprobs
             if isinstance(prompt, Chat):

@@ -1,6 +1,10 @@
 """The public gRPC Generation service: the same front door as REST, protobuf in and out, with
-the same validation (splitspec.params, splitspec.wire, Frontend.build_requests) and the same
-optional API keys (`authorization: Bearer KEY` metadata) and per-key concurrency limit."""
+the same validation (splitspec.params, splitspec.wire, Frontend.build_request) and the same
+optional API keys (`authorization: Bearer KEY` metadata) and per-key concurrency limit.
+
+The request's sampling and stopping messages are checked where they stand (each error names
+the public field) and forwarded to the verifier unchanged; its SpeculationConfig becomes the
+policy's SpeculationPlan."""
 
 from __future__ import annotations
 
@@ -76,16 +80,19 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             raise InvalidArgument("prompt", "is required (text or token_ids)")
         else:
             prompt = request.text if which == "text" else list(request.token_ids.ids)
-        sampling = sampling_from_pb(request.sampling, request.HasField("sampling")).validate()
-        stopping = stopping_from_pb(request.stopping, request.HasField("stopping")).validate()
+        # checked as the verifier will read them, then forwarded as they came
+        has_sampling, has_stopping = request.HasField("sampling"), request.HasField("stopping")
+        sampling = sampling_from_pb(request.sampling, has_sampling).validate()
+        stopping = stopping_from_pb(request.stopping, has_stopping).validate()
         if span is not None:
             self._frontend.tracer.on_parsed(span, await self._frontend.model_id(), sampling,
                                             stopping, 1, True)
-        (pb,) = await self._frontend.build_requests(
-            [request.request_id or "gen-" + uuid.uuid4().hex], [prompt], sampling, stopping,
-            speculation_from_pb(request.speculation), request.speculation.details, span,
-            top_logprobs=(request.options.top_logprobs
-                          if request.options.HasField("top_logprobs") else None))
+        pb = await self._frontend.build_request(
+            request.request_id or "gen-" + uuid.uuid4().hex, prompt,
+            request.sampling if has_sampling else None, sampling.greedy,
+            request.stopping if has_stopping else None, speculation_from_pb(request.speculation),
+            span, top_logprobs=(request.options.top_logprobs
+                                if request.options.HasField("top_logprobs") else None))
         stream = self._frontend.stream(pb)
         if span is None:
             async for msg in stream:

@@ -56,8 +56,12 @@ class Generation:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
-    speculation_details: bool = False  # per-position and per-step counts in usage.speculation
     top_logprobs: int | None = None  # set: report logprobs with this many alternatives
+
+    @property
+    def speculation_details(self) -> bool:
+        """Per-position and per-step counts in usage.speculation."""
+        return self.speculation.details
 
     def choice_seeds(self) -> list[int | None]:
         """Seed of each of the n choices: choice i draws with seed + i (mod 2**63), so choice 0
@@ -151,14 +155,14 @@ def parse_generation(body: dict, max_tokens_field: str = "max_tokens",
     if not 1 <= stopping.max_tokens < 2**31:  # name the field the request used
         raise InvalidArgument(max_tokens_field, "must be in [1, 2**31)")
     stopping.validate()
-    speculation, details = _parse_speculation(body.get("speculation"))
+    speculation = _parse_speculation(body.get("speculation"))
     include_usage = stream_options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise InvalidArgument("stream_options.include_usage", "must be a boolean")
     return Generation(
         model=_get(body, "model", str, None), sampling=sampling, stopping=stopping,
         speculation=speculation, n=n, stream=_get(body, "stream", bool, False),
-        include_usage=include_usage, speculation_details=details, top_logprobs=top_logprobs)
+        include_usage=include_usage, top_logprobs=top_logprobs)
 
 
 def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
@@ -187,9 +191,11 @@ def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
     return prompts
 
 
-def _parse_speculation(spec: Any) -> tuple[SpeculationRequest, bool]:
+def _parse_speculation(spec: Any) -> SpeculationRequest:
+    """JSON types here; the values are checked by SpeculationRequest.validate (again by the
+    policy, against the served methods and the deployment's largest k)."""
     if spec is None:
-        return SpeculationRequest(), False
+        return SpeculationRequest()
     if not isinstance(spec, dict):
         raise InvalidArgument("speculation", "must be an object")
     unknown = sorted(set(spec) - set(SPECULATION_FIELDS))
@@ -207,8 +213,8 @@ def _parse_speculation(spec: Any) -> tuple[SpeculationRequest, bool]:
     details = spec.get("details", False)
     if not isinstance(details, bool):
         raise InvalidArgument("speculation.details", "must be a boolean")
-    return (SpeculationRequest(mode=SpeculationMode(mode), method=method,
-                               num_speculative_tokens=k).validate(), details)
+    return SpeculationRequest(mode=SpeculationMode(mode), method=method,
+                              num_speculative_tokens=k, details=details).validate()
 
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",

@@ -5,7 +5,9 @@ goodput (splitspec/goodput.py) for the batch the request is about to join: accep
 measured online and kept apart for greedy and sampled requests, the verifier's measured step
 time by batch tokens and each proposer's round trip (gateway/estimates.py, fed by
 gateway/stats_watch.py). The verifier then re-decides k every step from the request's own
-acceptance and the actual batch (SpeculationConfig.adaptive; verifier_service/adaptive_k.py).
+acceptance and the actual batch (SpeculationPlan.adaptive; verifier_service/adaptive_k.py).
+The decision is a `splitspec.params.SpeculationPlan`, the one type the verifier's engine runs;
+the front door sends it as GenerateRequest.speculation_plan (splitspec/wire.py `plan_to_pb`).
 
 Rules, in order:
   mode off, or k = 0                off                          requested_off / requested_k0
@@ -35,14 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.estimates import Estimates
-from protos import common_pb2, verifier_pb2
+from protos import verifier_pb2
 from splitspec.goodput import MethodModel, RoundTrip, batch_goodput, choose, default_step_cost
-from splitspec.params import (
-    SpeculationMode,
-    SpeculationPlan,
-    SpeculationRequest,
-    resolve_speculation,
-)
+from splitspec.params import SpeculationMode, SpeculationPlan, SpeculationRequest
 
 # Every this many auto decisions, one goes to a stale method (0: never explore): at most ~3 %
 # of auto requests, each costing at worst the gap between that method and the best.
@@ -79,11 +76,9 @@ class Load:
 
 @dataclass(frozen=True)
 class Decision:
-    plan: SpeculationPlan
+    plan: SpeculationPlan  # what the verifier runs (GenerateRequest.speculation_plan)
     reason: str
     mode: SpeculationMode  # as requested
-    adaptive: bool = False  # the verifier re-decides k every step
-    k_min: int = 0  # with adaptive: the least k per step
 
 
 @dataclass
@@ -96,39 +91,42 @@ class SpeculationPolicy:
                greedy: bool = True, load: Load = Load()) -> Decision:
         methods = tuple(p.method for p in info.proposers)
         k_max = info.max_num_speculative_tokens
-        # validation and the explicit cases as before: off, k = 0, on with method and k
-        plan = resolve_speculation(req, methods, info.default_num_speculative_tokens, k_max,
-                                   auto_on=True)
-        mode = req.mode
+        req.validate(methods, k_max)  # the request's one check, against this deployment
+        mode, fixed_k = req.mode, req.num_speculative_tokens
+
+        def plan(method: str | None = None, k: int = 0, k_min: int | None = None
+                 ) -> SpeculationPlan:
+            """k_min set: k is the first step's, re-decided every step from k_min up."""
+            return SpeculationPlan(method, k, adaptive=k_min is not None, k_min=k_min or 0,
+                                   details=req.details)
+
         if mode is SpeculationMode.OFF:
-            return Decision(SpeculationPlan(), "requested_off", mode)
-        if req.num_speculative_tokens == 0:
-            return Decision(SpeculationPlan(), "requested_k0", mode)
+            return Decision(plan(), "requested_off", mode)
+        if fixed_k == 0:
+            return Decision(plan(), "requested_k0", mode)
         if not methods:
-            return Decision(SpeculationPlan(), "no_proposer", mode)
+            return Decision(plan(), "no_proposer", mode)
         candidates = (req.method,) if req.method else methods
-        if mode is SpeculationMode.ON:  # its method (or the first served), as before
-            if req.num_speculative_tokens is not None:
-                return Decision(plan, "requested_on", mode)
-            _, k, _ = self._choose((plan.method,), greedy, load, k_max, None, allow_off=False)
-            return Decision(SpeculationPlan(plan.method, k), "requested_on", mode,
-                            adaptive=True, k_min=1)
+        if mode is SpeculationMode.ON:  # its method (or the first served)
+            method = req.method or methods[0]
+            if fixed_k is not None:
+                return Decision(plan(method, fixed_k), "requested_on", mode)
+            _, k, _ = self._choose((method,), greedy, load, k_max, None, allow_off=False)
+            return Decision(plan(method, k, k_min=1), "requested_on", mode)
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
-            return Decision(SpeculationPlan(), "queue_size", mode)
+            return Decision(plan(), "queue_size", mode)
         self.auto_decisions += 1
         every = self.config.explore_every
         stale = self._stale(candidates, greedy)
         if every and stale and self.auto_decisions % every == 0:
-            method, k, _ = self._choose((stale,), greedy, load, k_max,
-                                        req.num_speculative_tokens, allow_off=False)
-            return Decision(SpeculationPlan(method, k), "exploration", mode,
-                            adaptive=req.num_speculative_tokens is None, k_min=1)
-        method, k, reason = self._choose(candidates, greedy, load, k_max,
-                                         req.num_speculative_tokens, allow_off=True)
+            method, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False)
+            return Decision(plan(method, k, k_min=1 if fixed_k is None else None),
+                            "exploration", mode)
+        method, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
+                                         allow_off=True)
         if method is None:
-            return Decision(SpeculationPlan(), reason, mode)
-        return Decision(SpeculationPlan(method, k), reason, mode,
-                        adaptive=req.num_speculative_tokens is None, k_min=0)
+            return Decision(plan(), reason, mode)
+        return Decision(plan(method, k, k_min=0 if fixed_k is None else None), reason, mode)
 
     def _stale(self, methods: tuple[str, ...], greedy: bool) -> str | None:
         """The method with the least recent data, when it has too little."""
@@ -139,13 +137,10 @@ class SpeculationPolicy:
                 fixed_k: int | None, allow_off: bool) -> tuple[str | None, int, str]:
         est = self.estimates
         cost = est.cost(load.address) if load.address else default_step_cost()
-        models = {}
-        for m in methods:
-            acc = est.acceptance_of(m, greedy)
-            a, h = acc.rate(), acc.hit_rate()
-            models[m] = MethodModel(a, h, est.round_trip(load.address, m) if load.address
-                                    else RoundTrip(), est.draft_limit(load.address, m),
-                                    acc.positions(a, h))
+        models = {m: MethodModel.from_acceptance(
+            est.acceptance_of(m, greedy),
+            est.round_trip(load.address, m) if load.address else RoundTrip(),
+            est.draft_limit(load.address, m)) for m in methods}
         if fixed_k is None:
             c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
             return c.method, c.k, c.reason
@@ -157,28 +152,5 @@ class SpeculationPolicy:
                 return None, 0, c.reason
         return best, fixed_k, "goodput"
 
-    @staticmethod
-    def to_pb(decision: Decision) -> common_pb2.SpeculationConfig:
-        plan = decision.plan
-        if not plan.enabled:
-            return common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_OFF)
-        # AUTO tells an adaptive plan's verifier that it may pause drafting (k_min 0)
-        pb_mode = (common_pb2.SPECULATION_MODE_AUTO if decision.adaptive and not decision.k_min
-                   else common_pb2.SPECULATION_MODE_ON)
-        return common_pb2.SpeculationConfig(mode=pb_mode, method=plan.method,
-                                             num_speculative_tokens=plan.k,
-                                             adaptive=decision.adaptive)
 
-
-def decision_reason(req: SpeculationRequest, plan: SpeculationPlan, served: bool) -> str:
-    """The coarse reason of a decision from the request and the plan alone (no stats)."""
-    if req.mode is SpeculationMode.OFF:
-        return "requested_off"
-    if req.num_speculative_tokens == 0:
-        return "requested_k0"
-    if req.mode is SpeculationMode.ON:
-        return "requested_on"
-    return "auto_on" if plan.enabled else ("no_proposer" if not served else "auto_off")
-
-
-__all__ = ["Decision", "Load", "PolicyConfig", "SpeculationPolicy", "decision_reason"]
+__all__ = ["Decision", "Load", "PolicyConfig", "SpeculationPolicy"]

@@ -171,7 +171,7 @@ class RestHandlers:
         choices = [p for p in prompts for _ in range(gen.n)]  # choice i: prompt i // n
         pbs = await frontend.build_requests(
             [f"{cid}-{i}" for i in range(len(choices))], choices, gen.sampling, gen.stopping,
-            gen.speculation, gen.speculation_details, span,
+            gen.speculation, span,
             samplings=gen.choice_sampling() * len(prompts), top_logprobs=gen.top_logprobs)
         fan = Fanout(frontend, pbs, span)
         if gen.stream:

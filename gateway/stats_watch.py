@@ -19,19 +19,13 @@ log = logging.getLogger(__name__)
 RETRY_S = 1.0
 
 
-def _acceptance(pb: verifier_pb2.AcceptanceCounts) -> Acceptance:
-    return Acceptance(pb.accepted_tokens, pb.accepted_tokens + pb.rejections, pb.drafts, pb.asked,
-                      tuple(map(float, pb.asked_at)), tuple(map(float, pb.drafted_at)),
-                      tuple(map(float, pb.accepted_at)))
-
-
 def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
     return ReplicaSnapshot(
         running=pb.running, waiting=pb.waiting, max_num_seqs=pb.max_num_seqs, steps=pb.steps,
         methods={m.method: MethodSnapshot(
-            _acceptance(m.greedy), _acceptance(m.sampled),
-            tuple((b.k, float(b.calls), b.seconds_total) for b in m.round_trips), m.unavailable,
-            m.longest_draft)
+            Acceptance.from_counters(m.greedy), Acceptance.from_counters(m.sampled),
+            tuple((b.k, float(b.calls), b.seconds_total) for b in m.round_trips),
+            longest_draft=m.longest_draft, unavailable=m.unavailable)
             for m in pb.methods},
         step_cost=tuple((b.steps, float(b.tokens_total), b.seconds_total)
                         for b in pb.step_cost))

@@ -16,7 +16,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from protos import common_pb2
-from splitspec.params import SamplingParams, StoppingCriteria
+from splitspec.params import SamplingParams, SpeculationPlan, StoppingCriteria
 
 OPERATION = "text_completion"
 
@@ -63,15 +63,12 @@ class GatewayTracer:
         span.set_attributes(attributes)
 
     @staticmethod
-    def on_plan(span: trace.Span, speculation: common_pb2.SpeculationConfig,
-                reason: str) -> None:
+    def on_plan(span: trace.Span, plan: SpeculationPlan, reason: str) -> None:
         if not span.is_recording():
             return
-        on = speculation.mode != common_pb2.SPECULATION_MODE_OFF and bool(speculation.method)
         span.set_attributes({
-            "splitspec.speculation.method": speculation.method if on else "none",
-            "splitspec.speculation.num_speculative_tokens":
-                speculation.num_speculative_tokens if on else 0,
+            "splitspec.speculation.method": plan.method if plan.enabled else "none",
+            "splitspec.speculation.num_speculative_tokens": plan.k if plan.enabled else 0,
             "splitspec.speculation.reason": reason})
 
     @staticmethod

@@ -73,6 +73,20 @@ class SpeculationConfig(_message.Message):
     adaptive: bool
     def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ...) -> None: ...
 
+class SpeculationPlan(_message.Message):
+    __slots__ = ("method", "k", "adaptive", "k_min", "details")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
+    K_MIN_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    k: int
+    adaptive: bool
+    k_min: int
+    details: bool
+    def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ..., adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ..., details: _Optional[bool] = ...) -> None: ...
+
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
     IDS_FIELD_NUMBER: _ClassVar[int]
@@ -80,7 +94,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "sampling", "stopping", "speculation", "options", "resume")
+    __slots__ = ("request_id", "text", "token_ids", "sampling", "stopping", "speculation", "options", "resume", "speculation_plan")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +103,7 @@ class GenerateRequest(_message.Message):
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_PLAN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -97,7 +112,8 @@ class GenerateRequest(_message.Message):
     speculation: SpeculationConfig
     options: GenerateOptions
     resume: ResumeState
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationConfig, _Mapping]] = ..., options: _Optional[_Union[GenerateOptions, _Mapping]] = ..., resume: _Optional[_Union[ResumeState, _Mapping]] = ...) -> None: ...
+    speculation_plan: SpeculationPlan
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., speculation: _Optional[_Union[SpeculationConfig, _Mapping]] = ..., options: _Optional[_Union[GenerateOptions, _Mapping]] = ..., resume: _Optional[_Union[ResumeState, _Mapping]] = ..., speculation_plan: _Optional[_Union[SpeculationPlan, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

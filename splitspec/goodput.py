@@ -1,5 +1,11 @@
 """The goodput model behind the `auto` speculation policy: pure functions, no I/O.
 
+Its one home: the verifier's counters become acceptance here (`Acceptance.from_counters`, for
+the engine's counters and their WatchStats protobuf alike; `MethodCounts` for one method),
+acceptance becomes a method's model (`MethodModel.from_acceptance`), and draft limits and the
+step-cost curve are fitted here; the gateway's per-request choice (gateway/policy.py) and the
+verifier's per-step k (verifier_service/adaptive_k.py) both read the model through these.
+
 Goodput is output tokens per second of verifier time (SmartSpec, "Optimizing Speculative
 Decoding for Serving LLMs Using Goodput"). For a draft of k tokens whose tokens are each
 accepted with probability a until the first rejection (Leviathan et al.), a step emits
@@ -95,6 +101,25 @@ class Acceptance:
     drafted_at: tuple[float, ...] = ()
     accepted_at: tuple[float, ...] = ()
 
+    @classmethod
+    def from_counts(cls, accepted: float, rejections: float, drafts: float = 0.0,
+                    asked: float = 0.0, asked_at: Iterable[float] = (),
+                    drafted_at: Iterable[float] = (),
+                    accepted_at: Iterable[float] = ()) -> "Acceptance":
+        """From counters of verified drafts: each draft with a rejection tried one position
+        beyond its accepted ones (`tried_positions`)."""
+        return cls(float(accepted), float(accepted + rejections), float(drafts), float(asked),
+                   tuple(map(float, asked_at)), tuple(map(float, drafted_at)),
+                   tuple(map(float, accepted_at)))
+
+    @classmethod
+    def from_counters(cls, counts) -> "Acceptance":
+        """From one kind of request's counters as the verifier keeps and streams them: its
+        `engine_stats.AcceptanceCounts`, or their protobuf (the same field names)."""
+        return cls.from_counts(counts.accepted_tokens, counts.rejections, counts.drafts,
+                               counts.asked, counts.asked_at, counts.drafted_at,
+                               counts.accepted_at)
+
     def rate(self, prior: float = PRIOR_ACCEPTANCE, strength: float = PRIOR_STRENGTH) -> float:
         return (self.accepted + prior * strength) / (self.tried + strength)
 
@@ -181,6 +206,14 @@ class MethodModel:
     # `acceptance`; with none measured that is the geometric model.
     positions: tuple[tuple[float, float], ...] = ()
 
+    @classmethod
+    def from_acceptance(cls, acceptance: Acceptance, round_trip: RoundTrip = RoundTrip(),
+                        max_draft: int = 0) -> "MethodModel":
+        """The model of a method's measured acceptance: its rate and hit rate shrunk towards
+        the priors, and its positions shrunk towards the geometric model of those."""
+        a, h = acceptance.rate(), acceptance.hit_rate()
+        return cls(a, h, round_trip, max_draft, acceptance.positions(a, h))
+
     def drafted(self, k: int) -> int:
         return min(k, self.max_draft) if self.max_draft else k
 
@@ -234,10 +267,34 @@ class MethodModel:
 def draft_limit(longest_draft: int, largest_asked: int, drafts: float,
                 min_drafts: float = MIN_DRAFTS_FOR_LIMIT) -> int:
     """A proposer's own limit on draft length (e.g. an MLP speculator's heads), once it was
-    asked for more than it ever drafted often enough to tell; 0: no known limit."""
+    asked for more than it ever drafted often enough to tell; 0: no known limit.
+    longest_draft: the most tokens one verified draft had; largest_asked: the largest k of its
+    timed round trips; drafts: verified drafts, greedy and sampled together."""
     if drafts >= min_drafts and 0 < longest_draft < largest_asked:
         return longest_draft
     return 0
+
+
+@dataclass(frozen=True)
+class MethodCounts:
+    """What the verifier counted of one proposer method since it started, as its per-step k
+    (verifier_service/adaptive_k.py) and the gateway's policy (gateway/estimates.py, from
+    WatchStats) both read it."""
+
+    greedy: Acceptance = Acceptance()
+    sampled: Acceptance = Acceptance()
+    round_trips: tuple[tuple[int, float, float], ...] = ()  # (k, calls, seconds total) per k
+    longest_draft: int = 0  # the most tokens one verified draft had
+
+    def acceptance(self, greedy: bool) -> Acceptance:
+        return self.greedy if greedy else self.sampled
+
+    def round_trip(self) -> RoundTrip:
+        return fit_round_trip(self.round_trips)
+
+    def draft_limit(self) -> int:
+        return draft_limit(self.longest_draft, max((k for k, _, _ in self.round_trips), default=0),
+                           self.greedy.drafts + self.sampled.drafts)
 
 
 def tried_positions(k: int, accepted: int) -> int:

@@ -2,6 +2,10 @@
 
 Both the gateway (from JSON or protobuf) and the verifier (from protobuf) build these, so the
 rules live here once. Every violation raises InvalidArgument naming the public field.
+
+Speculation has two types: `SpeculationRequest` (what a client asked for, validated here) and
+`SpeculationPlan` (what the gateway decided and the engine runs; the verifier checks it only
+against its own limits, Engine.add_request).
 """
 
 from __future__ import annotations
@@ -76,14 +80,18 @@ class StoppingCriteria:
 
 @dataclass(frozen=True)
 class SpeculationRequest:
-    """What the client asked for; the gateway's policy turns it into a SpeculationPlan."""
+    """What the client asked for (the public SpeculationConfig, or REST's `speculation`); the
+    gateway's policy turns it into a SpeculationPlan."""
 
     mode: SpeculationMode = SpeculationMode.AUTO
     method: str | None = None  # None: the deployment's default
     num_speculative_tokens: int | None = None  # None: the deployment's default
+    details: bool = False  # per-position and per-step counts in usage.speculation
 
     def validate(self, available_methods: tuple[str, ...] | None = None,
                  max_k: int | None = None) -> "SpeculationRequest":
+        """The one check of the public fields; against the deployment when its served methods
+        and largest k are given (REST also calls it without them, while parsing)."""
         if self.method is not None:
             if self.method not in method_names():
                 raise InvalidArgument(
@@ -102,18 +110,23 @@ class SpeculationRequest:
             if max_k is not None and k > max_k:
                 raise InvalidArgument("speculation.num_speculative_tokens",
                                       f"must be <= {max_k} (this deployment's limit)")
+        if self.mode is SpeculationMode.ON and k != 0 and available_methods == ():
+            raise InvalidArgument("speculation.mode", "no proposer is served by this deployment")
         return self
 
 
 @dataclass(frozen=True)
 class SpeculationPlan:
-    """The decision for one request: which proposer and how many tokens per step (0: off)."""
+    """The speculation decided for one request, as the engine runs it: which proposer, how many
+    draft tokens per step (0: off), and whether k is re-decided every step. The gateway's policy
+    builds it; protobuf's SpeculationPlan carries it to the verifier (splitspec/wire.py)."""
 
     method: str | None = None
     k: int = 0  # with `adaptive`: the first step's k
     # The verifier re-decides k every step (goodput), within [k_min, its limit].
     adaptive: bool = False
     k_min: int = 0
+    details: bool = False  # report per-position and per-step counts (not read by the engine)
 
     @property
     def enabled(self) -> bool:
@@ -160,16 +173,13 @@ def _finite(name: str, value: float) -> None:
 
 
 def resolve_speculation(req: SpeculationRequest, available_methods: tuple[str, ...],
-                        default_k: int, max_k: int, auto_on: bool = True) -> SpeculationPlan:
-    """Turn a validated request into a plan. AUTO follows `auto_on` (the gateway's policy);
-    ON without a method takes the deployment's first proposer."""
-    req.validate(available_methods, max_k)
-    on = req.mode is SpeculationMode.ON or (req.mode is SpeculationMode.AUTO and auto_on)
-    if not on or not available_methods:
-        if req.mode is SpeculationMode.ON and req.num_speculative_tokens != 0 \
-                and not available_methods:
-            raise InvalidArgument("speculation.mode", "no proposer is served by this deployment")
-        return SpeculationPlan()
+                        default_k: int) -> SpeculationPlan:
+    """A plan for a request without the gateway's policy (a direct client of the verifier):
+    validated, then auto and on take the request's method (else the first served) and its k
+    (else `default_k`), fixed for every step; off and k = 0 are off. The verifier's own limit
+    on k is the engine's check, as for every plan."""
+    req.validate(available_methods)
     k = default_k if req.num_speculative_tokens is None else req.num_speculative_tokens
-    method = req.method or available_methods[0]
-    return SpeculationPlan(method=method, k=k) if k > 0 else SpeculationPlan()
+    if req.mode is SpeculationMode.OFF or not available_methods or k <= 0:
+        return SpeculationPlan(details=req.details)
+    return SpeculationPlan(method=req.method or available_methods[0], k=k, details=req.details)

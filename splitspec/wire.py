@@ -7,18 +7,19 @@ from __future__ import annotations
 
 from protos import common_pb2 as pb
 from splitspec.errors import InvalidArgument
-from splitspec.params import SamplingParams, SpeculationMode, SpeculationRequest, StoppingCriteria
+from splitspec.params import (
+    SamplingParams,
+    SpeculationMode,
+    SpeculationPlan,
+    SpeculationRequest,
+    StoppingCriteria,
+)
 
 _MODE_FROM_PB = {
     pb.SPECULATION_MODE_UNSPECIFIED: SpeculationMode.AUTO,
     pb.SPECULATION_MODE_AUTO: SpeculationMode.AUTO,
     pb.SPECULATION_MODE_ON: SpeculationMode.ON,
     pb.SPECULATION_MODE_OFF: SpeculationMode.OFF,
-}
-_MODE_TO_PB = {
-    SpeculationMode.AUTO: pb.SPECULATION_MODE_AUTO,
-    SpeculationMode.ON: pb.SPECULATION_MODE_ON,
-    SpeculationMode.OFF: pb.SPECULATION_MODE_OFF,
 }
 
 FINISH_REASON_NAMES = {
@@ -71,6 +72,7 @@ def stopping_to_pb(stopping: StoppingCriteria) -> pb.StoppingCriteria:
 
 
 def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
+    """The client's request, read as is; SpeculationRequest.validate checks it."""
     if msg.mode not in _MODE_FROM_PB:  # proto3 keeps enum numbers it does not know
         raise InvalidArgument("speculation.mode", f"unknown value {msg.mode}")
     return SpeculationRequest(
@@ -78,11 +80,23 @@ def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
         method=msg.method or None,
         num_speculative_tokens=(msg.num_speculative_tokens
                                 if msg.HasField("num_speculative_tokens") else None),
+        details=msg.details,
     )
 
 
-def speculation_to_pb(spec: SpeculationRequest) -> pb.SpeculationConfig:
-    msg = pb.SpeculationConfig(mode=_MODE_TO_PB[spec.mode], method=spec.method or "")
-    if spec.num_speculative_tokens is not None:
-        msg.num_speculative_tokens = spec.num_speculative_tokens
-    return msg
+# The plan crosses from the gateway to the verifier in exactly this pair.
+
+def plan_to_pb(plan: SpeculationPlan) -> pb.SpeculationPlan:
+    if not plan.enabled:
+        return pb.SpeculationPlan(details=plan.details)
+    return pb.SpeculationPlan(method=plan.method, k=plan.k, adaptive=plan.adaptive,
+                              k_min=plan.k_min, details=plan.details)
+
+
+def plan_from_pb(msg: pb.SpeculationPlan) -> SpeculationPlan:
+    """Its shape is trusted (the gateway built it); Engine.add_request checks it against the
+    verifier's own limits."""
+    if not msg.method or not msg.k:
+        return SpeculationPlan(details=msg.details)
+    return SpeculationPlan(method=msg.method, k=msg.k, adaptive=msg.adaptive, k_min=msg.k_min,
+                           details=msg.details)

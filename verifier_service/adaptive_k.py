@@ -1,4 +1,4 @@
-"""Per-step k for requests the gateway's policy marked adaptive (SpeculationConfig.adaptive).
+"""Per-step k for requests the gateway's policy marked adaptive (SpeculationPlan.adaptive).
 
 Before every step, each such sequence gets the k in [k_min, k_max] that maximises the step's
 goodput (splitspec/goodput.py `marginal_goodput`), given:
@@ -21,15 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splitspec.goodput import (
-    Acceptance,
-    MethodModel,
-    RoundTrip,
-    StepCost,
-    fit_round_trip,
-    fit_step_cost,
-    marginal_goodput,
-)
+from splitspec.goodput import Acceptance, MethodModel, StepCost, fit_step_cost, marginal_goodput
 from verifier_service.engine_stats import EngineStats
 from verifier_service.sequence import Sequence
 
@@ -89,7 +81,7 @@ class AdaptiveK:
     def model(self, seq: Sequence) -> MethodModel:
         """The request's own acceptance and hit rate, shrunk towards its method's."""
         prior = self.method_model(seq.inp.speculation.method or "", seq.inp.sampling.greedy)
-        own = Acceptance(seq.accepted, seq.accepted + seq.rejections, seq.drafts, seq.asked)
+        own = Acceptance.from_counts(seq.accepted, seq.rejections, seq.drafts, seq.asked)
         # the method's measured positions, scaled to the request's own (shrunk) rates
         return prior.for_request(own.rate(prior.acceptance, REQUEST_PRIOR_STRENGTH),
                                  own.hit_rate(prior.hit_rate, REQUEST_PRIOR_STRENGTH))
@@ -98,19 +90,10 @@ class AdaptiveK:
         """The method's model for one kind of request, from its counters (once per step)."""
         key = (name, greedy)
         if key not in self._methods:
-            method = self.stats.method(name)
-            c = method.greedy if greedy else method.sampled
-            counts = Acceptance(c.accepted_tokens, c.accepted_tokens + c.rejections, c.drafts,
-                                c.asked, tuple(c.asked_at), tuple(c.drafted_at),
-                                tuple(c.accepted_at))
-            a, h = counts.rate(), counts.hit_rate()
-            self._methods[key] = MethodModel(a, h, self.round_trip(name), method.draft_limit(),
-                                             counts.positions(a, h))
+            counts = self.stats.method(name).counts()
+            self._methods[key] = MethodModel.from_acceptance(
+                counts.acceptance(greedy), counts.round_trip(), counts.draft_limit())
         return self._methods[key]
-
-    def round_trip(self, method: str) -> RoundTrip:
-        trips = self.stats.method(method).round_trips
-        return fit_round_trip((k, n, s) for k, (n, s) in trips.items())
 
     def _view(self, running: list[Sequence]) -> _Batch:
         if self._batch is None:

@@ -59,6 +59,10 @@ class DraftCollector:
         """Whether drafts for `method` can be had here (a proposer or an in-target method)."""
         return method in self.proposers or self.in_target.serves(method)
 
+    def served_methods(self) -> tuple[str, ...]:
+        """Every method drafts can be asked of: the proposers, then the in-target methods."""
+        return (*self.proposers, *(m for m in self.in_target.methods if m not in self.proposers))
+
     def needs_hidden_state(self, seq: Sequence) -> bool:
         """Whether the sequence's proposer declared that it conditions on the target's state."""
         client = self.proposers.get(seq.inp.speculation.method or "")

@@ -168,9 +168,13 @@ class Engine:
             raise InvalidArgument(
                 "max_tokens", f"prompt ({n} tokens) + max_tokens ({inp.stopping.max_tokens}) "
                 f"exceeds the KV cache ({kv.num_blocks * kv.block_size} tokens)")
-        if inp.speculation.enabled and not self.drafts.serves(inp.speculation.method):
-            raise InvalidArgument("speculation.method",
-                                  f"{inp.speculation.method!r} is not served here")
+        # the plan's shape is the gateway's; what only this verifier knows is checked here
+        plan, k_limit = inp.speculation, self.config.max_num_speculative_tokens
+        if plan.enabled and not self.drafts.serves(plan.method):
+            raise InvalidArgument("speculation.method", f"{plan.method!r} is not served here")
+        if plan.enabled and plan.k > k_limit:
+            raise InvalidArgument("speculation.num_speculative_tokens",
+                                  f"must be <= {k_limit} (this verifier's limit)")
         request_id = inp.request_id or uuid.uuid4().hex
         if request_id in self._by_id:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")

@@ -18,7 +18,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from splitspec.goodput import draft_limit, tried_positions
+from splitspec.goodput import Acceptance, MethodCounts, tried_positions
 
 # Upper bounds of the step-cost buckets (batch tokens); beyond the last: one more bucket.
 STEP_COST_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024,
@@ -102,10 +102,13 @@ class MethodStats:
         count_accepted(self.accepted_per_position, k, accepted)
         (self.greedy if greedy else self.sampled).add(k, accepted)
 
-    def draft_limit(self) -> int:
-        """The proposer's own limit on draft length as far as seen (0: none known)."""
-        return draft_limit(len(self.accepted_per_position), max(self.round_trips, default=0),
-                           self.drafts)
+    def counts(self) -> MethodCounts:
+        """What the goodput model reads of these counters (the gateway reads the same from
+        WatchStats)."""
+        return MethodCounts(Acceptance.from_counters(self.greedy),
+                            Acceptance.from_counters(self.sampled),
+                            tuple((k, n, s) for k, (n, s) in self.round_trips.items()),
+                            len(self.accepted_per_position))
 
     def add_round_trip(self, k: int, seconds: float) -> None:
         entry = self.round_trips.setdefault(k, [0, 0.0])

@@ -1,5 +1,8 @@
 """gRPC edge of the verifier: protobuf <-> GenerationInput / StepOutput, thin handlers.
 
+A request's speculation is the gateway's SpeculationPlan, converted once (`plan_from_pb`); a
+request without one comes from a direct client and its SpeculationConfig is resolved here.
+
 With tracing on, Generate starts the request's span under the incoming context (the gRPC
 server span, whose parent came in the metadata); the engine's RequestTimeline completes it
 (verifier_service/tracing.py)."""
@@ -7,13 +10,18 @@ server span, whose parent came in the metadata); the engine's RequestTimeline co
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import uuid
 
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
-from splitspec.params import GenerationInput, check_top_logprobs, resolve_speculation
+from splitspec.params import (
+    GenerationInput,
+    SpeculationPlan,
+    check_top_logprobs,
+    resolve_speculation,
+)
 from splitspec.wire import (
     FINISH_REASON_FROM_NAME,
+    plan_from_pb,
     sampling_from_pb,
     speculation_from_pb,
     stopping_from_pb,
@@ -23,6 +31,8 @@ from verifier_service.engine_stats import AcceptanceCounts, EngineStats
 from verifier_service.prompt import PromptEncoder
 from verifier_service.sequence import StepOutput
 from verifier_service.tracing import VerifierTracer
+
+IN_TARGET_ADDRESS = "in-target"  # ProposerStatus.address of a method the verifier runs itself
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -40,14 +50,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
                         else None)
         check_top_logprobs("top_logprobs", top_logprobs)
         ids = await self._prompts.encode(req)
-        cfg = self._engine.config
-        plan = resolve_speculation(speculation_from_pb(req.speculation),
-                                   tuple(self._engine.proposers),
-                                   cfg.default_num_speculative_tokens,
-                                   cfg.max_num_speculative_tokens)
-        if req.speculation.adaptive and plan.enabled:  # the policy re-decides k every step
-            on = req.speculation.mode == common_pb2.SPECULATION_MODE_ON
-            plan = dataclasses.replace(plan, adaptive=True, k_min=1 if on else 0)
+        plan = self._plan(req)
         return GenerationInput(
             # assigned here rather than by the engine: the span and the stream know it too
             request_id=req.request_id or uuid.uuid4().hex, prompt_token_ids=tuple(ids),
@@ -57,9 +60,19 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             resumed_output_ids=tuple(req.resume.output_token_ids),
             resumed_text_chars=req.resume.sent_text_chars)
 
+    def _plan(self, req: common_pb2.GenerateRequest) -> SpeculationPlan:
+        """The gateway's plan, taken as it is (Engine.add_request checks it against this
+        verifier's limits); without one (a direct client), the client's SpeculationConfig
+        resolved here without a policy: auto and on run the given or default k every step."""
+        if req.HasField("speculation_plan"):
+            return plan_from_pb(req.speculation_plan)
+        return resolve_speculation(speculation_from_pb(req.speculation),
+                                   self._engine.drafts.served_methods(),
+                                   self._engine.config.default_num_speculative_tokens)
+
     async def Generate(self, request, context):
         inp = await self._from_pb(request)
-        details = request.speculation.details
+        details = inp.speculation.details
         tracer = self._tracer
         if tracer is None:
             async for out in self._engine.generate(inp):
@@ -107,7 +120,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             default_num_speculative_tokens=cfg.default_num_speculative_tokens,
             proposers=[verifier_pb2.ProposerStatus(method=m, address=c.address,
                                                    connected=c.connected)
-                       for m, c in self._engine.proposers.items()],
+                       for m, c in self._engine.proposers.items()]
+            # in-target methods: served by this process, always there
+            + [verifier_pb2.ProposerStatus(method=m, address=IN_TARGET_ADDRESS, connected=True)
+               for m in self._engine.drafts.in_target.methods],
             device=self._device, dtype=self._dtype)
 
 

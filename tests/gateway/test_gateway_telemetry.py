@@ -20,12 +20,12 @@ from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
 from gateway.metrics import GatewayMetrics
 from gateway.openai_api import parse_completion_request
-from gateway.policy import SpeculationPolicy, decision_reason
+from gateway.policy import SpeculationPolicy
 from gateway.rest import build_app
 from gateway.tracing import GatewayTracer
 from protos import common_pb2, verifier_pb2
 from splitspec.errors import InvalidArgument
-from splitspec.params import SpeculationMode, SpeculationPlan, SpeculationRequest
+from splitspec.params import SpeculationMode
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = "b7ad6b7169203331"
@@ -50,12 +50,13 @@ class FakePool:
     async def generate(self, request):
         self.requests.append(request)
         self.current.append(trace.get_current_span().get_span_context())
-        on = request.speculation.mode == common_pb2.SPECULATION_MODE_ON
+        plan = request.speculation_plan
+        on = bool(plan.method)
         yield common_pb2.GenerateResponse(token_ids=[1, 2], text="ab")
         spec = common_pb2.SpeculationStats(
-            method=request.speculation.method if on else "", proposed_tokens=6 if on else 0,
+            method=plan.method, proposed_tokens=6 if on else 0,
             accepted_tokens=2 if on else 0, steps=2)
-        if request.speculation.details:
+        if plan.details:
             spec.accepted_per_position.extend([1, 1, 0])
             spec.step_draft_tokens.extend([3, 3])
             spec.step_accepted_tokens.extend([2, 0])
@@ -106,7 +107,7 @@ def test_rest_request_span_follows_traceparent_and_the_genai_conventions(gateway
     assert a["splitspec.speculation.reason"] == "requested_on"
     # The verifier was called with the gateway span current: gRPC carries it in metadata.
     assert [c.span_id for c in pool.current] == [span.context.span_id] * 2
-    assert all(req.speculation.details for req in pool.requests)
+    assert all(req.speculation_plan.details for req in pool.requests)
     spec = r.json()["usage"]["speculation"]
     assert spec["accepted_per_position"] == [2, 2, 0]  # two prompts, summed per position
     assert spec["step_counts"] == [[3, 2], [3, 0], [3, 2], [3, 0]]
@@ -179,18 +180,6 @@ def test_speculation_details_flag_is_parsed_and_checked():
     with pytest.raises(InvalidArgument) as e:
         parse_completion_request({"prompt": "x", "speculation": {"details": "yes"}})
     assert e.value.field == "speculation.details"
-
-
-@pytest.mark.parametrize("mode, k, plan, served, reason", [
-    (SpeculationMode.OFF, None, SpeculationPlan(), True, "requested_off"),
-    (SpeculationMode.ON, None, SpeculationPlan("ngram", 3), True, "requested_on"),
-    (SpeculationMode.ON, 0, SpeculationPlan(), True, "requested_k0"),
-    (SpeculationMode.AUTO, None, SpeculationPlan("ngram", 3), True, "auto_on"),
-    (SpeculationMode.AUTO, None, SpeculationPlan(), False, "no_proposer"),
-])
-def test_policy_decisions_have_reasons(mode, k, plan, served, reason):
-    req = SpeculationRequest(mode=mode, num_speculative_tokens=k)
-    assert decision_reason(req, plan, served) == reason
 
 
 def test_a_chat_request_span_is_a_chat_operation(gateway):

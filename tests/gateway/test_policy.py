@@ -13,6 +13,7 @@ from protos import common_pb2, verifier_pb2
 from splitspec.errors import InvalidArgument
 from splitspec.goodput import Acceptance
 from splitspec.params import SpeculationMode, SpeculationRequest
+from splitspec.wire import plan_to_pb
 
 INFO = verifier_pb2.VerifierInfo(
     model="target", max_model_len=512, default_num_speculative_tokens=4,
@@ -60,17 +61,16 @@ def test_high_acceptance_picks_speculation_with_a_larger_k():
     assert (d_high.plan.method, d_high.reason) == ("mlp", "goodput")
     assert (d_mod.plan.method, d_mod.reason) == ("mlp", "goodput")
     assert d_high.plan.k > d_mod.plan.k >= 1
-    assert d_high.adaptive and d_high.k_min == 0
-    pb = high.to_pb(d_high)  # AUTO tells the verifier it may pause drafting per step
-    assert (pb.mode, pb.method, pb.num_speculative_tokens, pb.adaptive) == (
-        common_pb2.SPECULATION_MODE_AUTO, "mlp", d_high.plan.k, True)
+    assert d_high.plan.adaptive and d_high.plan.k_min == 0
+    pb = plan_to_pb(d_high.plan)  # k_min 0: the verifier may pause drafting per step
+    assert (pb.method, pb.k, pb.adaptive, pb.k_min) == ("mlp", d_high.plan.k, True, 0)
 
 
 def test_low_acceptance_picks_off():
     p = policy(snapshot(greedy={"mlp": (20, 1000), "ngram": (10, 1000)}))
     d = p.decide(AUTO, INFO, True, load())
     assert (d.plan.enabled, d.reason) == (False, "low_acceptance")
-    assert p.to_pb(d).mode == common_pb2.SPECULATION_MODE_OFF
+    assert plan_to_pb(d.plan) == common_pb2.SpeculationPlan()  # no method, k 0: off
 
 
 def test_a_compute_bound_batch_picks_off():
@@ -121,25 +121,25 @@ def test_a_method_that_never_drafts_more_than_3_tokens_gets_k_3():
 def test_on_with_method_and_k_is_honoured_exactly():
     p = policy(snapshot(greedy={"ngram": (10, 1000), "mlp": (900, 1000)}))
     d = p.decide(SpeculationRequest(SpeculationMode.ON, "ngram", 7), INFO, True, load(15))
-    assert (d.plan.method, d.plan.k, d.reason, d.adaptive) == ("ngram", 7, "requested_on", False)
-    pb = p.to_pb(d)
-    assert (pb.mode, pb.method, pb.num_speculative_tokens, pb.adaptive) == (
-        common_pb2.SPECULATION_MODE_ON, "ngram", 7, False)
+    assert (d.plan.method, d.plan.k, d.reason, d.plan.adaptive) == (
+        "ngram", 7, "requested_on", False)
+    pb = plan_to_pb(d.plan)
+    assert (pb.method, pb.k, pb.adaptive) == ("ngram", 7, False)
 
 
 def test_on_without_k_lets_the_policy_pick_k_for_that_method():
     p = policy(snapshot(greedy={"ngram": (10, 1000), "mlp": (900, 1000)}))
     d = p.decide(SpeculationRequest(SpeculationMode.ON, "ngram"), INFO, True, load(15))
     assert d.plan.method == "ngram" and d.plan.k >= 1  # on: never off, whatever the model says
-    assert (d.reason, d.adaptive, d.k_min) == ("requested_on", True, 1)
-    assert p.to_pb(d).mode == common_pb2.SPECULATION_MODE_ON
+    assert (d.reason, d.plan.adaptive, d.plan.k_min) == ("requested_on", True, 1)
+    assert plan_to_pb(d.plan).k_min == 1  # on: drafting never pauses
     hi = p.decide(SpeculationRequest(SpeculationMode.ON, "mlp"), INFO, True, load(0))
     assert hi.plan.k > d.plan.k
     # no method: the first served, as before, even where another would do better
     first = p.decide(SpeculationRequest(SpeculationMode.ON), INFO, True, load(0))
-    assert first.plan.method == "ngram" and first.plan.k >= 1 and first.adaptive
+    assert first.plan.method == "ngram" and first.plan.k >= 1 and first.plan.adaptive
     fixed = p.decide(SpeculationRequest(SpeculationMode.ON, num_speculative_tokens=6), INFO)
-    assert (fixed.plan.method, fixed.plan.k, fixed.adaptive) == ("ngram", 6, False)
+    assert (fixed.plan.method, fixed.plan.k, fixed.plan.adaptive) == ("ngram", 6, False)
 
 
 def test_off_k0_and_no_proposer():
@@ -173,7 +173,7 @@ def test_exploration_is_deterministic_and_goes_to_the_stale_method():
     assert [d.reason for d in decisions] == ["goodput"] * 3 + ["exploration"] + \
         ["goodput"] * 3 + ["exploration"]
     explored = decisions[3]
-    assert explored.plan.method == "ngram" and explored.plan.k >= 1 and explored.k_min == 1
+    assert explored.plan.method == "ngram" and explored.plan.k >= 1 and explored.plan.k_min == 1
     # once every method has enough data nothing is stale: no exploration
     fresh = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000)}), explore_every=4)
     assert all(fresh.decide(AUTO, INFO, True, load()).reason == "goodput" for _ in range(8))
@@ -214,3 +214,12 @@ def test_snapshot_from_the_wire():
     assert snap.methods["ngram"].longest_draft == 2
     assert snap.methods["ngram"].draft_limit() == 0  # 4 drafts: too few to tell
     assert snap.step_cost == ((3, 3.0, 0.03),)
+
+
+def test_every_plan_carries_the_requests_details_flag():
+    p = policy(snapshot(greedy={"mlp": (900, 1000)}))
+    for req in (SpeculationRequest(details=True),
+                SpeculationRequest(SpeculationMode.OFF, details=True),
+                SpeculationRequest(SpeculationMode.ON, "ngram", 3, details=True)):
+        assert p.decide(req, INFO, True, load()).plan.details
+    assert not p.decide(AUTO, INFO, True, load()).plan.details

@@ -55,6 +55,11 @@ def generate_requests(draw) -> common_pb2.GenerateRequest:
     req.speculation.method = draw(st.sampled_from(["", "ngram", "draft", "nope"]))
     if draw(st.booleans()):
         req.speculation.num_speculative_tokens = draw(u32)
+    if draw(st.booleans()):  # a gateway's plan, taken as it is but for this verifier's limits
+        req.speculation_plan.CopyFrom(common_pb2.SpeculationPlan(
+            method=draw(st.sampled_from(["", "ngram", "draft", "nope"])),
+            k=draw(st.one_of(st.integers(0, 8), u32)), adaptive=draw(st.booleans()),
+            k_min=draw(st.one_of(st.integers(0, 2), u32)), details=draw(st.booleans())))
     if draw(st.booleans()):
         req.resume.output_token_ids.extend(draw(st.lists(i32, max_size=10)))
         req.resume.sent_text_chars = draw(st.integers(0, 2**64 - 1))

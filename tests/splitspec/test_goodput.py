@@ -7,6 +7,7 @@ import pytest
 
 from splitspec.goodput import (
     Acceptance,
+    MethodCounts,
     MethodModel,
     RoundTrip,
     StepCost,
@@ -201,3 +202,18 @@ def test_marginal_goodput_of_one_sequence_in_a_batch():
     assert batch_goodput(None, 0, 16, FLAT_THEN_STEEP) == pytest.approx(16 / 0.012)
     assert batch_goodput(m(0.5), 1, 16, FLAT_THEN_STEEP) == pytest.approx(
         16 * 1.5 / (FLAT_THEN_STEEP(32) + 0.001))
+
+
+def test_counters_become_acceptance_and_a_method_model_in_one_way():
+    # 6 accepted, 4 drafts with a rejection: 10 positions tried; 4 of 9 asks got a draft
+    acc = Acceptance.from_counts(6, 4, 4, 9, (9, 9, 5), (4, 3, 1), (3, 2, 1))
+    assert acc == Acceptance(6, 10, 4, 9, (9, 9, 5), (4, 3, 1), (3, 2, 1))
+    model = MethodModel.from_acceptance(acc, FAST, max_draft=2)
+    a, h = acc.rate(), acc.hit_rate()
+    assert model == MethodModel(a, h, FAST, 2, acc.positions(a, h))
+    assert a == pytest.approx((6 + 0.7 * 20) / (10 + 20))
+    counts = MethodCounts(acc, Acceptance.from_counts(0, 0, 16, 16), ((3, 10.0, 0.05),
+                                                                      (8, 10.0, 0.1)), 5)
+    assert counts.draft_limit() == 5  # 20 drafts, never more than 5 though 8 were asked
+    assert counts.round_trip() == fit_round_trip(counts.round_trips)
+    assert counts.acceptance(True) is acc and counts.acceptance(False).drafts == 16

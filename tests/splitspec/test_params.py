@@ -42,13 +42,13 @@ def test_speculation_method_and_k_limits():
 
 
 def test_resolve_speculation_defaults_and_off():
-    on = resolve_speculation(SpeculationRequest(mode=SpeculationMode.ON), ("ngram",), 4, 8)
+    on = resolve_speculation(SpeculationRequest(mode=SpeculationMode.ON), ("ngram",), 4)
     assert (on.method, on.k, on.enabled) == ("ngram", 4, True)
-    off = resolve_speculation(SpeculationRequest(mode=SpeculationMode.OFF), ("ngram",), 4, 8)
+    off = resolve_speculation(SpeculationRequest(mode=SpeculationMode.OFF), ("ngram",), 4)
     assert not off.enabled
-    zero = resolve_speculation(SpeculationRequest(num_speculative_tokens=0), ("ngram",), 4, 8)
+    zero = resolve_speculation(SpeculationRequest(num_speculative_tokens=0), ("ngram",), 4)
     assert not zero.enabled
-    auto_off = resolve_speculation(SpeculationRequest(), ("ngram",), 4, 8, auto_on=False)
-    assert not auto_off.enabled
+    auto = resolve_speculation(SpeculationRequest(details=True), ("ngram",), 4)
+    assert (auto.method, auto.k, auto.adaptive, auto.details) == ("ngram", 4, False, True)
     with pytest.raises(InvalidArgument, match="speculation.mode"):
-        resolve_speculation(SpeculationRequest(mode=SpeculationMode.ON), (), 4, 8)
+        resolve_speculation(SpeculationRequest(mode=SpeculationMode.ON), (), 4)

@@ -9,10 +9,15 @@ import asyncio
 import pytest
 from engine_testlib import PROMPTS, make_engine, request, run_all
 
+from gateway.stats_watch import snapshot_from_pb
 from protos import common_pb2
+from splitspec.errors import InvalidArgument
+from splitspec.goodput import Acceptance
 from splitspec.params import SamplingParams, SpeculationPlan
+from splitspec.wire import plan_to_pb
 from verifier_service.adaptive_k import PROBE_AFTER
-from verifier_service.servicer import VerifierServicer
+from verifier_service.engine_stats import EngineStats
+from verifier_service.servicer import VerifierServicer, _stats_to_pb
 
 
 def adaptive(inp, k: int = 3, k_min: int = 0, method: str = "ngram"):
@@ -128,17 +133,43 @@ def test_adaptive_greedy_is_lossless_and_counters_are_kept_apart(target_model_di
         sum(ngram.proposed_tokens for ngram in engine.stats.per_method.values())
 
 
-def test_the_wire_marks_plans_adaptive_with_their_least_k(engine):
+def test_the_verifier_runs_the_gateways_plan_and_resolves_a_direct_clients_config(engine):
     servicer = VerifierServicer(engine, "target", "", "cpu", "float32")
 
-    def plan(mode, adaptive: bool, k: int = 3):
+    def plan(**fields):
         return asyncio.run(servicer._from_pb(common_pb2.GenerateRequest(
-            token_ids=common_pb2.TokenIds(ids=[1, 2]), speculation=common_pb2.SpeculationConfig(
-                mode=mode, method="ngram", num_speculative_tokens=k,
-                adaptive=adaptive)))).speculation
+            token_ids=common_pb2.TokenIds(ids=[1, 2]), **fields))).speculation
 
-    assert plan(common_pb2.SPECULATION_MODE_AUTO, True) == SpeculationPlan(
-        "ngram", 3, adaptive=True, k_min=0)
-    assert plan(common_pb2.SPECULATION_MODE_ON, True) == SpeculationPlan(
-        "ngram", 3, adaptive=True, k_min=1)
-    assert plan(common_pb2.SPECULATION_MODE_ON, False) == SpeculationPlan("ngram", 3)
+    for sent in (SpeculationPlan("ngram", 3, adaptive=True, k_min=0),
+                 SpeculationPlan("ngram", 3, adaptive=True, k_min=1),
+                 SpeculationPlan("ngram", 3, details=True), SpeculationPlan()):
+        assert plan(speculation_plan=plan_to_pb(sent)) == sent  # taken as it is
+    # a direct client without a plan: its config resolved here, k fixed for every step
+    direct = plan(speculation=common_pb2.SpeculationConfig(
+        mode=common_pb2.SPECULATION_MODE_AUTO, method="ngram", details=True))
+    assert direct == SpeculationPlan("ngram", engine.config.default_num_speculative_tokens,
+                                     details=True)
+    with pytest.raises(InvalidArgument, match="speculation.method"):
+        plan(speculation=common_pb2.SpeculationConfig(method="medusa"))
+
+
+def test_a_plan_beyond_what_this_verifier_serves_is_refused(engine):
+    with pytest.raises(InvalidArgument, match="num_speculative_tokens.*<= 8"):
+        engine.add_request(adaptive(request(engine, "big", PROMPTS[0]), k=9))
+    with pytest.raises(InvalidArgument, match="speculation.method.*not served"):
+        engine.add_request(adaptive(request(engine, "draft", PROMPTS[0]), method="draft"))
+
+
+def test_the_gateway_reads_the_counts_the_verifier_models_from():
+    stats = EngineStats()
+    ngram = stats.method("ngram")
+    for k, accepted, greedy in ((3, 3, True), (3, 1, True), (2, 0, False), (4, 2, True)):
+        ngram.add_draft(k, accepted, greedy)
+        (ngram.greedy if greedy else ngram.sampled).add_asked(k, k, accepted)
+    ngram.add_round_trip(3, 0.002)
+    ngram.add_round_trip(4, 0.003)
+    mine = ngram.counts()
+    wire = snapshot_from_pb(_stats_to_pb(stats)).methods["ngram"]
+    assert (wire.greedy, wire.sampled, wire.round_trips, wire.longest_draft) == (
+        mine.greedy, mine.sampled, mine.round_trips, mine.longest_draft)
+    assert mine.greedy == Acceptance(6, 8, 3, 0, (3, 3, 3, 1), (3, 3, 3, 1), (3, 2, 1))

@@ -1,0 +1,39 @@
+"""The protobuf edge of the request types (splitspec/wire.py): the speculation plan crosses from
+the gateway to the verifier unchanged, and the client's SpeculationConfig is read as sent."""
+
+from __future__ import annotations
+
+import pytest
+
+from protos import common_pb2
+from splitspec.errors import InvalidArgument
+from splitspec.params import SpeculationMode, SpeculationPlan, SpeculationRequest
+from splitspec.wire import plan_from_pb, plan_to_pb, speculation_from_pb
+
+
+@pytest.mark.parametrize("plan", [
+    SpeculationPlan(),
+    SpeculationPlan(details=True),
+    SpeculationPlan("ngram", 4),
+    SpeculationPlan("mlp", 3, adaptive=True, k_min=0, details=True),
+    SpeculationPlan("draft", 2, adaptive=True, k_min=1),
+])
+def test_a_plan_crosses_the_wire_unchanged(plan):
+    msg = common_pb2.GenerateRequest.FromString(
+        common_pb2.GenerateRequest(speculation_plan=plan_to_pb(plan)).SerializeToString())
+    assert plan_from_pb(msg.speculation_plan) == plan
+
+
+def test_an_off_plan_is_sent_as_off_whatever_it_holds():
+    assert plan_to_pb(SpeculationPlan("ngram", 0)) == common_pb2.SpeculationPlan()
+    assert plan_to_pb(SpeculationPlan(None, 3)) == common_pb2.SpeculationPlan()
+    assert not plan_from_pb(common_pb2.SpeculationPlan(method="ngram")).enabled
+
+
+def test_the_clients_config_is_read_as_sent():
+    msg = common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON, method="ngram",
+                                       num_speculative_tokens=0, details=True)
+    assert speculation_from_pb(msg) == SpeculationRequest(SpeculationMode.ON, "ngram", 0, True)
+    assert speculation_from_pb(common_pb2.SpeculationConfig()) == SpeculationRequest()
+    with pytest.raises(InvalidArgument, match="speculation.mode"):
+        speculation_from_pb(common_pb2.SpeculationConfig(mode=7))
