@@ -7,11 +7,11 @@ auto decides on goodput again."""
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import httpx
 import pytest
+from polling import wait_until
 from stats_testlib import idle, watch_until
 
 from protos import common_pb2, verifier_pb2_grpc
@@ -40,6 +40,16 @@ def complete(client: httpx.Client, prompt: str, max_tokens: int) -> dict:
         "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
     assert r.status_code == 200, r.text
     return r.json()["usage"]["speculation"]
+
+
+def complete_if(client: httpx.Client, prompt: str, max_tokens: int, holds) -> dict | None:
+    """complete()'s usage.speculation if holds(it), else None: a request to repeat until."""
+    spec = complete(client, prompt, max_tokens)
+    return spec if holds(spec) else None
+
+
+def queue_size(spec: dict) -> bool:
+    return spec["policy_reason"] == "queue_size"
 
 
 def test_a_burst_turns_speculation_off_from_the_threshold_on(policy_stack):
@@ -91,11 +101,9 @@ def test_load_sent_to_the_verifier_directly_reaches_the_policy_through_its_stats
         for call in calls:
             next(call)  # first token: running
         watch_until(port, lambda s: s.running == 2)
-        deadline = time.monotonic() + 30
         with httpx.Client(base_url=policy_stack.url, timeout=60) as client:
-            while (spec := complete(client, "def h(z):\n", 2))["policy_reason"] != "queue_size":
-                assert time.monotonic() < deadline, "the policy never saw the verifier's load"
-                time.sleep(0.05)
+            spec = wait_until(lambda: complete_if(client, "def h(z):\n", 2, queue_size), 30,
+                              message="the policy to see the verifier's load")
         assert spec["method"] is None and spec["mode"] == "auto"
     finally:
         for call in calls:
@@ -105,10 +113,9 @@ def test_load_sent_to_the_verifier_directly_reaches_the_policy_through_its_stats
 
 def test_once_the_burst_is_over_auto_decides_on_goodput_again(policy_stack):
     watch_until(policy_stack.verifier.port, idle)
-    deadline = time.monotonic() + 30
     with httpx.Client(base_url=policy_stack.url, timeout=60) as client:
-        while (spec := complete(client, "def g(y):\n", 4))["policy_reason"] == "queue_size":
-            # the gateway hears the replica's stats every 50 ms: it learns the queue drained
-            assert time.monotonic() < deadline, "the gateway never saw the queue drain"
-            time.sleep(0.05)
+        # the gateway hears the replica's stats every 50 ms: it learns the queue drained
+        spec = wait_until(
+            lambda: complete_if(client, "def g(y):\n", 4, lambda s: not queue_size(s)), 30,
+            message="the gateway to see the queue drain")
     assert spec["mode"] == "auto" and spec["policy_reason"] != "queue_size"

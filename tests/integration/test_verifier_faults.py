@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from polling import wait_until
 
 from splitspec.launcher import Stack, StackConfig
 
@@ -54,10 +55,7 @@ def test_verifier_death_mid_stream_ends_the_stream_with_an_error(own_stack):
         # (reconnect backoff capped at 1 s), so it serves again within about a second of the
         # verifier being healthy, not after gRPC's default backoff of up to two minutes.
         own_stack.restart(own_stack.verifier)
-        healthy_at = time.monotonic()
-        while client.get("/health").status_code != 200:
-            assert time.monotonic() - healthy_at < RECONNECT_BOUND_S, \
-                "the gateway did not reconnect to the restarted verifier in time"
-            time.sleep(0.05)
+        wait_until(lambda: client.get("/health").status_code == 200, RECONNECT_BOUND_S, 0.05,
+                   "the gateway to reconnect to the restarted verifier")
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
