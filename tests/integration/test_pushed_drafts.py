@@ -15,7 +15,6 @@ import grpc
 import pytest
 from polling import wait_until_async
 from services_testlib import start_healthy
-from tiny_proposer_models import make_noisy_draft, make_sharp_target
 
 from protos import common_pb2, proposer_pb2_grpc
 from splitspec.launcher import Service
@@ -29,10 +28,9 @@ K = 4
 
 
 @pytest.fixture(scope="module")
-def draft_address(tiny_target_dir, tmp_path_factory):
+def draft_address(learned_models, tmp_path_factory):
+    _, draft, _ = learned_models  # a noisy copy of the sharpened tiny target
     root = tmp_path_factory.mktemp("pushed")
-    target = make_sharp_target(tiny_target_dir, root / "target")
-    draft = make_noisy_draft(target, root / "draft", noise=0.02)
     port = free_port()
     svc = Service("proposer-draft", [sys.executable, "-m", "proposer_service.server",
                                      "--method", "draft", "--model", str(draft),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from clocks import FakeClock
-from tiny_proposer_models import make_noisy_draft, make_random_draft
+from tiny_proposer_models import make_random_draft
 
 import proposer_service.base
 from kernels.sampling import apply_sampling_params
@@ -22,8 +22,8 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
 
 
 @pytest.fixture(scope="module")
-def draft_dir(tiny_target_dir, tmp_path_factory):
-    return str(make_noisy_draft(tiny_target_dir, tmp_path_factory.mktemp("draft")))
+def draft_dir(noisy_draft_dir):
+    return noisy_draft_dir
 
 
 @pytest.fixture(scope="module")

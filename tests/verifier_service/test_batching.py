@@ -209,16 +209,14 @@ def test_chunked_prefill_keeps_seeded_sampled_outputs(target_model_dir):
 
 
 @pytest.fixture(scope="module")
-def learned(tiny_target_dir, tmp_path_factory):
+def learned(learned_models):
     """A sharpened tiny target with a draft and an MLP speculator fitted to it, the proposers
     built from their command-line flags."""
-    from tiny_proposer_models import make_models
-
     from proposer_service.config import ProposerConfig
     from proposer_service.server import build_proposer
     from splitspec.config import parse_config
 
-    target, draft, spec = make_models(tiny_target_dir, tmp_path_factory.mktemp("learned"))
+    target, draft, spec = learned_models
     flags = ["--device", "cpu", "--dtype", "float32"]
     proposers = {
         "draft": build_proposer(parse_config(ProposerConfig, [
