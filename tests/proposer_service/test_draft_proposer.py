@@ -3,13 +3,15 @@ sampled drafts with their sparse q, release and idle eviction, and what Info rep
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from clocks import FakeClock
 from tiny_proposer_models import make_random_draft
 
-import proposer_service.base
 from kernels.sampling import apply_sampling_params
+from proposer_service.base import HistoryStore
 from proposer_service.draft import DraftModelProposer
 from proposer_service.drafting import choose_tokens, draft_keys
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
@@ -195,7 +197,8 @@ def test_k_zero_records_and_unknown_or_inconsistent_sequences_resync(proposer, p
 
 def test_release_and_idle_eviction_drop_the_state(draft_dir, prompts, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(proposer_service.base, "time", clock)  # the history store's clock
+    # the sessions' HistoryStore reads time.monotonic() of the module that defines it
+    monkeypatch.setattr(sys.modules[HistoryStore.__module__], "time", clock)
     proposer = DraftModelProposer.load(draft_dir, CPU, torch.float32, idle_timeout_s=60.0)
     session = proposer.open_session()
     p = prompts[0]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 
 import pytest
 import torch
 from clocks import FakeClock
 from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
 
-import proposer_service.base
+from proposer_service.base import HistoryStore
 from proposer_service.mlp import MlpSpeculatorProposer
 from proposer_service.mlp_speculator import MLPSpeculator
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
@@ -96,7 +97,8 @@ def test_the_hidden_state_survives_the_wire_in_fp16_and_fp32(proposer):
 
 def test_resync_release_and_idle_eviction(spec_dir, monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(proposer_service.base, "time", clock)  # the history store's clock
+    # the sessions' HistoryStore reads time.monotonic() of the module that defines it
+    monkeypatch.setattr(sys.modules[HistoryStore.__module__], "time", clock)
     proposer = MlpSpeculatorProposer.load(spec_dir, CPU, torch.float32, idle_timeout_s=60.0)
     session = proposer.open_session()
     (d,) = session.propose([step("a", [1], 2, full=False, history_len=2)])
