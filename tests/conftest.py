@@ -32,3 +32,21 @@ def tiny_target_dir() -> str:
     from tiny_proposer_models import TINY_TARGET
 
     return TINY_TARGET
+
+
+@pytest.fixture(scope="session")
+def learned_models(tiny_target_dir, tmp_path_factory) -> tuple[str, str, str]:
+    """(target, draft, speculator) from tiny_proposer_models.make_models, side by side in one
+    directory. Built once per run (fitting the speculator takes seconds) and only read: the
+    engine and integration tests with learned proposers share it."""
+    from tiny_proposer_models import make_models
+
+    return make_models(tiny_target_dir, tmp_path_factory.mktemp("learned-models"))
+
+
+@pytest.fixture(scope="session")
+def noisy_draft_dir(tiny_target_dir, tmp_path_factory) -> str:
+    """tiny_proposer_models.make_noisy_draft of the tiny target, built once per run, only read."""
+    from tiny_proposer_models import make_noisy_draft
+
+    return str(make_noisy_draft(tiny_target_dir, tmp_path_factory.mktemp("noisy-draft")))

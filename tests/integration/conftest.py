@@ -1,6 +1,6 @@
 """A real stack (n-gram proposer, verifier, gateway) as processes on 127.0.0.1, free ports,
-shared by the integration tests and always torn down; and one with two verifier replicas for
-the tests that kill or drain a replica."""
+shared by the integration tests and always torn down; one with two verifier replicas for the
+tests that kill or drain a replica; and one serving the learned proposers."""
 
 from __future__ import annotations
 
@@ -43,3 +43,17 @@ def replica_client(replicas):
     ensure_all_serving(replicas, client)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="package")
+def learned_stack(learned_models, tmp_path_factory):
+    """The sharpened tiny target with every proposer, the learned ones included (see
+    learned_testlib), overlap pinned on: every losslessness test runs with drafting ahead (auto
+    could turn it off on a busy machine, where it takes cores from the verifier). A test that
+    kills one of its services restarts it before it ends."""
+    from learned_testlib import learned_stack_config
+
+    target, draft, spec = learned_models
+    with Stack(learned_stack_config(target, draft, spec, tmp_path_factory.mktemp("learned-logs"),
+                                    verifier_args=["--overlap", "on"])) as s:
+        yield s

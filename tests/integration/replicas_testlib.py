@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
 from learned_testlib import GenClient, Result
+from polling import wait_until
 from stats_testlib import current, idle, watch_until
 
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
@@ -76,14 +76,16 @@ def ensure_all_serving(stack: Stack, client: GenClient) -> None:
         if not v.alive():
             stack.restart(v)
     before = {v.name: watch_until(v.port, idle).finished_requests for v in stack.verifiers}
+
+    def every_replica_served() -> bool:
+        if all(current(v.port).finished_requests > before[v.name] for v in stack.verifiers):
+            return True
+        client.generate(client.request("x", None, max_tokens=1))
+        return False
+
     # by time, not by a count of requests: a restarted replica needs its start and the gateway's
     # health watch to see it, however fast the requests meanwhile are
-    deadline = time.monotonic() + 60
-    while not all(current(v.port).finished_requests > before[v.name] for v in stack.verifiers):
-        if time.monotonic() > deadline:
-            raise AssertionError("the gateway does not route to every replica")
-        client.generate(client.request("x", None, max_tokens=1))
-        time.sleep(0.05)
+    wait_until(every_replica_served, 60, 0.05, "the gateway to route to every replica")
     for v in stack.verifiers:
         watch_until(v.port, idle)
 
@@ -99,8 +101,8 @@ class StatsFollower:
             verifier_pb2.WatchStatsRequest(interval_ms=interval_ms))
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
-        while self.last is None and self._thread.is_alive():
-            time.sleep(0.01)
+        wait_until(lambda: self.last is not None or not self._thread.is_alive(), 30, 0.01,
+                   "the verifier's first stats")
 
     def _follow(self) -> None:
         try:

@@ -3,7 +3,7 @@ other ports, started and awaited like the stack's own."""
 
 from __future__ import annotations
 
-import time
+from polling import wait_until
 
 from splitspec.launcher import Service, Stack, grpc_healthy
 
@@ -20,8 +20,9 @@ def on_port(argv: list[str], port: int, flag: str = "--port", *more: str) -> lis
 
 def start_healthy(svc: Service, timeout: float) -> None:
     svc.start(Stack.environment())
-    deadline = time.monotonic() + timeout
-    while not grpc_healthy(svc.port):
+
+    def healthy() -> bool:
         assert svc.alive(), f"{svc.name} exited; see {svc.log_path}"
-        assert time.monotonic() < deadline, f"{svc.name} did not become healthy"
-        time.sleep(0.1)
+        return grpc_healthy(svc.port)
+
+    wait_until(healthy, timeout, 0.1, f"{svc.name} to become healthy")

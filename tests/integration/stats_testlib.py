@@ -6,39 +6,44 @@ soon as the verifier has nothing in flight and every KV block is free again.
 
 from __future__ import annotations
 
-import time
-
 import grpc
+from polling import wait_until
 
 from protos import verifier_pb2, verifier_pb2_grpc
+
+STREAM_S = 5.0  # one WatchStats stream's length; a longer wait opens the next
 
 
 def watch_until(port: int, predicate, timeout: float = 30.0, interval_ms: int = 50
                 ) -> verifier_pb2.EngineStats:
     """Follow WatchStats until predicate(stats) holds and return those stats; AssertionError
-    with the last stats seen when it does not within timeout seconds."""
-    last = None
-    deadline = time.monotonic() + timeout
+    with the last stats seen when it does not within timeout seconds (give or take one stream's
+    STREAM_S)."""
+    last: list[verifier_pb2.EngineStats] = []
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         stub = verifier_pb2_grpc.VerifierStub(ch)
-        while time.monotonic() < deadline:
+
+        def follow() -> verifier_pb2.EngineStats | None:
+            """One stream (it sends the current stats at once): the first that satisfy
+            predicate, or None when it ended first."""
             stream = stub.WatchStats(verifier_pb2.WatchStatsRequest(interval_ms=interval_ms),
-                                     timeout=max(deadline - time.monotonic(), 0.1))
+                                     timeout=min(timeout, STREAM_S))
             try:
                 for stats in stream:
-                    last = stats
+                    last[:] = [stats]
                     if predicate(stats):
                         return stats
             except grpc.RpcError as exc:
+                # its time is up, or a verifier still starting: ask again
                 if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED,
                                       grpc.StatusCode.UNAVAILABLE):
                     raise
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    time.sleep(0.1)  # a verifier still starting: ask again
             finally:
                 stream.cancel()
-    raise AssertionError(f"verifier stats did not reach the expected state in {timeout:.0f} s; "
-                         f"last seen: {last}")
+            return None
+
+        return wait_until(follow, timeout, 0.1,
+                          lambda: f"verifier stats in the expected state; last seen: {last[-1:]}")
 
 
 def current(port: int) -> verifier_pb2.EngineStats:

@@ -5,12 +5,12 @@ the gateway serves again as soon as one ends."""
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import httpx
 import pytest
 from learned_testlib import GenClient
+from polling import wait_until
 from services_testlib import on_port, start_healthy
 
 from splitspec.launcher import Service
@@ -69,8 +69,9 @@ def test_beyond_max_pending_requests_get_429_with_retry_after(bounded_gateway):
             t.join(30)
     assert outcomes == [grpc.StatusCode.CANCELLED] * 2
     with httpx.Client(base_url=url, timeout=60) as http:  # places free again once noticed
-        deadline = time.monotonic() + 30
-        while (r := http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-               ).status_code == 429 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        def admitted() -> httpx.Response | None:
+            r = http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+            return r if r.status_code != 429 else None
+
+        r = wait_until(admitted, 30, 0.1, "the gateway to free the held places")
         assert r.status_code == 200

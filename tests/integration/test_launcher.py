@@ -6,11 +6,11 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from polling import wait_until
 from procs_testlib import alive, children_of, proposer_port_flags, stop_launcher
 
 from splitspec.launcher import sibling_proposer_models
@@ -32,13 +32,14 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
+
+        def printed_url() -> bool:
             line = proc.stdout.readline()
             assert line, f"launcher exited early: {''.join(lines)}"
             lines.append(line)
-            if f"http://127.0.0.1:{port}" in line:
-                break
+            return f"http://127.0.0.1:{port}" in line
+
+        wait_until(printed_url, 180, 0, "the launcher to print the gateway's URL")
         kids = children_of(proc.pid)
         # gateway, verifier, the model-free proposers, plus the learned ones shipped beside the
         # model
@@ -51,10 +52,7 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         for pid in kids:
-            deadline = time.monotonic() + 10
-            while alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not alive(pid), f"service process {pid} survived SIGINT"
+            wait_until(lambda: not alive(pid), 10, 0.1, f"service process {pid} to exit on SIGINT")
     finally:
         stop_launcher(proc)
 
@@ -79,8 +77,6 @@ def test_services_do_not_outlive_a_killed_launcher(target_model_dir, tmp_path):
         proc.kill()
         proc.wait()
     for pid in kids:
-        deadline = time.monotonic() + 15
-        while alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not alive(pid), f"service process {pid} outlived its launcher"
+        wait_until(lambda: not alive(pid), 15, 0.1,
+                   f"service process {pid} to exit with its launcher")
 

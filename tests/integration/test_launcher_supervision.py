@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+from polling import wait_until
 from procs_testlib import alive, children_of, proposer_port_flags, stop_launcher
 
 from splitspec.net import bindable, free_port
@@ -44,14 +44,6 @@ def services(launcher: int) -> dict[str, list[int]]:
         if kind:
             out.setdefault(kind, []).append(pid)
     return out
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} did not happen in {timeout:.0f} s"
-        time.sleep(0.2)
-    return value
 
 
 def complete(url: str, **extra) -> httpx.Response:
@@ -102,18 +94,18 @@ def test_up_restarts_dead_services_while_the_rest_serve(target_model_dir, tmp_pa
         os.kill(ngram, signal.SIGKILL)
         r = complete(url, **NGRAM)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
-        wait_for(lambda: [p for p in services(proc.pid).get("proposer-ngram", [])
-                          if p != ngram], 60, "the proposer's restart")
-        wait_for(lambda: complete(url, **NGRAM).json()["usage"]["speculation"]
-                 ["proposed_tokens"] > 0, 60, "speculation with the restarted proposer")
+        wait_until(lambda: [p for p in services(proc.pid).get("proposer-ngram", [])
+                            if p != ngram], 60, 0.2, "the proposer's restart")
+        wait_until(lambda: complete(url, **NGRAM).json()["usage"]["speculation"]
+                   ["proposed_tokens"] > 0, 60, 0.2, "speculation with the restarted proposer")
 
         # a dead verifier replica: the other serves, and it is started again
         victim = found["verifier"][0]
         os.kill(victim, signal.SIGKILL)
         for _ in range(4):
             assert complete(url).status_code == 200
-        wait_for(lambda: len([p for p in services(proc.pid).get("verifier", [])
-                              if p != victim]) == 2, 60, "the verifier's restart")
+        wait_until(lambda: len([p for p in services(proc.pid).get("verifier", [])
+                                if p != victim]) == 2, 60, 0.2, "the verifier's restart")
         assert proc.poll() is None
         assert any("proposer-ngram exited" in line and "restarting" in line for line in lines)
         proc.send_signal(signal.SIGINT)

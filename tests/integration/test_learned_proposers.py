@@ -16,7 +16,7 @@ from pathlib import Path
 from statistics import NormalDist
 
 import pytest
-from learned_testlib import PROMPTS, gen_client, learned_stack_config, make_models
+from learned_testlib import PROMPTS, gen_client, learned_stack_config
 from stats_testlib import current
 
 from splitspec.launcher import Stack, sibling_proposer_models
@@ -26,14 +26,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def stack(tiny_target_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("learned")
-    target, draft, spec = make_models(tiny_target_dir, root)
-    # overlap pinned on: every losslessness test below runs with drafting ahead (auto could
-    # turn it off on a busy machine, where it takes cores from the verifier)
-    with Stack(learned_stack_config(target, draft, spec, root / "logs",
-                                    verifier_args=["--overlap", "on"])) as s:
-        yield s
+def stack(learned_stack):
+    return learned_stack
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ import re
 import signal
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from learned_testlib import PROMPTS, GenClient
+from services_testlib import start_healthy
 
-from splitspec.launcher import Service, Stack, grpc_healthy
+from splitspec.launcher import Service
 from splitspec.net import free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
@@ -24,18 +24,6 @@ MAX_TOKENS = 48
 # No /metrics listeners (fixed default ports) in tests, where the services take the flag.
 NO_METRICS = (["--metrics-port", "0"] if importlib.util.find_spec("splitspec.telemetry.config")
               else [])
-
-
-def start(services: list[Service], timeout_s: float = 120.0) -> None:
-    """In order, each healthy before the next starts."""
-    env = Stack.environment()
-    deadline = time.monotonic() + timeout_s
-    for svc in services:
-        svc.start(env)
-        while not grpc_healthy(svc.port):
-            assert svc.alive(), f"{svc.name} exited; see {svc.log_path}"
-            assert time.monotonic() < deadline, f"{svc.name} did not become healthy"
-            time.sleep(0.2)
 
 
 def pool_stats(log_text: str, address: str) -> dict[str, int]:
@@ -69,7 +57,8 @@ def test_two_proposers_behind_one_name_share_the_work_and_one_may_die(target_mod
     services = [*proposers, verifier, gateway]
     client = None
     try:
-        start(services)
+        for svc in services:  # in order, each healthy before the next starts
+            start_healthy(svc, 120)
         assert wait_for_port("127.0.0.1", http_port, 30)
         client = GenClient(grpc_port)
         base = client.generate_all([client.request(p, None, max_tokens=MAX_TOKENS)

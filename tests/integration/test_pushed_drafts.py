@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 
 import grpc
 import pytest
+from polling import wait_until_async
 from services_testlib import start_healthy
-from tiny_proposer_models import make_noisy_draft, make_sharp_target
 
 from protos import common_pb2, proposer_pb2_grpc
 from splitspec.launcher import Service
@@ -29,10 +28,9 @@ K = 4
 
 
 @pytest.fixture(scope="module")
-def draft_address(tiny_target_dir, tmp_path_factory):
+def draft_address(learned_models, tmp_path_factory):
+    _, draft, _ = learned_models  # a noisy copy of the sharpened tiny target
     root = tmp_path_factory.mktemp("pushed")
-    target = make_sharp_target(tiny_target_dir, root / "target")
-    draft = make_noisy_draft(target, root / "draft", noise=0.02)
     port = free_port()
     svc = Service("proposer-draft", [sys.executable, "-m", "proposer_service.server",
                                      "--method", "draft", "--model", str(draft),
@@ -57,13 +55,9 @@ async def _client(address: str) -> GrpcProposerClient:
 
 async def _pushed(client: GrpcProposerClient, seq_id: str, history_len: int, timeout=30.0):
     """What the proposer pushed for the sequence's next step (waits for it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [a for a in client._pushed.get(seq_id, ()) if a.history_len > history_len]
-        if found:
-            return found
-        assert time.monotonic() < deadline, "nothing was pushed"
-        await asyncio.sleep(0.01)
+    return await wait_until_async(
+        lambda: [a for a in client._pushed.get(seq_id, ()) if a.history_len > history_len],
+        timeout, 0.01, f"a push for {seq_id!r} past {history_len} tokens")
 
 
 def test_a_pushed_draft_is_taken_without_a_round_trip_and_the_proposer_follows(draft_address):

@@ -9,6 +9,7 @@ import signal
 
 import grpc
 import pytest
+from polling import wait_until
 from replicas_testlib import StatsFollower, ensure_all_serving, run_in_flight
 from stats_testlib import current, idle, watch_until
 
@@ -38,9 +39,13 @@ def test_sigterm_lets_requests_in_flight_finish_and_routes_new_ones_elsewhere(
         assert on_a > 0
         follower = StatsFollower(a.port)
         a.proc.send_signal(signal.SIGTERM)
-        # health first: NOT_SERVING while the requests in flight still run
-        while grpc_healthy(a.port):
+
+        def not_serving() -> bool:
             assert a.proc.poll() is None, "it exited without draining"
+            return not grpc_healthy(a.port)
+
+        # health first: NOT_SERVING while the requests in flight still run
+        wait_until(not_serving, 30, 0, "the draining verifier's health to turn NOT_SERVING")
         assert follower.last.running > 0
         new_results.extend(client.generate_all(
             [client.request(f"x{i} = ", None, max_tokens=4) for i in range(4)]))

@@ -11,8 +11,7 @@ import time
 
 import httpx
 import pytest
-
-from splitspec.launcher import Stack, StackConfig
+from polling import wait_until
 
 pytestmark = pytest.mark.integration
 # Backoff cap 1 s, +20% jitter, plus room for a loaded 2-core machine.
@@ -20,19 +19,21 @@ RECONNECT_BOUND_S = 3.0
 
 
 @pytest.fixture
-def own_stack(target_model_dir, tmp_path):
-    config = StackConfig.with_free_ports(model=target_model_dir, device="cpu", log_dir=tmp_path,
-                                         verifier_args=["--threads", "1"])
-    with Stack(config) as s:
-        yield s
+def killable_stack(stack):
+    """The package stack, its verifier running again after the test whatever happened."""
+    try:
+        yield stack
+    finally:
+        if not stack.verifier.alive():
+            stack.restart(stack.verifier)
 
 
-def test_verifier_death_mid_stream_ends_the_stream_with_an_error(own_stack):
+def test_verifier_death_mid_stream_ends_the_stream_with_an_error(killable_stack):
     body = {"prompt": "def f(x):\n", "max_tokens": 480, "temperature": 0, "stream": True,
             "ignore_eos": True}
     events = []
     t0 = time.monotonic()
-    with httpx.Client(base_url=own_stack.url, timeout=30) as client:
+    with httpx.Client(base_url=killable_stack.url, timeout=30) as client:
         with client.stream("POST", "/v1/completions", json=body) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
@@ -40,7 +41,7 @@ def test_verifier_death_mid_stream_ends_the_stream_with_an_error(own_stack):
                     continue
                 events.append(line)
                 if len(events) == 3:
-                    os.killpg(own_stack.verifier.proc.pid, signal.SIGKILL)
+                    os.killpg(killable_stack.verifier.proc.pid, signal.SIGKILL)
         assert time.monotonic() - t0 < 30
         assert events[-1] == "data: [DONE]"
         error = json.loads(events[-2][len("data: "):])["error"]
@@ -53,11 +54,8 @@ def test_verifier_death_mid_stream_ends_the_stream_with_an_error(own_stack):
         # Back on the same port: the gateway's channel retries at least once a second
         # (reconnect backoff capped at 1 s), so it serves again within about a second of the
         # verifier being healthy, not after gRPC's default backoff of up to two minutes.
-        own_stack.restart(own_stack.verifier)
-        healthy_at = time.monotonic()
-        while client.get("/health").status_code != 200:
-            assert time.monotonic() - healthy_at < RECONNECT_BOUND_S, \
-                "the gateway did not reconnect to the restarted verifier in time"
-            time.sleep(0.05)
+        killable_stack.restart(killable_stack.verifier)
+        wait_until(lambda: client.get("/health").status_code == 200, RECONNECT_BOUND_S, 0.05,
+                   "the gateway to reconnect to the restarted verifier")
         r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

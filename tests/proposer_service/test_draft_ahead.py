@@ -8,7 +8,6 @@ import threading
 import pytest
 import torch
 from test_draft_proposer import reference_greedy
-from tiny_proposer_models import make_noisy_draft
 
 from proposer_service.draft import DraftModelProposer
 from splitspec.modelio import load_tokenizer
@@ -21,10 +20,9 @@ K = 4
 
 
 @pytest.fixture(scope="module")
-def proposer(tiny_target_dir, tmp_path_factory):
+def proposer(noisy_draft_dir):
     torch.set_num_threads(1)
-    path = make_noisy_draft(tiny_target_dir, tmp_path_factory.mktemp("draft_ahead"))
-    return DraftModelProposer.load(str(path), CPU, torch.float32, draft_top_k=16)
+    return DraftModelProposer.load(noisy_draft_dir, CPU, torch.float32, draft_top_k=16)
 
 
 @pytest.fixture(scope="module")

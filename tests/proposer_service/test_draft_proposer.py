@@ -3,13 +3,15 @@ sampled drafts with their sparse q, release and idle eviction, and what Info rep
 
 from __future__ import annotations
 
-import time
+import sys
 
 import pytest
 import torch
-from tiny_proposer_models import make_noisy_draft, make_random_draft
+from clocks import FakeClock
+from tiny_proposer_models import make_random_draft
 
 from kernels.sampling import apply_sampling_params
+from proposer_service.base import HistoryStore
 from proposer_service.draft import DraftModelProposer
 from proposer_service.drafting import choose_tokens, draft_keys
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
@@ -22,8 +24,8 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=11)
 
 
 @pytest.fixture(scope="module")
-def draft_dir(tiny_target_dir, tmp_path_factory):
-    return str(make_noisy_draft(tiny_target_dir, tmp_path_factory.mktemp("draft")))
+def draft_dir(noisy_draft_dir):
+    return noisy_draft_dir
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +195,11 @@ def test_k_zero_records_and_unknown_or_inconsistent_sequences_resync(proposer, p
     assert d.resync
 
 
-def test_release_and_idle_eviction_drop_the_state(draft_dir, prompts):
-    proposer = DraftModelProposer.load(draft_dir, CPU, torch.float32, idle_timeout_s=0.05)
+def test_release_and_idle_eviction_drop_the_state(draft_dir, prompts, monkeypatch):
+    clock = FakeClock()
+    # the sessions' HistoryStore reads time.monotonic() of the module that defines it
+    monkeypatch.setattr(sys.modules[HistoryStore.__module__], "time", clock)
+    proposer = DraftModelProposer.load(draft_dir, CPU, torch.float32, idle_timeout_s=60.0)
     session = proposer.open_session()
     p = prompts[0]
     session.propose([SequenceStep("a", p, len(p), 2, full_history=True),
@@ -203,9 +208,13 @@ def test_release_and_idle_eviction_drop_the_state(draft_dir, prompts):
     assert session.cached_tokens("a") == []
     (d,) = session.propose([SequenceStep("a", [1], len(p) + 1, 2)])
     assert d.resync
-    time.sleep(0.1)
+    clock.advance(60.0)
     session.propose([SequenceStep("c", p, len(p), 1, full_history=True)])
+    assert session.cached_tokens("b") != []  # idle for the timeout, not past it: kept
+    clock.advance(0.5)
+    session.propose([SequenceStep("c", [1], len(p) + 1, 1)])
     assert session.cached_tokens("b") == []  # idle past the timeout: evicted
+    assert session.cached_tokens("c") != []
     (d,) = session.propose([SequenceStep("b", [1], len(p) + 1, 2)])
     assert d.resync
 

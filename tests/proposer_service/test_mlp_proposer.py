@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
+import sys
 
 import pytest
 import torch
+from clocks import FakeClock
 from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
 
+from proposer_service.base import HistoryStore
 from proposer_service.mlp import MlpSpeculatorProposer
 from proposer_service.mlp_speculator import MLPSpeculator
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
@@ -93,17 +95,20 @@ def test_the_hidden_state_survives_the_wire_in_fp16_and_fp32(proposer):
         assert len(d.tokens) == 3
 
 
-def test_resync_release_and_idle_eviction(spec_dir):
-    proposer = MlpSpeculatorProposer.load(spec_dir, CPU, torch.float32, idle_timeout_s=0.05)
+def test_resync_release_and_idle_eviction(spec_dir, monkeypatch):
+    clock = FakeClock()
+    # the sessions' HistoryStore reads time.monotonic() of the module that defines it
+    monkeypatch.setattr(sys.modules[HistoryStore.__module__], "time", clock)
+    proposer = MlpSpeculatorProposer.load(spec_dir, CPU, torch.float32, idle_timeout_s=60.0)
     session = proposer.open_session()
     (d,) = session.propose([step("a", [1], 2, full=False, history_len=2)])
     assert d.resync
     session.propose([step("a", [1, 2], 2), step("b", [1, 2], 2)])
     session.release(["a"])
     assert "a" not in session and "b" in session
-    time.sleep(0.1)
+    clock.advance(60.5)
     session.propose([step("c", [1], 1)])
-    assert "b" not in session
+    assert "b" not in session and "c" in session
 
 
 def test_info_needs_the_hidden_state_and_names_the_targets_vocabulary(proposer, spec_dir,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 
 from proposer_testlib import InProcessProposerClient
 from testdata import PROMPTS  # noqa: F401 - re-exported for the engine tests
@@ -46,16 +45,6 @@ def request_ids(rid: str, prompt_ids: list[int], max_tokens: int = 24, k: int = 
 async def stream(engine, inp: GenerationInput) -> list:
     """Every output chunk of a request, as streamed."""
     return [out async for out in engine.generate(inp)]
-
-
-async def until(predicate, timeout: float = 30.0, what: str = "condition"):
-    """Poll predicate() on the event loop (so the engine keeps stepping) until it returns a
-    truthy value, which is returned; AssertionError after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout:.0f} s"
-        await asyncio.sleep(0.005)
-    return value
 
 
 def drained(engine):

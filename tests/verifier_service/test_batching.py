@@ -9,7 +9,8 @@ import asyncio
 import random
 
 import pytest
-from engine_testlib import PROMPTS, collect, drained, make_engine, request, until
+from engine_testlib import PROMPTS, collect, drained, make_engine, request
+from polling import wait_until_async
 
 from splitspec.params import SamplingParams
 
@@ -86,7 +87,8 @@ def test_kv_blocks_return_to_total_after_200_requests_with_cancels_and_preemptio
         for wave in range(5):  # 200 requests in waves of 40
             results += await asyncio.gather(*(one(40 * wave + i) for i in range(40)))
         # The last cancellations are reaped by the engine loop: wait for it, with a deadline.
-        stats = await until(lambda: drained(engine), what="every block free again")
+        stats = await wait_until_async(lambda: drained(engine), 30,
+                                       message="every KV block free again")
         await engine.shutdown()
         return results, stats
 
@@ -134,8 +136,7 @@ def test_chunked_prefill_keeps_outputs_and_lets_decodes_progress(target_model_di
 
         short = asyncio.create_task(consume("short", request(engine, "s", PROMPTS[1],
                                                              max_tokens=40, k=2)))
-        while not log:
-            await asyncio.sleep(0.001)
+        await wait_until_async(lambda: log, 30, 0.001, "the short request's first token")
         submitted = engine.stats.steps
         long_tokens = await consume("long", request(engine, "l", long_prompt, max_tokens=8, k=3))
         short_tokens = await short
@@ -172,7 +173,8 @@ def test_seeded_sampled_requests_under_preemption_equal_each_alone(target_model_
         engine = make_engine(target_model_dir, max_num_seqs=8, block_size=4, num_kv_blocks=45)
         engine.start()
         res = await asyncio.gather(*(collect(engine, inp) for inp in inputs(engine)))
-        stats = await until(lambda: drained(engine), what="every block free again")
+        stats = await wait_until_async(lambda: drained(engine), 30,
+                                       message="every KV block free again")
         await engine.shutdown()
         return [r[0] for r in res], stats
 
@@ -207,16 +209,14 @@ def test_chunked_prefill_keeps_seeded_sampled_outputs(target_model_dir):
 
 
 @pytest.fixture(scope="module")
-def learned(tiny_target_dir, tmp_path_factory):
+def learned(learned_models):
     """A sharpened tiny target with a draft and an MLP speculator fitted to it, the proposers
     built from their command-line flags."""
-    from tiny_proposer_models import make_models
-
     from proposer_service.config import ProposerConfig
     from proposer_service.server import build_proposer
     from splitspec.config import parse_config
 
-    target, draft, spec = make_models(tiny_target_dir, tmp_path_factory.mktemp("learned"))
+    target, draft, spec = learned_models
     flags = ["--device", "cpu", "--dtype", "float32"]
     proposers = {
         "draft": build_proposer(parse_config(ProposerConfig, [
@@ -241,7 +241,8 @@ def test_preemption_with_draft_and_mlp_proposers_keeps_greedy_output_and_leaks_n
             collect(engine, request(engine, f"l{i}", p, max_tokens=40, method=m,
                                     k=k if speculate else 0))
             for i, (p, (m, k)) in enumerate(zip(prompts, plans))))
-        stats = await until(lambda: drained(engine), what="every block free again")
+        stats = await wait_until_async(lambda: drained(engine), 30,
+                                       message="every KV block free again")
         await engine.shutdown()
         return res, stats
 
@@ -278,7 +279,8 @@ def test_waiting_requests_are_admitted_in_arrival_order(target_model_dir):
         tasks = []
         for i in range(5):  # arrive one after the other, each queued behind the one before
             tasks.append(asyncio.create_task(one(i)))
-            await until(lambda: admitted(engine) == i + 1, what="the request queued")
+            await wait_until_async(lambda: admitted(engine) == i + 1, 30,
+                                   message="the request queued")
         await asyncio.gather(*tasks)
         await engine.shutdown()
 

@@ -9,17 +9,15 @@ import asyncio
 import pytest
 import torch
 from engine_testlib import PROMPTS, make_engine, request, run_all
-from tiny_proposer_models import make_noisy_draft
 
 from proposer_service.draft import DraftModelProposer
 from splitspec.params import SamplingParams
 
 
 @pytest.fixture(scope="module")
-def draft(tiny_target_dir, tmp_path_factory):
+def draft(noisy_draft_dir):
     torch.set_num_threads(1)
-    path = make_noisy_draft(tiny_target_dir, tmp_path_factory.mktemp("overlap_draft"))
-    return DraftModelProposer.load(str(path), torch.device("cpu"), torch.float32)
+    return DraftModelProposer.load(noisy_draft_dir, torch.device("cpu"), torch.float32)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from clocks import ManualClockLoop
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -17,6 +18,8 @@ from protos import proposer_pb2
 from splitspec.telemetry.tracing import ns
 from verifier_service.engine_stats import RequestTimeline, StepRecord
 from verifier_service.tracing import ProposeContextInterceptor, VerifierTracer
+
+GRACE_S = 5.0  # the tracer's default: how long a settled request waits for its timeline
 
 
 @pytest.fixture
@@ -105,7 +108,7 @@ def test_propose_messages_carry_the_request_context(spans):
 
 def test_spans_end_without_a_timeline(spans):
     tracer, exporter = spans
-    vt = VerifierTracer(tracer, grace_s=0.01)
+    vt = VerifierTracer(tracer, grace_s=GRACE_S)
     failed = vt.begin("failed", None, 0)
     vt.fail(failed, ValueError("max_tokens: too large"))
     vt.settle(failed)
@@ -113,9 +116,15 @@ def test_spans_end_without_a_timeline(spans):
 
     async def settle():
         vt.settle(lost)
-        await asyncio.sleep(0.05)
 
-    asyncio.run(settle())
+    loop = ManualClockLoop()
+    try:
+        loop.run_until_complete(settle())
+        loop.advance(GRACE_S * 0.99)
+        assert not lost.ended  # within the grace period its timeline may still come
+        loop.advance(GRACE_S * 0.02)
+    finally:
+        loop.close()
     finished = {s.attributes["splitspec.request_id"]: s for s in exporter.get_finished_spans()}
     assert len(exporter.get_finished_spans()) == 2  # each ended once
     assert finished["failed"].status.status_code is StatusCode.ERROR
