@@ -6,9 +6,14 @@ Info says needs_hidden_state). The speculator (proposer_service/mlp_speculator.p
 heads recurrently from (h, x): head i conditions on the token drafted by head i-1. Per sequence
 the session keeps only the token history (for x and the wire contract's consistency check).
 
+It loads checkpoints in the accelerators' mlp_speculator format (IBM's `*-accelerator`
+checkpoints as vLLM and TGI load them, and the project's own models/mlp-speculator); a checkpoint
+that records no target needs the target's tokenizer passed explicitly.
+
 All sequences of a step run as one batch [B, H]. Up to min(k, n_predict) tokens are drafted per
 sequence (the trained heads; deeper recurrence reuses the shared head and decays quickly).
-Greedy requests get argmax drafts (token ids only); sampled requests get tokens sampled from the
+Each sequence gets one chain, the top-1 path of the format's candidate tree (one token per head):
+greedy requests get argmax drafts (token ids only); sampled requests get tokens sampled from the
 top-K-truncated q = apply_sampling_params(head logits, the request's params), sent with exactly
 that sparse q, as in the draft-model proposer (proposer_service/drafting.py).
 """
@@ -31,7 +36,7 @@ from proposer_service.base import (
     load_learned,
 )
 from proposer_service.drafting import choose_tokens, draft_keys
-from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator
+from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 
@@ -112,14 +117,14 @@ class MlpSpeculatorProposer(Proposer):
         from splitspec.modelio import load_tokenizer, model_name, tokenizer_fingerprint
 
         spec_dir = Path(path)
-        raw = json.loads((spec_dir / CONFIG_NAME).read_text())
+        config = MLPSpeculatorConfig.from_file(spec_dir / CONFIG_NAME)  # malformed: names the field
         tok_dir = Path(tokenizer) if tokenizer else _resolve_tokenizer_dir(
-            spec_dir, raw.get("target_model", ""))
+            spec_dir, config.target_model)
         if tok_dir is None:
             raise ValueError(f"{path}: cannot find the target's tokenizer "
-                             f"(config target_model={raw.get('target_model')!r}); pass --tokenizer")
+                             f"(config target_model={config.target_model!r}); pass --tokenizer")
         tok = load_tokenizer(tok_dir, trust_remote_code)
-        recorded = raw.get("target_vocab_fingerprint", "")
+        recorded = config.target_vocab_fingerprint
         if recorded and recorded != _family_fingerprint(tok):
             raise ValueError(f"{path} was trained for a different vocabulary than the tokenizer "
                              f"in {tok_dir}")
@@ -147,6 +152,7 @@ class MlpSpeculatorProposer(Proposer):
         out_tokens: list[list[int]] = [[] for _ in work]
         out_dists: list[list] = [[] for _ in work]
         for i in range(max(ks)):
+            # one path per row: head i's chosen token feeds head i + 1
             state, logits = self.model.step(state, tok, i)  # [B, inner], [B, V]
             keys = draft_keys(params, [step.history_len + i for step, _, _ in work])
             picked, dists = choose_tokens(logits.float(), params, keys, self.draft_top_k)

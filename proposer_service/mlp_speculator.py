@@ -1,82 +1,94 @@
 """MLP speculator: a multi-head, recurrent MLP that drafts tokens from the target's hidden state.
 
-The architecture follows the design IBM published for fms-extras ("Accelerating Production LLMs
-with Combined Token/Embedding Speculators", arXiv 2404.19124). Head ``i`` keeps a running state:
+This is the model of IBM's accelerator checkpoints (`ibm-fms/*-accelerator`,
+`ibm-granite/*-accelerator`, arXiv 2404.19124), the format vLLM and TGI load, and the format the
+project's own speculator is stored in. Head ``i`` keeps a running state:
 
-    s_0   = LN0(h_t) / sqrt(2)                         # h_t: target's final hidden state [B, H]
+    s_0   = ln0(h_t) / sqrt(2)  if scale_input, else h_t    # h_t: target's final state [B, H]
     # x_{t+1}: the token the target just emitted
-    s_i+1 = GELU(LN_i(W_i s_i * a + E_i[x_{t+1+i}] * b))
-    logits_i = U_i s_i+1                               # predicts x_{t+2+i}
+    s_i+1 = GELU(ln_i(a * proj_i(s_i) + b * emb_i[x_{t+1+i}]))
+    logits_i = head_i(s_i+1)                                 # predicts x_{t+2+i}
 
-with ``a = 0.5 ** (0.5 / n_predict)`` and ``b = sqrt((1 - a^2) * inner_dim / 2)`` so that, in
-expectation, the target's state still makes up about half of the state magnitude at the last head
-(the LayerNorm removes the common scale, which is why only the ratio b / a is applied).
+with ``a = 0.5 ** (0.5 / n_predict)`` and ``b = sqrt((1 - a^2) * inner_dim / 2)``, so that in
+expectation the target's state still makes up about half of the state at the last head. The norms
+are RMS-style, not mean-centred: ``x * rsqrt(mean(x^2) + 1e-6)``, then a learned per-channel scale
+and shift for ``ln_i``, and neither for ``ln0`` (which has no weights in the file).
 
-At inference the greedy path feeds each head's argmax into the next head. With ``tie_weights``
-the embedding, LayerNorm, output head and (from head 1 on) the projection are shared, which keeps
-the file small and lets the recurrence run past ``n_predict`` steps (the extra steps reuse the
-shared head; quality decays with depth, so callers should prefer k <= n_predict).
+``tie_weights`` shares one embedding, one norm and one output head across all heads, and one
+projection across heads 1.. (head 0's maps the target's width, emb_dim, to inner_dim). A tied file
+holds index 0 of each (and ``proj.1``); copies of the shared tensors under other indices are
+accepted when they are equal. The shared head also lets the recurrence run past ``n_predict``
+steps; quality decays with depth, so callers should prefer k <= n_predict.
 
-The module is self-contained (torch + safetensors) so that the proposer service can import it.
+Drafting here is a chain: each head takes the top-1 (or one sampled) token and feeds it to the
+next. The config's ``top_k_tokens_per_head`` and ``n_candidates`` describe the candidate tree the
+format also defines (head i expands each path by its top ``top_k_tokens_per_head[i]`` tokens; the
+``n_candidates`` most likely paths are kept). The chain is that tree's top-1 path; ``step`` takes
+any leading shape, so a tree runs it with one row per open path.
+
+The config and file layout are in proposer_service/mlp_speculator_format.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-MODEL_TYPE = "mlp_speculator"
+from proposer_service.mlp_speculator_format import (
+    CONFIG_NAME,
+    MODEL_TYPE,
+    WEIGHTS_NAME,
+    MLPSpeculatorConfig,
+    read_state_dict,
+)
+
+__all__ = ["CONFIG_NAME", "MODEL_TYPE", "WEIGHTS_NAME", "MLPSpeculator", "MLPSpeculatorConfig",
+           "SpeculatorNorm"]
+
+NORM_EPS = 1e-6  # the format's epsilon inside the rsqrt
 
 
-@dataclass
-class MLPSpeculatorConfig:
-    emb_dim: int  # the target's hidden size (size of the state handed over by the verifier)
-    vocab_size: int  # must equal the target's vocabulary size
-    inner_dim: int = 0  # width of the running state; 0 means emb_dim
-    n_predict: int = 4  # number of trained heads (tokens drafted per step)
-    tie_weights: bool = True  # share emb/ln/head across heads, proj across heads >= 1
-    scale_input: bool = True  # parameter-free LayerNorm on the incoming target state
-    target_model: str = ""  # which target it was trained on (a path or name, informational)
-    target_vocab_fingerprint: str = ""  # sha256 of the target tokenizer's vocabulary
-    dtype: str = "float16"  # dtype of the stored weights
+class SpeculatorNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) over the last dim (no mean subtraction), then an optional learned
+    scale and shift. Computed in float32 so that fp16 states do not overflow the mean of squares."""
 
-    def __post_init__(self) -> None:
-        if self.inner_dim == 0:
-            self.inner_dim = self.emb_dim
+    def __init__(self, dim: int, affine: bool = True, eps: float = NORM_EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine else None
 
-    def to_dict(self) -> dict:
-        return {"model_type": MODEL_TYPE, **asdict(self)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "MLPSpeculatorConfig":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x)
+        if self.weight is not None:
+            y = y * self.weight + self.bias
+        return y
 
 
 class MLPSpeculator(nn.Module):
     def __init__(self, config: MLPSpeculatorConfig):
         super().__init__()
         self.config = c = config
-        n_emb = n_ln = n_head = 1 if c.tie_weights else c.n_predict
-        # proj[0] maps emb_dim -> inner_dim; the rest inner_dim -> inner_dim (shared when tied)
-        n_proj_rest = 1 if c.tie_weights else c.n_predict - 1
-        self.emb = nn.ModuleList(nn.Embedding(c.vocab_size, c.inner_dim) for _ in range(n_emb))
+        # tied: one shared module (stored as index 0); proj[0] maps emb_dim -> inner_dim and the
+        # rest inner_dim -> inner_dim (one shared proj[1] when tied)
+        n_shared = 1 if c.tie_weights else c.n_predict
+        n_proj = 2 if c.tie_weights else c.n_predict
+        self.emb = nn.ModuleList(nn.Embedding(c.vocab_size, c.inner_dim) for _ in range(n_shared))
         self.proj = nn.ModuleList(
-            [nn.Linear(c.emb_dim, c.inner_dim, bias=False)]
-            + [nn.Linear(c.inner_dim, c.inner_dim, bias=False) for _ in range(max(n_proj_rest, 0))]
+            nn.Linear(c.emb_dim if i == 0 else c.inner_dim, c.inner_dim, bias=False)
+            for i in range(n_proj)
         )
-        self.ln = nn.ModuleList(nn.LayerNorm(c.inner_dim) for _ in range(n_ln))
+        self.ln = nn.ModuleList(SpeculatorNorm(c.inner_dim) for _ in range(n_shared))
         self.head = nn.ModuleList(
-            nn.Linear(c.inner_dim, c.vocab_size, bias=False) for _ in range(n_head)
+            nn.Linear(c.inner_dim, c.vocab_size, bias=False) for _ in range(n_shared)
         )
+        self.ln0 = SpeculatorNorm(c.emb_dim, affine=False) if c.scale_input else None
         self.state_weight = 0.5 ** (0.5 / c.n_predict)
         self.emb_weight = math.sqrt((1 - self.state_weight**2) * (c.inner_dim / 2))
         self.reset_parameters()
@@ -94,12 +106,8 @@ class MLPSpeculator(nn.Module):
             nn.init.zeros_(ln.bias)
 
     # head i -> index into the (possibly shared) module lists; steps past n_predict reuse the last
-    # one
     def _idx(self, i: int, n: int) -> int:
         return min(i, n - 1)
-
-    def _proj_idx(self, i: int) -> int:
-        return 0 if i == 0 else min(i, len(self.proj) - 1)
 
     @property
     def max_steps(self) -> int:
@@ -108,19 +116,18 @@ class MLPSpeculator(nn.Module):
         return max(self.config.n_predict, 8) if self.config.tie_weights else self.config.n_predict
 
     def input_state(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.config.scale_input:
-            # parameter-free LN, then 1/sqrt(2) as in the reference design
-            hidden = F.layer_norm(hidden, hidden.shape[-1:]) / math.sqrt(2)
+        """The state head 0 projects: [..., emb_dim] -> [..., emb_dim]."""
+        if self.ln0 is not None:
+            hidden = self.ln0(hidden) / math.sqrt(2)
         return hidden
 
     def step(
         self, state: torch.Tensor, token: torch.Tensor, i: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One head: state [..., D_in], token [...] -> (new state [..., inner], logits [..., V])."""
-        z = self.emb[self._idx(i, len(self.emb))](token)
-        s = self.proj[self._proj_idx(i)](state)
-        # state_weight * s + emb_weight * z; the LayerNorm cancels the common factor state_weight
-        s = s + z * (self.emb_weight / self.state_weight)
+        z = self.emb[self._idx(i, len(self.emb))](token)  # [..., inner]
+        s = self.proj[self._idx(i, len(self.proj))](state)  # [..., inner]
+        s = self.state_weight * s + self.emb_weight * z
         s = F.gelu(self.ln[self._idx(i, len(self.ln))](s))
         return s, self.head[self._idx(i, len(self.head))](s)
 
@@ -177,8 +184,8 @@ class MLPSpeculator(nn.Module):
     def generate_suggestions(
         self, hidden: torch.Tensor, last_token: torch.Tensor, k: int | None = None
     ) -> torch.Tensor:
-        """Greedy draft. hidden [B, H] (target state that produced last_token), last_token [B] ->
-        [B, k]."""
+        """Greedy draft (the top-1 path). hidden [B, H] (target state that produced last_token),
+        last_token [B] -> [B, k]."""
         k = self.config.n_predict if k is None else k
         if k > self.max_steps:
             raise ValueError(f"k={k} exceeds what this speculator can draft ({self.max_steps})")
@@ -216,7 +223,7 @@ class MLPSpeculator(nn.Module):
             probs.append(q)
         return torch.stack(toks, -1), torch.stack(probs, 1)
 
-    # ---- persistence
+    # ---- persistence (the accelerators' layout: config.json + model.safetensors)
 
     def save_pretrained(self, path: str | Path) -> None:
         from safetensors.torch import save_file
@@ -233,17 +240,10 @@ class MLPSpeculator(nn.Module):
     def from_pretrained(
         cls, path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
     ) -> "MLPSpeculator":
-        from safetensors.torch import load_file
-
         path = Path(path)
-        raw = json.loads((path / CONFIG_NAME).read_text())
-        if raw.get("model_type", MODEL_TYPE) != MODEL_TYPE:
-            raise ValueError(
-                f"{path} is not an {MODEL_TYPE} checkpoint (model_type={raw.get('model_type')!r})"
-            )
-        config = MLPSpeculatorConfig.from_dict(raw)
+        config = MLPSpeculatorConfig.from_file(path / CONFIG_NAME)
         model = cls(config)
-        state = load_file(str(path / WEIGHTS_NAME))
+        state = read_state_dict(path, config, expected=model.state_dict())
         model.load_state_dict(state, strict=True)
         model.to(device=device, dtype=dtype or getattr(torch, config.dtype))
         model.eval()

@@ -13,7 +13,8 @@ Stages (in order):
   target     Llama causal LM trained on the corpus (next-token cross entropy)
   distill    the target's greedy continuations of train-split prompts -> <work>/data/distill.pt
   draft      small Llama trained on corpus + target continuations, with the target's soft targets
-  mlp        MLP speculator trained on the frozen target's final hidden states and greedy tokens
+  mlp        MLP speculator trained on the frozen target's final hidden states and greedy tokens,
+             stored in the accelerators' mlp_speculator format (proposer_service/mlp_speculator.py)
 
 Everything is trained in fp32 and stored as fp16 safetensors. Seeds are fixed; the split is by
 file. Wall-clock caps (--*-minutes) stop a stage early if the machine is slower than expected,
@@ -556,6 +557,8 @@ def stage_mlp(a: TrainArgs) -> None:
                 "window_tokens": L,
                 "batch_sequences": a.mlp_batch,
                 "positions_seen": positions,
+                "format": "mlp_speculator (IBM accelerator layout: RMS-style norms with a learned "
+                "scale and shift, scale-free ln0)",
                 "data": "half target greedy continuations of train-split prompts "
                 "(prompt %d + %d generated tokens), "
                 "half teacher-forced train-split windows; labels = the target's argmax next tokens"
@@ -628,6 +631,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mlp-steps", type=int)
     p.add_argument("--mlp-minutes", type=float)
     p.add_argument("--mlp-corpus-windows", type=int)
+    p.add_argument(
+        "--mlp-cache-minutes", type=float, help="cap on caching the target's states for the mlp"
+    )
     p.add_argument("--distill-prompts", type=int)
     p.add_argument("--distill-minutes", type=float)
     p.add_argument(
@@ -675,6 +681,7 @@ def main(argv: list[str] | None = None) -> None:
         ("mlp_steps", ns.mlp_steps),
         ("mlp_minutes", ns.mlp_minutes),
         ("mlp_corpus_windows", ns.mlp_corpus_windows),
+        ("mlp_cache_minutes", ns.mlp_cache_minutes),
         ("distill_prompts", ns.distill_prompts),
         ("distill_minutes", ns.distill_minutes),
     ):

@@ -12,6 +12,7 @@ import kernels.rejection as rejection
 import proposer_service.drafting as drafting
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
+from proposer_service.mlp_speculator import SpeculatorNorm
 from verifier_service.drafts import DraftCollector
 from verifier_service.model_runner import ModelRunner
 
@@ -99,3 +100,14 @@ def stale_draft_ahead_on_a_miss(monkeypatch) -> None:
         return original(self, step, ready)
 
     monkeypatch.setattr(DraftSession, "_take_ready", any_ready)
+
+
+def speculator_norm_mean_centred(monkeypatch) -> None:
+    """The MLP speculator's norms read as mean-centred LayerNorms (the mean subtracted before the
+    RMS), not the accelerators' format's RMS-style ones."""
+    original = SpeculatorNorm.forward
+
+    def centred(self, x):
+        return original(self, x - x.mean(-1, keepdim=True))
+
+    monkeypatch.setattr(SpeculatorNorm, "forward", centred)

@@ -75,7 +75,7 @@ def test_save_load_round_trip(tmp_path, dtype):
     assert (
         raw["model_type"] == "mlp_speculator" and raw["emb_dim"] == 24 and raw["vocab_size"] == 50
     )
-    assert raw["n_predict"] == 3 and raw["dtype"] == str(dtype).removeprefix("torch.")
+    assert raw["n_predict"] == 3 and raw["torch_dtype"] == str(dtype).removeprefix("torch.")
     loaded = MLPSpeculator.from_pretrained(tmp_path)
     assert loaded.config == m.config
     for (k1, v1), (k2, v2) in zip(m.state_dict().items(), loaded.state_dict().items()):
