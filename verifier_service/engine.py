@@ -4,9 +4,10 @@ forward, and streams the accepted tokens.
 One step (see docs/architecture.md):
   1. the scheduler admits waiting requests while KV blocks allow and reserves each running
      sequence's slots for this step (preempting the youngest when blocks run out);
-  2. drafts.py: in-target methods' per-sequence states (in_target.py) are asked in place; per
-     proposer, one message carrying every speculating sequence's new tokens and k (for requests
-     the gateway's policy marked adaptive, the goodput-best k of this step: adaptive_k.py), sent
+  2. draft_collector.py: in-target methods' per-sequence states (in_target.py) are asked in
+     place; per proposer, one message carrying every speculating sequence's new tokens and k
+     (for requests the gateway's policy marked adaptive, the goodput-best k of this step:
+     adaptive_k.py), sent
      concurrently and awaited until the per-step deadline; answers are checked;
   3. verify.py, on the model thread: the step layout, one target forward over the packed ragged
      batch ([uncached tokens..., d1..dk] per sequence), the rejection sampler (kernels/), which
@@ -33,7 +34,7 @@ from splitspec.params import GenerationInput
 from splitspec.proposal import Draft
 from verifier_service.adaptive_k import AdaptiveK
 from verifier_service.config import VerifierConfig
-from verifier_service.drafts import DraftCollector
+from verifier_service.draft_collector import DraftCollector
 from verifier_service.engine_stats import (
     EngineObserver,
     EngineStats,

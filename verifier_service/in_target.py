@@ -14,8 +14,8 @@ Each sequence whose plan names the method gets its own `InTargetState`:
 
 Candidates are deterministic (one-hot q), as lookahead's are, and are checked like a proposer's
 before the verifier uses them: a state that returns garbage costs only that step's speculation.
-The engine reaches this through verifier_service/drafts.py, beside the proposer clients, and never
-names a method.
+The engine reaches this through verifier_service/draft_collector.py, beside the proposer clients,
+and never names a method.
 """
 
 from __future__ import annotations
