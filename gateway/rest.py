@@ -31,7 +31,7 @@ from gateway.fanout import Fanout
 from gateway.frontend import Collected, Frontend
 from gateway.limits import ClientGone, ConcurrencyLimit, read_body
 from gateway.openai_api import Generation, error_body, parse_json
-from gateway.openapi import openapi_schema
+from gateway.openapi_schema import openapi_schema
 from gateway.rest_bodies import GenerationApi, request_usage
 from protos import common_pb2
 from splitspec.errors import ServiceError

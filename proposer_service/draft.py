@@ -23,8 +23,8 @@ this serves; a paged cache would avoid the copy. Drafting ahead for one sequence
 (`draft_shared`) needs no padding: its rows are prefixes of one cache.
 
 Both run the one drafting loop (proposer_service/draft_loop.py); draft tokens are chosen by
-proposer_service/drafting.py (argmax for greedy requests; for sampled ones a token drawn from the
-top-K-truncated q, K = --draft-top-k, sent with exactly that q).
+proposer_service/draft_sampling.py (argmax for greedy requests; for sampled ones a token drawn
+from the top-K-truncated q, K = --draft-top-k, sent with exactly that q).
 """
 
 from __future__ import annotations

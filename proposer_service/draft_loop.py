@@ -1,5 +1,5 @@
 """The draft model's drafting loop: kmax autoregressive iterations over a batch of rows, each
-choosing one draft token per row (proposer_service/drafting.py) and feeding it back.
+choosing one draft token per row (proposer_service/draft_sampling.py) and feeding it back.
 
 The caller owns the batch cache: `forward(ids, pos, j)` runs iteration j over it and returns the
 logits of each row's next token. Iteration 0 feeds the caller's first ids (a row's catch-up
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from kernels.sparse_probs import SparseProbs
-from proposer_service.drafting import Row, choose_tokens, draft_keys
+from proposer_service.draft_sampling import Row, choose_tokens, draft_keys
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
 

@@ -15,7 +15,7 @@ sequence (the trained heads; deeper recurrence reuses the shared head and decays
 Each sequence gets one chain, the top-1 path of the format's candidate tree (one token per head):
 greedy requests get argmax drafts (token ids only); sampled requests get tokens sampled from the
 top-K-truncated q = apply_sampling_params(head logits, the request's params), sent with exactly
-that sparse q, as in the draft-model proposer (proposer_service/drafting.py).
+that sparse q, as in the draft-model proposer (proposer_service/draft_sampling.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from proposer_service.base import (
     draft_in_batches,
     load_learned,
 )
-from proposer_service.drafting import choose_tokens, draft_keys
+from proposer_service.draft_sampling import choose_tokens, draft_keys
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 

@@ -9,11 +9,11 @@ import dataclasses
 import torch
 
 import kernels.rejection as rejection
-import proposer_service.drafting as drafting
+import proposer_service.draft_sampling as draft_sampling
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
 from proposer_service.mlp_speculator import SpeculatorNorm
-from verifier_service.drafts import DraftCollector
+from verifier_service.draft_collector import DraftCollector
 from verifier_service.model_runner import ModelRunner
 
 
@@ -76,9 +76,11 @@ def hidden_state_shifted_by_one_position(monkeypatch) -> None:
 def draft_q_is_not_the_sampled_one(monkeypatch) -> None:
     """Draft tokens drawn from another distribution than the q the proposer reports: a sharper
     one when unseeded, a flatter one (cubed noise) when seeded."""
-    sample, noise = drafting.sample, drafting.keyed_exponentials
-    monkeypatch.setattr(drafting, "sample", lambda probs, keys=None: sample(probs ** 3, keys))
-    monkeypatch.setattr(drafting, "keyed_exponentials", lambda keys, idx: noise(keys, idx) ** 3)
+    sample, noise = draft_sampling.sample, draft_sampling.keyed_exponentials
+    monkeypatch.setattr(draft_sampling, "sample",
+                        lambda probs, keys=None: sample(probs ** 3, keys))
+    monkeypatch.setattr(draft_sampling, "keyed_exponentials",
+                        lambda keys, idx: noise(keys, idx) ** 3)
 
 
 def mismatch_escapes_the_step(monkeypatch) -> None:

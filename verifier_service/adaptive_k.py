@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from splitspec.goodput import Acceptance, MethodModel, StepCost, fit_step_cost, marginal_goodput
 from verifier_service.engine_stats import EngineStats
-from verifier_service.sequence import Sequence
+from verifier_service.sequence import SequenceState
 
 # A request's own history is weighed against its method's acceptance as if that were this many
 # tried draft positions of its own.
@@ -42,7 +42,7 @@ class _Batch:
     candidates: dict[str, int] | None = None  # method -> running sequences planned with it
 
 
-def _last_share(seq: Sequence) -> tuple[float, float, str | None]:
+def _last_share(seq: SequenceState) -> tuple[float, float, str | None]:
     """(tokens forwarded, tokens emitted, method if it drafted) of seq's last step."""
     uncached = len(seq.tokens) - seq.num_computed
     if uncached > 1 or not seq.timeline.steps:
@@ -75,10 +75,10 @@ class AdaptiveK:
             self._cost_steps = self.stats.steps
         return self._cost
 
-    def acceptance(self, seq: Sequence) -> float:
+    def acceptance(self, seq: SequenceState) -> float:
         return self.model(seq).acceptance
 
-    def model(self, seq: Sequence) -> MethodModel:
+    def model(self, seq: SequenceState) -> MethodModel:
         """The request's own acceptance and hit rate, shrunk towards its method's."""
         prior = self.method_model(seq.inp.speculation.method or "", seq.inp.sampling.greedy)
         own = Acceptance.from_counts(seq.accepted, seq.rejections, seq.drafts, seq.asked)
@@ -95,7 +95,7 @@ class AdaptiveK:
                 counts.acceptance(greedy), counts.round_trip(), counts.draft_limit())
         return self._methods[key]
 
-    def _view(self, running: list[Sequence]) -> _Batch:
+    def _view(self, running: list[SequenceState]) -> _Batch:
         if self._batch is None:
             batch = _Batch(drafting={}, candidates={})
             for s in running:
@@ -110,7 +110,7 @@ class AdaptiveK:
             self._batch = batch
         return self._batch
 
-    def choose(self, seq: Sequence, running: list[Sequence]) -> int:
+    def choose(self, seq: SequenceState, running: list[SequenceState]) -> int:
         """The k for seq's next step, in [plan.k_min, k_max]."""
         plan = seq.inp.speculation
         batch = self._view(running)

@@ -4,9 +4,10 @@ forward, and streams the accepted tokens.
 One step (see docs/architecture.md):
   1. the scheduler admits waiting requests while KV blocks allow and reserves each running
      sequence's slots for this step (preempting the youngest when blocks run out);
-  2. drafts.py: in-target methods' per-sequence states (in_target.py) are asked in place; per
-     proposer, one message carrying every speculating sequence's new tokens and k (for requests
-     the gateway's policy marked adaptive, the goodput-best k of this step: adaptive_k.py), sent
+  2. draft_collector.py: in-target methods' per-sequence states (in_target.py) are asked in
+     place; per proposer, one message carrying every speculating sequence's new tokens and k
+     (for requests the gateway's policy marked adaptive, the goodput-best k of this step:
+     adaptive_k.py), sent
      concurrently and awaited until the per-step deadline; answers are checked;
   3. verify.py, on the model thread: the step layout, one target forward over the packed ragged
      batch ([uncached tokens..., d1..dk] per sequence), the rejection sampler (kernels/), which
@@ -33,7 +34,7 @@ from splitspec.params import GenerationInput
 from splitspec.proposal import Draft
 from verifier_service.adaptive_k import AdaptiveK
 from verifier_service.config import VerifierConfig
-from verifier_service.drafts import DraftCollector
+from verifier_service.draft_collector import DraftCollector
 from verifier_service.engine_stats import (
     EngineObserver,
     EngineStats,
@@ -47,7 +48,7 @@ from verifier_service.model_runner import ModelRunner
 from verifier_service.output import OutputTracker
 from verifier_service.proposer_client import ProposerClient
 from verifier_service.scheduler import Scheduled, Scheduler
-from verifier_service.sequence import Sequence, StepOutput
+from verifier_service.sequence import SequenceState, StepOutput
 from verifier_service.verify import SeqResult, verify_step
 
 __all__ = ["Engine", "EngineStats", "MethodStats"]
@@ -77,7 +78,7 @@ class Engine:
                                    config.max_num_batched_tokens,
                                    on_admit=self.drafts.admitted,
                                    on_preempt=self.drafts.preempted)
-        self._by_id: dict[str, Sequence] = {}
+        self._by_id: dict[str, SequenceState] = {}
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
         self._task: asyncio.Task | None = None
@@ -146,7 +147,7 @@ class Engine:
             if not seq.finished:
                 self.abort(seq.request_id)
 
-    def add_request(self, inp: GenerationInput) -> Sequence:
+    def add_request(self, inp: GenerationInput) -> SequenceState:
         if self.draining:
             raise Unavailable("verifier: draining before shutdown; retry on another replica")
         if not inp.prompt_token_ids:
@@ -180,7 +181,7 @@ class Engine:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")
         if request_id != inp.request_id:
             inp = dataclasses.replace(inp, request_id=request_id)
-        seq = Sequence(
+        seq = SequenceState(
             inp=inp,
             tracker=OutputTracker(self.tokenizer, list(inp.prompt_token_ids), inp.stopping,
                                   self.eos_token_ids, inp.stopping.max_tokens))
@@ -191,7 +192,7 @@ class Engine:
         self._wakeup.set()
         return seq
 
-    def _resume(self, seq: Sequence) -> bool:
+    def _resume(self, seq: SequenceState) -> bool:
         """Take over the output another replica already streamed: the tokens join the
         sequence (prefilled with the prompt, at the same positions), the text counts as sent.
         True when they already end the request (its last message was lost with the replica)."""
@@ -240,11 +241,11 @@ class Engine:
     async def step(self) -> None:
         start, wall = time.perf_counter(), time.time()
         self.adaptive.begin_step()
-        plan = self.scheduler.schedule(self._draft_budget)
-        if not plan:
+        scheduled = self.scheduler.schedule(self._draft_budget)
+        if not scheduled:
             return
         try:
-            step = await self._run_step(plan, wall)
+            step = await self._run_step(scheduled, wall)
         finally:
             self.stats.step_seconds_total += time.perf_counter() - start
         if step is not None:
@@ -256,12 +257,12 @@ class Engine:
                                            ms.accepted_tokens + ms.drafts)
             self._notify("on_step", step)
 
-    async def _run_step(self, plan: list[Scheduled], wall: float) -> StepStats | None:
+    async def _run_step(self, scheduled: list[Scheduled], wall: float) -> StepStats | None:
         """Ask the proposers, verify on the model thread, apply the results."""
         collect_start = time.perf_counter()
-        drafts, per_method = await self.drafts.collect(plan)
+        drafts, per_method = await self.drafts.collect(scheduled)
         draft_seconds = time.perf_counter() - collect_start
-        batch = [s for s in plan if not s.seq.finished]  # aborted while proposers answered
+        batch = [s for s in scheduled if not s.seq.finished]  # aborted while proposers answered
         if not batch:
             return None
         for s in batch:
@@ -299,7 +300,7 @@ class Engine:
             step.emitted_tokens += self._apply(s.seq, draft, result, per_method.get(method))
         return step
 
-    def _draft_budget(self, seq: Sequence) -> int:
+    def _draft_budget(self, seq: SequenceState) -> int:
         plan = seq.inp.speculation
         if not plan.enabled:
             return 0
@@ -311,7 +312,7 @@ class Engine:
 
     # -- results -------------------------------------------------------------------------------
 
-    def _apply(self, seq: Sequence, draft: Draft | None, result: SeqResult,
+    def _apply(self, seq: SequenceState, draft: Draft | None, result: SeqResult,
                step: MethodStepStats | None) -> int:
         """Keep the accepted drafts' KV, emit the tokens; returns how many were emitted."""
         if seq.finished:
@@ -351,13 +352,13 @@ class Engine:
                                               logprobs=logprobs))
         return len(appended.token_ids)
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: SequenceState) -> None:
         seq.finished = True
         self._by_id.pop(seq.request_id, None)
         self.scheduler.remove(seq)
         self.drafts.release(seq)
 
-    def _finish(self, seq: Sequence, reason: str, token_ids: list[int] | None = None,
+    def _finish(self, seq: SequenceState, reason: str, token_ids: list[int] | None = None,
                 text: str = "", logprobs: list | None = None) -> None:
         self._release(seq)
         if reason == "abort":
@@ -368,12 +369,12 @@ class Engine:
                                           logprobs if token_ids else None))
         self._request_done(seq, reason)
 
-    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+    def _fail(self, seq: SequenceState, exc: BaseException) -> None:
         self._release(seq)
         seq.outputs.put_nowait(exc)
         self._request_done(seq, "error")
 
-    def _request_done(self, seq: Sequence, reason: str) -> None:
+    def _request_done(self, seq: SequenceState, reason: str) -> None:
         t = seq.timeline
         t.finished, t.finish_reason = time.time(), reason
         t.completion_tokens = len(seq.tracker.output_ids)

@@ -14,8 +14,8 @@ Each sequence whose plan names the method gets its own `InTargetState`:
 
 Candidates are deterministic (one-hot q), as lookahead's are, and are checked like a proposer's
 before the verifier uses them: a state that returns garbage costs only that step's speculation.
-The engine reaches this through verifier_service/drafts.py, beside the proposer clients, and never
-names a method.
+The engine reaches this through verifier_service/draft_collector.py, beside the proposer clients,
+and never names a method.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Sequence as Seq
 from splitspec.methods import in_target_methods
 from splitspec.params import SamplingParams
 from verifier_service.scheduler import Scheduled
-from verifier_service.sequence import Sequence
+from verifier_service.sequence import SequenceState
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class InTargetDrafts:
 
     def __init__(self, methods: dict[str, InTargetMethod]):
         self.methods = methods
-        self._states: dict[Sequence, InTargetState] = {}
+        self._states: dict[SequenceState, InTargetState] = {}
 
     @classmethod
     def from_registry(cls, vocab_size: int) -> "InTargetDrafts":
@@ -94,14 +94,14 @@ class InTargetDrafts:
     def num_states(self) -> int:
         return len(self._states)
 
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: SequenceState) -> None:
         """A sequence joined the running batch: a state if its plan names one of these methods."""
         plan = seq.inp.speculation
         if plan.enabled and plan.method in self.methods and seq not in self._states:
             self._states[seq] = self.methods[plan.method].admit(seq.request_id, seq.tokens,
                                                                 seq.inp.sampling)
 
-    def propose(self, group: list[Scheduled]) -> dict[Sequence, list[int]]:
+    def propose(self, group: list[Scheduled]) -> dict[SequenceState, list[int]]:
         """Candidates for each scheduled sequence that wants k > 0 (unchecked)."""
         out = {}
         for s in group:
@@ -110,12 +110,12 @@ class InTargetDrafts:
                 out[s.seq] = state.propose(s.seq.tokens, s.k)
         return out
 
-    def observe(self, seq: Sequence, outcome: StepOutcome) -> None:
+    def observe(self, seq: SequenceState, outcome: StepOutcome) -> None:
         state = self._states.get(seq)
         if state is not None:
             state.observe(outcome)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: SequenceState) -> None:
         state = self._states.pop(seq, None)
         if state is not None:
             state.free()

@@ -22,19 +22,19 @@ from typing import Callable
 
 from splitspec.errors import ResourceExhausted
 from verifier_service.kv_cache import PagedKVCache
-from verifier_service.sequence import Sequence
+from verifier_service.sequence import SequenceState
 
 
 @dataclass
 class Scheduled:
     """One sequence's share of a step."""
 
-    seq: Sequence
+    seq: SequenceState
     num_new: int  # uncached tokens fed this step (a prefill chunk, or 1 when decoding)
     k: int  # draft tokens wanted (0 unless this step finishes the sequence's prefill)
 
     @property
-    def samples(self) -> bool:
+    def emits(self) -> bool:
         """Whether the step emits tokens for it (it does once its prompt is all cached)."""
         return self.seq.num_computed + self.num_new == len(self.seq.tokens)
 
@@ -42,8 +42,8 @@ class Scheduled:
 class Scheduler:
     def __init__(self, kv: PagedKVCache, max_num_seqs: int, max_waiting: int,
                  max_num_batched_tokens: int = 0,
-                 on_admit: Callable[[Sequence], None] | None = None,
-                 on_preempt: Callable[[Sequence], None] | None = None):
+                 on_admit: Callable[[SequenceState], None] | None = None,
+                 on_preempt: Callable[[SequenceState], None] | None = None):
         self.kv = kv
         # told when a sequence joins the running batch and when it is preempted out of it
         self.on_admit = on_admit
@@ -51,24 +51,24 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens  # 0: no limit
         self.max_waiting = max_waiting
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # ordered by arrival: oldest first
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []  # ordered by arrival: oldest first
         self.num_preemptions = 0
 
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: SequenceState) -> None:
         if len(self.waiting) >= self.max_waiting:
             raise ResourceExhausted(f"the verifier's queue is full ({self.max_waiting} waiting "
                                     "requests); retry later")
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
+    def remove(self, seq: SequenceState) -> None:
         self.kv.release(seq.blocks)
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
-    def schedule(self, draft_budget: Callable[[Sequence], int]) -> list[Scheduled]:
+    def schedule(self, draft_budget: Callable[[SequenceState], int]) -> list[Scheduled]:
         """Admit, split the token budget, reserve slots, preempt if needed."""
         self._admit()
         budget = self.max_num_batched_tokens or float("inf")
@@ -112,7 +112,7 @@ class Scheduler:
             if self.on_admit is not None:
                 self.on_admit(seq)
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: SequenceState) -> None:
         self.kv.release(seq.blocks)
         seq.num_computed = 0  # recompute from its tokens when re-admitted
         self.running.remove(seq)

@@ -41,7 +41,7 @@ class Usage:
 
 
 @dataclass(eq=False)
-class Sequence:
+class SequenceState:
     inp: GenerationInput
     tracker: OutputTracker
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)

@@ -47,7 +47,7 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
     # 1. layout
     ks = [len(d.tokens) if d else 0 for d in drafts]
     layout = StepLayout.build([s.num_new + k for s, k in zip(batch, ks)],
-                              [s.seq.num_computed for s in batch], ks, [s.samples for s in batch])
+                              [s.seq.num_computed for s in batch], ks, [s.emits for s in batch])
     input_ids = [t for s, d in zip(batch, drafts)
                  for t in s.seq.tokens[s.seq.num_computed:s.seq.num_computed + s.num_new]
                  + (d.tokens if d else [])]

@@ -13,7 +13,7 @@ from tiny_proposer_models import make_random_draft
 from kernels.sampling import apply_sampling_params
 from proposer_service.base import HistoryStore
 from proposer_service.draft import DraftModelProposer
-from proposer_service.drafting import choose_tokens, draft_keys
+from proposer_service.draft_sampling import choose_tokens, draft_keys
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep

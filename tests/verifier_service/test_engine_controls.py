@@ -6,7 +6,9 @@ from __future__ import annotations
 import planted_bugs as bug
 import pytest
 from test_conditioning import check_hidden_states_are_the_targets
-from test_drafts import test_a_proposer_turning_incompatible_costs_only_speculation as check_swap
+from test_draft_collector import (
+    test_a_proposer_turning_incompatible_costs_only_speculation as check_swap,
+)
 from test_seeded_sampling import check_seeded_output_ignores_speculation
 
 from verifier_service.proposer_client import ProposerMismatch

@@ -11,7 +11,7 @@ from splitspec.errors import ResourceExhausted
 from splitspec.params import GenerationInput, SpeculationPlan
 from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
 from verifier_service.scheduler import Scheduler
-from verifier_service.sequence import Sequence
+from verifier_service.sequence import SequenceState
 
 BLOCK = 4
 
@@ -22,14 +22,14 @@ def _kv(num_blocks: int) -> PagedKVCache:
     return PagedKVCache(spec, torch.device("cpu"))
 
 
-def _seq(name: str, prompt_len: int, arrival: float) -> Sequence:
+def _seq(name: str, prompt_len: int, arrival: float) -> SequenceState:
     # the scheduler reads tokens, the cache state and arrival only: no output tracker needed
     inp = GenerationInput(name, tuple(range(1, prompt_len + 1)),
                           speculation=SpeculationPlan("ngram", 3))
-    return Sequence(inp=inp, tracker=None, arrival=arrival)
+    return SequenceState(inp=inp, tracker=None, arrival=arrival)
 
 
-def _decoding(seq: Sequence) -> Sequence:
+def _decoding(seq: SequenceState) -> SequenceState:
     """As after its prefill: every token but the last cached."""
     seq.num_computed = len(seq.tokens) - 1
     return seq
@@ -51,7 +51,7 @@ def _run(sched: Scheduler, plan) -> None:
     """What a step does to the scheduled sequences' cache state (nothing accepted or emitted
     beyond one token per emitting sequence)."""
     for s in plan:
-        emits = s.samples
+        emits = s.emits
         s.seq.num_computed += s.num_new
         sched.kv.truncate(s.seq.blocks, s.seq.num_computed)
         if emits:
@@ -67,7 +67,7 @@ def test_admission_is_fifo_within_seats_and_blocks():
     plan = sched.schedule(lambda s: 0)
     assert [s.seq.request_id for s in plan] == ["a", "b"]  # two seats
     assert events.admitted == ["a", "b"] and list(sched.waiting) == [c]
-    assert [(s.num_new, s.k, s.samples) for s in plan] == [(5, 0, True), (3, 0, True)]
+    assert [(s.num_new, s.k, s.emits) for s in plan] == [(5, 0, True), (3, 0, True)]
     assert len(a.blocks) == 2 and len(b.blocks) == 1
 
 
@@ -90,12 +90,12 @@ def test_decodes_go_first_then_prefills_share_the_token_budget_in_chunks():
     plan = sched.schedule(lambda s: 2)
     # the decode (1 token + k = 2 drafts) first, then the oldest prefill takes the rest: a chunk
     # that does not finish its prompt drafts nothing and emits nothing
-    assert [(s.seq.request_id, s.num_new, s.k, s.samples) for s in plan] == [
+    assert [(s.seq.request_id, s.num_new, s.k, s.emits) for s in plan] == [
         ("d", 1, 2, True), ("p1", 5, 0, False)]
     assert kv.slots(decoder.blocks, 0, 6).numel() == 6  # reserved: 3 cached + 1 new + 2 drafts
     _run(sched, plan)
     plan = sched.schedule(lambda s: 2)
-    assert [(s.seq.request_id, s.num_new, s.k, s.samples) for s in plan] == [
+    assert [(s.seq.request_id, s.num_new, s.k, s.emits) for s in plan] == [
         ("d", 1, 2, True), ("p1", 5, 2, True)]  # finishes p1's prompt: it may draft
 
 

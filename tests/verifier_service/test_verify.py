@@ -8,7 +8,7 @@ import torch
 from splitspec.params import GenerationInput, SamplingParams
 from splitspec.proposal import Draft
 from verifier_service.scheduler import Scheduled
-from verifier_service.sequence import Sequence
+from verifier_service.sequence import SequenceState
 from verifier_service.verify import verify_step
 
 V = 32
@@ -26,10 +26,10 @@ class SuccessorRunner:
         return logits, hidden
 
 
-def _seq(tokens, computed, top_logprobs=None, sampling=None) -> Sequence:
+def _seq(tokens, computed, top_logprobs=None, sampling=None) -> SequenceState:
     inp = GenerationInput("s", tuple(tokens), sampling or SamplingParams(temperature=0.0),
                           top_logprobs=top_logprobs)
-    seq = Sequence(inp=inp, tracker=None)  # the verify step never reads the output tracker
+    seq = SequenceState(inp=inp, tracker=None)  # the verify step never reads the output tracker
     seq.num_computed = computed
     return seq
 

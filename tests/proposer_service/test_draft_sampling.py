@@ -1,12 +1,13 @@
-"""proposer_service/drafting.py: a sampled draft token really is a sample of the q sent with it
-(the one property rejection sampling needs from a proposer), for unseeded and seeded requests."""
+"""proposer_service/draft_sampling.py: a sampled draft token really is a sample of the q sent
+with it (the one property rejection sampling needs from a proposer), for unseeded and seeded
+requests."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from proposer_service.drafting import choose_tokens, draft_keys
+from proposer_service.draft_sampling import choose_tokens, draft_keys
 from splitspec.params import SamplingParams
 
 

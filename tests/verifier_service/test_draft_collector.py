@@ -1,6 +1,7 @@
-"""verifier_service/drafts.py: a proposer that turns incompatible while the verifier runs (a pod
-replaced by a wrong image) costs only speculation: no request fails, outputs stay the target's,
-the method shows as unavailable in stats and usage, and it is used again once compatible."""
+"""verifier_service/draft_collector.py: a proposer that turns incompatible while the verifier
+runs (a pod replaced by a wrong image) costs only speculation: no request fails, outputs stay the
+target's, the method shows as unavailable in stats and usage, and it is used again once
+compatible."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from engine_testlib import PROMPTS, collect, make_engine, request
 from proposer_testlib import InProcessProposerClient
 
 from proposer_service.ngram import NgramProposer
-from verifier_service.drafts import INCOMPATIBLE
+from verifier_service.draft_collector import INCOMPATIBLE
 from verifier_service.proposer_client import ProposerMismatch
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import planted_bugs as bug
 import pytest
-from test_drafting import check_tokens_come_from_the_q_sent
+from test_draft_sampling import check_tokens_come_from_the_q_sent
 
 
 @pytest.mark.parametrize("seeded", [False, True])

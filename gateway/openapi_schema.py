@@ -1,6 +1,6 @@
 """The OpenAPI 3.0 description served at /openapi.json: every public route and every request
-field, the extensions included. tests/gateway/test_openapi.py keeps it true: each route of the
-app is described, and each request schema lists exactly the fields its parser accepts."""
+field, the extensions included. tests/gateway/test_openapi_schema.py keeps it true: each route
+of the app is described, and each request schema lists exactly the fields its parser accepts."""
 
 from __future__ import annotations
 

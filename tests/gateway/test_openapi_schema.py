@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.chat import CHAT_FIELDS, MESSAGE_FIELDS, parse_chat_request
 from gateway.openai_api import COMPLETION_FIELDS, SPECULATION_FIELDS, parse_completion_request
-from gateway.openapi import CHAT_REQUEST, COMPLETION_REQUEST, MESSAGE, SPECULATION
+from gateway.openapi_schema import CHAT_REQUEST, COMPLETION_REQUEST, MESSAGE, SPECULATION
 from gateway.rest import build_app
 
 

@@ -34,7 +34,7 @@ from verifier_service.in_target import InTargetDrafts, StepOutcome
 from verifier_service.overlap_policy import OverlapPolicy
 from verifier_service.proposer_client import ProposerClient, ProposerMismatch
 from verifier_service.scheduler import Scheduled
-from verifier_service.sequence import Sequence
+from verifier_service.sequence import SequenceState
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +63,14 @@ class DraftCollector:
         """Every method drafts can be asked of: the proposers, then the in-target methods."""
         return (*self.proposers, *(m for m in self.in_target.methods if m not in self.proposers))
 
-    def needs_hidden_state(self, seq: Sequence) -> bool:
+    def needs_hidden_state(self, seq: SequenceState) -> bool:
         """Whether the sequence's proposer declared that it conditions on the target's state."""
         client = self.proposers.get(seq.inp.speculation.method or "")
         desc = client.description if client is not None else None
         return desc is not None and desc.needs_hidden_state
 
     async def collect(self, plan: list[Scheduled]
-                      ) -> tuple[dict[Sequence, Draft], dict[str, MethodStepStats]]:
+                      ) -> tuple[dict[SequenceState, Draft], dict[str, MethodStepStats]]:
         by_method: dict[str, list[Scheduled]] = {}
         for s in plan:
             if s.k > 0:
@@ -82,7 +82,7 @@ class DraftCollector:
         results = await asyncio.gather(*(self._ask(m, group, step_stats[m])
                                          for m, group in by_method.items()
                                          if not self.in_target.serves(m)))
-        merged: dict[Sequence, Draft] = {}
+        merged: dict[SequenceState, Draft] = {}
         for m, group in by_method.items():
             if self.in_target.serves(m):
                 merged.update(self._in_target(m, group, step_stats[m]))
@@ -91,11 +91,11 @@ class DraftCollector:
         return merged, step_stats
 
     def _in_target(self, method: str, group: list[Scheduled], step: MethodStepStats
-                   ) -> dict[Sequence, Draft]:
+                   ) -> dict[SequenceState, Draft]:
         """Candidates from an in-target method's per-sequence states, checked as a proposer's."""
         stats = self.stats.method(method)
         stats.steps += 1
-        out: dict[Sequence, Draft] = {}
+        out: dict[SequenceState, Draft] = {}
         wanted = {s.seq: s.k for s in group}
         for seq, tokens in self.in_target.propose(group).items():
             k = wanted[seq]
@@ -110,7 +110,7 @@ class DraftCollector:
         return out
 
     async def _ask(self, method: str, group: list[Scheduled], step: MethodStepStats
-                   ) -> dict[Sequence, Draft]:
+                   ) -> dict[SequenceState, Draft]:
         client = self.proposers[method]
         stats = self.stats.method(method)
         stats.steps += 1
@@ -137,7 +137,7 @@ class DraftCollector:
             # (its whole history: a draft model prefills the prompt) would dominate the fit
             # while there are only a few calls, and make a fresh stack pause drafting.
             stats.add_round_trip(max(s.k for s in group), step.round_trip_s)
-        out: dict[Sequence, Draft] = {}
+        out: dict[SequenceState, Draft] = {}
         for d in drafts:
             if d.seq_id not in wanted:
                 continue
@@ -185,7 +185,7 @@ class DraftCollector:
 
     @staticmethod
     def _messages(client: ProposerClient, group: list[Scheduled], ahead: bool
-                  ) -> tuple[list[SequenceStep], dict[str, tuple[Sequence, int]]]:
+                  ) -> tuple[list[SequenceStep], dict[str, tuple[SequenceState, int]]]:
         """One SequenceStep per sequence: only what the proposer has not heard yet, unless its
         stream is new (another epoch), then the whole history. With `ahead`, the proposer is
         asked to draft the next step ahead while this one is verified."""
@@ -231,21 +231,21 @@ class DraftCollector:
 
     # -- a sequence's life: in-target states live while it runs; proposers hear of its end ----
 
-    def admitted(self, seq: Sequence) -> None:
+    def admitted(self, seq: SequenceState) -> None:
         """It joined the running batch (new, or re-admitted after a preemption)."""
         self.in_target.admit(seq)
 
-    def preempted(self, seq: Sequence) -> None:
+    def preempted(self, seq: SequenceState) -> None:
         """It left the running batch to be recomputed later (a proposer keeps its history)."""
         self.in_target.free(seq)
 
-    def observe(self, seq: Sequence, draft: Draft | None, num_accepted: int,
+    def observe(self, seq: SequenceState, draft: Draft | None, num_accepted: int,
                 emitted: list[int]) -> None:
         """A verified step's outcome, for the in-target state that drafted (or may draft) it."""
         self.in_target.observe(seq, StepOutcome(list(draft.tokens) if draft else [],
                                                 num_accepted, list(emitted)))
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: SequenceState) -> None:
         """It finished, was aborted or failed."""
         self.in_target.free(seq)
         client = self.proposers.get(seq.inp.speculation.method or "")
@@ -253,7 +253,7 @@ class DraftCollector:
             client.release([seq.request_id])
 
 
-def _count_ask(stats: MethodStats, seq: Sequence, k: int) -> None:
+def _count_ask(stats: MethodStats, seq: SequenceState, k: int) -> None:
     """The sequence asked its method for k tokens this step (answered or not)."""
     seq.asked += 1
     seq.asked_k = k
