@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 import kernels.rejection as rejection
+import kernels.tree_rejection as tree_rejection
 import proposer_service.draft_sampling as draft_sampling
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
@@ -101,3 +102,9 @@ def stale_draft_ahead_on_a_miss(monkeypatch) -> None:
         return original(self, step, ready)
 
     monkeypatch.setattr(DraftSession, "_take_ready", any_ready)
+
+
+def tree_residual_not_updated(monkeypatch) -> None:
+    """The tree sampler keeps p unchanged after a rejected sibling: the next sibling is tried,
+    and the recovered token drawn, against the target instead of max(0, p - q)."""
+    monkeypatch.setattr(tree_rejection, "_residual", lambda r, z, q, rejected: (r, z))
