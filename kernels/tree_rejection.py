@@ -7,7 +7,9 @@ k_i = N_i:
     target_probs    [T, V], T = sum_i (N_i + 1): for sequence i, N_i + 1 contiguous rows: row 0 is
                     p at the root, row r + 1 is p after node r's token (given its ancestors).
     draft_token_ids [D], D = sum_i N_i, node tokens flattened in batch order.
-    draft_parents   S entries, each None (a chain) or N_i parents (local node indices, -1: root).
+    draft_parents   S entries, each None (a chain) or N_i parents (local node indices, -1: root);
+                    or None: the trees of the StepLayout (kernels/layout.py, its `parents`), which
+                    must agree with the given ones when that layout carries trees.
     draft_probs     None (every node deterministic, one-hot), dense [D, V] or SparseProbs (D rows):
                     per node, the distribution *that node* was drawn from.
 
@@ -52,7 +54,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult
+from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult, StepLayout
 from kernels.rejection import (
     LayoutLike,
     _draft_prob_at,
@@ -66,7 +68,7 @@ from kernels.rejection import (
 from kernels.sampler_inputs import DraftProbs
 from kernels.sampling import draw_exponentials, keyed_argmax, noise_key
 
-__all__ = ["TreeResult", "tree_rejection_sample"]
+__all__ = ["TreeResult", "layout_draft_parents", "tree_rejection_sample"]
 
 Parents = Optional[Sequence[int]]
 
@@ -158,10 +160,22 @@ def _residual(r: torch.Tensor, z: torch.Tensor, q: torch.Tensor,
     return r, torch.where(rejected, res.sum(dim=1), z)
 
 
+def layout_draft_parents(layout: StepLayout) -> list[list[int]]:
+    """Per emitting sequence, its draft nodes' parents (local, -1: the root) as the layout
+    placed them: the tree attention saw."""
+    parents = layout.parents.tolist()
+    out = []
+    for b, k in zip(layout.seq_index.tolist(), layout.num_draft_tokens.tolist()):
+        first = int(layout.query_start[b]) + int(layout.query_lens[b]) - k  # fed row of node 0
+        root = first - 1 - int(layout.query_start[b])  # fed index of the root
+        out.append([parents[first + d] - root - 1 for d in range(k)])
+    return out
+
+
 def tree_rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    draft_parents: Sequence[Parents],
+    draft_parents: Optional[Sequence[Parents]],
     layout: LayoutLike,
     draft_probs: DraftProbs,
     is_greedy: Union[torch.Tensor, Sequence[bool]],
@@ -170,13 +184,24 @@ def tree_rejection_sample(
     """Lossless verification of a ragged batch of draft trees (see the module docstring).
 
     target_probs [T, V]; draft_token_ids int64 [D]; draft_parents: S entries, None (a chain) or
-    N_i parents; layout: the step's StepLayout (num_draft_tokens = N_i) or num_nodes int64 [S]
-    (sample positions 1, 1, ...); draft_probs None | dense [D, V] | SparseProbs (D rows);
-    is_greedy bool [S]; seeds: S entries of int | None (None for all: unseeded).
+    N_i parents, or None (the StepLayout's trees); layout: the step's StepLayout
+    (num_draft_tokens = N_i) or num_nodes int64 [S] (sample positions 1, 1, ...); draft_probs
+    None | dense [D, V] | SparseProbs (D rows); is_greedy bool [S]; seeds: S entries of
+    int | None (None for all: unseeded).
     """
+    step_layout = isinstance(layout, StepLayout)
     layout = as_layout(layout)
     draft_token_ids = draft_token_ids.reshape(-1).to(torch.int64)
     _validate(target_probs, draft_token_ids, layout, draft_probs)
+    if draft_parents is None:
+        if not step_layout:
+            raise ValueError("draft_parents is needed unless the layout is a StepLayout")
+        draft_parents = layout_draft_parents(layout)
+    elif step_layout and not layout.chain:
+        given = [list(range(-1, k - 1)) if p is None else [int(x) for x in p]
+                 for p, k in zip(draft_parents, layout.num_draft_tokens.tolist())]
+        if given != layout_draft_parents(layout):
+            raise ValueError("draft_parents differ from the trees the step layout placed")
     device, vocab, b = target_probs.device, target_probs.shape[1], layout.batch_size
     ks, doff = layout.num_draft_tokens.tolist(), layout.draft_offsets.tolist()
     toff, pos = layout.target_offsets.tolist(), layout.sample_positions.tolist()

@@ -265,6 +265,9 @@ def test_path_tokens_and_kept_rows_of_a_hand_made_tree(greedy):
     layout = StepLayout.build([3 + 5], [10], [5], [True], [parents])  # 3 uncached rows fed
     res = tree_rejection_sample(rows, torch.tensor(tokens), [parents], layout, None, [greedy])
     assert res.paths() == [[1, 3, 4]]
+    # the layout's own trees, as attention saw them, give the same walk
+    same = tree_rejection_sample(rows, torch.tensor(tokens), None, layout, None, [greedy])
+    assert same.paths() == [[1, 3, 4]] and same.kept_rows() == res.kept_rows()
     assert res.tokens() == [[1, 3, 4, 0]]
     assert res.num_accepted.tolist() == [3]
     assert res.kept_rows() == [[0, 1, 2, 4, 6, 7]]
@@ -308,6 +311,12 @@ def test_malformed_trees_are_refused():
         tree_rejection_sample(rows, ids, [[-1, 0]], [3], None, [False])
     with pytest.raises(ValueError, match="draft_parents has 2 entries"):
         tree_rejection_sample(rows, ids, [None, None], [3], None, [False])
+    # 2 uncached rows (the last is the root), 3 nodes
+    tree = StepLayout.build([2 + 3], [4], [3], [True], [[-1, -1, 0]])
+    with pytest.raises(ValueError, match="differ from the trees the step layout placed"):
+        tree_rejection_sample(rows, ids, [[-1, 0, 0]], tree, None, [False])
+    with pytest.raises(ValueError, match="draft_parents is needed"):
+        tree_rejection_sample(rows, ids, None, [3], None, [False])
     with pytest.raises(ValueError, match="target_probs"):
         tree_rejection_sample(rows[:3], ids, [None], [3], None, [False])
     with pytest.raises(ValueError, match="draft_token_ids"):
