@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 import kernels.rejection as rejection
+import kernels.tree_rejection as tree_rejection
 import proposer_service.draft_sampling as draft_sampling
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
@@ -113,3 +114,9 @@ def speculator_norm_mean_centred(monkeypatch) -> None:
         return original(self, x - x.mean(-1, keepdim=True))
 
     monkeypatch.setattr(SpeculatorNorm, "forward", centred)
+
+
+def tree_residual_not_updated(monkeypatch) -> None:
+    """The tree sampler keeps p unchanged after a rejected sibling: the next sibling is tried,
+    and the recovered token drawn, against the target instead of max(0, p - q)."""
+    monkeypatch.setattr(tree_rejection, "_residual", lambda r, z, q, rejected: (r, z))
