@@ -192,8 +192,8 @@ def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
 
 
 def _parse_speculation(spec: Any) -> SpeculationRequest:
-    """JSON types here; the values are checked by SpeculationRequest.validate (again by the
-    policy, against the served methods and the deployment's largest k)."""
+    """JSON types here; the values are checked once, by the policy (SpeculationRequest.validate
+    against the served methods and the deployment's largest k), before anything is sent."""
     if spec is None:
         return SpeculationRequest()
     if not isinstance(spec, dict):
@@ -214,7 +214,7 @@ def _parse_speculation(spec: Any) -> SpeculationRequest:
     if not isinstance(details, bool):
         raise InvalidArgument("speculation.details", "must be a boolean")
     return SpeculationRequest(mode=SpeculationMode(mode), method=method,
-                              num_speculative_tokens=k, details=details).validate()
+                              num_speculative_tokens=k, details=details)
 
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",

@@ -152,6 +152,20 @@ def test_off_k0_and_no_proposer():
         p.decide(SpeculationRequest(SpeculationMode.ON), bare)
 
 
+@pytest.mark.parametrize("req, field", [
+    (SpeculationRequest(method="medusa"), "speculation.method"),  # not a registered method
+    (SpeculationRequest(method="suffix"), "speculation.method"),  # registered, not served
+    (SpeculationRequest(num_speculative_tokens=-1), "speculation.num_speculative_tokens"),
+    (SpeculationRequest(num_speculative_tokens=9), "speculation.num_speculative_tokens"),
+])
+def test_the_policy_is_where_a_request_is_validated(req, field):
+    """The one place the values are checked (the REST and gRPC parsers check JSON and wire
+    types only): unknown or unserved methods, k out of range or above the deployment's limit."""
+    with pytest.raises(InvalidArgument) as e:
+        policy(snapshot()).decide(req, INFO)
+    assert e.value.field == field
+
+
 def test_greedy_and_sampled_acceptance_are_kept_apart():
     p = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000)},
                         sampled={"mlp": (30, 1000), "ngram": (10, 1000)}))
