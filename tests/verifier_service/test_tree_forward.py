@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_testlib import SMALL, plain_and_paged
 from transformers import (
-    AutoModelForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -16,22 +16,6 @@ from transformers import (
 from kernels.layout import StepLayout
 from verifier_service.kv_cache import BlockTable, KVCacheSpec, PagedKVCache
 from verifier_service.model_runner import ModelRunner
-from verifier_service.paged_attention import ATTENTION_NAME, register
-
-SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-
-
-def _pair(tmp_path, cls, config):
-    """The same weights loaded plainly (the reference) and on the paged path."""
-    torch.manual_seed(0)
-    cls(config).save_pretrained(tmp_path)
-    plain = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    register()
-    paged = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32,
-                                                 attn_implementation=ATTENTION_NAME).eval()
-    return plain, paged
 
 
 @pytest.mark.parametrize("cls, config", [
@@ -39,7 +23,7 @@ def _pair(tmp_path, cls, config):
     (MistralForCausalLM, MistralConfig(**SMALL, sliding_window=6)),
 ], ids=["llama-lean", "mistral-sliding-window"])
 def test_tree_nodes_see_only_their_ancestors(tmp_path, cls, config):
-    plain, paged = _pair(tmp_path, cls, config)
+    plain, paged = plain_and_paged(tmp_path, cls, config)
     kv = PagedKVCache(KVCacheSpec.for_model(paged.config, torch.float32, block_size=4,
                                             memory_bytes=0, num_blocks=32), torch.device("cpu"))
     runner = ModelRunner(paged, torch.device("cpu"), kv)
