@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels.sparse_probs import SparseProbs
+from kernels.tree_rejection import tree_rejection_sample
 from proposer_service.draft import DraftModelProposer
 from proposer_service.draft_branches import branch_chain
 from splitspec.params import SamplingParams
@@ -95,3 +96,24 @@ def _ancestors(parents: list[int], node: int) -> list[int]:
         node = parents[node]
         out.insert(0, node)
     return out
+
+
+def test_the_tree_sampler_takes_these_trees_and_a_second_guess_is_accepted():
+    chain = Draft("s", [10, 11, 12])
+    alternatives = [([10, 20], [0.5, 0.4]), ([11, 21], [0.9, 0.05]), ([12, 22], [0.6, 0.3])]
+    tree = branch_chain(chain, alternatives, budget=4, max_branch=2)  # 10, 11, 20, 12
+    # the target wants 20 first, then 7: a chain would have nothing accepted
+    want = {-1: 20, tree.tokens.index(20): 7}
+    rows = torch.zeros(len(tree.tokens) + 1, 32)  # row r + 1: after node r
+    for r in range(-1, len(tree.tokens)):
+        rows[r + 1, want.get(r, 0)] = 1.0
+    res = tree_rejection_sample(rows, torch.tensor(tree.tokens), [tree.parents],
+                                torch.tensor([len(tree.tokens)]), None, [True])
+    assert res.paths() == [[tree.tokens.index(20)]] and res.tokens() == [[20, 7]]
+    # a sampled tree: its q rows (sampled chain nodes, one-hot leaves) fit the sampler too
+    q = SparseProbs.from_rows([([10, 20], [0.6, 0.4]), ([11, 21], [0.9, 0.1]),
+                               ([12, 22], [0.7, 0.3])])
+    tree = branch_chain(Draft("s", [10, 11, 12], q), alternatives, budget=5, max_branch=2)
+    res = tree_rejection_sample(torch.softmax(torch.randn(6, 32), -1), torch.tensor(tree.tokens),
+                                [tree.parents], torch.tensor([5]), tree.q, [False])
+    assert len(res.tokens()[0]) == res.num_accepted.item() + 1
