@@ -9,8 +9,11 @@ Semantics of `ngram_candidates(tokens, min_n, max_n, k, max_candidates)`:
     continuation is k tokens copied LZ77-style, c_t = ext[j + t] with ext = tokens + c; running
     past the end copies the continuation itself, so c_t = tokens[j + (t mod (len - j))] and a
     periodic pattern yields k tokens even from its most recent occurrence.
-    Duplicate continuations are dropped; at most max_candidates are returned (several candidates
-    are the groundwork for tree verification).
+    Duplicate continuations are dropped; at most max_candidates are returned.
+
+`ngram_continuations(tokens, min_n, max_n, k, max_candidates)`: the same continuations, each
+distinct one once with its number of occurrences, ranked by that count (most frequent first),
+then by recency of its most recent occurrence: what a draft tree branches over.
 
 Matching works on the reversed history R = tokens[::-1]: the suffix of length n ending the history
 is R's prefix of length n, and an earlier occurrence ending at j is an occurrence of that prefix
@@ -27,7 +30,7 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-__all__ = ["ngram_candidates", "z_function"]
+__all__ = ["ngram_candidates", "ngram_continuations", "z_function"]
 
 # above this max_n the scalar O(n) Z-function beats per-offset vectorised extension
 _VECTOR_MAX_N = 64
@@ -79,29 +82,38 @@ def _match_starts(rev: np.ndarray, max_n: int) -> tuple[int, np.ndarray]:
     return length, (starts if length > 0 else np.empty(0, np.int64))
 
 
-def ngram_candidates(
-    tokens: TokenSeq, min_n: int, max_n: int, k: int, max_candidates: int = 1
-) -> list[list[int]]:
-    """Up to max_candidates distinct k-token continuations of the longest earlier suffix match."""
+def _continuations(tokens: TokenSeq, min_n: int, max_n: int, k: int,
+                   most_recent: int | None = None) -> np.ndarray | None:
+    """[S, k] int64: the continuation of every earlier match (of the `most_recent` ones when
+    given), most recent first; None: no match (or nothing asked)."""
     if min_n < 1 or max_n < min_n:
         raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
     arr = _as_array(tokens)
     n = arr.shape[0]
-    if k <= 0 or max_candidates <= 0 or n < 2:
-        return []
+    if k <= 0 or n < 2:
+        return None
     rev = arr[::-1].copy()
     length, starts = _match_starts(rev, max_n)
     if length < min_n:
-        return []
+        return None
     # starts s ascending = end positions j = n - s descending (most recent first)
+    starts = starts[:most_recent]
     ends = n - starts  # [S]
     period = starts  # len - j
     t = np.arange(k, dtype=np.int64)
+    # [S, k]: c_t = tokens[j + (t mod (len - j))]
+    return arr[ends[:, None] + t[None, :] % period[:, None]]
+
+
+def ngram_candidates(
+    tokens: TokenSeq, min_n: int, max_n: int, k: int, max_candidates: int = 1
+) -> list[list[int]]:
+    """Up to max_candidates distinct k-token continuations of the longest earlier suffix match."""
+    conts = _continuations(tokens, min_n, max_n, k, 1 if max_candidates == 1 else None)
+    if conts is None or max_candidates <= 0:
+        return []
     if max_candidates == 1:
-        return [arr[ends[0] + t % period[0]].tolist()]
-    conts = arr[
-        ends[:, None] + t[None, :] % period[:, None]
-    ]  # [S, k], c_t = tokens[j + (t mod (len - j))]
+        return [conts[0].tolist()]
     if conts.shape[0] > 64:
         # many occurrences (repetitive history): dedupe in one vectorised pass, keep recency order
         _, first = np.unique(conts, axis=0, return_index=True)
@@ -117,3 +129,16 @@ def ngram_candidates(
             if len(out) == max_candidates:
                 break
     return out
+
+
+def ngram_continuations(
+    tokens: TokenSeq, min_n: int, max_n: int, k: int, max_candidates: int
+) -> list[tuple[list[int], int]]:
+    """Up to max_candidates distinct k-token continuations with their occurrence counts, most
+    frequent first, ties to the most recent."""
+    conts = _continuations(tokens, min_n, max_n, k)
+    if conts is None or max_candidates <= 0:
+        return []
+    uniq, first, counts = np.unique(conts, axis=0, return_index=True, return_counts=True)
+    order = np.lexsort((first, -counts))[:max_candidates]  # by -count, then first (recency)
+    return [(uniq[i].tolist(), int(counts[i])) for i in order]

@@ -23,7 +23,9 @@ W = TypeVar("W")
 class ProposerSession(abc.ABC):
     @abc.abstractmethod
     def propose(self, steps: list[SequenceStep]) -> list[Draft]:
-        """Apply each step's new tokens, then guess up to step.k tokens per sequence."""
+        """Apply each step's new tokens, then guess up to step.k draft nodes per sequence: a
+        chain, or, when step.max_branch > 1, a tree whose nodes have at most that many children
+        (Draft.parents; proposer_service/tree_builder.py builds them)."""
 
     @abc.abstractmethod
     def release(self, seq_ids: list[str]) -> None:
@@ -100,7 +102,8 @@ class HistorySession(ProposerSession):
 
     @abc.abstractmethod
     def draft(self, step: SequenceStep, history: list[int]) -> Draft:
-        """Up to step.k tokens continuing `history` (the sequence's tokens after this step)."""
+        """Up to step.k nodes continuing `history` (the sequence's tokens after this step), a
+        chain unless step.max_branch > 1 allows a tree."""
 
     def forget(self, seq_ids: list[str]) -> None:
         """Hook: sequences released or gone idle."""

@@ -3,6 +3,10 @@ verifier's deltas) and the draft's cache state; each step's sequences drafted in
 proposer (proposer_service/draft.py); and overlapped speculation: while the verifier verifies,
 drafting ahead for the step's likely outcomes (all accepted, and the likeliest rejections), so
 that the next step's draft is ready when its outcome was among them.
+
+A step that may branch (max_branch > 1) gets the chain with the draft's likeliest other tokens
+as leaves (proposer_service/draft_branches.py) when drafted afresh; a step answered from drafting
+ahead gets the chain drafted ahead, exactly what was pushed for it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Protocol
 
 from kernels.sparse_probs import SparseProbs
 from proposer_service.base import HistoryStore, ProposerSession, draft_in_batches
+from proposer_service.draft_branches import branch_chain
 from proposer_service.draft_cache import SeqState
 from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
@@ -128,11 +133,12 @@ class DraftSession(ProposerSession):
             if ready is not None:
                 missed.add(step.seq_id)
             work.append((step, list(history), state))
-        for (step, history, _), d in zip(
+        for (step, history, state), d in zip(
                 work, draft_in_batches(work, self._p.max_batch, self._p.draft_batch)):
             d.precompute = PRECOMPUTE_MISS if step.seq_id in missed else ""
-            drafts[d.seq_id] = d
-            self._plan_ahead(step, history, d)
+            self._plan_ahead(step, history, d)  # the outcomes drafted ahead follow the chain
+            drafts[d.seq_id] = (branch_chain(d, state.alternatives, step.k, step.max_branch)
+                                if step.max_branch > 1 else d)
         return [drafts[s.seq_id] for s in steps]
 
     # -- overlapped speculation ---------------------------------------------------------------

@@ -12,10 +12,20 @@ that records no target needs the target's tokenizer passed explicitly.
 
 All sequences of a step run as one batch [B, H]. Up to min(k, n_predict) tokens are drafted per
 sequence (the trained heads; deeper recurrence reuses the shared head and decays quickly).
-Each sequence gets one chain, the top-1 path of the format's candidate tree (one token per head):
-greedy requests get argmax drafts (token ids only); sampled requests get tokens sampled from the
-top-K-truncated q = apply_sampling_params(head logits, the request's params), sent with exactly
-that sparse q, as in the draft-model proposer (proposer_service/draft_sampling.py).
+A chain step (max_branch 1) gets the top-1 path of the format's candidate tree (one token per
+head): greedy requests get argmax drafts (token ids only); sampled requests get tokens sampled
+from the top-K-truncated q = apply_sampling_params(head logits, the request's params), sent with
+exactly that sparse q, as in the draft-model proposer (proposer_service/draft_sampling.py).
+
+A tree step (max_branch > 1) gets the format's candidate tree (MLPSpeculator.generate_tree): each
+head expands every kept node by its top max_branch tokens, at most k nodes kept best-first by
+cumulative log-probability. Its nodes are deterministic (token ids only, one-hot q) for sampled
+requests too, which is simple and lossless: the tree sampler accepts a node with the target's
+probability of it and tries the next sibling on the target with that token removed, so siblings
+together are accepted with the target's mass on all of them. Siblings sampled without replacement
+(each sent with its conditioned q) would be lossless as well; only acceptance differs: more when
+the head's q is close to the target's p, less when it is not. Seeded requests accept the node
+equal to the keyed choice, as with every deterministic draft.
 """
 
 from __future__ import annotations
@@ -63,7 +73,10 @@ class MlpSession(ProposerSession):
                 drafts[step.seq_id] = Draft(step.seq_id)  # nothing to draft from
                 continue
             work.append((step, history[-1], hidden))
-        for d in draft_in_batches(work, self._p.max_batch, self._p.draft_batch):
+        chains = [w for w in work if w[0].max_branch <= 1]
+        trees = [w for w in work if w[0].max_branch > 1]
+        for d in (draft_in_batches(chains, self._p.max_batch, self._p.draft_batch)
+                  + draft_in_batches(trees, self._p.max_batch, self._p.draft_tree_batch)):
             drafts[d.seq_id] = d
         return [drafts[s.seq_id] for s in steps]
 
@@ -166,3 +179,16 @@ class MlpSpeculatorProposer(Proposer):
             drafts.append(Draft(step.seq_id, toks[:k],
                                 q=SparseProbs.from_rows(dists[:k]) if sampled else None))
         return drafts
+
+    @torch.inference_mode()
+    def draft_tree_batch(self, work: list[tuple[SequenceStep, int, torch.Tensor]]) -> list[Draft]:
+        """A tree per row (steps with max_branch > 1): top-max_branch tokens per head, at most k
+        nodes kept best-first by cumulative log-probability; deterministic nodes for greedy and
+        sampled requests alike."""
+        dtype = self.model.head[0].weight.dtype
+        hidden = torch.stack([h for _, _, h in work]).to(self.device, dtype)  # [B, H]
+        tok = torch.tensor([t for _, t, _ in work], dtype=torch.long, device=self.device)  # [B]
+        trees = self.model.generate_tree(hidden, tok, [min(s.k, self.max_k) for s, _, _ in work],
+                                         [s.max_branch for s, _, _ in work], self.max_k)
+        return [Draft(step.seq_id, tokens, parents=parents)
+                for (step, _, _), (tokens, parents) in zip(work, trees)]

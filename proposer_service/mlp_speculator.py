@@ -20,11 +20,14 @@ holds index 0 of each (and ``proj.1``); copies of the shared tensors under other
 accepted when they are equal. The shared head also lets the recurrence run past ``n_predict``
 steps; quality decays with depth, so callers should prefer k <= n_predict.
 
-Drafting here is a chain: each head takes the top-1 (or one sampled) token and feeds it to the
-next. The config's ``top_k_tokens_per_head`` and ``n_candidates`` describe the candidate tree the
-format also defines (head i expands each path by its top ``top_k_tokens_per_head[i]`` tokens; the
-``n_candidates`` most likely paths are kept). The chain is that tree's top-1 path; ``step`` takes
-any leading shape, so a tree runs it with one row per open path.
+A chain: each head takes the top-1 (or one sampled) token and feeds it to the next. A tree
+(``generate_tree``), as the format's ``top_k_tokens_per_head`` / ``n_candidates`` describe it:
+head i expands every kept node at depth i by its top-b tokens, each conditioned on that node's own
+token and state (``step`` takes any leading shape: one row per open node), and the nodes kept are
+the best by cumulative log-probability within a node budget (proposer_service/tree_builder.py).
+The branching b is the caller's (the request's max_branch), not the checkpoint's
+``top_k_tokens_per_head``, which the accelerator checkpoints set for their own serving budget.
+With b = 1 the tree is the greedy chain.
 
 The config and file layout are in proposer_service/mlp_speculator_format.py.
 """
@@ -46,6 +49,7 @@ from proposer_service.mlp_speculator_format import (
     MLPSpeculatorConfig,
     read_state_dict,
 )
+from proposer_service.tree_builder import reindex, select
 
 __all__ = ["CONFIG_NAME", "MODEL_TYPE", "WEIGHTS_NAME", "MLPSpeculator", "MLPSpeculatorConfig",
            "SpeculatorNorm"]
@@ -197,6 +201,59 @@ class MLPSpeculator(nn.Module):
             tok = logits.argmax(-1)
             out.append(tok)
         return torch.stack(out, -1)
+
+    @torch.no_grad()
+    def generate_tree(
+        self, hidden: torch.Tensor, last_token: torch.Tensor, budgets: list[int],
+        branches: list[int], max_depth: int | None = None,
+    ) -> list[tuple[list[int], list[int]]]:
+        """Per row a draft tree (tokens, parents): hidden [B, H] (target state that produced
+        last_token), last_token [B]; row b keeps at most budgets[b] nodes, at most branches[b]
+        children per node, at most max_depth (default max_steps) deep."""
+        depth_cap = min(self.max_steps if max_depth is None else max_depth, self.max_steps)
+        B = hidden.shape[0]
+        # per row, the nodes kept so far: tokens, parents, cumulative log-probabilities
+        toks: list[list[int]] = [[] for _ in range(B)]
+        pars: list[list[int]] = [[] for _ in range(B)]
+        scores: list[list[float]] = [[] for _ in range(B)]
+        state = self.input_state(hidden.to(self.head[0].weight.dtype))  # [R, H], R open nodes
+        tok = last_token  # [R]
+        rows, nodes = list(range(B)), [-1] * B  # per open node: its row, its index (-1: root)
+        for i in range(depth_cap):
+            if not rows:
+                break
+            state, logits = self.step(state, tok, i)  # [R, inner], [R, V]
+            width = min(max(branches[b] for b in rows), logits.shape[-1])
+            top_lp, top_id = torch.log_softmax(logits.float(), -1).topk(width, -1)  # [R, width]
+            top_lp, top_id = top_lp.tolist(), top_id.tolist()
+            born: list[list[tuple[int, int]]] = [[] for _ in range(B)]  # (node, open row)
+            for r, (b, n) in enumerate(zip(rows, nodes)):
+                base = 0.0 if n < 0 else scores[b][n]
+                for j in range(min(branches[b], width)):
+                    born[b].append((len(toks[b]), r))
+                    toks[b].append(top_id[r][j])
+                    pars[b].append(n)
+                    scores[b].append(base + top_lp[r][j])
+            rows, nodes, src = [], [], []
+            for b in range(B):
+                if not born[b]:
+                    continue
+                # a node cut now never comes back (children score no higher than their parent),
+                # so only kept nodes are remembered and only new kept ones expand
+                kept = select(pars[b], scores[b], budgets[b], branches[b])
+                at = {c: j for j, c in enumerate(kept)}
+                toks[b], pars[b] = reindex(toks[b], pars[b], kept)
+                scores[b] = [scores[b][c] for c in kept]
+                if i + 1 < depth_cap:
+                    for c, r in born[b]:
+                        if c in at:
+                            rows.append(b)
+                            nodes.append(at[c])
+                            src.append(r)
+            state = state[src]
+            tok = torch.tensor([toks[b][n] for b, n in zip(rows, nodes)], dtype=torch.long,
+                               device=last_token.device)
+        return list(zip(toks, pars))
 
     @torch.no_grad()
     def sample_suggestions(

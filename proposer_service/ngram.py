@@ -1,10 +1,16 @@
 """Prompt-lookup (n-gram) proposer: copies what followed the latest earlier occurrence of the
-sequence's longest matching suffix. No model, no vocabulary: deterministic one-hot drafts."""
+sequence's longest matching suffix. No model, no vocabulary: deterministic one-hot drafts.
+
+A step that allows branching (max_branch > 1) gets a tree instead: the distinct continuations of
+every earlier occurrence of that suffix (most frequent first, then most recent) merged into a
+trie, its node budget spent best-first by each node's share of the occurrences
+(proposer_service/tree_builder.py), so the most frequent continuation goes deepest."""
 
 from __future__ import annotations
 
-from kernels.ngram import ngram_candidates
+from kernels.ngram import ngram_candidates, ngram_continuations
 from proposer_service.base import HistorySession, Proposer
+from proposer_service.tree_builder import ContinuationTrie
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 
@@ -14,11 +20,19 @@ class NgramSession(HistorySession):
         self._min_n, self._max_n = min_n, max_n
 
     def draft(self, step: SequenceStep, history: list[int]) -> Draft:
-        tokens: list[int] = []
-        if step.k > 0:
+        if step.k <= 0:
+            return Draft(step.seq_id)
+        if step.max_branch <= 1:
             found = ngram_candidates(history, self._min_n, self._max_n, step.k)
-            tokens = found[0] if found else []
-        return Draft(step.seq_id, tokens=tokens)
+            return Draft(step.seq_id, tokens=found[0] if found else [])
+        # the k most frequent continuations: each adds at least one node, so the rest could only
+        # add nodes past the budget (shares are estimated among these k)
+        trie = ContinuationTrie()
+        for cont, count in ngram_continuations(history, self._min_n, self._max_n, step.k,
+                                               max_candidates=step.k):
+            trie.insert(cont, count)
+        tokens, parents = trie.tree(step.k, step.max_branch)
+        return Draft(step.seq_id, tokens=tokens, parents=parents)
 
 
 class NgramProposer(Proposer):

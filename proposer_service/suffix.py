@@ -19,6 +19,12 @@ along the draft, stays at or above `min_prob`, and the draft is at most `alpha` 
 token (and at most k). A long, frequent match drafts many tokens; a rare or short one few or none.
 Drafts are token ids only (one-hot), verified like any other.
 
+A tree (a step with max_branch > 1): the same candidates' continuations merged into a trie
+(proposer_service/tree_builder.py); a node's estimated probability is the vote's product along
+its own branch, and the node budget k goes best-first by it, so the frequent continuation goes
+deepest and a near-tie branches instead of stopping; min_prob and alpha bound every branch as
+they bound the chain, whose tokens are the tree's best path.
+
 Method options (--method-option KEY=VALUE): max_depth (32), max_cached_tokens (1000000),
 min_prob (0.1), alpha (2.0), max_candidates (64).
 """
@@ -31,6 +37,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from proposer_service.base import HistorySession, Proposer
+from proposer_service.tree_builder import ContinuationTrie
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 KEY_LEN = 2  # tokens in an index key: the shortest match that can draft
@@ -120,27 +127,48 @@ class SuffixIndex:
     def propose(self, history: list[int], k: int, own: int | None) -> list[int]:
         """Up to k tokens continuing `history`; `own` is its own document (whose end is not a
         match of itself)."""
-        o = self.options
-        if k <= 0 or len(history) < KEY_LEN:
+        if k <= 0:
             return []
         with self._lock:
-            occurrences = self._index.get((history[-2], history[-1]))
-            if not occurrences:
-                return []
-            best, found = 0, []
-            for doc, end in list(reversed(occurrences))[:o.max_candidates]:
-                buf = self._docs.get(doc)
-                if buf is None or end >= len(buf) or (doc == own and end >= len(history)):
-                    continue  # evicted, nothing follows, or the sequence's own end
-                m = _match_length(buf, end, history, o.max_depth)
-                if m > best:
-                    best, found = m, []
-                if m == best:
-                    found.append((buf, end))
+            best, found = self._longest_matches(history, own)
             if not found:
                 return []
-            limit = min(k, int(o.alpha * best))
-            return _vote(found, limit, o.min_prob)
+            return _vote(found, min(k, int(self.options.alpha * best)), self.options.min_prob)
+
+    def propose_tree(self, history: list[int], k: int, own: int | None,
+                     max_branch: int) -> tuple[list[int], list[int]]:
+        """A tree of up to k nodes continuing `history` (tokens, parents): the continuations of
+        the longest matches merged into a trie, the budget spent best-first by estimated
+        probability (the chain's vote, per branch), no node below min_prob, no deeper than
+        alpha tokens per matched token."""
+        if k <= 0:
+            return [], []
+        with self._lock:
+            best, found = self._longest_matches(history, own)
+            depth = min(k, int(self.options.alpha * best))
+            trie = ContinuationTrie()
+            for buf, end in found:  # most recent first: it wins ties
+                trie.insert(buf[end:end + depth])
+        return trie.tree(k, max_branch, self.options.min_prob)
+
+    def _longest_matches(self, history: list[int],
+                         own: int | None) -> tuple[int, list[tuple[array, int]]]:
+        """(match length, [(document, end)] most recent first) of the longest matches of the
+        history's suffix among the most recent candidates. Call with the lock held."""
+        o = self.options
+        occurrences = self._index.get((history[-2], history[-1])) \
+            if len(history) >= KEY_LEN else None
+        best, found = 0, []
+        for doc, end in list(reversed(occurrences or ()))[:o.max_candidates]:
+            buf = self._docs.get(doc)
+            if buf is None or end >= len(buf) or (doc == own and end >= len(history)):
+                continue  # evicted, nothing follows, or the sequence's own end
+            m = _match_length(buf, end, history, o.max_depth)
+            if m > best:
+                best, found = m, []
+            if m == best:
+                found.append((buf, end))
+        return best, found
 
 
 def _match_length(buf: array, end: int, history: list[int], max_depth: int) -> int:
@@ -184,7 +212,10 @@ class SuffixSession(HistorySession):
 
     def draft(self, step: SequenceStep, history: list[int]) -> Draft:
         doc = self._mirror(step.seq_id, history, step.full_history)
-        return Draft(step.seq_id, self._index.propose(history, step.k, doc))
+        if step.max_branch <= 1:
+            return Draft(step.seq_id, self._index.propose(history, step.k, doc))
+        tokens, parents = self._index.propose_tree(history, step.k, doc, step.max_branch)
+        return Draft(step.seq_id, tokens, parents=parents)
 
     def _mirror(self, seq_id: str, history: list[int], full: bool) -> int:
         """Bring the sequence's document up to its history (a new one when it diverged)."""

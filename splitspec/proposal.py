@@ -38,6 +38,9 @@ class SequenceStep:
     hidden_state: torch.Tensor | None = None  # [hidden], MLP speculator only
     # Overlap: after answering, draft ahead for this sequence's likely next outcomes.
     precompute: bool = False
+    # 1: a chain (must not branch); > 1: a node may have up to max_branch children (k is then
+    # the node budget: at most k nodes).
+    max_branch: int = 1
 
 
 @dataclass
@@ -52,6 +55,13 @@ class Draft:
     # outcomes, drafted afresh; "": nothing drafted ahead. The verifier marks a hit it took from
     # a push (AheadDraft) PRECOMPUTE_PUSHED.
     precompute: str = ""
+    # One parent per token: a local node index, -1 = the root (the sequence's last token);
+    # topological (parents[i] < i), siblings in rank order (best first). None: the chain.
+    parents: list[int] | None = None
+
+    def __post_init__(self):
+        if self.parents is None:
+            self.parents = list(range(-1, len(self.tokens) - 1))
 
 
 PRECOMPUTE_HIT, PRECOMPUTE_MISS, PRECOMPUTE_PUSHED = "hit", "miss", "pushed"
@@ -71,13 +81,24 @@ class AheadDraft:
 
     def serves(self, step: SequenceStep) -> bool:
         return (not step.full_history and step.history_len == self.history_len
-                and tuple(step.new_tokens) == self.outcome and step.k <= len(self.draft.tokens))
+                and tuple(step.new_tokens) == self.outcome and step.k <= len(self.draft.tokens)
+                and _most_children(self.draft.parents[:step.k]) <= max(1, step.max_branch))
 
     def taken(self, k: int) -> Draft:
-        """The draft for a step that asks k tokens (k <= its length)."""
+        """The draft for a step that asks k tokens (k <= its length): its first k nodes (a tree
+        is topological, so they keep every parent)."""
         d = self.draft
         q = None if d.q is None else SparseProbs.from_rows(d.q.rows()[:k])
-        return Draft(d.seq_id, d.tokens[:k], q, precompute=PRECOMPUTE_PUSHED)
+        return Draft(d.seq_id, d.tokens[:k], q, precompute=PRECOMPUTE_PUSHED,
+                     parents=d.parents[:k])
+
+
+def _most_children(parents: list[int]) -> int:
+    """The most children any node (the root included) has in a tree given by its parents."""
+    counts: dict[int, int] = {}
+    for p in parents:
+        counts[p] = counts.get(p, 0) + 1
+    return max(counts.values(), default=0)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
 from proposer_service.base import HistoryStore
 from proposer_service.mlp import MlpSpeculatorProposer
 from proposer_service.mlp_speculator import MLPSpeculator
+from proposer_service.tree_builder import reindex, select
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep, step_from_pb, step_to_pb
@@ -151,3 +152,68 @@ def test_the_tokenizer_is_found_from_the_speculators_config_or_flag(spec_dir, ti
     with pytest.raises(SystemExit, match="--tokenizer"):
         build_proposer(parse_config(ProposerConfig, ["--method", "mlp", "--model",
                                                      str(tmp_path / "lost")]))
+
+
+@torch.no_grad()
+def brute_force_tree(model, h, last, k, branch, depth):
+    """Every top-`branch` expansion up to `depth`, each node's log-probability from a direct
+    teacher-forced forward of its own path, then the shared best-first cut to k nodes."""
+    tokens, parents, scores = [], [], []
+    level = [(-1, [], 0.0)]  # (node, its path of tokens, cumulative log-probability)
+    for d in range(depth):
+        nxt = []
+        for node, path, score in level:
+            conditioning = torch.tensor([[[last, *path]]])  # [1, 1, d + 1]
+            logp = model(h[None, None], conditioning)[d, 0, 0].float().log_softmax(-1)  # [V]
+            lp, ids = logp.topk(branch)
+            for t, lt in zip(ids.tolist(), lp.tolist()):
+                tokens.append(t)
+                parents.append(node)
+                scores.append(score + lt)
+                nxt.append((len(tokens) - 1, [*path, t], score + lt))
+        level = nxt
+    return reindex(tokens, parents, select(parents, scores, k, branch))
+
+
+def test_a_tree_step_is_the_best_first_top_k_tree_of_a_direct_forward(proposer):
+    model = proposer.model
+    for seed, (k, branch) in enumerate([(4, 2), (3, 3), (3, 2), (2, 2), (1, 4)]):
+        s = step("s", [5, 6, 7 + seed], k, seed=seed, max_branch=branch)
+        (d,) = proposer.open_session().propose([s])
+        # no node deeper than the budget can be kept: expanding to depth k is the whole tree
+        assert (d.tokens, d.parents) == brute_force_tree(model, hidden(seed), 7 + seed, k,
+                                                         branch, depth=k)
+        assert len(d.tokens) == k and d.q is None
+        # every node's token is among its head's top-`branch` given its ancestors
+        for i, p in enumerate(d.parents):
+            path = []
+            while p >= 0:
+                path.insert(0, d.tokens[p])
+                p = d.parents[p]
+            with torch.no_grad():
+                logits = model(hidden(seed)[None, None], torch.tensor([[[7 + seed, *path]]]))
+            assert d.tokens[i] in logits[len(path), 0, 0].topk(branch).indices.tolist()
+
+
+def test_one_token_per_head_is_the_chain_and_sampled_trees_are_deterministic(proposer):
+    model = proposer.model
+    for seed in range(3):
+        chain = model.generate_suggestions(hidden(seed)[None], torch.tensor([9]), 4)[0].tolist()
+        ((tokens, parents),) = model.generate_tree(hidden(seed)[None], torch.tensor([9]), [4], [1])
+        assert tokens == chain and parents == [-1, 0, 1, 2]
+        (d,) = proposer.open_session().propose([step("s", [8, 9], 4, seed=seed, max_branch=1)])
+        assert d.tokens == chain and d.parents == [-1, 0, 1, 2]
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    (greedy,) = proposer.open_session().propose([step("g", [8, 9], 4, max_branch=2)])
+    (drawn,) = proposer.open_session().propose([step("g", [8, 9], 4, max_branch=2,
+                                                     sampling=sampled)])
+    assert (drawn.tokens, drawn.parents, drawn.q) == (greedy.tokens, greedy.parents, None)
+
+
+def test_batched_trees_equal_single_ones_beside_chains(proposer):
+    steps = [step(f"s{i}", [3 + i, 4 + i], k, seed=i, max_branch=b)
+             for i, (k, b) in enumerate([(4, 2), (2, 1), (3, 3), (4, 4), (1, 2)])]
+    batched = proposer.open_session().propose(steps)
+    for s, b in zip(steps, batched):
+        (single,) = proposer.open_session().propose([s])
+        assert (b.tokens, b.parents) == (single.tokens, single.parents) and len(b.tokens) == s.k

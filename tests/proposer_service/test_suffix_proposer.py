@@ -3,6 +3,8 @@ request (of every stream), by frequency, within a bounded memory."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from proposer_service.config import ProposerConfig
@@ -97,3 +99,49 @@ def test_options_come_from_method_option_flags():
         SuffixOptions.parse({"depth": "3"})
     with pytest.raises(SystemExit, match="bad suffix option"):
         SuffixOptions.parse({"alpha": "many"})
+
+
+def test_a_branching_step_drafts_every_continuation_of_a_tie():
+    proposer = SuffixProposer()
+    session = proposer.open_session()
+    serve(session, "a", [7, 8, 50, 51])
+    serve(session, "b", [7, 8, 60, 61])  # as likely, and more recent
+    (chain,) = session.propose([full("c", [7, 8], 4)])
+    assert chain.tokens == [60, 61] and chain.parents == [-1, 0]
+    step = SequenceStep("t", [7, 8], 2, 4, full_history=True, max_branch=2)
+    (tree,) = session.propose([step])
+    assert tree.tokens == [60, 61, 50, 51] and tree.parents == [-1, 0, -1, 2] and tree.q is None
+    step = SequenceStep("u", [7, 8], 2, 3, full_history=True, max_branch=2)
+    (cut,) = session.propose([step])
+    assert cut.tokens == [60, 61, 50] and cut.parents == [-1, 0, -1]
+
+
+def test_a_chain_step_is_exactly_the_vote_and_the_vote_is_the_trees_best_path():
+    for trial in range(30):
+        def served(trial=trial):
+            rng = random.Random(trial)
+            proposer = SuffixProposer(SuffixOptions(min_prob=rng.choice([0.0, 0.1, 0.3]),
+                                                    alpha=rng.choice([1.0, 2.0])))
+            session = proposer.open_session()
+            for i in range(rng.randrange(1, 12)):
+                serve(session, f"r{i}", [rng.randrange(4) for _ in range(rng.randrange(2, 30))])
+            hist = [rng.randrange(4) for _ in range(rng.randrange(2, 12))]
+            return proposer, session, hist, rng.randrange(1, 9)
+
+        proposer, session, hist, k = served()
+        (chain,) = session.propose([full("s", hist, k)])
+        _, session, _, _ = served()
+        (one,) = session.propose([SequenceStep("s", hist, len(hist), k, full_history=True,
+                                               max_branch=1)])
+        assert one.tokens == chain.tokens and one.parents == list(range(-1, len(one.tokens) - 1))
+        index = proposer.index
+        assert index.propose_tree(hist, k, None, 1) == (index.propose(hist, k, None),
+                                                        chain.parents)
+        tokens, parents = index.propose_tree(hist, k, None, max_branch=3)
+        assert len(tokens) <= k and all(-1 <= p < i for i, p in enumerate(parents))
+        # every first child leads down the vote's path (as far as the budget let it go)
+        path, node = [], -1
+        while node in parents:
+            node = parents.index(node)
+            path.append(tokens[node])
+        assert path == chain.tokens[:len(path)], trial
