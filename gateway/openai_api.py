@@ -31,7 +31,7 @@ from splitspec.params import (
 Prompt = str | list[int]
 
 MAX_N = 16  # choices per request
-SPECULATION_FIELDS = ("mode", "method", "num_speculative_tokens", "details")
+SPECULATION_FIELDS = ("mode", "method", "num_speculative_tokens", "details", "num_branches")
 
 # Fields of every generation request (completions and chat).
 # Accepted for compatibility when they ask for the default behaviour only.
@@ -213,8 +213,11 @@ def _parse_speculation(spec: Any) -> SpeculationRequest:
     details = spec.get("details", False)
     if not isinstance(details, bool):
         raise InvalidArgument("speculation.details", "must be a boolean")
+    branches = spec.get("num_branches")
+    if branches is not None and not _is_int(branches):
+        raise InvalidArgument("speculation.num_branches", "must be an integer")
     return SpeculationRequest(mode=SpeculationMode(mode), method=method,
-                              num_speculative_tokens=k, details=details)
+                              num_speculative_tokens=k, details=details, num_branches=branches)
 
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",
