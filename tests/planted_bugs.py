@@ -120,3 +120,11 @@ def tree_residual_not_updated(monkeypatch) -> None:
     """The tree sampler keeps p unchanged after a rejected sibling: the next sibling is tried,
     and the recovered token drawn, against the target instead of max(0, p - q)."""
     monkeypatch.setattr(tree_rejection, "_residual", lambda r, z, q, rejected: (r, z))
+
+
+def tree_keeps_first_rows(monkeypatch) -> None:
+    """After a tree step the KV cache keeps the first fed rows (a chain's prefix) instead of the
+    accepted path's rows: a sequence that took a lower-ranked branch attends to the wrong keys."""
+    monkeypatch.setattr(tree_rejection.TreeResult, "kept_rows", lambda self: [
+        list(range(n + a)) for n, a in zip(self.fed_before.tolist(),
+                                             self.num_accepted.tolist())])

@@ -329,6 +329,7 @@ class Engine:
         seq.target_hidden = result.hidden
         seq.steps += 1
         seq.record_draft(k, n_acc)
+        seq.branch_hits += result.branch_hit
         self.drafts.observe(seq, draft, n_acc, result.tokens)
         if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
             method = self.stats.method(seq.inp.speculation.method)

@@ -181,6 +181,7 @@ def _output_to_pb(request_id: str, out: StepOutput,
         spec.accepted_tokens = u.accepted_tokens
         spec.steps = u.steps
         spec.reason = u.reason
+        spec.branch_hits = u.branch_hits
         if details:
             spec.accepted_per_position.extend(u.accepted_per_position)
             spec.step_draft_tokens.extend(d for d, _ in u.step_counts)

@@ -70,18 +70,17 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
     rows = result.tokens()
     offsets = layout.target_offsets.tolist()
     paths = result.paths() if isinstance(result, TreeResult) else None
+    tree_kept = result.kept_rows() if paths is not None else None
     for r, (i, n_acc) in enumerate(zip(emitting, result.num_accepted.tolist())):
         path = paths[r] if paths is not None else range(n_acc)
         # a sequence's logits row 0 picked its first token, row j + 1 the token after node j:
         # the last row of the path produced its last token (and the hidden state kept)
         last = offsets[r] + (path[-1] + 1 if n_acc else 0)
         h = hidden[last].to("cpu", torch.float32) if keep_hidden[i] else None
-        num_new = batch[i].num_new
-        kept = (range(num_new + n_acc) if paths is None
-                else [*range(num_new), *(num_new + p for p in path)])
+        kept = range(batch[i].num_new + n_acc) if paths is None else tree_kept[r]
         results[i] = SeqResult(rows[r], n_acc, kept, h, path=list(path),
-                               branch_hit=paths is not None and _left_first_child(
-                                   drafts[i].parents, path))
+                               branch_hit=bool(n_acc) and paths is not None
+                               and _left_first_child(drafts[i].parents, path))
     _add_logprobs(logits, layout, batch, emitting, rows, results)
     return results
 
