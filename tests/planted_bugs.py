@@ -130,3 +130,11 @@ def lookahead_window_not_shifted(monkeypatch) -> None:
     monkeypatch.setattr(lookahead, "advance_window",
                         lambda levels, outputs, n, emitted, fill:
                         original(levels, outputs, n, 1 if len(levels) >= n - 1 else emitted, fill))
+
+
+def tree_keeps_first_rows(monkeypatch) -> None:
+    """After a tree step the KV cache keeps the first fed rows (a chain's prefix) instead of the
+    accepted path's rows: a sequence that took a lower-ranked branch attends to the wrong keys."""
+    monkeypatch.setattr(tree_rejection.TreeResult, "kept_rows", lambda self: [
+        list(range(n + a)) for n, a in zip(self.fed_before.tolist(),
+                                             self.num_accepted.tolist())])

@@ -176,6 +176,10 @@ class Engine:
         if plan.enabled and plan.k > k_limit:
             raise InvalidArgument("speculation.num_speculative_tokens",
                                   f"must be <= {k_limit} (this verifier's limit)")
+        if plan.enabled and plan.num_branches > self.config.max_num_branches:
+            raise InvalidArgument("speculation.num_branches",
+                                  f"must be <= {self.config.max_num_branches} "
+                                  "(this verifier's limit)")
         request_id = inp.request_id or uuid.uuid4().hex
         if request_id in self._by_id:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")
@@ -325,6 +329,7 @@ class Engine:
         seq.target_hidden = result.hidden
         seq.steps += 1
         seq.record_draft(k, n_acc)
+        seq.branch_hits += result.branch_hit
         self.drafts.observe(seq, draft, n_acc, result.tokens)
         if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
             method = self.stats.method(seq.inp.speculation.method)
