@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Sequence
 
 import torch
 
@@ -104,7 +105,7 @@ class DraftCollector:
                      else Draft(seq.request_id, list(proposed)))
             if not draft.tokens:
                 continue
-            checked = self.checked(draft, k, seq.inp.speculation.num_branches)
+            checked = self.checked(draft, k, max_branch=k)  # its own shape, within budget
             if checked is not None:
                 out[seq] = checked
             else:
@@ -247,10 +248,12 @@ class DraftCollector:
         self.in_target.free(seq)
 
     def observe(self, seq: SequenceState, draft: Draft | None, num_accepted: int,
-                emitted: list[int]) -> None:
+                emitted: list[int], path: Sequence[int] = (),
+                node_argmax: Sequence[int] = ()) -> None:
         """A verified step's outcome, for the in-target state that drafted (or may draft) it."""
-        self.in_target.observe(seq, StepOutcome(list(draft.tokens) if draft else [],
-                                                num_accepted, list(emitted)))
+        self.in_target.observe(seq, StepOutcome(
+            list(draft.tokens) if draft else [], num_accepted, list(emitted),
+            list(draft.parents) if draft else [], list(path), list(node_argmax), seq.tokens))
 
     def release(self, seq: SequenceState) -> None:
         """It finished, was aborted or failed."""

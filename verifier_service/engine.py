@@ -274,10 +274,11 @@ class Engine:
                 s.seq.timeline.admitted = wall
         step_drafts = [drafts.get(s.seq) for s in batch]
         keep_hidden = [self.drafts.needs_hidden_state(s.seq) for s in batch]
+        keep_argmax = [self.drafts.in_target.wants_argmax(s.seq) for s in batch]
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(self._executor, verify_step, self.runner, batch,
-                                                 step_drafts, keep_hidden)
+                                                 step_drafts, keep_hidden, keep_argmax)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             log.exception("engine step failed")
             for s in batch:
@@ -330,7 +331,7 @@ class Engine:
         seq.steps += 1
         seq.record_draft(k, n_acc)
         seq.branch_hits += result.branch_hit
-        self.drafts.observe(seq, draft, n_acc, result.tokens)
+        self.drafts.observe(seq, draft, n_acc, result.tokens, result.path, result.node_argmax)
         if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
             method = self.stats.method(seq.inp.speculation.method)
             if k:

@@ -37,6 +37,9 @@ from kernels.lookahead import (
     harvest_ngrams,
     trie_from_continuations,
 )
+from splitspec.params import SamplingParams
+from splitspec.proposal import Draft
+from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,32 @@ class LookaheadState:
             self.pool.add(gram)
         self.levels = advance_window(self.levels, outputs, self.shape.ngram, len(emitted),
                                      self._fill())
+
+
+class LookaheadMethod(InTargetMethod):
+    """The registry's `lookahead`: one per verifier, a LookaheadState per running sequence, shaped
+    by its plan (W, N, G) or the deployment's defaults."""
+
+    def __init__(self, default: LookaheadShape = LookaheadShape()):
+        self.default = default
+
+    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams
+              ) -> "LookaheadSequence":
+        return LookaheadSequence(request_id, LookaheadState(self.default, tokens, request_id))
+
+
+class LookaheadSequence(InTargetState):
+    """The in-target seam's view of one sequence's LookaheadState."""
+
+    def __init__(self, request_id: str, state: LookaheadState):
+        self.request_id, self.state = request_id, state
+
+    def propose(self, tokens: Seq[int], k: int) -> Draft:
+        d = self.state.propose(tokens, k)
+        return Draft(self.request_id, d.tokens, parents=d.parents)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        self.state.observe(outcome.emitted, outcome.node_argmax, outcome.history)
+
+    def free(self) -> None:
+        self.state = None

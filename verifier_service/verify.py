@@ -43,10 +43,14 @@ class SeqResult:
     # the draft nodes accepted, root first (a chain's: 0 .. num_accepted - 1)
     path: Sequence[int] = ()
     branch_hit: bool = False  # the accepted path left a node's first-ranked child somewhere
+    # when asked (in-target methods learn from their own rows): the target's argmax after each
+    # draft node, in node order
+    node_argmax: Sequence[int] = ()
 
 
 def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft | None],
-                keep_hidden: list[bool]) -> list[SeqResult | None]:
+                keep_hidden: list[bool], keep_argmax: Sequence[bool] = ()
+                ) -> list[SeqResult | None]:
     """Per batch entry: its SeqResult, or None for a prefill chunk (cached, emits nothing)."""
     # 1. layout (trees: each node at the position of its depth, seeing its ancestors only)
     ks = [len(d.tokens) if d else 0 for d in drafts]
@@ -71,6 +75,9 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
     offsets = layout.target_offsets.tolist()
     paths = result.paths() if isinstance(result, TreeResult) else None
     tree_kept = result.kept_rows() if paths is not None else None
+    argmax = (logits.argmax(dim=-1).tolist()
+              if any(keep_argmax[i] for i in emitting if i < len(keep_argmax)) else None)
+    ks = layout.num_draft_tokens.tolist()
     for r, (i, n_acc) in enumerate(zip(emitting, result.num_accepted.tolist())):
         path = paths[r] if paths is not None else range(n_acc)
         # a sequence's logits row 0 picked its first token, row j + 1 the token after node j:
@@ -81,6 +88,8 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
         results[i] = SeqResult(rows[r], n_acc, kept, h, path=list(path),
                                branch_hit=bool(n_acc) and paths is not None
                                and _left_first_child(drafts[i].parents, path))
+        if argmax is not None and i < len(keep_argmax) and keep_argmax[i]:
+            results[i].node_argmax = argmax[offsets[r] + 1:offsets[r] + 1 + ks[r]]
     _add_logprobs(logits, layout, batch, emitting, rows, results)
     return results
 
