@@ -31,7 +31,7 @@ from splitspec.params import (
 Prompt = str | list[int]
 
 MAX_N = 16  # choices per request
-SPECULATION_FIELDS = ("mode", "method", "num_speculative_tokens", "details")
+SPECULATION_FIELDS = ("mode", "method", "num_speculative_tokens", "details", "num_branches")
 
 # Fields of every generation request (completions and chat).
 # Accepted for compatibility when they ask for the default behaviour only.
@@ -213,8 +213,11 @@ def _parse_speculation(spec: Any) -> SpeculationRequest:
     details = spec.get("details", False)
     if not isinstance(details, bool):
         raise InvalidArgument("speculation.details", "must be a boolean")
+    branches = spec.get("num_branches")
+    if branches is not None and not _is_int(branches):
+        raise InvalidArgument("speculation.num_branches", "must be an integer")
     return SpeculationRequest(mode=SpeculationMode(mode), method=method,
-                              num_speculative_tokens=k, details=details)
+                              num_speculative_tokens=k, details=details, num_branches=branches)
 
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",
@@ -267,11 +270,11 @@ class SpeculationDetails:
 def usage_body(prompt_tokens: int, completion_tokens: int, method: str | None, k: int,
                proposed: int, accepted: int, steps: int,
                details: SpeculationDetails | None = None, reason: str = "", mode: str = "",
-               policy_reason: str = "") -> dict:
+               policy_reason: str = "", branch_hits: int = 0) -> dict:
     speculation = {"method": method, "num_speculative_tokens": k, "proposed_tokens": proposed,
                    "accepted_tokens": accepted,
                    "acceptance_rate": (accepted / proposed) if proposed else None,
-                   "steps": steps}
+                   "steps": steps, "branch_hits": branch_hits}
     if reason:
         speculation["reason"] = reason
     if mode:  # the gateway's decision: the mode asked for, and why the policy chose this

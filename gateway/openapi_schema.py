@@ -33,6 +33,8 @@ SPECULATION = {
         "method": {"type": "string", "enum": list(method_names()),
                    "description": "which proposer; default: the deployment's first"},
         "num_speculative_tokens": {**_INT32, "description": "k; 0 turns speculation off"},
+        "num_branches": {**_INT32, "description": "token trees: children per draft node at "
+                         "most (1: a chain); num_speculative_tokens is the tree's node budget"},
         "details": {"type": "boolean",
                     "description": "report acceptance per draft position and per step"},
     },

@@ -91,13 +91,17 @@ class SpeculationPolicy:
                greedy: bool = True, load: Load = Load()) -> Decision:
         methods = tuple(p.method for p in info.proposers)
         k_max = info.max_num_speculative_tokens
-        req.validate(methods, k_max)  # the request's one check, against this deployment
+        # the request's one check, against this deployment (a verifier that predates trees
+        # reports no branch limit: chains only)
+        req.validate(methods, k_max, max(1, info.max_num_branches))
         mode, fixed_k = req.mode, req.num_speculative_tokens
+        branches = req.num_branches or 1  # trees only where asked: auto does not price them yet
 
         def plan(method: str | None = None, k: int = 0, k_min: int | None = None
                  ) -> SpeculationPlan:
             """k_min set: k is the first step's, re-decided every step from k_min up."""
             return SpeculationPlan(method, k, adaptive=k_min is not None, k_min=k_min or 0,
+                                   num_branches=branches if method else 1,
                                    details=req.details)
 
         if mode is SpeculationMode.OFF:

@@ -53,7 +53,8 @@ def request_usage(usages: list[common_pb2.Usage], details: bool = False, n: int 
         sum(u.speculation.proposed_tokens for u in usages),
         sum(u.speculation.accepted_tokens for u in usages),
         sum(u.speculation.steps for u in usages), detail, ",".join(sorted(reasons)),
-        mode=",".join(sorted(modes)), policy_reason=",".join(sorted(policy)))
+        mode=",".join(sorted(modes)), policy_reason=",".join(sorted(policy)),
+        branch_hits=sum(u.speculation.branch_hits for u in usages))
 
 
 @dataclass

@@ -43,8 +43,9 @@ exactly as the chain sampler draws them (so a chain sees the very same numbers):
     u  [D]     one uniform per node;
     E  [S, V]  Exp(1) noise, one row per sequence (exactly one non-draft token per sequence).
 
-Reference only (loops over depth and sibling rank, tensor ops across the batch); a Triton version
-fed the same randoms, as kernels/triton_rejection.py is for chains, is not written yet.
+The reference loops over depth and sibling rank with tensor ops across the batch;
+kernels/triton_tree_rejection.py is the same walk, one program per sequence, fed the same randoms
+and choices (as kernels/triton_rejection.py is for chains).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from kernels.rejection import (
     _draft_rows_dense,
     _host_bools,
     _seeded_rows,
+    _use_triton,
     _validate,
     as_layout,
     draw_uniforms,
@@ -180,6 +182,7 @@ def tree_rejection_sample(
     draft_probs: DraftProbs,
     is_greedy: Union[torch.Tensor, Sequence[bool]],
     seeds: Optional[Sequence[Optional[int]]] = None,
+    impl: str = "auto",
 ) -> TreeResult:
     """Lossless verification of a ragged batch of draft trees (see the module docstring).
 
@@ -187,7 +190,8 @@ def tree_rejection_sample(
     N_i parents, or None (the StepLayout's trees); layout: the step's StepLayout
     (num_draft_tokens = N_i) or num_nodes int64 [S] (sample positions 1, 1, ...); draft_probs
     None | dense [D, V] | SparseProbs (D rows); is_greedy bool [S]; seeds: S entries of
-    int | None (None for all: unseeded).
+    int | None (None for all: unseeded). impl: "auto" (Triton on CUDA/MLU when available) |
+    "reference" | "triton" (kernels/triton_tree_rejection.py, fed the same randoms and choices).
     """
     step_layout = isinstance(layout, StepLayout)
     layout = as_layout(layout)
@@ -217,6 +221,16 @@ def tree_rejection_sample(
     exps = draw_exponentials(b, vocab, device) if sampled_rows else None
     choice = (_choices(target_probs, trees, toff, pos, seeded, seeds)
               if len(sampled_rows) < b else None)
+
+    fed_before = layout.query_lens[layout.seq_index] - layout.num_draft_tokens
+    if _use_triton(device, impl):
+        from kernels.triton_tree_rejection import tree_rejection_sample_triton
+
+        out, nodes, num_accepted = tree_rejection_sample_triton(
+            target_probs, draft_token_ids, draft_probs, trees.children, trees.max_depth,
+            layout.draft_offsets, layout.target_offsets, det_host, uniforms, exps, choice)
+        return TreeResult(output_token_ids=out, num_accepted=num_accepted, accepted_nodes=nodes,
+                          fed_before=fed_before)
 
     det = det_host.to(device)  # [S]
     sampled = ~det
@@ -267,6 +281,5 @@ def tree_rejection_sample(
         cur = torch.where(descend, took - d_off + 1, cur)
         active = descend
 
-    fed_before = layout.query_lens[layout.seq_index] - layout.num_draft_tokens
     return TreeResult(output_token_ids=out, num_accepted=num_accepted, accepted_nodes=nodes,
                       fed_before=fed_before)

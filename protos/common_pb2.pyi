@@ -60,32 +60,36 @@ class StoppingCriteria(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class SpeculationConfig(_message.Message):
-    __slots__ = ("mode", "method", "num_speculative_tokens", "details", "adaptive")
+    __slots__ = ("mode", "method", "num_speculative_tokens", "details", "adaptive", "num_branches")
     MODE_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     mode: SpeculationMode
     method: str
     num_speculative_tokens: int
     details: bool
     adaptive: bool
-    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ...) -> None: ...
+    num_branches: int
+    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ..., num_branches: _Optional[int] = ...) -> None: ...
 
 class SpeculationPlan(_message.Message):
-    __slots__ = ("method", "k", "adaptive", "k_min", "details")
+    __slots__ = ("method", "k", "adaptive", "k_min", "details", "num_branches")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     K_MIN_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     method: str
     k: int
     adaptive: bool
     k_min: int
     details: bool
-    def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ..., adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ..., details: _Optional[bool] = ...) -> None: ...
+    num_branches: int
+    def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ..., adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ..., details: _Optional[bool] = ..., num_branches: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -140,7 +144,7 @@ class ResumeState(_message.Message):
     def __init__(self, output_token_ids: _Optional[_Iterable[int]] = ..., sent_text_chars: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason")
+    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason", "branch_hits")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +156,7 @@ class SpeculationStats(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     POLICY_REASON_FIELD_NUMBER: _ClassVar[int]
+    BRANCH_HITS_FIELD_NUMBER: _ClassVar[int]
     method: str
     num_speculative_tokens: int
     proposed_tokens: int
@@ -163,7 +168,8 @@ class SpeculationStats(_message.Message):
     reason: str
     mode: str
     policy_reason: str
-    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., policy_reason: _Optional[str] = ...) -> None: ...
+    branch_hits: int
+    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., policy_reason: _Optional[str] = ..., branch_hits: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "speculation")

@@ -98,6 +98,9 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec("suffix", "longest match over this sequence and every earlier request it served, "
                "drafting more when the match is frequent", "proposer_service.suffix:SuffixProposer",
                Capabilities(cross_request=True), default_port=50055),
+    MethodSpec("lookahead", "lookahead decoding: a Jacobi window and an n-gram pool inside the "
+               "target's own forward, no draft model", "verifier_service.lookahead:LookaheadMethod",
+               Capabilities(), kind=Kind.IN_TARGET),
 )}
 
 

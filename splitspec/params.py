@@ -87,9 +87,11 @@ class SpeculationRequest:
     method: str | None = None  # None: the deployment's default
     num_speculative_tokens: int | None = None  # None: the deployment's default
     details: bool = False  # per-position and per-step counts in usage.speculation
+    num_branches: int | None = None  # children per draft node at most; None: 1 (a chain)
 
     def validate(self, available_methods: tuple[str, ...] | None = None,
-                 max_k: int | None = None) -> "SpeculationRequest":
+                 max_k: int | None = None, max_branches: int | None = None
+                 ) -> "SpeculationRequest":
         """The one check of the public fields; against the deployment when its served methods
         and largest k are given (REST also calls it without them, while parsing)."""
         if self.method is not None:
@@ -110,6 +112,13 @@ class SpeculationRequest:
             if max_k is not None and k > max_k:
                 raise InvalidArgument("speculation.num_speculative_tokens",
                                       f"must be <= {max_k} (this deployment's limit)")
+        b = self.num_branches
+        if b is not None:
+            if not 1 <= b <= MAX_INT32:
+                raise InvalidArgument("speculation.num_branches", "must be >= 1 (1: a chain)")
+            if max_branches is not None and b > max_branches:
+                raise InvalidArgument("speculation.num_branches",
+                                      f"must be <= {max_branches} (this deployment's limit)")
         if self.mode is SpeculationMode.ON and k != 0 and available_methods == ():
             raise InvalidArgument("speculation.mode", "no proposer is served by this deployment")
         return self
@@ -127,6 +136,9 @@ class SpeculationPlan:
     adaptive: bool = False
     k_min: int = 0
     details: bool = False  # report per-position and per-step counts (not read by the engine)
+    # Token trees: each draft node may have up to this many children (1: a chain); k is then
+    # the tree's node budget.
+    num_branches: int = 1
 
     @property
     def enabled(self) -> bool:
@@ -182,4 +194,5 @@ def resolve_speculation(req: SpeculationRequest, available_methods: tuple[str, .
     k = default_k if req.num_speculative_tokens is None else req.num_speculative_tokens
     if req.mode is SpeculationMode.OFF or not available_methods or k <= 0:
         return SpeculationPlan(details=req.details)
-    return SpeculationPlan(method=req.method or available_methods[0], k=k, details=req.details)
+    return SpeculationPlan(method=req.method or available_methods[0], k=k, details=req.details,
+                           num_branches=req.num_branches or 1)

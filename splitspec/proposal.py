@@ -63,6 +63,23 @@ class Draft:
         if self.parents is None:
             self.parents = list(range(-1, len(self.tokens) - 1))
 
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    def tree_error(self, max_nodes: int, max_branch: int) -> str | None:
+        """Why this draft is not a tree a step asking for at most max_nodes nodes and max_branch
+        children per node may verify (None: it is)."""
+        if len(self.parents) != len(self.tokens):
+            return f"{len(self.parents)} parents for {len(self.tokens)} tokens"
+        if len(self.tokens) > max_nodes:
+            return f"{len(self.tokens)} nodes, at most {max_nodes} asked"
+        if any(not -1 <= p < i for i, p in enumerate(self.parents)):
+            return "a parent is not an earlier node or the root"
+        if _most_children(self.parents) > max(1, max_branch):
+            return f"a node has more than {max(1, max_branch)} children"
+        return None
+
 
 PRECOMPUTE_HIT, PRECOMPUTE_MISS, PRECOMPUTE_PUSHED = "hit", "miss", "pushed"
 _OUTCOME_TO_PB = {"": pb.PRECOMPUTE_NONE, PRECOMPUTE_HIT: pb.PRECOMPUTE_HIT,
@@ -110,6 +127,13 @@ class ProposerDescription:
     needs_hidden_state: bool = False
     model: str = ""
     precompute: bool = False  # drafts ahead for likely outcomes when a step asks it
+    max_tree_nodes: int = 0  # most nodes of a tree step; 0: max_num_speculative_tokens
+
+    def max_nodes(self, max_branch: int) -> int:
+        """The most draft tokens it gives a step that may branch this much."""
+        if max_branch > 1 and self.max_tree_nodes:
+            return self.max_tree_nodes
+        return self.max_num_speculative_tokens
 
 
 def tensor_to_pb(t: torch.Tensor) -> common_pb2.Tensor:
@@ -143,7 +167,8 @@ def step_to_pb(step: SequenceStep) -> pb.SequenceStep:
     msg = pb.SequenceStep(seq_id=step.seq_id, new_tokens=step.new_tokens,
                           full_history=step.full_history, history_len=step.history_len,
                           k=step.k, sampling=sampling_to_pb(step.sampling),
-                          precompute=step.precompute)
+                          precompute=step.precompute,
+                          max_branch=step.max_branch if step.max_branch > 1 else 0)
     if step.hidden_state is not None:
         msg.hidden_state.CopyFrom(tensor_to_pb(step.hidden_state))
     return msg
@@ -156,7 +181,7 @@ def step_from_pb(msg: pb.SequenceStep) -> SequenceStep:
         sampling=sampling_from_pb(msg.sampling, msg.HasField("sampling")),
         hidden_state=(tensor_from_pb(msg.hidden_state, "sequences.hidden_state")
                       if msg.HasField("hidden_state") else None),
-        precompute=msg.precompute)
+        precompute=msg.precompute, max_branch=max(1, msg.max_branch))
 
 
 
@@ -172,7 +197,7 @@ def checked_steps(steps: list[SequenceStep], d: "ProposerDescription") -> list[S
                                   f"token id {bad[0]} is outside the vocabulary"
                                   + (f" [0, {d.vocab_size})" if d.vocab_size else ""))
         step.sampling.validate("sequences.sampling.")
-        step.k = min(step.k, d.max_num_speculative_tokens)
+        step.k = min(step.k, d.max_nodes(step.max_branch))
     return steps
 
 
@@ -184,6 +209,8 @@ def draft_to_pb(draft: Draft) -> pb.SequenceDraft:
     if draft.q is not None:
         for indices, probs in draft.q.rows():
             msg.distributions.add(indices=indices, probs=probs)
+    if not draft.is_chain:
+        msg.parents.extend(draft.parents)
     return msg
 
 
@@ -192,7 +219,8 @@ def draft_from_pb(msg: pb.SequenceDraft) -> Draft:
     return Draft(seq_id=msg.seq_id, tokens=list(msg.tokens),
                  q=SparseProbs.from_rows(rows) if rows else None,
                  resync=msg.status == pb.SEQUENCE_STATUS_RESYNC,
-                 precompute=_OUTCOME_FROM_PB.get(msg.precompute, ""))
+                 precompute=_OUTCOME_FROM_PB.get(msg.precompute, ""),
+                 parents=list(msg.parents) if msg.parents else None)
 
 
 def ahead_to_pb(a: AheadDraft) -> pb.AheadDraft:
@@ -211,7 +239,7 @@ def description_to_pb(d: ProposerDescription) -> pb.ProposerInfo:
                            tokenizer_fingerprint=d.tokenizer_fingerprint,
                            max_num_speculative_tokens=d.max_num_speculative_tokens,
                            needs_hidden_state=d.needs_hidden_state, model=d.model,
-                           precompute=d.precompute)
+                           precompute=d.precompute, max_tree_nodes=d.max_tree_nodes)
 
 
 def description_from_pb(msg: pb.ProposerInfo) -> ProposerDescription:
@@ -219,4 +247,4 @@ def description_from_pb(msg: pb.ProposerInfo) -> ProposerDescription:
                                tokenizer_fingerprint=msg.tokenizer_fingerprint,
                                max_num_speculative_tokens=msg.max_num_speculative_tokens,
                                needs_hidden_state=msg.needs_hidden_state, model=msg.model,
-                               precompute=msg.precompute)
+                               precompute=msg.precompute, max_tree_nodes=msg.max_tree_nodes)

@@ -81,6 +81,7 @@ def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
         num_speculative_tokens=(msg.num_speculative_tokens
                                 if msg.HasField("num_speculative_tokens") else None),
         details=msg.details,
+        num_branches=msg.num_branches if msg.HasField("num_branches") else None,
     )
 
 
@@ -90,7 +91,8 @@ def plan_to_pb(plan: SpeculationPlan) -> pb.SpeculationPlan:
     if not plan.enabled:
         return pb.SpeculationPlan(details=plan.details)
     return pb.SpeculationPlan(method=plan.method, k=plan.k, adaptive=plan.adaptive,
-                              k_min=plan.k_min, details=plan.details)
+                              k_min=plan.k_min, details=plan.details,
+                              num_branches=plan.num_branches if plan.num_branches > 1 else 0)
 
 
 def plan_from_pb(msg: pb.SpeculationPlan) -> SpeculationPlan:
@@ -99,4 +101,4 @@ def plan_from_pb(msg: pb.SpeculationPlan) -> SpeculationPlan:
     if not msg.method or not msg.k:
         return SpeculationPlan(details=msg.details)
     return SpeculationPlan(method=msg.method, k=msg.k, adaptive=msg.adaptive, k_min=msg.k_min,
-                           details=msg.details)
+                           details=msg.details, num_branches=max(1, msg.num_branches))

@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+import kernels.lookahead as lookahead
 import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
 import proposer_service.draft_sampling as draft_sampling
@@ -120,3 +121,20 @@ def tree_residual_not_updated(monkeypatch) -> None:
     """The tree sampler keeps p unchanged after a rejected sibling: the next sibling is tried,
     and the recovered token drawn, against the target instead of max(0, p - q)."""
     monkeypatch.setattr(tree_rejection, "_residual", lambda r, z, q, rejected: (r, z))
+
+
+def lookahead_window_not_shifted(monkeypatch) -> None:
+    """The lookahead window ignores how far the root moved: after a step that emitted several
+    tokens every guess sits at a position other than the one it was made for."""
+    original = lookahead.advance_window
+    monkeypatch.setattr(lookahead, "advance_window",
+                        lambda levels, outputs, n, emitted, fill:
+                        original(levels, outputs, n, 1 if len(levels) >= n - 1 else emitted, fill))
+
+
+def tree_keeps_first_rows(monkeypatch) -> None:
+    """After a tree step the KV cache keeps the first fed rows (a chain's prefix) instead of the
+    accepted path's rows: a sequence that took a lower-ranked branch attends to the wrong keys."""
+    monkeypatch.setattr(tree_rejection.TreeResult, "kept_rows", lambda self: [
+        list(range(n + a)) for n, a in zip(self.fed_before.tolist(),
+                                             self.num_accepted.tolist())])

@@ -27,6 +27,8 @@ class VerifierConfig:
     )
     default_num_speculative_tokens: int = option(4, "k used when a request does not set one")
     max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
+    max_num_branches: int = option(
+        4, "most children per draft node a request may ask for (token trees; 1: chains only)")
     proposer_timeout_ms: float = option(
         250.0, "per-step deadline for proposals; late ones are dropped"
     )

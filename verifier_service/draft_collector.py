@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Sequence
 
 import torch
 
@@ -97,12 +98,14 @@ class DraftCollector:
         stats.steps += 1
         out: dict[SequenceState, Draft] = {}
         wanted = {s.seq: s.k for s in group}
-        for seq, tokens in self.in_target.propose(group).items():
+        for seq, proposed in self.in_target.propose(group).items():
             k = wanted[seq]
             _count_ask(stats, seq, k)
-            if not tokens:
+            draft = (proposed if isinstance(proposed, Draft)
+                     else Draft(seq.request_id, list(proposed)))
+            if not draft.tokens:
                 continue
-            checked = self.checked(Draft(seq.request_id, list(tokens)), k)
+            checked = self.checked(draft, k, max_branch=k)  # its own shape, within budget
             if checked is not None:
                 out[seq] = checked
             else:
@@ -155,7 +158,8 @@ class DraftCollector:
                 seq.proposer_epoch = -1  # full history on the next step
                 step.resyncs += 1
                 continue
-            checked = self.checked(d, k) if d.tokens else None
+            checked = (self.checked(d, k, seq.inp.speculation.num_branches) if d.tokens
+                       else None)
             if checked is not None:
                 out[seq] = checked
             elif d.tokens:
@@ -201,15 +205,19 @@ class DraftCollector:
             steps.append(SequenceStep(seq.request_id, list(new), len(seq.tokens), s.k,
                                       full_history=full, sampling=seq.inp.sampling,
                                       hidden_state=seq.target_hidden if needs_hidden else None,
-                                      precompute=ahead))
+                                      precompute=ahead,
+                                      max_branch=seq.inp.speculation.num_branches))
             wanted[seq.request_id] = (seq, s.k)
             seq.proposer_heard, seq.proposer_epoch = len(seq.tokens), client.epoch
         return steps, wanted
 
-    def checked(self, d: Draft, k: int) -> Draft | None:
+    def checked(self, d: Draft, k: int, max_branch: int = 1) -> Draft | None:
         """The draft with its q renormalised, or None (not used) for wrong lengths, unknown ids,
-        or a q that cannot have produced its token."""
+        a tree that is not one (or branches more than the step allows), or a q that cannot have
+        produced its token."""
         if len(d.tokens) > k or any(not 0 <= t < self.vocab_size for t in d.tokens):
+            return None
+        if d.tree_error(k, max_branch) is not None:
             return None
         if d.q is None:
             return d
@@ -227,7 +235,7 @@ class DraftCollector:
         # each token must have positive probability under the q it claims to come from
         if not bool((q.prob_of(torch.tensor(d.tokens)) > 0).all()):
             return None
-        return Draft(d.seq_id, list(d.tokens), q)
+        return Draft(d.seq_id, list(d.tokens), q, parents=list(d.parents))
 
     # -- a sequence's life: in-target states live while it runs; proposers hear of its end ----
 
@@ -240,10 +248,12 @@ class DraftCollector:
         self.in_target.free(seq)
 
     def observe(self, seq: SequenceState, draft: Draft | None, num_accepted: int,
-                emitted: list[int]) -> None:
+                emitted: list[int], path: Sequence[int] = (),
+                node_argmax: Sequence[int] = ()) -> None:
         """A verified step's outcome, for the in-target state that drafted (or may draft) it."""
-        self.in_target.observe(seq, StepOutcome(list(draft.tokens) if draft else [],
-                                                num_accepted, list(emitted)))
+        self.in_target.observe(seq, StepOutcome(
+            list(draft.tokens) if draft else [], num_accepted, list(emitted),
+            list(draft.parents) if draft else [], list(path), list(node_argmax), seq.tokens))
 
     def release(self, seq: SequenceState) -> None:
         """It finished, was aborted or failed."""

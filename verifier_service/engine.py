@@ -176,6 +176,10 @@ class Engine:
         if plan.enabled and plan.k > k_limit:
             raise InvalidArgument("speculation.num_speculative_tokens",
                                   f"must be <= {k_limit} (this verifier's limit)")
+        if plan.enabled and plan.num_branches > self.config.max_num_branches:
+            raise InvalidArgument("speculation.num_branches",
+                                  f"must be <= {self.config.max_num_branches} "
+                                  "(this verifier's limit)")
         request_id = inp.request_id or uuid.uuid4().hex
         if request_id in self._by_id:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")
@@ -270,10 +274,11 @@ class Engine:
                 s.seq.timeline.admitted = wall
         step_drafts = [drafts.get(s.seq) for s in batch]
         keep_hidden = [self.drafts.needs_hidden_state(s.seq) for s in batch]
+        keep_argmax = [self.drafts.in_target.wants_argmax(s.seq) for s in batch]
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(self._executor, verify_step, self.runner, batch,
-                                                 step_drafts, keep_hidden)
+                                                 step_drafts, keep_hidden, keep_argmax)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             log.exception("engine step failed")
             for s in batch:
@@ -325,7 +330,8 @@ class Engine:
         seq.target_hidden = result.hidden
         seq.steps += 1
         seq.record_draft(k, n_acc)
-        self.drafts.observe(seq, draft, n_acc, result.tokens)
+        seq.branch_hits += result.branch_hit
+        self.drafts.observe(seq, draft, n_acc, result.tokens, result.path, result.node_argmax)
         if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
             method = self.stats.method(seq.inp.speculation.method)
             if k:

@@ -7,13 +7,18 @@ Such a method is a class implementing `InTargetMethod`, named in splitspec/metho
 Each sequence whose plan names the method gets its own `InTargetState`:
 
     admitted to the running batch   method.admit(...)        -> state
-    a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids
-    the step was verified           state.observe(outcome)
+    a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids,
+                                                                 or a Draft tree of <= k nodes
+    the step was verified           state.observe(outcome)    (with the target's argmax after
+                                                                 every node: what the method
+                                                                 learns from its own rows)
     finished, aborted, failed or    state.free()              (a preempted sequence gets a
     preempted                                                  fresh state when re-admitted)
 
 Candidates are deterministic (one-hot q), as lookahead's are, and are checked like a proposer's
 before the verifier uses them: a state that returns garbage costs only that step's speculation.
+A tree may branch as the method likes within its node budget (the request's num_branches bounds
+what proposers send; an in-target method owns its own shape).
 The engine reaches this through verifier_service/draft_collector.py, beside the proposer clients,
 and never names a method.
 """
@@ -22,11 +27,12 @@ from __future__ import annotations
 
 import abc
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
 from splitspec.methods import in_target_methods
 from splitspec.params import SamplingParams
+from splitspec.proposal import Draft
 from verifier_service.scheduler import Scheduled
 from verifier_service.sequence import SequenceState
 
@@ -36,17 +42,21 @@ class StepOutcome:
     """What one verified step did to a sequence, as its state is told."""
 
     draft: list[int]  # the candidates verified this step (empty: none)
-    num_accepted: int  # how many of them were accepted, in order
+    num_accepted: int  # how many of them were accepted (the depth of the accepted path)
     emitted: list[int]  # the tokens the step emitted: accepted candidates + recovered/bonus
+    parents: list[int] = field(default_factory=list)  # the draft's tree (a chain: i - 1)
+    path: list[int] = field(default_factory=list)  # accepted nodes, root first
+    node_argmax: list[int] = field(default_factory=list)  # target's argmax after each node
+    history: Seq[int] = ()  # the sequence's tokens after the step
 
 
 class InTargetState(abc.ABC):
     """One sequence's drafting state inside the verifier; bounded in memory by its method."""
 
     @abc.abstractmethod
-    def propose(self, tokens: Seq[int], k: int) -> list[int]:
+    def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft":
         """Up to k candidate tokens to follow `tokens` (the sequence's whole history, the last
-        one not yet cached); [] for none this step."""
+        one not yet cached), as a chain of ids or a Draft tree; [] for none this step."""
 
     def observe(self, outcome: StepOutcome) -> None:
         """The step's outcome (called after every step that emitted tokens for the sequence)."""
@@ -101,7 +111,11 @@ class InTargetDrafts:
             self._states[seq] = self.methods[plan.method].admit(seq.request_id, seq.tokens,
                                                                 seq.inp.sampling)
 
-    def propose(self, group: list[Scheduled]) -> dict[SequenceState, list[int]]:
+    def wants_argmax(self, seq: SequenceState) -> bool:
+        """Whether the sequence's state learns from the target's argmax at its nodes."""
+        return seq in self._states
+
+    def propose(self, group: list[Scheduled]) -> "dict[SequenceState, list[int] | Draft]":
         """Candidates for each scheduled sequence that wants k > 0 (unchecked)."""
         out = {}
         for s in group:

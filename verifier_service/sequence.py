@@ -38,6 +38,7 @@ class Usage:
     accepted_per_position: list[int] = field(default_factory=list)
     step_counts: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     reason: str = ""  # why speculation did not run although planned, e.g. proposer_incompatible
+    branch_hits: int = 0  # token trees: steps whose accepted path left a first-ranked child
 
 
 @dataclass(eq=False)
@@ -65,6 +66,7 @@ class SequenceState:
     asked_k: int = 0  # the draft tokens it asked for in the step being run (0: none)
     paused_steps: int = 0  # adaptive k: steps in a row without drafting (adaptive_k.py)
     steps: int = 0
+    branch_hits: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     step_counts: list[tuple[int, int]] = field(default_factory=list)
     arrival: float = field(default_factory=time.monotonic)
@@ -100,4 +102,4 @@ class SequenceState:
                      plan.method if plan.enabled else None, plan.k if plan.enabled else 0,
                      self.proposed, self.accepted, self.steps,
                      list(self.accepted_per_position), list(self.step_counts),
-                     self.speculation_reason)
+                     self.speculation_reason, self.branch_hits)

@@ -117,6 +117,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             model=self._model_name, vocab_size=self._engine.runner.vocab_size,
             tokenizer_fingerprint=self._fingerprint, max_model_len=self._engine.max_model_len,
             max_num_speculative_tokens=cfg.max_num_speculative_tokens,
+            max_num_branches=cfg.max_num_branches,
             default_num_speculative_tokens=cfg.default_num_speculative_tokens,
             proposers=[verifier_pb2.ProposerStatus(method=m, address=c.address,
                                                    connected=c.connected)
@@ -180,6 +181,7 @@ def _output_to_pb(request_id: str, out: StepOutput,
         spec.accepted_tokens = u.accepted_tokens
         spec.steps = u.steps
         spec.reason = u.reason
+        spec.branch_hits = u.branch_hits
         if details:
             spec.accepted_per_position.extend(u.accepted_per_position)
             spec.step_draft_tokens.extend(d for d, _ in u.step_counts)

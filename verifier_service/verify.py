@@ -24,6 +24,7 @@ from kernels.logprobs import token_logprobs
 from kernels.rejection import greedy_verify, rejection_sample
 from kernels.sampling import SamplingTensors
 from kernels.sparse_probs import SparseProbs
+from kernels.tree_rejection import TreeResult, tree_rejection_sample
 from splitspec.proposal import Draft
 from verifier_service.model_runner import ModelRunner
 from verifier_service.scheduler import Scheduled
@@ -39,15 +40,24 @@ class SeqResult:
     hidden: torch.Tensor | None = None  # [H] the state that produced tokens[-1], when asked
     # per token, when the request asked: (logprob, [(token id, logprob), ...] most likely first)
     logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    # the draft nodes accepted, root first (a chain's: 0 .. num_accepted - 1)
+    path: Sequence[int] = ()
+    branch_hit: bool = False  # the accepted path left a node's first-ranked child somewhere
+    # when asked (in-target methods learn from their own rows): the target's argmax after each
+    # draft node, in node order
+    node_argmax: Sequence[int] = ()
 
 
 def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft | None],
-                keep_hidden: list[bool]) -> list[SeqResult | None]:
+                keep_hidden: list[bool], keep_argmax: Sequence[bool] = ()
+                ) -> list[SeqResult | None]:
     """Per batch entry: its SeqResult, or None for a prefill chunk (cached, emits nothing)."""
-    # 1. layout
+    # 1. layout (trees: each node at the position of its depth, seeing its ancestors only)
     ks = [len(d.tokens) if d else 0 for d in drafts]
+    trees = [None if d is None or d.is_chain else d.parents for d in drafts]
     layout = StepLayout.build([s.num_new + k for s, k in zip(batch, ks)],
-                              [s.seq.num_computed for s in batch], ks, [s.emits for s in batch])
+                              [s.seq.num_computed for s in batch], ks, [s.emits for s in batch],
+                              trees if any(t is not None for t in trees) else None)
     input_ids = [t for s, d in zip(batch, drafts)
                  for t in s.seq.tokens[s.seq.num_computed:s.seq.num_computed + s.num_new]
                  + (d.tokens if d else [])]
@@ -63,12 +73,33 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
     results: list[SeqResult | None] = [None] * len(batch)
     rows = result.tokens()
     offsets = layout.target_offsets.tolist()
+    paths = result.paths() if isinstance(result, TreeResult) else None
+    tree_kept = result.kept_rows() if paths is not None else None
+    argmax = (logits.argmax(dim=-1).tolist()
+              if any(keep_argmax[i] for i in emitting if i < len(keep_argmax)) else None)
+    ks = layout.num_draft_tokens.tolist()
     for r, (i, n_acc) in enumerate(zip(emitting, result.num_accepted.tolist())):
-        # row n_acc of this sequence picked its last token: its hidden state produced it
-        h = hidden[offsets[r] + n_acc].to("cpu", torch.float32) if keep_hidden[i] else None
-        results[i] = SeqResult(rows[r], n_acc, range(batch[i].num_new + n_acc), h)
+        path = paths[r] if paths is not None else range(n_acc)
+        # a sequence's logits row 0 picked its first token, row j + 1 the token after node j:
+        # the last row of the path produced its last token (and the hidden state kept)
+        last = offsets[r] + (path[-1] + 1 if n_acc else 0)
+        h = hidden[last].to("cpu", torch.float32) if keep_hidden[i] else None
+        kept = range(batch[i].num_new + n_acc) if paths is None else tree_kept[r]
+        results[i] = SeqResult(rows[r], n_acc, kept, h, path=list(path),
+                               branch_hit=bool(n_acc) and paths is not None
+                               and _left_first_child(drafts[i].parents, path))
+        if argmax is not None and i < len(keep_argmax) and keep_argmax[i]:
+            results[i].node_argmax = argmax[offsets[r] + 1:offsets[r] + 1 + ks[r]]
     _add_logprobs(logits, layout, batch, emitting, rows, results)
     return results
+
+
+def _left_first_child(parents: Sequence[int], path: Sequence[int]) -> bool:
+    """Whether some accepted node is not its parent's first-ranked child."""
+    first: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        first.setdefault(parent, node)
+    return any(first[parents[node]] != node for node in path)
 
 
 def _add_logprobs(logits: torch.Tensor, layout: StepLayout, batch: list[Scheduled],
@@ -80,7 +111,9 @@ def _add_logprobs(logits: torch.Tensor, layout: StepLayout, batch: list[Schedule
     if not wanted:
         return
     offsets = layout.target_offsets.tolist()
-    index = [offsets[r] + j for r in wanted for j in range(len(rows[r]))]
+    # token j of a sequence was picked by the logits row of the accepted node before it
+    picks = {r: [0, *(p + 1 for p in results[emitting[r]].path)] for r in wanted}
+    index = [offsets[r] + picks[r][j] for r in wanted for j in range(len(rows[r]))]
     params = [batch[emitting[r]].seq.inp.sampling for r in wanted for _ in rows[r]]
     scored = token_logprobs(
         logits[torch.tensor(index, device=logits.device)],
@@ -104,6 +137,8 @@ def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Schedu
                 drafts: Sequence[Draft | None]) -> RejectionResult:
     """logits [T_out, V] of the emitting sequences -> their accepted tokens."""
     params = [s.seq.inp.sampling for s in batch]
+    if not layout.chain:
+        return _sample_trees(logits, layout, params, drafts)
     if all(p.greedy for p in params):
         # every row greedy: the sampler would pick argmax(one-hot at argmax(logits)); skip
         # building p and the random numbers (the no-speculation path: just the argmax)
@@ -112,20 +147,40 @@ def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Schedu
             return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
         draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
         return greedy_verify(logits, draft_ids.to(logits.device), layout)
-    rows = (layout.num_draft_tokens + 1).tolist()  # logits rows per sequence
-
-    def per_row(values):  # one value per sequence -> one per logits row
-        return [v for v, n in zip(values, rows) for _ in range(n)]
-
-    probs = SamplingTensors.from_lists(  # host tensors: the kernel picks its fast paths
-        per_row([p.temperature for p in params]), per_row([p.top_k for p in params]),
-        per_row([p.top_p for p in params]), per_row([p.min_p for p in params])).apply(logits)
+    probs = _target_probs(logits, layout, params)
     device = logits.device
     draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
     return rejection_sample(
         probs, draft_ids.to(device), layout, draft_distribution(drafts, device),
         torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
         [p.seed for p in params])
+
+
+def _sample_trees(logits: torch.Tensor, layout: StepLayout, params, drafts) -> TreeResult:
+    """sample_step for a step with a tree among its drafts (kernels/tree_rejection.py; chains in
+    the same step are trees with parents i - 1)."""
+    device = logits.device
+    draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
+    greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
+    if bool(greedy.all()):  # argmax of the logits is the argmax of the one-hot p
+        return tree_rejection_sample(logits, draft_ids.to(device), None, layout, None,
+                                     greedy)
+    return tree_rejection_sample(_target_probs(logits, layout, params), draft_ids.to(device),
+                                 None, layout,
+                                 draft_distribution(drafts, device), greedy,
+                                 [p.seed for p in params])
+
+
+def _target_probs(logits: torch.Tensor, layout: StepLayout, params) -> torch.Tensor:
+    """p per logits row [T_out, V]: each sequence's sampling parameters on its k + 1 rows."""
+    rows = (layout.num_draft_tokens + 1).tolist()
+
+    def per_row(values):  # one value per sequence -> one per logits row
+        return [v for v, n in zip(values, rows) for _ in range(n)]
+
+    return SamplingTensors.from_lists(  # host tensors: the kernel picks its fast paths
+        per_row([p.temperature for p in params]), per_row([p.top_k for p in params]),
+        per_row([p.top_p for p in params]), per_row([p.min_p for p in params])).apply(logits)
 
 
 def draft_distribution(drafts: Sequence[Draft | None], device: torch.device

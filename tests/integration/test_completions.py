@@ -206,3 +206,25 @@ def test_grpc_generation_service_streams_the_same_text(stack, baseline):
         assert e.value.details().startswith("prompt: ")
         models = stub.ListModels(common_pb2.Empty(), timeout=10)
         assert models.models[0].speculation_methods == MODEL_FREE
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_token_trees_are_lossless_through_the_services(client, baseline, method):
+    proposed = 0
+    for p in PROMPTS:
+        on = greedy(client, p, {"mode": "on", "method": method, "num_speculative_tokens": 6,
+                                "num_branches": 3})
+        assert on["choices"][0]["text"] == baseline[p]["choices"][0]["text"], p
+        spec = on["usage"]["speculation"]
+        assert 0 <= spec["branch_hits"] <= spec["steps"]
+        proposed += spec["proposed_tokens"]
+    assert proposed > 0
+
+
+@pytest.mark.parametrize("branches", [0, 99, "3"])
+def test_bad_num_branches_is_a_400_naming_the_field(client, branches):
+    r = client.post("/v1/completions", json={
+        "prompt": "x", "max_tokens": 4,
+        "speculation": {"mode": "on", "method": "ngram", "num_branches": branches}})
+    assert r.status_code == 400, r.text
+    assert "speculation.num_branches" in r.text
