@@ -3,12 +3,18 @@ would reach for instead, in one run, on the same held-out prompts.
 
     python bench/compare_bench.py [--quick] [--prompts 10] [--max-tokens 64]
                                   [--k ngram=7 draft=5 mlp=7 suffix=7] [--temperatures 0 0.8]
+                                  [--model DIR] [--prompt-set code|chat]
+
+    # the real chat model: held-out chat and code prompts through its chat template, k 3 and 5
+    python bench/compare_bench.py --model models/smollm2-135m-instruct --prompt-set chat \
+        --k ngram=3,5 suffix=3,5 draft=3,5 mlp=3,5 --out bench/reports/bench-real.md
 
 Configurations, interleaved per prompt so that noise from a shared machine hits all alike:
   * in this process, Hugging Face transformers `generate` on the target: plain, with
     assistant_model = the draft (its default schedule), with prompt_lookup_num_tokens = 10;
   * through gateway -> verifier -> proposers (gRPC on 127.0.0.1, one request at a time):
-    speculation off and every served method at its k; methods that can draft ahead
+    speculation off, `auto` (the gateway's policy) and every served method at each of its k
+    (a method given several k is represented by its best in the goals); methods that can draft ahead
     (Capabilities.precompute) with overlap pinned on and, on a second stack, pinned off
     (`--overlap on|off`; the verifier's default `auto` picks the cheaper at run time).
 Each at every temperature (0: greedy; > 0: sampled, top-k/top-p off).
@@ -36,6 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import bench_parser  # noqa: E402
 from bench_report import write_report  # noqa: E402
+from chat_prompts import chat_prompts  # noqa: E402
 from forward_profile import profile_section  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 from stack_probe import StackProbe  # noqa: E402
@@ -70,8 +77,8 @@ class Config:
     def label(self) -> str:
         if self.system == "hf":
             return f"HF {self.name.replace('_', ' ')}"
-        if self.name == "off":
-            return "splitspec off"
+        if self.name in ("off", "auto"):
+            return f"splitspec {self.name}"
         ov = "" if self.overlap is None else f", overlap {'on' if self.overlap else 'off'}"
         return f"splitspec {self.name} k={self.k}{ov}"
 
@@ -154,10 +161,15 @@ class SplitspecClient:
     def run(self, cfg: Config, prompt: str, max_tokens: int) -> Run:
         from protos import common_pb2
 
-        spec = (common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_OFF)
-                if cfg.name == "off" else
-                common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON, method=cfg.name,
-                                             num_speculative_tokens=cfg.k, details=True))
+        if cfg.name == "off":
+            spec = common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_OFF)
+        elif cfg.name == "auto":
+            spec = common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_AUTO,
+                                                details=True)
+        else:
+            spec = common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON,
+                                                method=cfg.name, num_speculative_tokens=cfg.k,
+                                                details=True)
         req = common_pb2.GenerateRequest(
             text=prompt, speculation=spec,
             sampling=common_pb2.SamplingParams(temperature=cfg.temperature, top_p=1.0),
@@ -208,20 +220,35 @@ def machine_facts(threads: int, proposer_threads: int) -> dict[str, str]:
             "commit": commit or "unknown"}
 
 
-def parse_k(items: list[str]) -> dict[str, int]:
-    out = dict(DEFAULT_K)
+def parse_k(items: list[str]) -> dict[str, list[int]]:
+    """METHOD=K or METHOD=K1,K2 items over the defaults."""
+    out = {m: [k] for m, k in DEFAULT_K.items()}
     for item in items:
-        m, _, k = item.partition("=")
-        out[m] = int(k)
+        m, _, ks = item.partition("=")
+        out[m] = [int(k) for k in ks.split(",")]
     return out
+
+
+def bench_prompts(prompt_set: str, model: str, n: int) -> list[str]:
+    """code: windows of held-out stdlib source (the toy family's split); chat: held-out chat and
+    code requests through the model's chat template (bench/chat_prompts.py)."""
+    if prompt_set == "code":
+        return held_out_prompts(n)
+    from transformers import AutoTokenizer
+
+    return chat_prompts(AutoTokenizer.from_pretrained(model, local_files_only=True), n)
 
 
 def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--k", nargs="*", default=[], help="METHOD=K (default: %s)" % " ".join(
-        f"{m}={k}" for m, k in DEFAULT_K.items()))
+    ap.add_argument("--k", nargs="*", default=[], help="METHOD=K or METHOD=K1,K2 (default: %s)"
+                    % " ".join(f"{m}={k}" for m, k in DEFAULT_K.items()))
+    ap.add_argument("--prompt-set", choices=["code", "chat"], default=None,
+                    help="code: held-out stdlib source windows; chat: held-out chat and code "
+                         "requests through the model's chat template (default: chat when the "
+                         "model has a chat template, else code)")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--methods", nargs="*", default=None,
                     help="splitspec methods to run (default: every one the stack serves)")
@@ -245,7 +272,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     facts = machine_facts(args.threads, args.proposer_threads)
-    prompts = held_out_prompts(args.prompts)
+    if args.prompt_set is None:
+        args.prompt_set = "chat" if (Path(args.model) / "chat_template.jinja").exists() else "code"
+    prompts = bench_prompts(args.prompt_set, args.model, args.prompts)
     models = sibling_proposer_models(args.model)
     ks = parse_k(args.k)
     threads = ["--threads", str(args.threads)] if args.threads else []
@@ -274,13 +303,15 @@ def main() -> None:
             configs += [Config("hf", "plain", t)]
             if hf.draft is not None:
                 configs += [Config("hf", "assisted", t)]
-            configs += [Config("hf", "prompt_lookup", t), Config("splitspec", "off", t)]
+            configs += [Config("hf", "prompt_lookup", t), Config("splitspec", "off", t),
+                        Config("splitspec", "auto", t)]
             for m in served:
-                if m in ahead:
-                    configs += [Config("splitspec", m, t, ks.get(m, 4), True),
-                                Config("splitspec", m, t, ks.get(m, 4), False)]
-                else:
-                    configs.append(Config("splitspec", m, t, ks.get(m, 4)))
+                for k in ks.get(m, [4]):
+                    if m in ahead:
+                        configs += [Config("splitspec", m, t, k, True),
+                                    Config("splitspec", m, t, k, False)]
+                    else:
+                        configs.append(Config("splitspec", m, t, k))
         for cfg in configs:  # warm-up: first calls pay one-off costs
             runner = hf if cfg.system == "hf" else clients[cfg.overlap is not False]
             runner.run(cfg, prompts[0], 8)
@@ -295,7 +326,7 @@ def main() -> None:
             c.close()
     # the verifier's forward by matmul backend and its top operators, after the stacks are
     # down (in this process, nothing else running)
-    profile = profile_section(args.model, k=ks.get("draft", 5))
+    profile = profile_section(args.model, k=max(ks.get("draft", [5])))
     write_report(Path(args.out), results, facts, args, ks, profile)
 
 
