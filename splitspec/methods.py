@@ -119,9 +119,14 @@ def in_target_methods() -> dict[str, MethodSpec]:
 
 
 def find_model(spec: MethodSpec, target: str | Path) -> str | None:
-    """The method's model directory next to the target, when there is one and it fits."""
+    """The method's model directory next to the target, when there is one and it fits: first
+    `<target>-<model_dir>` (speculators fitted to that target, e.g.
+    models/smollm2-135m-instruct-draft), then `<model_dir>` (the toy family's models/draft)."""
     if not spec.model_dir or spec.fits is None:
         return None
     target = Path(target)
-    found = target.parent / spec.model_dir
-    return str(found) if spec.fits(target, found) else None
+    for found in (target.parent / f"{target.name}-{spec.model_dir}",
+                  target.parent / spec.model_dir):
+        if found.is_dir() and spec.fits(target, found):
+            return str(found)
+    return None

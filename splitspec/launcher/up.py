@@ -73,8 +73,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                         help=f"passed to the {name} proposer (after --proposer-args)")
         if spec.capabilities.needs_model:
             up.add_argument(f"--{name}-model", default=None,
-                            help=f"its model directory (default: {spec.model_dir}/ next to the "
-                            "target, if it fits)")
+                            help=f"its model directory (default: TARGET-{spec.model_dir}/, "
+                            f"else {spec.model_dir}/ next to the target, if it fits)")
             up.add_argument(f"--{name}-device", default=None,
                             help="its device (default: --device)")
     up.set_defaults(run=lambda args: run(args, up))
