@@ -27,6 +27,9 @@ class VerifierConfig:
     )
     default_num_speculative_tokens: int = option(4, "k used when a request does not set one")
     max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
+    lookahead_window: int = option(3, "lookahead decoding: W, guesses per Jacobi level")
+    lookahead_ngram: int = option(3, "lookahead decoding: N, n-gram size (N - 1 window levels)")
+    lookahead_guesses: int = option(2, "lookahead decoding: G, pool n-grams verified per step")
     max_num_branches: int = option(
         4, "most children per draft node a request may ask for (token trees; 1: chains only)")
     proposer_timeout_ms: float = option(

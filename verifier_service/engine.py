@@ -73,7 +73,8 @@ class Engine:
         self.drafts = DraftCollector(proposers, runner.vocab_size,
                                      config.proposer_timeout_ms / 1000, self.stats,
                                      overlap=config.overlap,
-                                     in_target=InTargetDrafts.from_registry(runner.vocab_size))
+                                     in_target=InTargetDrafts.from_registry(runner.vocab_size,
+                                                                                config))
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
                                    config.max_num_batched_tokens,
                                    on_admit=self.drafts.admitted,

@@ -69,8 +69,9 @@ class InTargetMethod(abc.ABC):
     """An in-target method: one instance per verifier, a state per running sequence."""
 
     @classmethod
-    def from_verifier(cls, vocab_size: int) -> "InTargetMethod":
-        """The method as the verifier creates it, knowing the target's vocabulary."""
+    def from_verifier(cls, vocab_size: int, config=None) -> "InTargetMethod":
+        """The method as the verifier creates it, knowing the target's vocabulary and the
+        verifier's configuration (verifier_service/config.py; None in tests: defaults)."""
         return cls()
 
     @abc.abstractmethod
@@ -92,9 +93,9 @@ class InTargetDrafts:
         self._states: dict[SequenceState, InTargetState] = {}
 
     @classmethod
-    def from_registry(cls, vocab_size: int) -> "InTargetDrafts":
+    def from_registry(cls, vocab_size: int, config=None) -> "InTargetDrafts":
         """Every in-target method of the registry."""
-        return cls({name: _load(spec.implementation).from_verifier(vocab_size)
+        return cls({name: _load(spec.implementation).from_verifier(vocab_size, config)
                     for name, spec in in_target_methods().items()})
 
     def serves(self, method: str | None) -> bool:

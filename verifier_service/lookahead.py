@@ -46,9 +46,13 @@ from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcom
 class LookaheadShape:
     """(W, N, G): window width, n-gram size (the window holds N - 1 levels), guesses per step."""
 
-    window: int = 4
+    window: int = 3
     ngram: int = 3
-    guesses: int = 4
+    guesses: int = 2
+
+    def __post_init__(self):
+        if self.window < 1 or self.ngram < 2 or self.guesses < 0:
+            raise ValueError(f"lookahead needs W >= 1, N >= 2, G >= 0; got {self}")
 
     @property
     def window_nodes(self) -> int:
@@ -158,6 +162,13 @@ class LookaheadMethod(InTargetMethod):
 
     def __init__(self, default: LookaheadShape = LookaheadShape()):
         self.default = default
+
+    @classmethod
+    def from_verifier(cls, vocab_size: int, config=None) -> "LookaheadMethod":
+        if config is None:
+            return cls()
+        return cls(LookaheadShape(config.lookahead_window, config.lookahead_ngram,
+                                  config.lookahead_guesses))
 
     def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams
               ) -> "LookaheadSequence":

@@ -69,7 +69,7 @@ def baseline(target_model_dir):
 
 def _served(engine) -> FixedChain:
     (method,) = FixedChain.instances
-    assert engine.drafts.in_target.methods == {NAME: method}
+    assert engine.drafts.in_target.methods[NAME] is method
     return method
 
 
@@ -87,7 +87,8 @@ def test_fixed_chain_alone_equals_speculation_off(target_model_dir, baseline, fi
     fixed_chain.chain = baseline[prompt][:4]  # accepted whole where it fits, rejected elsewhere
     engine = make_engine(target_model_dir, proposers={})
     method = _served(engine)
-    assert engine.drafts.served_methods() == (NAME,)  # what Info lists and direct clients get
+    # what Info lists and direct clients get: every in-target method, no proposer here
+    assert set(engine.drafts.served_methods()) == {NAME, "lookahead"}
     (res,) = asyncio.run(run_all(engine, [request(engine, "a", prompt, method=NAME, k=4)]))
     tokens, _, last = res
     assert tokens == baseline[prompt]

@@ -37,7 +37,7 @@ class OracleTree(InTargetMethod):
         return _OracleState(request_id, prompt, self.vocab)
 
     @classmethod
-    def from_verifier(cls, vocab_size: int) -> "OracleTree":
+    def from_verifier(cls, vocab_size: int, config=None) -> "OracleTree":
         m = cls()
         m.vocab = vocab_size
         return m
