@@ -48,9 +48,9 @@ from spec_bench import held_out_prompts  # noqa: E402
 from stack_probe import StackProbe  # noqa: E402
 
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
-from splitspec.methods import METHODS  # noqa: E402
+from splitspec.methods import METHODS, Kind  # noqa: E402
 
-DEFAULT_K = {"ngram": 7, "draft": 5, "mlp": 7, "suffix": 7}
+DEFAULT_K = {"ngram": 7, "draft": 5, "mlp": 7, "suffix": 7, "lookahead": 8}
 
 
 @dataclass
@@ -72,6 +72,7 @@ class Config:
     temperature: float
     k: int = 0
     overlap: bool | None = None  # None: not applicable
+    branches: int = 1  # token trees: children per node at most (1: a chain)
 
     @property
     def label(self) -> str:
@@ -80,7 +81,8 @@ class Config:
         if self.name in ("off", "auto"):
             return f"splitspec {self.name}"
         ov = "" if self.overlap is None else f", overlap {'on' if self.overlap else 'off'}"
-        return f"splitspec {self.name} k={self.k}{ov}"
+        tree = f" tree b={self.branches}" if self.branches > 1 else ""
+        return f"splitspec {self.name} k={self.k}{tree}{ov}"
 
 
 # -- Hugging Face baselines ------------------------------------------------------------------
@@ -170,6 +172,8 @@ class SplitspecClient:
             spec = common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON,
                                                 method=cfg.name, num_speculative_tokens=cfg.k,
                                                 details=True)
+            if cfg.branches > 1:
+                spec.num_branches = cfg.branches
         req = common_pb2.GenerateRequest(
             text=prompt, speculation=spec,
             sampling=common_pb2.SamplingParams(temperature=cfg.temperature, top_p=1.0),
@@ -245,6 +249,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", nargs="*", default=[], help="METHOD=K or METHOD=K1,K2 (default: %s)"
                     % " ".join(f"{m}={k}" for m, k in DEFAULT_K.items()))
+    ap.add_argument("--branches", nargs="*", default=[],
+                    help="METHOD=B: also measure the method's token trees with up to B children "
+                         "per node (at its largest k)")
     ap.add_argument("--prompt-set", choices=["code", "chat"], default=None,
                     help="code: held-out stdlib source windows; chat: held-out chat and code "
                          "requests through the model's chat template (default: chat when the "
@@ -277,6 +284,7 @@ def main() -> None:
     prompts = bench_prompts(args.prompt_set, args.model, args.prompts)
     models = sibling_proposer_models(args.model)
     ks = parse_k(args.k)
+    branches = {m: int(b) for m, _, b in (x.partition("=") for x in args.branches)}
     threads = ["--threads", str(args.threads)] if args.threads else []
     logs = ROOT / "bench/out/logs"
 
@@ -296,7 +304,8 @@ def main() -> None:
             Stack(stack_config(False, [m for m in ahead if args.methods is None
                                        or m in args.methods] or ["ngram"])) as off_stack:
         clients = {True: SplitspecClient(on_stack), False: SplitspecClient(off_stack)}
-        served = [m for m in METHODS if m in on_stack.proposers
+        served = [m for m, spec in METHODS.items()
+                  if (m in on_stack.proposers or spec.kind is Kind.IN_TARGET)
                   and (args.methods is None or m in args.methods)]
         configs = []
         for t in args.temperatures:
@@ -312,6 +321,9 @@ def main() -> None:
                                     Config("splitspec", m, t, k, False)]
                     else:
                         configs.append(Config("splitspec", m, t, k))
+                if m in branches:  # a tree at the method's largest k (drafting ahead: auto)
+                    configs.append(Config("splitspec", m, t, max(ks.get(m, [4])),
+                                          True if m in ahead else None, branches[m]))
         for cfg in configs:  # warm-up: first calls pay one-off costs
             runner = hf if cfg.system == "hf" else clients[cfg.overlap is not False]
             runner.run(cfg, prompts[0], 8)
