@@ -15,6 +15,8 @@ kernel is a pure function of its inputs and matches the reference token for toke
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -153,6 +155,50 @@ def _rejection_kernel(
     tl.store(num_acc_ptr + i, n_acc)
 
 
+@dataclass
+class KernelInputs:
+    """The tensors both rejection kernels (chains here, trees in triton_tree_rejection.py) read,
+    made contiguous, with placeholders where an input is absent, and the block sizes."""
+
+    target: torch.Tensor  # [T, V], unit stride along V
+    draft_ids: torch.Tensor  # [D] (one placeholder entry when D = 0)
+    q_mode: int  # _Q_ONE_HOT | _Q_DENSE | _Q_SPARSE
+    q: torch.Tensor  # dense [D, V] or sparse probs [D, K] (placeholder when absent)
+    q_idx: torch.Tensor  # sparse indices [D, K] (placeholder when absent)
+    k_sparse: int
+    block_k: int
+    block_v: int
+    dummy_f: torch.Tensor
+    dummy_i: torch.Tensor
+
+    @classmethod
+    def of(cls, target_probs: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs
+           ) -> "KernelInputs":
+        device, vocab = target_probs.device, target_probs.shape[1]
+        target = target_probs if target_probs.stride(1) == 1 else target_probs.contiguous()
+        dummy_f = torch.zeros(1, dtype=torch.float32, device=device)
+        dummy_i = torch.zeros(1, dtype=torch.int64, device=device)
+        draft_ids = draft_token_ids.contiguous() if draft_token_ids.numel() else dummy_i
+        k_sparse, block_k = 1, 1
+        if draft_probs is None:
+            q_mode, q, q_idx = _Q_ONE_HOT, dummy_f, dummy_i
+        elif isinstance(draft_probs, SparseProbs):
+            q_mode = _Q_SPARSE
+            q, q_idx = draft_probs.probs.contiguous(), draft_probs.indices.contiguous()
+            k_sparse = q.shape[1]
+            block_k = triton.next_power_of_2(max(k_sparse, 1))
+            if q.numel() == 0:
+                q, q_idx = dummy_f, dummy_i
+        else:
+            q_mode, q, q_idx = _Q_DENSE, draft_probs.contiguous(), dummy_i
+            if q.numel() == 0:
+                q = dummy_f
+        # the sparse path compares a [BLOCK_K, BLOCK_V] tile: keep it to ~8k elements
+        block_v = min(1024, triton.next_power_of_2(vocab), max(64, 8192 // block_k))
+        return cls(target, draft_ids, q_mode, q, q_idx, k_sparse, block_k, block_v, dummy_f,
+                   dummy_i)
+
+
 def rejection_sample_triton(inputs: SamplerInputs) -> RejectionResult:
     """Same contract as `kernels.rejection.rejection_sample_reference`."""
     target_probs, draft_token_ids, layout = (inputs.target_probs, inputs.draft_token_ids,
@@ -167,31 +213,10 @@ def rejection_sample_triton(inputs: SamplerInputs) -> RejectionResult:
     if b == 0:
         return RejectionResult(out, num_acc)
 
-    target = target_probs if target_probs.stride(1) == 1 else target_probs.contiguous()
-    draft_ids = (
-        draft_token_ids.contiguous()
-        if draft_token_ids.numel()
-        else torch.zeros(1, dtype=torch.int64, device=device)
-    )
-    dummy_f = torch.zeros(1, dtype=torch.float32, device=device)
-    dummy_i = torch.zeros(1, dtype=torch.int64, device=device)
-
-    k_sparse, block_k = 1, 1
-    if draft_probs is None:
-        q_mode, q, q_idx = _Q_ONE_HOT, dummy_f, dummy_i
-    elif isinstance(draft_probs, SparseProbs):
-        q_mode = _Q_SPARSE
-        q, q_idx = draft_probs.probs.contiguous(), draft_probs.indices.contiguous()
-        k_sparse = q.shape[1]
-        block_k = triton.next_power_of_2(max(k_sparse, 1))
-        if q.numel() == 0:
-            q, q_idx = dummy_f, dummy_i
-    else:
-        q_mode, q, q_idx = _Q_DENSE, draft_probs.contiguous(), dummy_i
-        if q.numel() == 0:
-            q = dummy_f
-    # the sparse path compares a [BLOCK_K, BLOCK_V] tile: keep it to ~8k elements
-    block_v = min(1024, triton.next_power_of_2(vocab), max(64, 8192 // block_k))
+    k = KernelInputs.of(target_probs, draft_token_ids, draft_probs)
+    target, draft_ids, dummy_f, dummy_i = k.target, k.draft_ids, k.dummy_f, k.dummy_i
+    q_mode, q, q_idx, k_sparse = k.q_mode, k.q, k.q_idx, k.k_sparse
+    block_v, block_k = k.block_v, k.block_k
 
     has_sampled = exps is not None
     has_greedy = target_argmax is not None

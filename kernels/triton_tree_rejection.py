@@ -25,11 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sparse_probs import SparseProbs
+from kernels.triton_rejection import KernelInputs
 
 __all__ = ["tree_rejection_sample_triton"]
-
-_Q_ONE_HOT, _Q_DENSE, _Q_SPARSE = 0, 1, 2
 
 
 @triton.jit
@@ -202,26 +200,10 @@ def tree_rejection_sample_triton(target_probs: torch.Tensor, draft_token_ids: to
     num_acc = torch.zeros(b, dtype=torch.int64, device=device)
     if b == 0:
         return out, nodes[:, :max_depth], num_acc
-    target = target_probs if target_probs.stride(1) == 1 else target_probs.contiguous()
-    draft_ids = (draft_token_ids.contiguous() if draft_token_ids.numel()
-                 else torch.zeros(1, dtype=torch.int64, device=device))
-    dummy_f = torch.zeros(1, dtype=torch.float32, device=device)
-    dummy_i = torch.zeros(1, dtype=torch.int64, device=device)
-    k_sparse, block_k = 1, 1
-    if draft_probs is None:
-        q_mode, q, q_idx = _Q_ONE_HOT, dummy_f, dummy_i
-    elif isinstance(draft_probs, SparseProbs):
-        q_mode = _Q_SPARSE
-        q, q_idx = draft_probs.probs.contiguous(), draft_probs.indices.contiguous()
-        k_sparse = q.shape[1]
-        block_k = triton.next_power_of_2(max(k_sparse, 1))
-        if q.numel() == 0:
-            q, q_idx = dummy_f, dummy_i
-    else:
-        q_mode, q, q_idx = _Q_DENSE, draft_probs.contiguous(), dummy_i
-        if q.numel() == 0:
-            q = dummy_f
-    block_v = min(1024, triton.next_power_of_2(vocab), max(64, 8192 // block_k))
+    k = KernelInputs.of(target_probs, draft_token_ids, draft_probs)
+    target, draft_ids, dummy_f, dummy_i = k.target, k.draft_ids, k.dummy_f, k.dummy_i
+    q_mode, q, q_idx, k_sparse = k.q_mode, k.q, k.q_idx, k.k_sparse
+    block_v, block_k = k.block_v, k.block_k
     has_sampled = exps is not None
     work = (torch.empty((b, 2, vocab), dtype=torch.float32, device=device) if has_sampled
             else dummy_f)
