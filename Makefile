@@ -87,6 +87,17 @@ models: $(STAMP)
 	$(PY) scripts/train_models.py
 	$(PY) scripts/eval_models.py
 
+# Train the real chat model's speculators (an MLP speculator and a distilled draft, next to it in
+# models/smollm2-135m-instruct-{mlp-speculator,draft}/) from its own answers to locally built
+# prompts, then measure their held-out acceptance: about 75 minutes, one thread per process.
+.PHONY: models-real
+models-real: $(STAMP) real-model
+	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages data --shard 0 --num-shards 2 & \
+	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages data --shard 1 --num-shards 2; wait
+	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages mlp & \
+	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages draft; wait
+	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages eval
+
 # Re-measure models/README.md's figures (held-out loss, acceptance per proposer and position).
 models-eval: $(STAMP)
 	$(PY) scripts/eval_models.py
