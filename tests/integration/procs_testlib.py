@@ -33,10 +33,10 @@ def alive(pid: int) -> bool:
 
 def proposer_port_flags() -> list[str]:
     """A free port for every registered proposer method (none of the fixed defaults)."""
-    from splitspec.methods import METHODS
+    from splitspec.methods import proposer_methods
     from splitspec.net import free_port
 
-    return [a for m in METHODS for a in (f"--{m}-port", str(free_port()))]
+    return [a for m in proposer_methods() for a in (f"--{m}-port", str(free_port()))]
 
 
 def stop_launcher(proc: subprocess.Popen) -> None:

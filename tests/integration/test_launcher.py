@@ -14,7 +14,7 @@ from polling import wait_until
 from procs_testlib import alive, children_of, proposer_port_flags, stop_launcher
 
 from splitspec.launcher import sibling_proposer_models
-from splitspec.methods import METHODS
+from splitspec.methods import proposer_methods
 from splitspec.net import free_port
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,8 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
         kids = children_of(proc.pid)
         # gateway, verifier, the model-free proposers, plus the learned ones shipped beside the
         # model
-        model_free = [m for m, spec in METHODS.items() if not spec.capabilities.needs_model]
+        model_free = [m for m, spec in proposer_methods().items()
+                      if not spec.capabilities.needs_model]
         learned = sibling_proposer_models(target_model_dir)
         assert len(kids) == 2 + len(model_free) + len(learned), kids
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
@@ -71,7 +72,8 @@ def test_services_do_not_outlive_a_killed_launcher(target_model_dir, tmp_path):
         while f"http://127.0.0.1:{port}" not in (line := proc.stdout.readline()):
             assert line, "launcher exited early"
         kids = children_of(proc.pid)
-        model_free = [m for m, spec in METHODS.items() if not spec.capabilities.needs_model]
+        model_free = [m for m, spec in proposer_methods().items()
+                      if not spec.capabilities.needs_model]
         assert len(kids) == 2 + len(model_free), kids  # gateway, verifier, model-free proposers
     finally:
         proc.kill()

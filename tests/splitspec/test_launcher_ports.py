@@ -11,7 +11,7 @@ from splitspec.launcher.config import StackConfig
 from splitspec.launcher.ports import replica_ports
 from splitspec.launcher.stack import Stack
 from splitspec.launcher.up import stack_config
-from splitspec.methods import METHODS
+from splitspec.methods import proposer_methods
 
 
 def stack(*flags: str, model: str) -> Stack:
@@ -29,8 +29,9 @@ def test_default_ports_never_collide(target_model_dir, replicas):
     ports = ports_by_service(s)
     assert len(set(ports.values())) == len(ports)
     assert len(s.verifiers) == replicas and s.verifier.port == 50051
-    assert set(s.proposers) == set(METHODS)  # every proposer's default port is in the way
-    assert [p.port for p in s.proposers.values()] == [m.default_port for m in METHODS.values()]
+    methods = proposer_methods()
+    assert set(s.proposers) == set(methods)  # every proposer's default port is in the way
+    assert [p.port for p in s.proposers.values()] == [m.default_port for m in methods.values()]
 
 
 def test_replicas_skip_the_ports_of_any_number_of_proposers():
