@@ -1,0 +1,497 @@
+"""Trains speculators fitted to the real chat model (SmolLM2-135M-Instruct, `make real-model`):
+an MLP speculator on its hidden states and a small draft model sharing its tokenizer, both
+distilled from the target's own greedy answers. `make models-real` runs it.
+
+    python scripts/train_real.py                         # all stages in turn (make models-real
+                                                         # runs data and mlp || draft in pairs)
+    python scripts/train_real.py --stages mlp,eval       # later stages reuse runs/real/
+
+Stages:
+  data   prompts built locally (never a hub): chat requests from templates over Python's own
+         documentation topics and module names, and code requests from the first lines of
+         function docstrings in the standard library's train split (models/split.json; held-out
+         files never used). Each goes through the model's chat template; the target answers
+         greedily (what greedy verification accepts) and one teacher-forced pass records its final
+         hidden state (after the last norm: what the verifier hands an MLP speculator) and argmax
+         at every position. 10% of the prompts of each kind are held out for evaluation.
+  mlp    MLP speculator in the accelerators' format (proposer_service/mlp_speculator.py):
+         emb_dim 576 (the target's hidden size), small inner_dim so the file stays under 64 MB,
+         tied weights; head i learns the target's token i + 2 ahead given its state and tokens.
+  draft  small Llama sharing the tokenizer (tied embeddings initialised from a PCA projection of
+         the target's), trained on the target's answers to predict the target's argmax.
+  eval   per-position greedy acceptance on the held-out prompts, chat and code apart, for both
+         speculators -> models/smollm2-135m-instruct-eval.json.
+
+One thread by default (train beside other work without starving it). Wall-clock caps per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import model_family as mf  # noqa: E402
+from train_models import LMTrainConfig, lr_at, make_optimizer  # noqa: E402
+
+REPO = mf.REPO
+TARGET = REPO / "models/smollm2-135m-instruct"
+MLP_OUT = REPO / "models/smollm2-135m-instruct-mlp-speculator"
+DRAFT_OUT = REPO / "models/smollm2-135m-instruct-draft"
+EVAL_OUT = REPO / "models/smollm2-135m-instruct-eval.json"
+STAGES = ("data", "mlp", "draft", "eval")
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- prompts -------------------------------------------------------------------------------------
+
+CHAT_TEMPLATES = [
+    "Explain the Python {topic} in simple words, with a short example.",
+    "What is {topic} in Python and when should I use it?",
+    "Give me three tips about {topic} in Python.",
+    "What does the Python module {module} do? Answer briefly.",
+    "How would you explain {module} to a beginner?",
+    "Write a short note on common mistakes with {topic}.",
+]
+GENERAL = [
+    "Tell me a fun fact about {w}.", "Write two sentences about {w}.",
+    "What are the benefits of {w}?", "Describe {w} to a child.",
+    "Give me a short list of ideas related to {w}.",
+]
+WORDS = ["rain", "mountains", "reading", "music", "coffee", "the ocean", "friendship", "bicycles",
+         "gardening", "the moon", "winter", "cooking", "sleep", "libraries", "trains", "birds",
+         "painting", "exercise", "volcanoes", "chess", "bread", "rivers", "clocks", "bees",
+         "deserts", "photography", "history", "maps", "kindness", "recycling", "forests",
+         "stars", "tea", "dogs", "writing letters", "the weather", "museums", "snow", "islands",
+         "robots", "bridges", "planets", "soup", "lighthouses", "board games", "whales"]
+
+
+def _docstring_lines(path: Path) -> list[str]:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        public = not getattr(node, "name", "_").startswith("_")
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and public:
+            doc = ast.get_docstring(node)
+            if doc:
+                first = doc.strip().splitlines()[0].strip().rstrip(".")
+                if 12 <= len(first) <= 90 and first[0].isupper():
+                    out.append(first[0].lower() + first[1:])
+    return out
+
+
+def build_prompts(seed: int = 5) -> tuple[list[str], list[str]]:
+    """(chat, code) user messages; code from the stdlib train split only."""
+    rng = random.Random(seed)
+    split = json.loads((REPO / "models/split.json").read_text())
+    held = set(split.get("heldout_files", []))
+    root = mf.stdlib_root()
+    topics = []
+    try:
+        from pydoc_data.topics import topics as pydoc_topics
+        topics = sorted(t.replace("-", " ") for t in pydoc_topics if len(t) > 3)
+    except ImportError:
+        pass
+    modules = sorted({p.stem for p in root.glob("*.py") if not p.stem.startswith("_")})
+    chat = []
+    for t in topics:
+        chat.append(rng.choice(CHAT_TEMPLATES[:3] + CHAT_TEMPLATES[5:]).format(topic=t))
+    for m in modules:
+        chat.append(rng.choice(CHAT_TEMPLATES[3:5]).format(module=m))
+    for w in WORDS:
+        for tpl in GENERAL:
+            chat.append(tpl.format(w=w))
+    code = []
+    files = [p for p in sorted(root.rglob("*.py"))
+             if "site-packages" not in p.parts and "test" not in p.parts
+             and str(p.relative_to(root)) not in held]
+    rng.shuffle(files)
+    seen = set()
+    for p in files[:700]:
+        for line in _docstring_lines(p):
+            if line not in seen:
+                seen.add(line)
+                code.append(f"Write a Python function that does the following: {line}.")
+    rng.shuffle(chat)
+    rng.shuffle(code)
+    return chat, code[: max(len(chat), 400)]
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+def stage_data(a) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(TARGET, local_files_only=True)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    chat, code = build_prompts()
+    kinds = []
+    for kind, msgs in (("chat", chat), ("code", code)):
+        n_val = min(40, max(8, len(msgs) // 10))
+        kinds += [(kind, "val", m) for m in msgs[:n_val]]
+        kinds += [(kind, "train", m) for m in msgs[n_val:]]
+    # val first (so a cap never leaves evaluation empty), then train interleaved chat/code
+    val = [x for x in kinds if x[1] == "val"]
+    train = [x for x in kinds if x[1] == "train"]
+    random.Random(1).shuffle(train)
+    order = val + train
+    order = order[a.shard::a.num_shards]
+    log(f"data: {len(chat)} chat and {len(code)} code prompts ({len(val)} held out)")
+    records, t0, done_tokens = [], time.time(), 0
+    for i in range(0, len(order), a.gen_batch):
+        batch = order[i:i + a.gen_batch]
+        texts = [tok.apply_chat_template([{"role": "user", "content": m}], tokenize=False,
+                                         add_generation_prompt=True) for _, _, m in batch]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        tokens, hidden = _greedy_with_states(model, enc.input_ids, enc.attention_mask,
+                                             a.gen_tokens)
+        plen = enc.input_ids.shape[1]
+        for j, (kind, part, _) in enumerate(batch):
+            pad = int((enc.attention_mask[j] == 0).sum())
+            s = tokens[j, pad:]
+            # the target's argmax after each position: the answer itself past the prompt (greedy);
+            # inside the prompt the prompt's own next token stands in for it
+            records.append({"kind": kind, "part": part, "tokens": s.to(torch.int32),
+                            "argmax": torch.cat([s[1:], s[-1:]]).to(torch.int32),
+                            "hidden": hidden[j, pad:].to(torch.float16),
+                            "prompt_len": plen - pad})
+        done_tokens += len(batch) * a.gen_tokens
+        log(f"data: {len(records)} answers, {done_tokens} generated tokens, "
+            f"{done_tokens / (time.time() - t0):.0f} tok/s")
+        trained = sum(r["part"] == "train" for r in records)
+        if time.time() - t0 > a.data_minutes * 60 and trained >= 16:
+            log(f"data: wall-clock cap of {a.data_minutes} min reached")
+            break
+    a.work.mkdir(parents=True, exist_ok=True)
+    torch.save(records, a.work / f"data-{a.shard}.pt")
+    log(f"data: saved {len(records)} records in {(time.time() - t0) / 60:.1f} min")
+
+
+@torch.no_grad()
+def _greedy_with_states(model, ids, mask, n_new: int):
+    """Greedy decoding that keeps the final-norm hidden state of every position (what the verifier
+    hands an MLP speculator) without a second pass: tokens [B, P + n], hidden [B, P + n - 1, H]
+    (the last token's state is never needed: nothing is predicted from it here)."""
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    states = [out.last_hidden_state]
+    toks = [ids]
+    for step in range(n_new):
+        nxt = model.lm_head(out.last_hidden_state[:, -1]).argmax(-1, keepdim=True)  # [B, 1]
+        toks.append(nxt)
+        if step == n_new - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+        pos = pos[:, -1:] + 1
+        out = model.model(input_ids=nxt, attention_mask=mask, position_ids=pos,
+                          past_key_values=out.past_key_values, use_cache=True)
+        states.append(out.last_hidden_state)
+    return torch.cat(toks, 1), torch.cat(states, 1)
+
+
+def load_records(a, part: str) -> list[dict]:
+    files = sorted(a.work.glob("data*.pt"))
+    return [r for f in files for r in torch.load(f) if r["part"] == part]
+
+
+# -- MLP speculator ------------------------------------------------------------------------------
+
+def _windows(records, n: int, gen_only: bool = True):
+    """Per record (h [L, H], tokens [L], argmax [L], lo): positions t in [lo, L - n - 1) train,
+    lo = prompt_len - 1 (the state that picks the first answer token onwards)."""
+    out = []
+    for r in records:
+        lo = r["prompt_len"] - 1 if gen_only else 0
+        if len(r["tokens"]) - n - 1 > lo:
+            out.append((r["hidden"], r["tokens"].long(), r["argmax"].long(), lo))
+    return out
+
+
+def stage_mlp(a) -> None:
+    from transformers import AutoTokenizer
+
+    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+
+    tok = AutoTokenizer.from_pretrained(TARGET, local_files_only=True)
+    tcfg = json.loads((TARGET / "config.json").read_text())
+    cfg = MLPSpeculatorConfig(
+        emb_dim=tcfg["hidden_size"], inner_dim=a.mlp_inner_dim, vocab_size=tcfg["vocab_size"],
+        n_predict=a.mlp_n_predict, tie_weights=True, scale_input=True,
+        target_model="SmolLM2-135M-Instruct (models/smollm2-135m-instruct)",
+        target_vocab_fingerprint=mf.vocab_fingerprint(tok))
+    train = _windows(load_records(a, "train"), cfg.n_predict)
+    val = _windows(load_records(a, "val"), cfg.n_predict)
+    torch.manual_seed(0)
+    spec = MLPSpeculator(cfg)
+    n_params = sum(p.numel() for p in spec.parameters())
+    log(f"mlp: {n_params / 1e6:.2f} M params, {len(train)} train / {len(val)} val answers")
+    opt = make_optimizer(spec, a.mlp_lr, 0.0)
+    sched = LMTrainConfig(steps=a.mlp_steps, batch_size=a.mlp_batch, seq_len=0, lr=a.mlp_lr,
+                          warmup=30, minutes=a.mlp_minutes)
+    rng = random.Random(3)
+    t0, hist, positions, step = time.time(), [], 0, 0
+    for step in range(a.mlp_steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, sched, time.time() - t0)
+        total, weight = 0.0, 0
+        for h, s, g, lo in rng.sample(train, min(a.mlp_batch, len(train))):
+            hi = len(s) - cfg.n_predict - 1
+            losses = spec.training_losses(h[None, lo:hi].float(), s[None], lo, hi, g[None])
+            w = hi - lo
+            total = total + sum(losses) * w
+            weight += w
+        positions += weight
+        loss = total / weight
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(spec.parameters(), 1.0)
+        opt.step()
+        if step % 10 == 0:
+            per_step = (time.time() - t0) / (step + 1)
+            log(f"mlp step {step} loss {loss.item():.3f} {per_step:.2f}s/step")
+        if (step + 1) % a.eval_every == 0:
+            acc = mlp_acceptance(spec, val)
+            hist.append({"step": step + 1, "positions_seen": positions, "acceptance": acc})
+            log(f"mlp eval step {step + 1} ({positions} positions): {[round(x, 3) for x in acc]}")
+        if time.time() - t0 > a.mlp_minutes * 60:
+            log(f"mlp: wall-clock cap of {a.mlp_minutes} min reached at step {step + 1}")
+            break
+    acc = mlp_acceptance(spec, val)
+    hist.append({"step": step + 1, "positions_seen": positions, "acceptance": acc})
+    spec.to(torch.float16).save_pretrained(MLP_OUT)
+    (MLP_OUT / "training.json").write_text(json.dumps({
+        "params": n_params, "steps_done": step + 1, "train_minutes": (time.time() - t0) / 60,
+        "positions_seen": positions, "train_answers": len(train), "config": asdict(cfg),
+        "data": "the target's greedy answers to locally built chat and code prompts "
+                "(scripts/train_real.py); labels = the target's argmax",
+        "val_acceptance_per_position_greedy": acc, "history": hist, "lr": a.mlp_lr}, indent=2)
+        + "\n")
+    log(f"mlp saved: held-out per-position acceptance {[round(x, 3) for x in acc]}")
+
+
+def copy_tokenizer(out: Path) -> None:
+    """The target's own tokenizer files, byte for byte: the launcher matches a draft to its
+    target by them (splitspec/methods.py)."""
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                 "special_tokens_map.json"):
+        if (TARGET / name).exists():
+            shutil.copyfile(TARGET / name, out / name)
+
+
+def _target_embedding() -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    w = load_file(str(TARGET / "model.safetensors"))
+    key = next(k for k in w if k.endswith("embed_tokens.weight"))
+    return w[key].float()
+
+
+def _pca(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """[H, dim] projection onto x's top principal directions."""
+    xc = x - x.mean(0, keepdim=True)
+    _, _, v = torch.pca_lowrank(xc, q=dim, center=False)
+    return v[:, :dim]
+
+
+@torch.no_grad()
+def mlp_acceptance(spec, windows) -> list[float]:
+    """Greedy acceptance per position: the chain drafted from the true state and accepted
+    tokens is accepted at position i iff heads 0..i all match the target's argmax."""
+    spec.eval()
+    n = spec.config.n_predict
+    ok, total = torch.zeros(n), 0
+    for h, s, g, lo in windows:
+        hi = len(s) - n - 1
+        logits = spec.teacher_forced_logits(h[None, lo:hi].float(), s[None], lo, hi)
+        hits = torch.stack([lg[0].argmax(-1) == g[lo + 1 + i: hi + 1 + i]
+                            for i, lg in enumerate(logits)], -1)  # [T, n]
+        ok += hits.long().cumprod(-1).sum(0)
+        total += hi - lo
+    spec.train()
+    return (ok / max(total, 1)).tolist()
+
+
+# -- draft model ---------------------------------------------------------------------------------
+
+def stage_draft(a) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tcfg = json.loads((TARGET / "config.json").read_text())
+    cfg = LlamaConfig(vocab_size=tcfg["vocab_size"], hidden_size=a.draft_hidden,
+                      intermediate_size=a.draft_hidden * 3, num_hidden_layers=a.draft_layers,
+                      num_attention_heads=a.draft_hidden // 64,
+                      num_key_value_heads=a.draft_hidden // 64,
+                      max_position_embeddings=tcfg.get("max_position_embeddings", 2048),
+                      rope_theta=tcfg.get("rope_theta", 10000.0), tie_word_embeddings=True,
+                      bos_token_id=tcfg.get("bos_token_id"), eos_token_id=tcfg.get("eos_token_id"),
+                      rms_norm_eps=tcfg.get("rms_norm_eps", 1e-5))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        emb = _target_embedding()
+        e = emb @ _pca(emb, a.draft_hidden)
+        model.model.embed_tokens.weight.copy_(e / e.std() * 0.02 * 4)
+    n_params = mf.count_params(model)
+    train, val = load_records(a, "train"), load_records(a, "val")
+    log(f"draft: {n_params / 1e6:.2f} M params, {len(train)} train answers")
+    opt = make_optimizer(model, a.draft_lr, 0.1)
+    sched = LMTrainConfig(steps=a.draft_steps, batch_size=a.draft_batch, seq_len=0, lr=a.draft_lr,
+                          warmup=30, minutes=a.draft_minutes)
+    rng = random.Random(4)
+    t0, hist, seen, step = time.time(), [], 0, 0
+    model.train()
+    for step in range(a.draft_steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, sched, time.time() - t0)
+        batch = rng.sample(train, min(a.draft_batch, len(train)))
+        loss_sum, n_tok = 0.0, 0
+        for r in batch:  # one sequence at a time: lengths differ, no padding waste
+            s, g, lo = r["tokens"].long(), r["argmax"].long(), r["prompt_len"] - 1
+            logits = model(input_ids=s[None, :-1]).logits[0]  # [L - 1, V]
+            # every position learns the target's argmax (the prompt's too, half weight)
+            w = torch.ones(len(s) - 1)
+            w[:lo] = 0.5
+            ce = F.cross_entropy(logits, g[:-1], reduction="none")
+            loss_sum = loss_sum + (ce * w).sum()
+            n_tok += float(w.sum())
+        seen += sum(len(r["tokens"]) for r in batch)
+        loss = loss_sum / n_tok
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 10 == 0:
+            per_step = (time.time() - t0) / (step + 1)
+            log(f"draft step {step} loss {loss.item():.3f} {per_step:.2f}s/step")
+        if (step + 1) % a.eval_every == 0:
+            acc = draft_acceptance(model, val[:16], a.eval_k)
+            hist.append({"step": step + 1, "tokens_seen": seen, "acceptance": acc})
+            log(f"draft eval step {step + 1} ({seen} tokens): {[round(x, 3) for x in acc]}")
+            model.train()
+        if time.time() - t0 > a.draft_minutes * 60:
+            log(f"draft: wall-clock cap of {a.draft_minutes} min reached at step {step + 1}")
+            break
+    acc = draft_acceptance(model, val, a.eval_k)
+    hist.append({"step": step + 1, "tokens_seen": seen, "acceptance": acc})
+    model.to(torch.float16).save_pretrained(DRAFT_OUT, safe_serialization=True)
+    copy_tokenizer(DRAFT_OUT)
+    (DRAFT_OUT / "training.json").write_text(json.dumps({
+        "params": n_params, "steps_done": step + 1, "train_minutes": (time.time() - t0) / 60,
+        "tokens_seen": seen, "train_answers": len(train),
+        "size": {"hidden": a.draft_hidden, "layers": a.draft_layers},
+        "init": "tied embedding = PCA projection of the target's embedding",
+        "data": "the target's greedy answers (scripts/train_real.py); labels = the target's argmax",
+        "val_acceptance_per_position_greedy": acc, "history": hist, "lr": a.draft_lr}, indent=2)
+        + "\n")
+    log(f"draft saved: held-out per-position acceptance {[round(x, 3) for x in acc]}")
+
+
+@torch.no_grad()
+def draft_acceptance(model, records, k: int) -> list[float]:
+    """Greedy acceptance per position on held-out answers: at each answer position t, the draft
+    continues greedily from the true prefix for k tokens; position i is accepted iff drafts
+    0..i all equal the target's argmax chain (which is the answer itself)."""
+    model.eval()
+    ok, total = torch.zeros(k), 0
+    for r in records:
+        s = r["tokens"].long()
+        lo = r["prompt_len"]
+        for t in range(lo, len(s) - k, 4):  # every 4th position: cheap and unbiased
+            ids = s[None, :t]
+            out = model(input_ids=ids, use_cache=True)
+            drafts = []
+            for _ in range(k):
+                nxt = out.logits[0, -1].argmax()
+                drafts.append(int(nxt))
+                out = model(input_ids=nxt.view(1, 1), past_key_values=out.past_key_values,
+                            use_cache=True)
+            hits = torch.tensor([d == int(x) for d, x in zip(drafts, s[t:t + k])])
+            ok += hits.long().cumprod(0)
+            total += 1
+    return (ok / max(total, 1)).tolist()
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+
+def stage_eval(a) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from proposer_service.mlp_speculator import MLPSpeculator
+
+    val = load_records(a, "val")
+    out = {"target": "SmolLM2-135M-Instruct", "held_out_answers": len(val)}
+    for kind in ("chat", "code"):
+        part = [r for r in val if r["kind"] == kind]
+        entry = {"answers": len(part)}
+        if (MLP_OUT / "config.json").exists():
+            spec = MLPSpeculator.from_pretrained(MLP_OUT).float()
+            entry["mlp_acceptance_per_position"] = mlp_acceptance(
+                spec, _windows(part, spec.config.n_predict))
+        if (DRAFT_OUT / "config.json").exists():
+            draft = AutoModelForCausalLM.from_pretrained(DRAFT_OUT, dtype=torch.float32)
+            entry["draft_acceptance_per_position"] = draft_acceptance(draft, part, a.eval_k)
+        out[kind] = entry
+        log(f"eval {kind}: {entry}")
+    EVAL_OUT.write_text(json.dumps(out, indent=2) + "\n")
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stages", default=",".join(STAGES))
+    p.add_argument("--work", type=Path, default=REPO / "runs/real")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--gen-batch", type=int, default=32)
+    p.add_argument("--shard", type=int, default=0, help="data: this process's share of prompts")
+    p.add_argument("--num-shards", type=int, default=1)
+    p.add_argument("--gen-tokens", type=int, default=96)
+    p.add_argument("--data-minutes", type=float, default=19)
+    p.add_argument("--mlp-inner-dim", type=int, default=256)
+    p.add_argument("--mlp-n-predict", type=int, default=3)
+    p.add_argument("--mlp-lr", type=float, default=1e-3)
+    p.add_argument("--mlp-steps", type=int, default=3000)
+    p.add_argument("--mlp-batch", type=int, default=8)
+    p.add_argument("--mlp-minutes", type=float, default=35)
+    p.add_argument("--draft-hidden", type=int, default=256)
+    p.add_argument("--draft-layers", type=int, default=4)
+    p.add_argument("--draft-lr", type=float, default=2e-3)
+    p.add_argument("--draft-steps", type=int, default=3000)
+    p.add_argument("--draft-batch", type=int, default=8)
+    p.add_argument("--draft-minutes", type=float, default=36)
+    p.add_argument("--eval-every", type=int, default=40)
+    p.add_argument("--eval-k", type=int, default=4)
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    if not (TARGET / "config.json").exists():
+        raise SystemExit(f"{TARGET} is missing: run `make real-model` first")
+    for s in a.stages.split(","):
+        if s not in STAGES:
+            p.error(f"unknown stage {s!r}")
+        t0 = time.time()
+        log(f"=== stage {s}")
+        globals()[f"stage_{s}"](a)
+        log(f"=== stage {s} done in {(time.time() - t0) / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
