@@ -52,14 +52,22 @@ def lms():
     }
 
 
-def test_total_size_under_60mb():
-    # what the repository ships: not the real models imported beside it (git-ignored, each
-    # marked by its import record) or their half-written staging directories
+def _shipped_files():
+    """What the repository ships under models/: not the real models imported beside it
+    (git-ignored, each marked by its import record) or their half-written staging directories."""
     imported = {d for d in MODELS.iterdir()
                 if (d / "gguf-import.json").is_file() or d.name.startswith(".")}
-    total = sum(p.stat().st_size for p in MODELS.rglob("*")
-                if p.is_file() and not imported.intersection(p.parents))
-    assert total < 60 * 1024 * 1024, f"models/ is {total / 2**20:.1f} MiB"
+    return [p for p in MODELS.rglob("*") if p.is_file() and not imported.intersection(p.parents)]
+
+
+def test_the_toy_family_is_under_60mb_and_every_shipped_file_under_64mb():
+    family = {MODELS / d for d in ("target", "draft", "mlp-speculator")}
+    files = _shipped_files()
+    total = sum(p.stat().st_size for p in files
+                if p.parent == MODELS or family.intersection(p.parents))
+    assert total < 60 * 1024 * 1024, f"the toy family is {total / 2**20:.1f} MiB"
+    big = [p for p in files if p.stat().st_size > 64 * 1024 * 1024]
+    assert not big, big
 
 
 def test_weights_are_half_precision():
