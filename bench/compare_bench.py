@@ -290,7 +290,10 @@ def main() -> None:
 
     def stack_config(overlap: bool, methods):
         return StackConfig.with_free_ports(
-            model=args.model, device="cpu", models=models, methods=methods,
+            model=args.model, device="cpu", models=models,
+            # the launcher starts proposers; in-target methods run inside every verifier
+            methods=None if methods is None else [m for m in methods
+                                                  if METHODS[m].kind is Kind.PROPOSER],
             proposer_args={m: ["--threads", str(args.proposer_threads)] for m in METHODS},
             log_dir=logs / (
                 "overlap-on" if overlap else "overlap-off"),
