@@ -56,7 +56,7 @@ bench-spec: $(STAMP)
 bench-repeat: $(STAMP)
 	$(PY) bench/repeat_bench.py
 
-# The comparison benchmark: splitspec (off, auto, every method, overlap on/off) vs Hugging Face
+# The comparison benchmark: splitspec (off, auto, every method, drafting ahead on/off) vs Hugging Face
 # generate (plain, assisted by the draft, prompt lookup), greedy and temperature 0.8, on the toy
 # family (bench/reports/bench.md) and on the real chat model with held-out chat and code prompts
 # at k 3 and 5 (bench/reports/bench-real.md). BENCH_ARGS passes options, e.g. "--threads 1".

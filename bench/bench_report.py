@@ -88,9 +88,9 @@ def _find(rows, temperature, pred):
 
 
 def target_lines(rows, temperature) -> list[str]:
-    def sys_(name, overlap=None):
+    def sys_(name, ahead=None):
         return _find(rows, temperature, lambda c: c.system == "splitspec" and c.name == name
-                     and (overlap is None or c.overlap in (overlap, None)))
+                     and (ahead is None or c.ahead in (ahead, None)))
 
     def hf(name):
         return _find(rows, temperature, lambda c: c.system == "hf" and c.name == name)
@@ -98,7 +98,7 @@ def target_lines(rows, temperature) -> list[str]:
     off = sys_("off")
     methods = [r for r in rows if r["cfg"].temperature == temperature
                and r["cfg"].system == "splitspec" and r["cfg"].name != "off"
-               and r["cfg"].overlap is not False]
+               and r["cfg"].ahead is not False]
     fixed = [r for r in methods if r["cfg"].name != "auto"]
     best = max(fixed, key=lambda r: r["tok_s"], default=None)
     pairs = {
@@ -106,7 +106,7 @@ def target_lines(rows, temperature) -> list[str]:
         "n-gram >= 1.2x HF prompt lookup": (sys_("ngram"), hf("prompt_lookup"), 1.2),
         "speculation off >= 1.0x HF plain": (off, hf("plain"), 1.0),
         "best method >= 2.5x speculation off": (best, off, 2.5),
-        "overlap on >= 1.25x overlap off (draft)": (sys_("draft", True), sys_("draft", False),
+        "drafting ahead on >= 1.25x off (draft)": (sys_("draft", True), sys_("draft", False),
                                                      1.25),
         "auto >= 0.95x the best fixed choice": (sys_("auto"), best, 0.95),
     }
@@ -119,7 +119,7 @@ def target_lines(rows, temperature) -> list[str]:
         out.append(f"| {name} | {ratio:.2f}x ({num['label']} / {den['label']}) | {goal:.2f}x | "
                    f"{'met' if ratio >= goal else 'MISSED'} |")
     for r in methods + [x for x in rows if x["cfg"].temperature == temperature
-                        and x["cfg"].overlap is False]:
+                        and x["cfg"].ahead is False]:
         th = theoretical(r, off) if off else None
         if th:
             got = off["ms_per_token"] / r["ms_per_token"]
@@ -215,7 +215,7 @@ def write_report(out: Path, results: dict, facts: dict, args, ks: dict,
         lines += [f"## Temperature {t:g}", "",
                   "| configuration | tok/s | vs HF plain | TTFT ms | ITL p50 / p90 / p99 ms | "
                   "acceptance | tokens / step | theoretical | achieved / theoretical | "
-                  "overlap hit rate (pushed) |",
+                  "ahead hit rate (pushed) |",
                   "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
         plain = _find(rows, t, lambda c: c.system == "hf" and c.name == "plain")
         for r in (x for x in rows if x["cfg"].temperature == t):

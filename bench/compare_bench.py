@@ -15,15 +15,15 @@ Configurations, interleaved per prompt so that noise from a shared machine hits 
   * through gateway -> verifier -> proposers (gRPC on 127.0.0.1, one request at a time):
     speculation off, `auto` (the gateway's policy) and every served method at each of its k
     (a method given several k is represented by its best in the goals); methods that can draft ahead
-    (Capabilities.precompute) with overlap pinned on and, on a second stack, pinned off
-    (`--overlap on|off`; the verifier's default `auto` picks the cheaper at run time).
+    (Capabilities.drafts_ahead) with drafting ahead pinned on and, on a second stack, pinned
+    off (`--draft-ahead on|off`; the verifier's default `auto` picks the cheaper at run time).
 Each at every temperature (0: greedy; > 0: sampled, top-k/top-p off).
 
 Per configuration: tokens/s, time to first token, inter-token latency p50/p90/p99 (a chunk of n
 tokens arrives at once: n - 1 gaps of 0), acceptance per draft position, mean tokens per step,
 the theoretical speedup from measured acceptance and cost ratio (bench/speedup_model.py) and
-achieved / theoretical, the time split of a step (bench/stack_probe.py), and the overlap hit
-rate; then the verifier's forward in this process by matmul backend with its top operators
+achieved / theoretical, the time split of a step (bench/stack_probe.py), and the drafting-ahead
+hit rate; then the verifier's forward in this process by matmul backend with its top operators
 (bench/forward_profile.py). Writes bench/reports/bench.md and PNG plots next to it
 (bench/bench_report.py).
 """
@@ -71,7 +71,7 @@ class Config:
     name: str  # hf: plain | assisted | prompt_lookup; splitspec: off | method
     temperature: float
     k: int = 0
-    overlap: bool | None = None  # None: not applicable
+    ahead: bool | None = None  # drafting ahead on/off; None: not applicable
     branches: int = 1  # token trees: children per node at most (1: a chain)
 
     @property
@@ -80,7 +80,7 @@ class Config:
             return f"HF {self.name.replace('_', ' ')}"
         if self.name in ("off", "auto"):
             return f"splitspec {self.name}"
-        ov = "" if self.overlap is None else f", overlap {'on' if self.overlap else 'off'}"
+        ov = "" if self.ahead is None else f", ahead {'on' if self.ahead else 'off'}"
         tree = f" tree b={self.branches}" if self.branches > 1 else ""
         return f"splitspec {self.name} k={self.k}{tree}{ov}"
 
@@ -288,7 +288,7 @@ def main() -> None:
     threads = ["--threads", str(args.threads)] if args.threads else []
     logs = ROOT / "bench/out/logs"
 
-    def stack_config(overlap: bool, methods):
+    def stack_config(ahead_on: bool, methods):
         return StackConfig.with_free_ports(
             model=args.model, device="cpu", models=models,
             # the launcher starts proposers; in-target methods run inside every verifier
@@ -296,11 +296,11 @@ def main() -> None:
                                                   if METHODS[m].kind is Kind.PROPOSER],
             proposer_args={m: ["--threads", str(args.proposer_threads)] for m in METHODS},
             log_dir=logs / (
-                "overlap-on" if overlap else "overlap-off"),
+                "ahead-on" if ahead_on else "ahead-off"),
             verifier_args=["--proposer-timeout-ms", "2000", *threads,
-                           "--overlap", "on" if overlap else "off"])
+                           "--draft-ahead", "on" if ahead_on else "off"])
 
-    ahead = [m for m, s in METHODS.items() if s.capabilities.precompute
+    ahead = [m for m, s in METHODS.items() if s.capabilities.drafts_ahead
              and (not s.capabilities.needs_model or m in models)]
     hf = HfBaselines(args.model, models.get("draft"))
     with Stack(stack_config(True, args.methods)) as on_stack, \
@@ -328,13 +328,13 @@ def main() -> None:
                     configs.append(Config("splitspec", m, t, max(ks.get(m, [4])),
                                           True if m in ahead else None, branches[m]))
         for cfg in configs:  # warm-up: first calls pay one-off costs
-            runner = hf if cfg.system == "hf" else clients[cfg.overlap is not False]
+            runner = hf if cfg.system == "hf" else clients[cfg.ahead is not False]
             runner.run(cfg, prompts[0], 8)
         results: dict[Config, list[Run]] = {c: [] for c in configs}
         with tqdm(total=len(prompts) * len(configs), desc="bench", unit="run") as bar:
             for prompt in prompts:
                 for cfg in configs:
-                    runner = hf if cfg.system == "hf" else clients[cfg.overlap is not False]
+                    runner = hf if cfg.system == "hf" else clients[cfg.ahead is not False]
                     results[cfg].append(runner.run(cfg, prompt, args.max_tokens))
                     bar.update()
         for c in clients.values():

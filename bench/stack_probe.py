@@ -4,7 +4,7 @@ Per request (requests run one at a time, so the deltas are the request's own):
     steps, step_s       verifier engine steps and their time (splitspec_engine_step_seconds)
     round_trip_s        time the verifier waited for the method's drafts (round trip)
     proposer_s          time the proposer spent answering (splitspec_proposer_propose_seconds)
-    hits, misses        overlap outcomes (splitspec_spec_decode_precompute_total)
+    hits, misses        drafting-ahead outcomes (splitspec_spec_decode_ahead_total)
 The split of a step: propose = proposer_s, network = round_trip_s - proposer_s (gRPC,
 serialization, queueing), verify = step_s - round_trip_s (target forward, sampling, apply);
 what the client waited beyond step_s is "other" (gateway, streaming, scheduling gaps).
@@ -46,10 +46,10 @@ class StackProbe:
                                       method=method)
             out["proposer_s"] = get(f"proposer-{method}", "splitspec_proposer_propose_seconds_sum",
                                     method=method)
-            out["hits"] = get("verifier", "splitspec_spec_decode_precompute_total", method=method,
+            out["hits"] = get("verifier", "splitspec_spec_decode_ahead_total", method=method,
                               outcome="hit")
-            out["misses"] = get("verifier", "splitspec_spec_decode_precompute_total",
+            out["misses"] = get("verifier", "splitspec_spec_decode_ahead_total",
                                 method=method, outcome="miss")
-            out["pushed"] = get("verifier", "splitspec_spec_decode_precompute_pushed_total",
+            out["pushed"] = get("verifier", "splitspec_spec_decode_ahead_pushed_total",
                                 method=method)
         return out

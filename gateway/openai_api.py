@@ -268,12 +268,12 @@ class SpeculationDetails:
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int, method: str | None, k: int,
-               proposed: int, accepted: int, steps: int,
+               proposed_tokens: int, accepted: int, steps: int,
                details: SpeculationDetails | None = None, reason: str = "", mode: str = "",
                policy_reason: str = "", branch_hits: int = 0) -> dict:
-    speculation = {"method": method, "num_speculative_tokens": k, "proposed_tokens": proposed,
-                   "accepted_tokens": accepted,
-                   "acceptance_rate": (accepted / proposed) if proposed else None,
+    speculation = {"method": method, "num_speculative_tokens": k,
+                   "proposed_tokens": proposed_tokens, "accepted_tokens": accepted,
+                   "acceptance_rate": (accepted / proposed_tokens) if proposed_tokens else None,
                    "steps": steps, "branch_hits": branch_hits}
     if reason:
         speculation["reason"] = reason

@@ -80,7 +80,7 @@ class GatewayTracer:
                 "gen_ai.usage.input_tokens": sum(u.prompt_tokens for u in usages),
                 "gen_ai.usage.output_tokens": sum(u.completion_tokens for u in usages),
                 "gen_ai.response.finish_reasons": [r or "" for r in finish_reasons],
-                "splitspec.speculation.draft_tokens":
+                "splitspec.speculation.proposed_tokens":
                     sum(u.speculation.proposed_tokens for u in usages),
                 "splitspec.speculation.accepted_tokens":
                     sum(u.speculation.accepted_tokens for u in usages),

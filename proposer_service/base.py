@@ -34,7 +34,7 @@ class ProposerSession(abc.ABC):
     def close(self) -> None:
         """The stream ended: release everything."""
 
-    # -- overlapped speculation (proposers whose description says precompute) ---------------
+    # -- drafting ahead (proposers whose description says drafts_ahead) ---------------------
 
     def has_ahead_work(self) -> bool:
         """Whether the last propose() left sequences to draft ahead for (steps that asked)."""

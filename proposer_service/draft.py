@@ -46,7 +46,7 @@ __all__ = ["DraftModelProposer", "DraftSession"]
 class DraftModelProposer(Proposer):
     def __init__(self, model, device: torch.device, vocab_size: int, tokenizer_fingerprint: str,
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
-                 max_batch: int = 32, idle_timeout_s: float = 600.0, precompute: bool = True,
+                 max_batch: int = 32, idle_timeout_s: float = 600.0, drafts_ahead: bool = True,
                  ahead_rejections: int = 3, linear: str = "auto"):
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
@@ -69,11 +69,11 @@ class DraftModelProposer(Proposer):
         # the batched first iteration; longer ones ((re)syncs: whole prompts) are prefilled per
         # sequence, so one long prompt does not pad every row of the batch to its length.
         self.max_batched_catch_up = 8
-        # Overlap: draft ahead for all-accepted plus this many rejection outcomes (the likeliest
+        # Drafting ahead: for all-accepted plus this many rejection outcomes (the likeliest
         # by the draft's own probabilities) per sequence, in one batch while the verifier
         # verifies. Each row costs every forward of the batch a little: a few cover most of the
         # probability.
-        self.precompute = precompute
+        self.drafts_ahead = drafts_ahead
         self.ahead_rejections = ahead_rejections
 
     from_config = classmethod(load_learned)  # the registry's constructor: flags -> load()
@@ -97,7 +97,7 @@ class DraftModelProposer(Proposer):
         return ProposerDescription(method="draft", vocab_size=self.vocab_size,
                                    tokenizer_fingerprint=self.fingerprint,
                                    max_num_speculative_tokens=self.max_k, model=self.model_name,
-                                   precompute=self.precompute)
+                                   drafts_ahead=self.drafts_ahead)
 
     def open_session(self) -> DraftSession:
         return DraftSession(self)

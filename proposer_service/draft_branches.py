@@ -53,7 +53,8 @@ def branch_chain(chain: Draft, alternatives: list[Alternatives], budget: int,
     kept = select(parents, scores, budget, max_branch)
     out_tokens, out_parents = reindex(tokens, parents, kept)
     q = None if q_rows is None or not kept else SparseProbs.from_rows([rows[c] for c in kept])
-    return Draft(chain.seq_id, out_tokens, q, precompute=chain.precompute, parents=out_parents)
+    return Draft(chain.seq_id, out_tokens, q, ahead_outcome=chain.ahead_outcome,
+                 parents=out_parents)
 
 
 def _q_prob(q_rows, i: int, token: int) -> float:

@@ -1,6 +1,6 @@
 """The draft-model proposer's session: per sequence the token history (rebuilt from the
 verifier's deltas) and the draft's cache state; each step's sequences drafted in batches by the
-proposer (proposer_service/draft.py); and overlapped speculation: while the verifier verifies,
+proposer (proposer_service/draft.py); and drafting ahead: while the verifier verifies,
 drafting ahead for the step's likely outcomes (all accepted, and the likeliest rejections), so
 that the next step's draft is ready when its outcome was among them.
 
@@ -23,8 +23,8 @@ from proposer_service.draft_cache import SeqState
 from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import (
-    PRECOMPUTE_HIT,
-    PRECOMPUTE_MISS,
+    AHEAD_HIT,
+    AHEAD_MISS,
     AheadDraft,
     Draft,
     SequenceStep,
@@ -40,7 +40,7 @@ class Drafter(Protocol):
     max_batch: int
     max_k: int
     max_positions: int
-    precompute: bool
+    drafts_ahead: bool
 
     def draft_batch(self, work: list[tuple[SequenceStep, list[int], SeqState]],
                     cancel: threading.Event | None = None) -> list[Draft] | None: ...
@@ -135,13 +135,13 @@ class DraftSession(ProposerSession):
             work.append((step, list(history), state))
         for (step, history, state), d in zip(
                 work, draft_in_batches(work, self._p.max_batch, self._p.draft_batch)):
-            d.precompute = PRECOMPUTE_MISS if step.seq_id in missed else ""
+            d.ahead_outcome = AHEAD_MISS if step.seq_id in missed else ""
             self._plan_ahead(step, history, d)  # the outcomes drafted ahead follow the chain
             drafts[d.seq_id] = (branch_chain(d, state.alternatives, step.k, step.max_branch)
                                 if step.max_branch > 1 else d)
         return [drafts[s.seq_id] for s in steps]
 
-    # -- overlapped speculation ---------------------------------------------------------------
+    # -- drafting ahead ----------------------------------------------------------------------------
 
     def _take_ready(self, step: SequenceStep, ready: _Ready | None) -> Draft | None:
         """The draft drafted ahead for this step's outcome, its state made the sequence's; None
@@ -156,11 +156,11 @@ class DraftSession(ProposerSession):
         draft, state = found
         self._states[step.seq_id] = state
         q = None if draft.q is None else SparseProbs.from_rows(draft.q.rows()[:k])
-        return Draft(step.seq_id, draft.tokens[:k], q, precompute=PRECOMPUTE_HIT)
+        return Draft(step.seq_id, draft.tokens[:k], q, ahead_outcome=AHEAD_HIT)
 
     def _plan_ahead(self, step: SequenceStep, history: list[int], draft: Draft) -> None:
         k = len(draft.tokens)
-        if (step.precompute and self._p.precompute and k and not draft.resync
+        if (step.draft_ahead and self._p.drafts_ahead and k and not draft.resync
                 and len(history) + 2 * k + 1 <= self._p.max_positions):
             state = self._states[step.seq_id]
             plan = _AheadPlan(step, list(history), draft, state.copy())

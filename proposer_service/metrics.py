@@ -11,8 +11,8 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from splitspec.proposal import PRECOMPUTE_HIT, PRECOMPUTE_MISS, Draft
-from splitspec.telemetry.metrics import STEP_BUCKETS, counter, gauge
+from splitspec.proposal import AHEAD_HIT, AHEAD_MISS, Draft
+from splitspec.telemetry.metrics import STEP_BUCKETS, counter, gauge, with_old_name
 
 
 class ProposerMetrics:
@@ -20,11 +20,11 @@ class ProposerMetrics:
         self.method = method
         self.messages = 0
         self.sequences = 0
-        self.draft_tokens = 0
+        self.proposed_tokens = 0
         self.resyncs = 0
         self.released = 0
-        self.precompute_hits = 0  # drafts answered from drafting ahead (overlap)
-        self.precompute_misses = 0  # drafted ahead for other outcomes: drafted afresh
+        self.ahead_hits = 0  # drafts answered from drafting ahead
+        self.ahead_misses = 0  # drafted ahead for other outcomes: drafted afresh
         self.streams = 0  # open Propose streams (one per connected verifier)
         self._seconds = Histogram(
             "splitspec_proposer_propose_seconds",
@@ -39,11 +39,11 @@ class ProposerMetrics:
         self.messages += 1
         self.sequences += sequences
         for d in drafts:
-            self.draft_tokens += len(d.tokens)
+            self.proposed_tokens += len(d.tokens)
             if d.resync:
                 self.resyncs += 1
-            self.precompute_hits += d.precompute == PRECOMPUTE_HIT
-            self.precompute_misses += d.precompute == PRECOMPUTE_MISS
+            self.ahead_hits += d.ahead_outcome == AHEAD_HIT
+            self.ahead_misses += d.ahead_outcome == AHEAD_MISS
         if answered:
             self._seconds.observe(seconds)
 
@@ -57,19 +57,19 @@ class ProposerMetrics:
                       ["method"], [(m, self.messages)])
         yield counter("splitspec_proposer_sequences", "Sequences drafted for, over all messages",
                       ["method"], [(m, self.sequences)])
-        yield counter("splitspec_proposer_draft_tokens",
+        yield from with_old_name(counter("splitspec_proposer_proposed_tokens",
                       "Draft tokens sent (the verifier may drop late or invalid ones)",
-                      ["method"], [(m, self.draft_tokens)])
+                      ["method"], [(m, self.proposed_tokens)]), "splitspec_proposer_draft_tokens")
         yield counter("splitspec_proposer_resyncs",
                       "Sequences answered with RESYNC: state lost or inconsistent, history "
                       "needed", ["method"], [(m, self.resyncs)])
-        yield counter("splitspec_proposer_precompute_hits",
+        yield from with_old_name(counter("splitspec_proposer_ahead_hits",
                       "Drafts answered from drafting ahead while the verifier verified "
-                      "(overlap); hit rate = hits / (hits + misses)", ["method"],
-                      [(m, self.precompute_hits)])
-        yield counter("splitspec_proposer_precompute_misses",
+                      "(drafting ahead); hit rate = hits / (hits + misses)", ["method"],
+                      [(m, self.ahead_hits)]), "splitspec_proposer_precompute_hits")
+        yield from with_old_name(counter("splitspec_proposer_ahead_misses",
                       "Drafts drafted afresh: the outcome was not among those drafted ahead",
-                      ["method"], [(m, self.precompute_misses)])
+                      ["method"], [(m, self.ahead_misses)]), "splitspec_proposer_precompute_misses")
         yield counter("splitspec_proposer_released_sequences",
                       "Sequences the verifier said ended", ["method"], [(m, self.released)])
         yield gauge("splitspec_proposer_streams", "Open Propose streams (connected verifiers)",

@@ -7,9 +7,9 @@ import asyncio
 import logging
 import time
 
+from proposer_service.ahead import AheadRunner
 from proposer_service.base import Proposer
 from proposer_service.metrics import ProposerMetrics
-from proposer_service.overlap import AheadRunner
 from proposer_service.tracing import ProposerTracer
 from protos import proposer_pb2, proposer_pb2_grpc
 from splitspec.proposal import (

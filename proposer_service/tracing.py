@@ -62,6 +62,6 @@ class ProposerTracer:
     def finish(span: trace.Span, drafts: list[Draft]) -> None:
         if span.is_recording():
             span.set_attributes({
-                "splitspec.proposer.draft_tokens": sum(len(d.tokens) for d in drafts),
+                "splitspec.proposer.proposed_tokens": sum(len(d.tokens) for d in drafts),
                 "splitspec.proposer.resyncs": sum(1 for d in drafts if d.resync)})
         span.end()

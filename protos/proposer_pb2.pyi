@@ -13,19 +13,19 @@ class SequenceStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SEQUENCE_STATUS_OK: _ClassVar[SequenceStatus]
     SEQUENCE_STATUS_RESYNC: _ClassVar[SequenceStatus]
 
-class PrecomputeOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+class AheadOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    PRECOMPUTE_NONE: _ClassVar[PrecomputeOutcome]
-    PRECOMPUTE_HIT: _ClassVar[PrecomputeOutcome]
-    PRECOMPUTE_MISS: _ClassVar[PrecomputeOutcome]
+    AHEAD_NONE: _ClassVar[AheadOutcome]
+    AHEAD_HIT: _ClassVar[AheadOutcome]
+    AHEAD_MISS: _ClassVar[AheadOutcome]
 SEQUENCE_STATUS_OK: SequenceStatus
 SEQUENCE_STATUS_RESYNC: SequenceStatus
-PRECOMPUTE_NONE: PrecomputeOutcome
-PRECOMPUTE_HIT: PrecomputeOutcome
-PRECOMPUTE_MISS: PrecomputeOutcome
+AHEAD_NONE: AheadOutcome
+AHEAD_HIT: AheadOutcome
+AHEAD_MISS: AheadOutcome
 
 class SequenceStep(_message.Message):
-    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state", "trace_context", "precompute", "max_branch")
+    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state", "trace_context", "draft_ahead", "max_branch")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -41,7 +41,7 @@ class SequenceStep(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_STATE_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
-    PRECOMPUTE_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_AHEAD_FIELD_NUMBER: _ClassVar[int]
     MAX_BRANCH_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
@@ -51,9 +51,9 @@ class SequenceStep(_message.Message):
     sampling: _common_pb2.SamplingParams
     hidden_state: _common_pb2.Tensor
     trace_context: _containers.ScalarMap[str, str]
-    precompute: bool
+    draft_ahead: bool
     max_branch: int
-    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., precompute: _Optional[bool] = ..., max_branch: _Optional[int] = ...) -> None: ...
+    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_ahead: _Optional[bool] = ..., max_branch: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("step_id", "sequences", "released", "push_ahead", "outcome_only")
@@ -78,20 +78,20 @@ class DraftDistribution(_message.Message):
     def __init__(self, indices: _Optional[_Iterable[int]] = ..., probs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SequenceDraft(_message.Message):
-    __slots__ = ("seq_id", "tokens", "distributions", "status", "precompute", "parents")
+    __slots__ = ("seq_id", "tokens", "distributions", "status", "ahead_outcome", "parents")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     DISTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
-    PRECOMPUTE_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     PARENTS_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     tokens: _containers.RepeatedScalarFieldContainer[int]
     distributions: _containers.RepeatedCompositeFieldContainer[DraftDistribution]
     status: SequenceStatus
-    precompute: PrecomputeOutcome
+    ahead_outcome: AheadOutcome
     parents: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., status: _Optional[_Union[SequenceStatus, str]] = ..., precompute: _Optional[_Union[PrecomputeOutcome, str]] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, seq_id: _Optional[str] = ..., tokens: _Optional[_Iterable[int]] = ..., distributions: _Optional[_Iterable[_Union[DraftDistribution, _Mapping]]] = ..., status: _Optional[_Union[SequenceStatus, str]] = ..., ahead_outcome: _Optional[_Union[AheadOutcome, str]] = ..., parents: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AheadDraft(_message.Message):
     __slots__ = ("seq_id", "history_len", "outcome", "draft")
@@ -116,14 +116,14 @@ class ProposeResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SequenceDraft, _Mapping]]] = ..., ahead: _Optional[_Iterable[_Union[AheadDraft, _Mapping]]] = ...) -> None: ...
 
 class ProposerInfo(_message.Message):
-    __slots__ = ("method", "vocab_size", "tokenizer_fingerprint", "max_num_speculative_tokens", "needs_hidden_state", "model", "precompute", "max_tree_nodes")
+    __slots__ = ("method", "vocab_size", "tokenizer_fingerprint", "max_num_speculative_tokens", "needs_hidden_state", "model", "drafts_ahead", "max_tree_nodes")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NEEDS_HIDDEN_STATE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
-    PRECOMPUTE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_AHEAD_FIELD_NUMBER: _ClassVar[int]
     MAX_TREE_NODES_FIELD_NUMBER: _ClassVar[int]
     method: str
     vocab_size: int
@@ -131,6 +131,6 @@ class ProposerInfo(_message.Message):
     max_num_speculative_tokens: int
     needs_hidden_state: bool
     model: str
-    precompute: bool
+    drafts_ahead: bool
     max_tree_nodes: int
-    def __init__(self, method: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., needs_hidden_state: _Optional[bool] = ..., model: _Optional[str] = ..., precompute: _Optional[bool] = ..., max_tree_nodes: _Optional[int] = ...) -> None: ...
+    def __init__(self, method: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_num_speculative_tokens: _Optional[int] = ..., needs_hidden_state: _Optional[bool] = ..., model: _Optional[str] = ..., drafts_ahead: _Optional[bool] = ..., max_tree_nodes: _Optional[int] = ...) -> None: ...

@@ -14,7 +14,7 @@ class WatchStatsRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class MethodStats(_message.Message):
-    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips", "longest_draft", "precompute_hits", "precompute_misses", "precompute_pushed")
+    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips", "longest_draft", "ahead_hits", "ahead_misses", "ahead_pushed")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -25,9 +25,9 @@ class MethodStats(_message.Message):
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     ROUND_TRIPS_FIELD_NUMBER: _ClassVar[int]
     LONGEST_DRAFT_FIELD_NUMBER: _ClassVar[int]
-    PRECOMPUTE_HITS_FIELD_NUMBER: _ClassVar[int]
-    PRECOMPUTE_MISSES_FIELD_NUMBER: _ClassVar[int]
-    PRECOMPUTE_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_PUSHED_FIELD_NUMBER: _ClassVar[int]
     method: str
     proposed_tokens: int
     accepted_tokens: int
@@ -38,10 +38,10 @@ class MethodStats(_message.Message):
     sampled: AcceptanceCounts
     round_trips: _containers.RepeatedCompositeFieldContainer[RoundTripBucket]
     longest_draft: int
-    precompute_hits: int
-    precompute_misses: int
-    precompute_pushed: int
-    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ..., longest_draft: _Optional[int] = ..., precompute_hits: _Optional[int] = ..., precompute_misses: _Optional[int] = ..., precompute_pushed: _Optional[int] = ...) -> None: ...
+    ahead_hits: int
+    ahead_misses: int
+    ahead_pushed: int
+    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ..., longest_draft: _Optional[int] = ..., ahead_hits: _Optional[int] = ..., ahead_misses: _Optional[int] = ..., ahead_pushed: _Optional[int] = ...) -> None: ...
 
 class RoundTripBucket(_message.Message):
     __slots__ = ("k", "calls", "seconds_total")

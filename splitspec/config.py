@@ -27,24 +27,30 @@ def option(default: Any, help: str, **kwargs: Any) -> Any:
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
+        # a renamed option keeps its old flag as a deprecated alias (metadata "aliases")
+        aliases = tuple(f.metadata.get("aliases", ()))
+        flags = ["--" + f.name.replace("_", "-"), *aliases]
+        dest = {"dest": f.name}
         kind = hints[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = f.metadata.get("help", "")
+        if aliases:
+            help_text += f" ({', '.join(aliases)}: deprecated spelling)"
         origin = typing.get_origin(kind)
         args = typing.get_args(kind)
         if kind is bool:
-            parser.add_argument(flag, default=default, action=argparse.BooleanOptionalAction,
+            parser.add_argument(*flags, **dest, default=default,
+                                action=argparse.BooleanOptionalAction,
                                 help=help_text)
         elif origin in (tuple, list):
             # None here: a flag given on the command line replaces the default list.
-            parser.add_argument(flag, default=None, action="append", type=args[0],
+            parser.add_argument(*flags, **dest, default=None, action="append", type=args[0],
                                 help=f"{help_text} (repeatable; default: {list(default)})")
         else:
             if origin is typing.Union or str(origin) == "types.UnionType":
                 kind = next(a for a in args if a is not type(None))
             choices = f.metadata.get("choices")
-            parser.add_argument(flag, default=default, type=kind, choices=choices,
+            parser.add_argument(*flags, **dest, default=default, type=kind, choices=choices,
                                 help=f"{help_text} (default: {default})")
 
 

@@ -42,7 +42,7 @@ class Capabilities:
     hidden_state: HiddenState = HiddenState.NONE
     # Drafts for sampled requests carry the q they were drawn from; False: ids only (one-hot).
     sampled_drafts: bool = False
-    precompute: bool = False  # can draft ahead for likely outcomes while the verifier verifies
+    drafts_ahead: bool = False  # can draft ahead for likely outcomes while the verifier verifies
     needs_model: bool = False  # loads a model directory (--model)
     # One state across all sequences and verifiers it serves (e.g. an index of past outputs):
     # what a proposer in its own service can offer and an in-process one cannot.
@@ -87,7 +87,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                Capabilities(), default_port=50052),
     MethodSpec("draft", "a small causal LM with its own KV cache per sequence",
                "proposer_service.draft:DraftModelProposer",
-               Capabilities(sampled_drafts=True, precompute=True, needs_model=True),
+               Capabilities(sampled_drafts=True, drafts_ahead=True, needs_model=True),
                default_port=50053,
                model_dir="draft", fits=_same_tokenizer),
     MethodSpec("mlp", "an MLP speculator conditioned on the target's last hidden state",

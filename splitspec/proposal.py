@@ -36,8 +36,8 @@ class SequenceStep:
     full_history: bool = False
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     hidden_state: torch.Tensor | None = None  # [hidden], MLP speculator only
-    # Overlap: after answering, draft ahead for this sequence's likely next outcomes.
-    precompute: bool = False
+    # After answering, draft ahead for this sequence's likely next outcomes (drafting ahead).
+    draft_ahead: bool = False
     # 1: a chain (must not branch); > 1: a node may have up to max_branch children (k is then
     # the node budget: at most k nodes).
     max_branch: int = 1
@@ -51,10 +51,10 @@ class Draft:
     # tokens[j] was drawn from.
     q: SparseProbs | None = None
     resync: bool = False  # the proposer lost or distrusts its state: resend the full history
-    # PRECOMPUTE_HIT: answered from drafting ahead; PRECOMPUTE_MISS: drafted ahead for other
+    # AHEAD_HIT: answered from drafting ahead; AHEAD_MISS: drafted ahead for other
     # outcomes, drafted afresh; "": nothing drafted ahead. The verifier marks a hit it took from
-    # a push (AheadDraft) PRECOMPUTE_PUSHED.
-    precompute: str = ""
+    # a push (AheadDraft) AHEAD_PUSHED.
+    ahead_outcome: str = ""
     # One parent per token: a local node index, -1 = the root (the sequence's last token);
     # topological (parents[i] < i), siblings in rank order (best first). None: the chain.
     parents: list[int] | None = None
@@ -81,9 +81,9 @@ class Draft:
         return None
 
 
-PRECOMPUTE_HIT, PRECOMPUTE_MISS, PRECOMPUTE_PUSHED = "hit", "miss", "pushed"
-_OUTCOME_TO_PB = {"": pb.PRECOMPUTE_NONE, PRECOMPUTE_HIT: pb.PRECOMPUTE_HIT,
-                  PRECOMPUTE_MISS: pb.PRECOMPUTE_MISS}
+AHEAD_HIT, AHEAD_MISS, AHEAD_PUSHED = "hit", "miss", "pushed"
+_OUTCOME_TO_PB = {"": pb.AHEAD_NONE, AHEAD_HIT: pb.AHEAD_HIT,
+                  AHEAD_MISS: pb.AHEAD_MISS}
 _OUTCOME_FROM_PB = {v: k for k, v in _OUTCOME_TO_PB.items()}
 
 
@@ -106,7 +106,7 @@ class AheadDraft:
         is topological, so they keep every parent)."""
         d = self.draft
         q = None if d.q is None else SparseProbs.from_rows(d.q.rows()[:k])
-        return Draft(d.seq_id, d.tokens[:k], q, precompute=PRECOMPUTE_PUSHED,
+        return Draft(d.seq_id, d.tokens[:k], q, ahead_outcome=AHEAD_PUSHED,
                      parents=d.parents[:k])
 
 
@@ -126,7 +126,7 @@ class ProposerDescription:
     max_num_speculative_tokens: int = 16
     needs_hidden_state: bool = False
     model: str = ""
-    precompute: bool = False  # drafts ahead for likely outcomes when a step asks it
+    drafts_ahead: bool = False  # drafts ahead for likely outcomes when a step asks it
     max_tree_nodes: int = 0  # most nodes of a tree step; 0: max_num_speculative_tokens
 
     def max_nodes(self, max_branch: int) -> int:
@@ -167,7 +167,7 @@ def step_to_pb(step: SequenceStep) -> pb.SequenceStep:
     msg = pb.SequenceStep(seq_id=step.seq_id, new_tokens=step.new_tokens,
                           full_history=step.full_history, history_len=step.history_len,
                           k=step.k, sampling=sampling_to_pb(step.sampling),
-                          precompute=step.precompute,
+                          draft_ahead=step.draft_ahead,
                           max_branch=step.max_branch if step.max_branch > 1 else 0)
     if step.hidden_state is not None:
         msg.hidden_state.CopyFrom(tensor_to_pb(step.hidden_state))
@@ -181,7 +181,7 @@ def step_from_pb(msg: pb.SequenceStep) -> SequenceStep:
         sampling=sampling_from_pb(msg.sampling, msg.HasField("sampling")),
         hidden_state=(tensor_from_pb(msg.hidden_state, "sequences.hidden_state")
                       if msg.HasField("hidden_state") else None),
-        precompute=msg.precompute, max_branch=max(1, msg.max_branch))
+        draft_ahead=msg.draft_ahead, max_branch=max(1, msg.max_branch))
 
 
 
@@ -205,7 +205,7 @@ def draft_to_pb(draft: Draft) -> pb.SequenceDraft:
     msg = pb.SequenceDraft(seq_id=draft.seq_id, tokens=draft.tokens,
                            status=(pb.SEQUENCE_STATUS_RESYNC if draft.resync
                                    else pb.SEQUENCE_STATUS_OK),
-                           precompute=_OUTCOME_TO_PB[draft.precompute])
+                           ahead_outcome=_OUTCOME_TO_PB[draft.ahead_outcome])
     if draft.q is not None:
         for indices, probs in draft.q.rows():
             msg.distributions.add(indices=indices, probs=probs)
@@ -219,7 +219,7 @@ def draft_from_pb(msg: pb.SequenceDraft) -> Draft:
     return Draft(seq_id=msg.seq_id, tokens=list(msg.tokens),
                  q=SparseProbs.from_rows(rows) if rows else None,
                  resync=msg.status == pb.SEQUENCE_STATUS_RESYNC,
-                 precompute=_OUTCOME_FROM_PB.get(msg.precompute, ""),
+                 ahead_outcome=_OUTCOME_FROM_PB.get(msg.ahead_outcome, ""),
                  parents=list(msg.parents) if msg.parents else None)
 
 
@@ -239,7 +239,7 @@ def description_to_pb(d: ProposerDescription) -> pb.ProposerInfo:
                            tokenizer_fingerprint=d.tokenizer_fingerprint,
                            max_num_speculative_tokens=d.max_num_speculative_tokens,
                            needs_hidden_state=d.needs_hidden_state, model=d.model,
-                           precompute=d.precompute, max_tree_nodes=d.max_tree_nodes)
+                           drafts_ahead=d.drafts_ahead, max_tree_nodes=d.max_tree_nodes)
 
 
 def description_from_pb(msg: pb.ProposerInfo) -> ProposerDescription:
@@ -247,4 +247,4 @@ def description_from_pb(msg: pb.ProposerInfo) -> ProposerDescription:
                                tokenizer_fingerprint=msg.tokenizer_fingerprint,
                                max_num_speculative_tokens=msg.max_num_speculative_tokens,
                                needs_hidden_state=msg.needs_hidden_state, model=msg.model,
-                               precompute=msg.precompute, max_tree_nodes=msg.max_tree_nodes)
+                               drafts_ahead=msg.drafts_ahead, max_tree_nodes=msg.max_tree_nodes)

@@ -27,9 +27,9 @@ def test_the_product_import_graph_keeps_its_rules(graph):
 
 
 @pytest.mark.parametrize("edge, expected", [
-    (("verifier_service.proposer_client", "proposer_service.overlap"),
+    (("verifier_service.proposer_client", "proposer_service.ahead"),
      "service imports another service: verifier_service.proposer_client -> "
-     "proposer_service.overlap"),
+     "proposer_service.ahead"),
     (("gateway.server", "verifier_service.engine"),
      "service imports another service: gateway.server -> verifier_service.engine"),
     (("kernels.rejection", "verifier_service.metrics"),

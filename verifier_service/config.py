@@ -41,11 +41,11 @@ class VerifierConfig:
     proposer_resolve_interval_s: float = option(
         5.0, "how often proposer host names are looked up again (pods that came or went)"
     )
-    # Overlapped speculation: proposers that declare precompute draft the next step for the
-    # likely outcomes while this one is verified; a hit saves the proposer's drafting time.
-    # auto: per method, whichever measures cheaper per token (verifier_service/overlap_policy.py)
-    overlap: str = option("auto", "ask proposers that can to draft ahead while verifying",
-                          choices=("auto", "on", "off"))
+    # Drafting ahead: proposers that declare drafts_ahead draft the next step for the likely
+    # outcomes while this one is verified; a hit saves the proposer's drafting time.
+    # auto: per method, whichever measures cheaper per token (verifier_service/ahead_policy.py)
+    draft_ahead: str = option("auto", "ask proposers that can to draft ahead while verifying",
+                              choices=("auto", "on", "off"), aliases=("--overlap",))
     max_num_seqs: int = option(8, "sequences decoded together (running batch)")
     max_num_batched_tokens: int = option(
         2048, "tokens per step; longer prompts are prefilled in chunks (0: no limit)"

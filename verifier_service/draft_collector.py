@@ -24,15 +24,15 @@ import torch
 
 from kernels.sparse_probs import SparseProbs
 from splitspec.proposal import (
-    PRECOMPUTE_HIT,
-    PRECOMPUTE_MISS,
-    PRECOMPUTE_PUSHED,
+    AHEAD_HIT,
+    AHEAD_MISS,
+    AHEAD_PUSHED,
     Draft,
     SequenceStep,
 )
+from verifier_service.ahead_policy import AheadPolicy
 from verifier_service.engine_stats import EngineStats, MethodStats, MethodStepStats
 from verifier_service.in_target import InTargetDrafts, StepOutcome
-from verifier_service.overlap_policy import OverlapPolicy
 from verifier_service.proposer_client import ProposerClient, ProposerMismatch
 from verifier_service.scheduler import Scheduled
 from verifier_service.sequence import SequenceState
@@ -45,12 +45,12 @@ INCOMPATIBLE = "proposer_incompatible"
 
 class DraftCollector:
     def __init__(self, proposers: dict[str, ProposerClient], vocab_size: int, timeout_s: float,
-                 stats: EngineStats, overlap: str = "auto",
+                 stats: EngineStats, draft_ahead: str = "auto",
                  in_target: InTargetDrafts | None = None):
         self.proposers = proposers
         self.in_target = in_target if in_target is not None else InTargetDrafts({})
-        # whether to ask proposers that declare precompute to draft ahead, per method
-        self.overlap = OverlapPolicy(overlap)
+        # whether to ask proposers that declare drafts_ahead to draft ahead, per method
+        self.ahead_policy = AheadPolicy(draft_ahead)
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.stats = stats
@@ -122,7 +122,7 @@ class DraftCollector:
             step.missed = True
             return {}
         desc = client.description
-        step.ahead = desc is not None and desc.precompute and self.overlap.use(method)
+        step.ahead = desc is not None and desc.drafts_ahead and self.ahead_policy.use(method)
         steps, wanted = self._messages(client, group, step.ahead)
         if not steps:
             return {}
@@ -145,15 +145,15 @@ class DraftCollector:
             if d.seq_id not in wanted:
                 continue
             seq, k = wanted.pop(d.seq_id)
-            if d.precompute in (PRECOMPUTE_HIT, PRECOMPUTE_PUSHED):
-                stats.precompute_hits += 1
-                step.precompute_hits += 1
-                if d.precompute == PRECOMPUTE_PUSHED:
-                    stats.precompute_pushed += 1
-                    step.precompute_pushed += 1
-            elif d.precompute == PRECOMPUTE_MISS:
-                stats.precompute_misses += 1
-                step.precompute_misses += 1
+            if d.ahead_outcome in (AHEAD_HIT, AHEAD_PUSHED):
+                stats.ahead_hits += 1
+                step.ahead_hits += 1
+                if d.ahead_outcome == AHEAD_PUSHED:
+                    stats.ahead_pushed += 1
+                    step.ahead_pushed += 1
+            elif d.ahead_outcome == AHEAD_MISS:
+                stats.ahead_misses += 1
+                step.ahead_misses += 1
             if d.resync:
                 seq.proposer_epoch = -1  # full history on the next step
                 step.resyncs += 1
@@ -205,7 +205,7 @@ class DraftCollector:
             steps.append(SequenceStep(seq.request_id, list(new), len(seq.tokens), s.k,
                                       full_history=full, sampling=seq.inp.sampling,
                                       hidden_state=seq.target_hidden if needs_hidden else None,
-                                      precompute=ahead,
+                                      draft_ahead=ahead,
                                       max_branch=seq.inp.speculation.num_branches))
             wanted[seq.request_id] = (seq, s.k)
             seq.proposer_heard, seq.proposer_epoch = len(seq.tokens), client.epoch

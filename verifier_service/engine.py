@@ -72,7 +72,7 @@ class Engine:
         # drafts from the proposers and from the registry's in-target methods
         self.drafts = DraftCollector(proposers, runner.vocab_size,
                                      config.proposer_timeout_ms / 1000, self.stats,
-                                     overlap=config.overlap,
+                                     draft_ahead=config.draft_ahead,
                                      in_target=InTargetDrafts.from_registry(runner.vocab_size,
                                                                                 config))
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
@@ -258,7 +258,7 @@ class Engine:
             if not step.prefill_tokens:  # the cost model is about decoding steps
                 self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds)
             for method, ms in step.per_method.items():  # what drafting ahead costs, per token
-                self.drafts.overlap.record(method, ms.ahead, step.seconds,
+                self.drafts.ahead_policy.record(method, ms.ahead, step.seconds,
                                            ms.accepted_tokens + ms.drafts)
             self._notify("on_step", step)
 

@@ -89,11 +89,11 @@ class MethodStats:
     sampled: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     # answers received in time, by the largest k the call asked for: k -> [calls, seconds]
     round_trips: dict[int, list] = field(default_factory=dict)
-    # overlap: drafts answered from the proposer's drafting ahead, and drafts it had drafted
+    # drafting ahead: drafts answered from the proposer's drafting ahead, and drafts it had drafted
     # ahead for other outcomes (drafted afresh); hit rate = hits / (hits + misses)
-    precompute_hits: int = 0
-    precompute_misses: int = 0
-    precompute_pushed: int = 0  # of the hits: taken from a push, no round trip waited for
+    ahead_hits: int = 0
+    ahead_misses: int = 0
+    ahead_pushed: int = 0  # of the hits: taken from a push, no round trip waited for
 
     def add_draft(self, k: int, accepted: int, greedy: bool = True) -> None:
         self.drafts += 1
@@ -150,22 +150,22 @@ class EngineStats:
 class MethodStepStats:
     """One method's share of one step."""
 
-    draft_tokens: int = 0
+    proposed_tokens: int = 0
     accepted_tokens: int = 0
     drafts: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     round_trip_s: float | None = None  # None: not asked, or no answer
     missed: bool = False  # asked, but no usable answer before the deadline (or not connected)
     garbage: int = 0  # drafts dropped as untrustworthy (wrong length, ids, or q)
-    ahead: bool = False  # the proposer was asked to draft ahead (overlap) this step
-    precompute_hits: int = 0  # answered from drafting ahead (overlap)
-    precompute_misses: int = 0  # drafted ahead for other outcomes: drafted afresh
-    precompute_pushed: int = 0  # of the hits: taken from a push (no round trip)
+    ahead: bool = False  # the proposer was asked to draft ahead this step
+    ahead_hits: int = 0  # answered from drafting ahead
+    ahead_misses: int = 0  # drafted ahead for other outcomes: drafted afresh
+    ahead_pushed: int = 0  # of the hits: taken from a push (no round trip)
     resyncs: int = 0  # sequences the proposer asked to resend in full
 
     def add_draft(self, k: int, accepted: int) -> None:
         self.drafts += 1
-        self.draft_tokens += k
+        self.proposed_tokens += k
         self.accepted_tokens += accepted
         count_accepted(self.accepted_per_position, k, accepted)
 

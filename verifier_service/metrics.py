@@ -8,7 +8,7 @@ left to PromQL:
 
     acceptance rate, per method:
       sum by (method) (rate(splitspec_spec_decode_num_accepted_tokens_total[5m]))
-        / sum by (method) (rate(splitspec_spec_decode_num_draft_tokens_total[5m]))
+        / sum by (method) (rate(splitspec_spec_decode_num_proposed_tokens_total[5m]))
     mean accepted length (draft tokens accepted per draft; tokens per step = this + 1):
       sum by (method) (rate(splitspec_spec_decode_num_accepted_tokens_total[5m]))
         / sum by (method) (rate(splitspec_spec_decode_num_drafts_total[5m]))
@@ -27,7 +27,14 @@ from typing import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 
-from splitspec.telemetry.metrics import LATENCY_BUCKETS, STEP_BUCKETS, counter, gauge, histogram
+from splitspec.telemetry.metrics import (
+    LATENCY_BUCKETS,
+    STEP_BUCKETS,
+    counter,
+    gauge,
+    histogram,
+    with_old_name,
+)
 from verifier_service.engine_stats import EngineStats, RequestTimeline, StepStats
 
 # Reasons a proposer's help was lost for a step, as counted in
@@ -40,13 +47,13 @@ MISS_REASONS = ("late", "garbage", "resync")
 @dataclass
 class _MethodCounters:
     drafts: int = 0
-    draft_tokens: int = 0
+    proposed_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     steps: int = 0  # steps in which the method was asked
     misses: dict[str, int] = field(default_factory=lambda: dict.fromkeys(MISS_REASONS, 0))
     round_trip: object = None  # the method's bound histogram child
-    precompute: dict[str, int] = field(default_factory=lambda: {"hit": 0, "miss": 0})
+    ahead: dict[str, int] = field(default_factory=lambda: {"hit": 0, "miss": 0})
     pushed: int = 0
 
 
@@ -104,7 +111,7 @@ class VerifierMetrics:
             if ms.drafts:
                 # Drafted before accepted: a concurrent scrape never sees accepted > drafted.
                 c.drafts += ms.drafts
-                c.draft_tokens += ms.draft_tokens
+                c.proposed_tokens += ms.proposed_tokens
                 per_pos = c.accepted_per_position
                 if len(per_pos) < len(ms.accepted_per_position):
                     per_pos.extend([0] * (len(ms.accepted_per_position) - len(per_pos)))
@@ -122,9 +129,9 @@ class VerifierMetrics:
             resyncs = getattr(ms, "resyncs", 0)
             if resyncs:
                 c.misses["resync"] += resyncs
-            c.precompute["hit"] += ms.precompute_hits
-            c.precompute["miss"] += ms.precompute_misses
-            c.pushed += ms.precompute_pushed
+            c.ahead["hit"] += ms.ahead_hits
+            c.ahead["miss"] += ms.ahead_misses
+            c.pushed += ms.ahead_pushed
 
     def on_request_done(self, tl: RequestTimeline) -> None:
         reason = tl.finish_reason or "abort"
@@ -163,9 +170,10 @@ class VerifierMetrics:
         yield counter("splitspec_spec_decode_num_accepted_tokens_per_pos",
                       "Drafts whose token at draft position `position` (0-based) was accepted",
                       ["method", "position"], per_pos)
-        yield counter("splitspec_spec_decode_num_draft_tokens",
-                      "Draft tokens verified", ["method"],
-                      [((m,), c.draft_tokens) for m, c in methods])
+        yield from with_old_name(counter(
+            "splitspec_spec_decode_num_proposed_tokens", "Draft tokens proposed and verified",
+            ["method"], [((m,), c.proposed_tokens) for m, c in methods]),
+            "splitspec_spec_decode_num_draft_tokens")
         yield counter("splitspec_spec_decode_num_drafts",
                       "Sequence-steps that verified a non-empty draft", ["method"],
                       [((m,), c.drafts) for m, c in methods])
@@ -176,16 +184,19 @@ class VerifierMetrics:
                       "Steps or sequences that lost speculation to the proposer, by reason "
                       "(late, garbage, resync)", ["method", "reason"],
                       [((m, r), n) for m, c in methods for r, n in c.misses.items()])
-        yield counter("splitspec_spec_decode_precompute",
-                      "Drafts by overlap outcome: hit (answered from the proposer's drafting "
-                      "ahead) or miss (drafted ahead for other outcomes, drafted afresh); hit "
-                      "rate: sum(rate(..{outcome=\"hit\"})) / sum(rate(..))",
-                      ["method", "outcome"],
-                      [((m, o), n) for m, c in methods for o, n in c.precompute.items()])
-        yield counter("splitspec_spec_decode_precompute_pushed",
-                      "Of the overlap hits, those taken from what the proposer pushed as soon "
-                      "as it had drafted ahead (no round trip waited for)", ["method"],
-                      [((m,), c.pushed) for m, c in methods])
+        yield from with_old_name(counter(
+            "splitspec_spec_decode_ahead",
+            "Drafts by drafting-ahead outcome: hit (answered from the proposer's drafting ahead) "
+            "or miss (drafted ahead for other outcomes, drafted afresh); hit rate: "
+            "sum(rate(..{outcome=\"hit\"})) / sum(rate(..))", ["method", "outcome"],
+            [((m, o), n) for m, c in methods for o, n in c.ahead.items()]),
+            "splitspec_spec_decode_precompute")
+        yield from with_old_name(counter(
+            "splitspec_spec_decode_ahead_pushed",
+            "Of the drafting-ahead hits, those taken from what the proposer pushed as soon as it "
+            "had drafted ahead (no round trip waited for)", ["method"],
+            [((m,), c.pushed) for m, c in methods]),
+            "splitspec_spec_decode_precompute_pushed")
         yield counter("splitspec_generation_tokens", "Output tokens emitted by the engine",
                       samples=[((), self.generation_tokens)])
         yield counter("splitspec_prompt_tokens", "Prompt tokens of finished requests",

@@ -7,7 +7,7 @@ arrives after its step gave up waiting is dropped, never applied to a later step
 Every time a client (re)opens its stream it starts a new `epoch`: the proposer's state for this
 verifier is new then, so the engine sends each sequence's full history on the next step.
 
-Pushes (overlapped speculation): steps that ask the proposer to draft ahead also ask it to push
+Pushes (drafting ahead): steps that ask the proposer to draft ahead also ask it to push
 what it drafted ahead as soon as it is ready (ProposeResponse.ahead: a draft per likely
 outcome). When every sequence of the next step finds its outcome among the pushed drafts,
 `propose` returns those at once and sends the outcomes without waiting for an answer
@@ -208,14 +208,14 @@ class GrpcProposerClient(ProposerClient):
         found = []
         for step in steps:
             a = next((a for a in self._pushed.pop(step.seq_id, ()) if a.serves(step)), None)
-            found.append(None if a is None or not step.precompute else a.taken(step.k))
+            found.append(None if a is None or not step.draft_ahead else a.taken(step.k))
         return None if not found or None in found else found
 
     async def propose(self, steps, timeout_s):
         deadline = time.monotonic() + timeout_s
         if not await self.ensure_connected():
             return None
-        push = any(s.precompute for s in steps)
+        push = any(s.draft_ahead for s in steps)
         taken = self._take_pushed(steps)
         if taken is not None:  # tell the outcomes; the proposer continues from these drafts
             request = proposer_pb2.ProposeRequest(step_id=next(self._step_ids),

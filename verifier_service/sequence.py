@@ -58,7 +58,7 @@ class SequenceState:
     speculation_reason: str = ""
     aborted: bool = False
     finished: bool = False
-    proposed: int = 0
+    proposed_tokens: int = 0
     accepted: int = 0
     rejections: int = 0  # drafts with a rejected token (acceptance = accepted / (that + this))
     drafts: int = 0  # non-empty drafts verified
@@ -88,7 +88,7 @@ class SequenceState:
         return len(self.inp.prompt_token_ids)
 
     def record_draft(self, k: int, accepted: int) -> None:
-        self.proposed += k
+        self.proposed_tokens += k
         self.accepted += accepted
         if k:
             self.drafts += 1
@@ -100,6 +100,6 @@ class SequenceState:
         plan = self.inp.speculation
         return Usage(self.num_prompt_tokens, len(self.tracker.output_ids),
                      plan.method if plan.enabled else None, plan.k if plan.enabled else 0,
-                     self.proposed, self.accepted, self.steps,
+                     self.proposed_tokens, self.accepted, self.steps,
                      list(self.accepted_per_position), list(self.step_counts),
                      self.speculation_reason, self.branch_hits)

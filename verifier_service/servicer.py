@@ -146,9 +146,9 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
                                                   k=k, calls=n, seconds_total=sec)
                                               for k, (n, sec) in sorted(v.round_trips.items())],
                                           longest_draft=len(v.accepted_per_position),
-                                          precompute_hits=v.precompute_hits,
-                                          precompute_misses=v.precompute_misses,
-                                          precompute_pushed=v.precompute_pushed)
+                                          ahead_hits=v.ahead_hits,
+                                          ahead_misses=v.ahead_misses,
+                                          ahead_pushed=v.ahead_pushed)
                  for m, v in sorted(s.per_method.items())],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=b.max_tokens, steps=b.steps,
                                                tokens_total=b.tokens_total,

@@ -147,7 +147,7 @@ class VerifierTracer:
             "gen_ai.usage.output_tokens": tl.completion_tokens,
             "gen_ai.response.finish_reasons": [tl.finish_reason or "abort"],
             "splitspec.steps": len(tl.steps),
-            "splitspec.speculation.draft_tokens": drafted,
+            "splitspec.speculation.proposed_tokens": drafted,
             "splitspec.speculation.accepted_tokens": accepted,
         })
         if tl.finish_reason == "abort":
@@ -169,7 +169,7 @@ class VerifierTracer:
         decode_steps = [r for r in tl.steps if not r.prefill_tokens]
         decode = self._span("splitspec.verifier.decode", ctx, first, end, {
             "splitspec.steps": len(decode_steps),
-            "splitspec.speculation.draft_tokens": drafted,
+            "splitspec.speculation.proposed_tokens": drafted,
             "splitspec.speculation.accepted_tokens": accepted,
             "splitspec.output_tokens": tl.completion_tokens}, end_now=False)
         self._steps(decode, decode_steps)

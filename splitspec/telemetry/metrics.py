@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -78,6 +78,16 @@ def counter(name: str, doc: str, labels: Iterable[str] = (),
     for values, value in samples:
         family.add_metric(list(values), value)
     return family
+
+
+def with_old_name(family: CounterMetricFamily, old_name: str) -> Iterator[CounterMetricFamily]:
+    """A renamed counter family, then the same samples under its old name (`old_name` without
+    `_total`), kept for one release so that existing dashboards and alerts keep working."""
+    yield family
+    old = CounterMetricFamily(old_name, f"Deprecated: renamed {family.name}_total. "
+                              + family.documentation, labels=None)
+    old.samples = [s._replace(name=old_name + s.name[len(family.name):]) for s in family.samples]
+    yield old
 
 
 def gauge(name: str, doc: str, value: float | None = None, labels: Iterable[str] = (),

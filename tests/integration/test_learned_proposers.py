@@ -41,18 +41,18 @@ def baseline(client):
     return client.generate_all([client.request(p, None) for p in PROMPTS])
 
 
-def precompute_hits(stack, method: str) -> int:
-    """The verifier's count of drafts answered from the proposer's drafting ahead (overlap)."""
+def ahead_hits(stack, method: str) -> int:
+    """The verifier's count of drafts answered from the proposer's drafting ahead."""
     stats = current(stack.verifier.port)
-    return sum(m.precompute_hits for m in stats.methods if m.method == method)
+    return sum(m.ahead_hits for m in stats.methods if m.method == method)
 
 
 @pytest.mark.parametrize("method", ["draft", "mlp"])
 @pytest.mark.parametrize("k", [1, 4, 8])
 def test_greedy_equals_speculation_off(stack, client, baseline, method, k):
-    """Overlap is on by default: the draft proposer drafts ahead while the verifier verifies,
+    """Drafting ahead is on by default: the draft proposer drafts ahead while the verifier verifies,
     and answers some steps from that (hits), each verified like any other draft."""
-    hits_before = precompute_hits(stack, method)
+    hits_before = ahead_hits(stack, method)
     results = client.generate_all([client.request(p, method, k) for p in PROMPTS])
     proposed = accepted = 0
     for base, res in zip(baseline, results):
@@ -65,8 +65,8 @@ def test_greedy_equals_speculation_off(stack, client, baseline, method, k):
     print(f"{method} k={k}: accepted {accepted} of {proposed} proposed")
     assert proposed > 0  # the proposer did draft (drafts reached verification)
     assert accepted > 0  # both proposers agree with the target often enough
-    if METHODS[method].capabilities.precompute:
-        assert precompute_hits(stack, method) > hits_before
+    if METHODS[method].capabilities.drafts_ahead:
+        assert ahead_hits(stack, method) > hits_before
 
 
 def test_a_mixed_batch_of_methods_equals_speculation_off(client, baseline):
@@ -206,8 +206,8 @@ def test_sampled_speculation_has_the_targets_distribution(
     checked by test_the_distribution_test_tells_temperatures_apart at the same critical values.
     """
     steps = SAMPLED_PLANS[plan]
-    ahead = {m for m, _ in steps if METHODS[m].capabilities.precompute}
-    hits_before = {m: precompute_hits(stack, m) for m in ahead}
+    ahead = {m for m, _ in steps if METHODS[m].capabilities.drafts_ahead}
+    hits_before = {m: ahead_hits(stack, m) for m in ahead}
     on = client.generate_all(
         [
             client.request(sampled_prompt, *steps[i % len(steps)], **SAMPLED)
@@ -216,8 +216,8 @@ def test_sampled_speculation_has_the_targets_distribution(
         workers=8,
     )
     draft_paths_ran(on, {m for m, _ in steps})
-    for m in ahead:  # overlap on (the default): some drafts came from drafting ahead
-        assert precompute_hits(stack, m) > hits_before[m], m
+    for m in ahead:  # drafting ahead on (the default): some drafts came from drafting ahead
+        assert ahead_hits(stack, m) > hits_before[m], m
     for pos in range(SAMPLED["max_tokens"]):
         a = Counter(r.token_ids[pos] for r in on)
         b = Counter(r.token_ids[pos] for r in sampled_off)

@@ -191,10 +191,10 @@ def test_metrics_add_up_after_a_known_workload(stack, client):
 
     # since start (the earlier tests' requests included)
     accepted = total(v1, "splitspec_spec_decode_num_accepted_tokens_total")
-    assert accepted <= total(v1, "splitspec_spec_decode_num_draft_tokens_total")
+    assert accepted <= total(v1, "splitspec_spec_decode_num_proposed_tokens_total")
     assert total(v1, "splitspec_spec_decode_num_accepted_tokens_per_pos_total") == accepted
     # this workload's share
-    drafted = delta(v0, v1, "splitspec_spec_decode_num_draft_tokens_total", method="ngram")
+    drafted = delta(v0, v1, "splitspec_spec_decode_num_proposed_tokens_total", method="ngram")
     accepted = delta(v0, v1, "splitspec_spec_decode_num_accepted_tokens_total", method="ngram")
     per_pos = delta(v0, v1, "splitspec_spec_decode_num_accepted_tokens_per_pos_total",
                     method="ngram")
@@ -215,7 +215,7 @@ def test_metrics_add_up_after_a_known_workload(stack, client):
     # every step that asked the proposer got exactly one message answered
     assert delta(p0, p1, "splitspec_proposer_propose_messages_total") == \
         delta(v0, v1, "splitspec_spec_decode_proposer_steps_total", method="ngram")
-    assert delta(p0, p1, "splitspec_proposer_draft_tokens_total") >= drafted
+    assert delta(p0, p1, "splitspec_proposer_proposed_tokens_total") >= drafted
     assert total(v1, "splitspec_kv_cache_blocks_used") == 0  # idle again: nothing held
     for r in results:  # per-request details add up too
         spec = r["usage"]["speculation"]

@@ -255,7 +255,7 @@ class Phase:
     """What one batch of requests did, seen from the client and from the verifier's stats."""
 
     outputs: list[list[int]]
-    proposed: int  # draft tokens verified, summed over the requests' usage
+    proposed_tokens: int  # draft tokens verified, summed over the requests' usage
     accepted: int
     steps: int  # verifier steps that asked the "draft" proposer
     missed: int  # of those, steps without a usable answer before the deadline
@@ -280,7 +280,8 @@ def check_late_drafts_were_not_waited_for(phase: Phase, base: list[list[int]]) -
     """Correct drafts that come after the deadline: the step went on without them."""
     assert phase.answers > 0, "the proposer sent no answer at all"
     assert phase.outputs == base
-    assert phase.proposed == 0, f"{phase.proposed} late draft tokens reached verification"
+    assert phase.proposed_tokens == 0, \
+        f"{phase.proposed_tokens} late draft tokens reached verification"
     assert phase.steps > 0 and phase.missed == phase.steps, \
         f"{phase.missed} of {phase.steps} steps counted as missed"
 
@@ -349,7 +350,8 @@ def test_late_or_garbage_answers_change_no_output(learned_models, fingerprint, t
             # Negative control: the verifier that waits uses the late drafts, and the check
             # above catches it.
             waited = run_phase(waiting_port, late, requests("draft", sampled=False))
-            assert waited.proposed > 0  # the planted bug is the one meant: late drafts were used
+            # the planted bug is the one meant: late drafts were used
+            assert waited.proposed_tokens > 0
             with pytest.raises(AssertionError):
                 check_late_drafts_were_not_waited_for(waited, base[:4])
             waiting_verifier.stop()

@@ -19,7 +19,7 @@ from services_testlib import start_healthy
 from protos import common_pb2, proposer_pb2_grpc
 from splitspec.launcher import Service
 from splitspec.net import free_port
-from splitspec.proposal import PRECOMPUTE_PUSHED, SequenceStep, description_from_pb
+from splitspec.proposal import AHEAD_PUSHED, SequenceStep, description_from_pb
 from verifier_service.proposer_client import GrpcProposerClient
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ async def _client(address: str) -> GrpcProposerClient:
     async with grpc.aio.insecure_channel(address) as channel:
         info = await proposer_pb2_grpc.ProposerStub(channel).Info(common_pb2.Empty(), timeout=10)
     desc = description_from_pb(info)
-    assert desc.precompute, "the draft proposer drafts ahead"
+    assert desc.drafts_ahead, "the draft proposer drafts ahead"
     client = GrpcProposerClient("draft", address, desc.vocab_size, desc.tokenizer_fingerprint)
     await client.connect()
     return client
@@ -66,7 +66,7 @@ def test_a_pushed_draft_is_taken_without_a_round_trip_and_the_proposer_follows(d
         try:
             history = list(range(5, 25))
             (d1,) = await ahead.propose([SequenceStep("s", list(history), len(history), K,
-                                                      full_history=True, precompute=True)], 30)
+                                                      full_history=True, draft_ahead=True)], 30)
             assert len(d1.tokens) == K
             pushed = await _pushed(ahead, "s", len(history))
             # all accepted (+ the bonus guess) and the likeliest rejections, each for its own
@@ -78,9 +78,9 @@ def test_a_pushed_draft_is_taken_without_a_round_trip_and_the_proposer_follows(d
             # a rejection outcome: the step is answered from the push, no answer awaited
             a = next(a for a in pushed if a.outcome[:-1] != tuple(d1.tokens))
             history += list(a.outcome)
-            step = SequenceStep("s", list(a.outcome), len(history), K, precompute=True)
+            step = SequenceStep("s", list(a.outcome), len(history), K, draft_ahead=True)
             (d2,) = await ahead.propose([step], 30)
-            assert d2.precompute == PRECOMPUTE_PUSHED and d2.tokens == a.draft.tokens[:K]
+            assert d2.ahead_outcome == AHEAD_PUSHED and d2.tokens == a.draft.tokens[:K]
             # the same draft a fresh stream drafts for that history (greedy, same positions)
             (f2,) = await fresh.propose([SequenceStep("s", list(history), len(history), K,
                                                       full_history=True)], 30)
@@ -95,8 +95,8 @@ def test_a_pushed_draft_is_taken_without_a_round_trip_and_the_proposer_follows(d
                 outcome[-1] = (outcome[-1] + 1) % ahead.description.vocab_size
             history += outcome
             (d3,) = await ahead.propose([SequenceStep("s", outcome, len(history), K,
-                                                      precompute=True)], 30)
-            assert d3.precompute != PRECOMPUTE_PUSHED
+                                                      draft_ahead=True)], 30)
+            assert d3.ahead_outcome != AHEAD_PUSHED
             (f3,) = await fresh.propose([SequenceStep("s", list(history), len(history), K,
                                                       full_history=True)], 30)
             assert f3.tokens == d3.tokens

@@ -1,4 +1,4 @@
-"""Overlapped speculation in the draft-model proposer: drafting ahead for the likely outcomes of
+"""Drafting ahead in the draft-model proposer: drafting ahead for the likely outcomes of
 a step, answering from it on a hit, and drafting afresh on a miss (never a stale draft)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from test_draft_proposer import reference_greedy
 from proposer_service.draft import DraftModelProposer
 from splitspec.modelio import load_tokenizer
 from splitspec.params import SamplingParams
-from splitspec.proposal import PRECOMPUTE_HIT, PRECOMPUTE_MISS, SequenceStep
+from splitspec.proposal import AHEAD_HIT, AHEAD_MISS, SequenceStep
 
 CPU = torch.device("cpu")
 GREEDY = SamplingParams(temperature=0.0)
@@ -34,14 +34,14 @@ def prompt(tiny_target_dir):
 def first_step(proposer, prompt, sampling=GREEDY):
     session = proposer.open_session()
     (d,) = session.propose([SequenceStep("s", list(prompt), len(prompt), K, full_history=True,
-                                         sampling=sampling, precompute=True)])
+                                         sampling=sampling, draft_ahead=True)])
     assert session.has_ahead_work()
     return session, d
 
 
 def outcome(session, history, delta, sampling=GREEDY):
     return SequenceStep("s", list(delta), len(history) + len(delta), K, sampling=sampling,
-                        precompute=True)
+                        draft_ahead=True)
 
 
 def test_all_accepted_outcome_hits_with_the_fresh_continuation(proposer, prompt):
@@ -52,7 +52,7 @@ def test_all_accepted_outcome_hits_with_the_fresh_continuation(proposer, prompt)
     assert session.ahead_may_hit([step])
     (hit,) = session.propose([step])
     history = prompt + d.tokens + [bonus]
-    assert hit.precompute == PRECOMPUTE_HIT
+    assert hit.ahead_outcome == AHEAD_HIT
     assert hit.tokens == reference_greedy(proposer.model, history, K)
     assert session.cached_tokens("s")[:len(history)] == history
     # the state taken over from the drafting ahead serves the next step like a fresh one
@@ -79,7 +79,7 @@ def test_the_likeliest_rejection_outcomes_with_the_guessed_recovery_hit(proposer
         session, _ = first_step(proposer, prompt)
         session.draft_ahead(threading.Event())
         (hit,) = session.propose([outcome(session, prompt, list(delta))])
-        assert hit.precompute == PRECOMPUTE_HIT
+        assert hit.ahead_outcome == AHEAD_HIT
         assert hit.tokens == reference_greedy(proposer.model, prompt + list(delta), K)
 
 
@@ -96,7 +96,7 @@ def check_a_miss_is_drafted_afresh(proposer, prompt) -> None:
     step = outcome(session, prompt, [unlikely])
     assert not session.ahead_may_hit([step])
     (miss,) = session.propose([step])
-    assert miss.precompute == PRECOMPUTE_MISS
+    assert miss.ahead_outcome == AHEAD_MISS
     # never a stale draft: exactly the fresh continuation of the actual history
     assert miss.tokens == reference_greedy(proposer.model, prompt + [unlikely], K)
 
@@ -109,16 +109,16 @@ def test_cancelled_drafting_ahead_keeps_nothing_and_counts_a_miss(proposer, prom
     assert session._ready["s"].drafts == {}
     bonus = reference_greedy(proposer.model, prompt + d.tokens, 1)[0]
     (miss,) = session.propose([outcome(session, prompt, d.tokens + [bonus])])
-    assert miss.precompute == PRECOMPUTE_MISS
+    assert miss.ahead_outcome == AHEAD_MISS
     assert miss.tokens == reference_greedy(proposer.model, prompt + d.tokens + [bonus], K)
 
 
-def test_without_precompute_nothing_is_drafted_ahead(proposer, prompt):
+def test_without_draft_ahead_nothing_is_drafted_ahead(proposer, prompt):
     session = proposer.open_session()
     (d,) = session.propose([SequenceStep("s", list(prompt), len(prompt), K, full_history=True)])
     assert not session.has_ahead_work()
     (d2,) = session.propose([SequenceStep("s", d.tokens[:1] + [3], len(prompt) + 2, K)])
-    assert d2.precompute == ""
+    assert d2.ahead_outcome == ""
 
 
 def test_a_seeded_sampled_hit_equals_the_fresh_draft_and_carries_its_q(proposer, prompt):
@@ -129,7 +129,7 @@ def test_a_seeded_sampled_hit_equals_the_fresh_draft_and_carries_its_q(proposer,
     session.draft_ahead(threading.Event())
     delta = next(iter(session._ready["s"].drafts))
     (hit,) = session.propose([outcome(session, prompt, delta, sampled)])
-    assert hit.precompute == PRECOMPUTE_HIT and hit.q is not None
+    assert hit.ahead_outcome == AHEAD_HIT and hit.q is not None
     history = prompt + list(delta)
     fresh_session = proposer.open_session()
     (fresh,) = fresh_session.propose([SequenceStep("s", history, len(history), K,
@@ -150,5 +150,5 @@ def test_an_unseeded_sampled_all_accepted_guess_is_the_mode_and_its_hit_carries_
     mode = reference_greedy(proposer.model, prompt + d.tokens, 1)[0]
     assert delta[K] == mode  # the likeliest bonus token, not a sample
     (hit,) = session.propose([outcome(session, prompt, delta, sampled)])
-    assert hit.precompute == PRECOMPUTE_HIT and len(hit.tokens) == K and hit.q is not None
+    assert hit.ahead_outcome == AHEAD_HIT and len(hit.tokens) == K and hit.q is not None
     assert bool((hit.q.prob_of(torch.tensor(hit.tokens)) > 0).all())

@@ -65,14 +65,14 @@ def test_one_span_per_traced_message_and_counters():
     assert format(first.context.trace_id, "032x") == TRACE_A
     assert format(first.parent.span_id, "016x") == "b7ad6b7169203331"
     assert [format(link.context.trace_id, "032x") for link in first.links] == [TRACE_B]
-    assert first.attributes["splitspec.proposer.draft_tokens"] == 5  # 3 + 2 from the pattern
+    assert first.attributes["splitspec.proposer.proposed_tokens"] == 5  # 3 + 2 from the pattern
     assert spans[1].attributes["splitspec.proposer.resyncs"] == 1
     samples = {(s.name, tuple(s.labels.values())): s.value
                for f in text_string_to_metric_families(generate_latest(registry).decode())
                for s in f.samples}
     assert samples[("splitspec_proposer_propose_messages_total", ("ngram",))] == 3
     assert samples[("splitspec_proposer_sequences_total", ("ngram",))] == 4
-    assert samples[("splitspec_proposer_draft_tokens_total", ("ngram",))] == 7
+    assert samples[("splitspec_proposer_proposed_tokens_total", ("ngram",))] == 7
     assert samples[("splitspec_proposer_resyncs_total", ("ngram",))] == 1
     assert samples[("splitspec_proposer_released_sequences_total", ("ngram",))] == 1
     assert samples[("splitspec_proposer_streams", ("ngram",))] == 0  # the stream ended

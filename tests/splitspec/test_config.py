@@ -19,3 +19,10 @@ def test_defaults_and_overrides():
     c = parse_config(Demo, ["--name", "y", "--count", "7", "--ratio", "2", "--flag",
                             "--peers", "b:2", "--peers", "c:3"])
     assert c == Demo(name="y", count=7, ratio=2.0, flag=True, peers=("b:2", "c:3"))
+
+
+def test_a_renamed_option_still_takes_its_old_flag():
+    from verifier_service.config import VerifierConfig
+
+    assert parse_config(VerifierConfig, ["--draft-ahead", "off"]).draft_ahead == "off"
+    assert parse_config(VerifierConfig, ["--overlap", "on"]).draft_ahead == "on"

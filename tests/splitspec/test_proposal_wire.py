@@ -3,7 +3,7 @@ import torch
 from kernels.sparse_probs import SparseProbs
 from splitspec.params import SamplingParams
 from splitspec.proposal import (
-    PRECOMPUTE_PUSHED,
+    AHEAD_PUSHED,
     AheadDraft,
     Draft,
     SequenceStep,
@@ -53,7 +53,7 @@ def test_a_pushed_draft_round_trips_and_serves_only_its_own_step():
     assert back.draft.tokens == [5, 7, 8] and back.draft.q.rows() == q.rows()
 
     def step(new, hist, k, full=False):
-        return SequenceStep("s1", new, hist, k, full_history=full, precompute=True)
+        return SequenceStep("s1", new, hist, k, full_history=full, draft_ahead=True)
 
     assert a.serves(step([3, 4], 12, 3)) and a.serves(step([3, 4], 12, 2))
     assert not a.serves(step([3, 5], 12, 3))  # another outcome
@@ -61,5 +61,5 @@ def test_a_pushed_draft_round_trips_and_serves_only_its_own_step():
     assert not a.serves(step([3, 4], 12, 4))  # asks more tokens than were drafted
     assert not a.serves(step([3, 4], 12, 3, full=True))  # a new stream: state is gone
     taken = a.taken(2)
-    assert taken.tokens == [5, 7] and taken.precompute == PRECOMPUTE_PUSHED
+    assert taken.tokens == [5, 7] and taken.ahead_outcome == AHEAD_PUSHED
     assert taken.q.rows() == q.rows()[:2]

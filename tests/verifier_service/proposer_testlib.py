@@ -3,7 +3,7 @@ worker thread as the proposer service does, without gRPC."""
 
 from __future__ import annotations
 
-from proposer_service.overlap import AheadRunner
+from proposer_service.ahead import AheadRunner
 from verifier_service.proposer_client import ProposerClient
 
 

@@ -31,7 +31,8 @@ def mstats(drafts: int, k: int, accepted: list[int], rtt: float | None = 0.003,
            missed: bool = False) -> MethodStepStats:
     """`drafts` drafts of k tokens; accepted[i] tokens accepted of draft i."""
     per_pos = [sum(1 for a in accepted if a > j) for j in range(k)] if drafts else []
-    return MethodStepStats(draft_tokens=drafts * k, accepted_tokens=sum(accepted), drafts=drafts,
+    return MethodStepStats(proposed_tokens=drafts * k, accepted_tokens=sum(accepted),
+                           drafts=drafts,
                            accepted_per_position=per_pos, round_trip_s=rtt, missed=missed)
 
 
@@ -44,6 +45,8 @@ def test_speculation_counters_mirror_vllm_and_add_up():
     s = scrape(registry)
     ng = (("method", "ngram"),)
     assert s[("splitspec_spec_decode_num_drafts_total", ng)] == 3
+    assert s[("splitspec_spec_decode_num_proposed_tokens_total", ng)] == 10
+    # the old name stays exported (deprecated) with the same samples
     assert s[("splitspec_spec_decode_num_draft_tokens_total", ng)] == 10
     assert s[("splitspec_spec_decode_num_accepted_tokens_total", ng)] == 6
     per_pos = {dict(k[1])["position"]: v for k, v in s.items()

@@ -1,14 +1,14 @@
-"""The overlap policy: auto keeps drafting ahead while it is cheaper per token, probes the other
-setting every period and switches only when that is clearly cheaper; on/off pin it."""
+"""The drafting-ahead policy: auto keeps drafting ahead while it is cheaper per token, probes the
+other setting every period and switches only when that is clearly cheaper; on/off pin it."""
 
 from __future__ import annotations
 
 import pytest
 
-from verifier_service.overlap_policy import FIRST_PERIOD, PERIOD, PROBE, OverlapPolicy
+from verifier_service.ahead_policy import FIRST_PERIOD, PERIOD, PROBE, AheadPolicy
 
 
-def drive(policy: OverlapPolicy, steps: int, cost: dict[bool, float], method: str = "draft"
+def drive(policy: AheadPolicy, steps: int, cost: dict[bool, float], method: str = "draft"
           ) -> list[bool]:
     """Run `steps` steps, each emitting 3 tokens at cost[setting] seconds; the settings used."""
     used = []
@@ -20,7 +20,7 @@ def drive(policy: OverlapPolicy, steps: int, cost: dict[bool, float], method: st
 
 
 def test_auto_starts_ahead_and_keeps_it_while_it_pays():
-    policy = OverlapPolicy("auto")
+    policy = AheadPolicy("auto")
     used = drive(policy, FIRST_PERIOD + 2 * PERIOD, {True: 0.010, False: 0.014})
     assert used[0] is True
     assert used.count(False) == 3 * PROBE  # only the probes at the end of each period
@@ -28,7 +28,7 @@ def test_auto_starts_ahead_and_keeps_it_while_it_pays():
 
 
 def test_auto_switches_off_when_drafting_ahead_costs_more_and_back_when_it_pays_again():
-    policy = OverlapPolicy("auto")
+    policy = AheadPolicy("auto")
     drive(policy, FIRST_PERIOD, {True: 0.020, False: 0.012})
     assert policy.choice("draft") is False
     used = drive(policy, PERIOD, {True: 0.020, False: 0.012})
@@ -38,13 +38,13 @@ def test_auto_switches_off_when_drafting_ahead_costs_more_and_back_when_it_pays_
 
 
 def test_auto_does_not_flap_on_a_difference_within_the_margin():
-    policy = OverlapPolicy("auto")
+    policy = AheadPolicy("auto")
     drive(policy, FIRST_PERIOD + 3 * PERIOD, {True: 0.0100, False: 0.0098})
     assert policy.choice("draft") is True and policy.switches == 0
 
 
 def test_methods_are_decided_separately():
-    policy = OverlapPolicy("auto")
+    policy = AheadPolicy("auto")
     drive(policy, FIRST_PERIOD, {True: 0.020, False: 0.010}, method="draft")
     drive(policy, FIRST_PERIOD, {True: 0.010, False: 0.020}, method="other")
     assert policy.choice("draft") is False and policy.choice("other") is True
@@ -52,10 +52,10 @@ def test_methods_are_decided_separately():
 
 @pytest.mark.parametrize("mode,expected", [("on", True), ("off", False)])
 def test_on_and_off_pin_the_setting(mode, expected):
-    policy = OverlapPolicy(mode)
+    policy = AheadPolicy(mode)
     assert set(drive(policy, FIRST_PERIOD + PERIOD, {True: 0.02, False: 0.01})) == {expected}
 
 
 def test_an_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="overlap"):
-        OverlapPolicy("sometimes")
+    with pytest.raises(ValueError, match="draft_ahead"):
+        AheadPolicy("sometimes")

@@ -1,9 +1,9 @@
-"""Whether to ask a method's proposer to draft ahead (overlapped speculation), decided by what it
+"""Whether to ask a method's proposer to draft ahead (drafting ahead), decided by what it
 measurably costs.
 
 Drafting ahead pays when the proposer has cores of its own; on a machine it shares with the
 verifier it takes cores from the target's forward and can make every step slower. So with
-`--overlap auto` (the default) the engine measures, per method, the seconds per emitted token of
+`--draft-ahead auto` (the default) the engine measures, per method, the seconds per emitted token of
 the steps that asked it, with drafting ahead and without: it starts with drafting ahead, tries
 the other setting for PROBE steps at the end of every period (the first period is short, then
 PERIOD steps), and keeps the cheaper one (the other must win by MARGIN, against noise). `on` and
@@ -29,10 +29,10 @@ class _Method:
                                                                    False: [0.0, 0.0]})
 
 
-class OverlapPolicy:
+class AheadPolicy:
     def __init__(self, mode: str = "auto"):
         if mode not in MODES:
-            raise ValueError(f"overlap must be one of {', '.join(MODES)}, not {mode!r}")
+            raise ValueError(f"draft_ahead must be one of {', '.join(MODES)}, not {mode!r}")
         self.mode = mode
         self._methods: dict[str, _Method] = {}
         self.switches = 0  # times auto changed its choice (for tests and logs)

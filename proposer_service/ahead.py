@@ -1,4 +1,4 @@
-"""Overlapped speculation on the proposer's side: drafting ahead between two step messages.
+"""Drafting ahead on the proposer's side: drafting ahead between two step messages.
 
 After a step's drafts are answered, the session drafts the next step ahead for the likely
 outcomes of this one (ProposerSession.draft_ahead) in a worker thread, while the verifier
