@@ -91,7 +91,7 @@ class DraftCollector:
             merged.update(r)
         return merged, step_stats
 
-    def _in_target(self, method: str, group: list[Scheduled], step: MethodStepStats
+    def _in_target(self, method: str, group: list[Scheduled], ms: MethodStepStats
                    ) -> dict[SequenceState, Draft]:
         """Candidates from an in-target method's per-sequence states, checked as a proposer's."""
         stats = self.stats.method(method)
@@ -109,21 +109,21 @@ class DraftCollector:
             if checked is not None:
                 out[seq] = checked
             else:
-                step.garbage += 1
+                ms.garbage += 1
         return out
 
-    async def _ask(self, method: str, group: list[Scheduled], step: MethodStepStats
+    async def _ask(self, method: str, group: list[Scheduled], ms: MethodStepStats
                    ) -> dict[SequenceState, Draft]:
         client = self.proposers[method]
         stats = self.stats.method(method)
         stats.steps += 1
         if not await self._connected(method, client, group):
             stats.missed_steps += 1
-            step.missed = True
+            ms.missed = True
             return {}
         desc = client.description
-        step.ahead = desc is not None and desc.drafts_ahead and self.ahead_policy.use(method)
-        steps, wanted = self._messages(client, group, step.ahead)
+        ms.ahead = desc is not None and desc.drafts_ahead and self.ahead_policy.use(method)
+        steps, wanted = self._messages(client, group, ms.ahead)
         if not steps:
             return {}
         for seq, k in wanted.values():  # sent a request for a draft: answered or not
@@ -132,14 +132,14 @@ class DraftCollector:
         drafts = await client.propose(steps, self.timeout_s)
         if drafts is None:
             stats.missed_steps += 1
-            step.missed = True
+            ms.missed = True
             return {}
-        step.round_trip_s = time.perf_counter() - start
+        ms.round_trip_s = time.perf_counter() - start
         if not any(st.full_history for st in steps):
             # The policy's round-trip model is of a step's usual answer; a sequence's first ask
             # (its whole history: a draft model prefills the prompt) would dominate the fit
             # while there are only a few calls, and make a fresh stack pause drafting.
-            stats.add_round_trip(max(s.k for s in group), step.round_trip_s)
+            stats.add_round_trip(max(s.k for s in group), ms.round_trip_s)
         out: dict[SequenceState, Draft] = {}
         for d in drafts:
             if d.seq_id not in wanted:
@@ -147,23 +147,23 @@ class DraftCollector:
             seq, k = wanted.pop(d.seq_id)
             if d.ahead_outcome in (AHEAD_HIT, AHEAD_PUSHED):
                 stats.ahead_hits += 1
-                step.ahead_hits += 1
+                ms.ahead_hits += 1
                 if d.ahead_outcome == AHEAD_PUSHED:
                     stats.ahead_pushed += 1
-                    step.ahead_pushed += 1
+                    ms.ahead_pushed += 1
             elif d.ahead_outcome == AHEAD_MISS:
                 stats.ahead_misses += 1
-                step.ahead_misses += 1
+                ms.ahead_misses += 1
             if d.resync:
                 seq.proposer_epoch = -1  # full history on the next step
-                step.resyncs += 1
+                ms.resyncs += 1
                 continue
             checked = (self.checked(d, k, seq.inp.speculation.num_branches) if d.tokens
                        else None)
             if checked is not None:
                 out[seq] = checked
             elif d.tokens:
-                step.garbage += 1
+                ms.garbage += 1
         return out
 
     async def _connected(self, method: str, client: ProposerClient,

@@ -319,7 +319,7 @@ class Engine:
     # -- results -------------------------------------------------------------------------------
 
     def _apply(self, seq: SequenceState, draft: Draft | None, result: SeqResult,
-               step: MethodStepStats | None) -> int:
+               ms: MethodStepStats | None) -> int:
         """Keep the accepted drafts' KV, emit the tokens; returns how many were emitted."""
         if seq.finished:
             return 0
@@ -337,7 +337,7 @@ class Engine:
             method = self.stats.method(seq.inp.speculation.method)
             if k:
                 method.add_draft(k, n_acc, seq.inp.sampling.greedy)
-                step.add_draft(k, n_acc)  # the method was asked this step: it has a record
+                ms.add_draft(k, n_acc)  # the method was asked this step: it has a record
             counts = method.greedy if seq.inp.sampling.greedy else method.sampled
             counts.add_asked(seq.asked_k, k, n_acc)
             seq.asked_k = 0
