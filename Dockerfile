@@ -50,20 +50,19 @@ WORKDIR /src
 RUN python -m venv /opt/splitspec \
  && /opt/splitspec/bin/pip install -c constraints.txt .
 
-# -- service images ----------------------------------------------------------------------------
-FROM python-base AS runtime-cpu
-COPY --from=build-cpu /opt/splitspec /opt/splitspec
+# -- service images: what the two pip-built ones share, then one per torch build ---------------
+FROM python-base AS runtime-base
 ENV PATH=/opt/splitspec/bin:${PATH} HOME=/tmp HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-USER 10001:10001
 WORKDIR /tmp
 CMD ["splitspec-gateway", "--help"]
 
-FROM python-base AS runtime-cuda
-COPY --from=build-cuda /opt/splitspec /opt/splitspec
-ENV PATH=/opt/splitspec/bin:${PATH} HOME=/tmp HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+FROM runtime-base AS runtime-cpu
+COPY --from=build-cpu /opt/splitspec /opt/splitspec
 USER 10001:10001
-WORKDIR /tmp
-CMD ["splitspec-gateway", "--help"]
+
+FROM runtime-base AS runtime-cuda
+COPY --from=build-cuda /opt/splitspec /opt/splitspec
+USER 10001:10001
 
 # Cambricon ships torch and torch_mlu in its own images (CNToolkit and the driver's user-space
 # libraries included): splitspec goes on top, keeping their torch. Pass that image, pinned by tag

@@ -201,19 +201,15 @@ class KernelInputs:
 
 def rejection_sample_triton(inputs: SamplerInputs) -> RejectionResult:
     """Same contract as `kernels.rejection.rejection_sample_reference`."""
-    target_probs, draft_token_ids, layout = (inputs.target_probs, inputs.draft_token_ids,
-                                             inputs.layout)
-    draft_probs, greedy_host = inputs.draft_probs, inputs.greedy_host
-    uniforms, exps, target_argmax = inputs.uniforms, inputs.exps, inputs.target_argmax
-    # target_probs: [T, V]; draft_token_ids: [D]; uniforms: [D]; exps: [B, V]; target_argmax: [T]
-    device = target_probs.device
-    b, vocab = layout.batch_size, target_probs.shape[1]
+    layout, exps, target_argmax = inputs.layout, inputs.exps, inputs.target_argmax
+    device = inputs.target_probs.device
+    b, vocab = layout.batch_size, inputs.target_probs.shape[1]
     out = torch.full((b, layout.max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
     num_acc = torch.zeros(b, dtype=torch.int64, device=device)
     if b == 0:
         return RejectionResult(out, num_acc)
 
-    k = KernelInputs.of(target_probs, draft_token_ids, draft_probs)
+    k = KernelInputs.of(inputs.target_probs, inputs.draft_token_ids, inputs.draft_probs)
     target, draft_ids, dummy_f, dummy_i = k.target, k.draft_ids, k.dummy_f, k.dummy_i
     q_mode, q, q_idx, k_sparse = k.q_mode, k.q, k.q_idx, k.k_sparse
     block_v, block_k = k.block_v, k.block_k
@@ -232,8 +228,8 @@ def rejection_sample_triton(inputs: SamplerInputs) -> RejectionResult:
         to_dev(layout.num_draft_tokens),
         to_dev(layout.draft_offsets),
         to_dev(layout.target_offsets),
-        to_dev(greedy_host.to(torch.int8)),
-        uniforms if uniforms is not None and uniforms.numel() else dummy_f,
+        to_dev(inputs.greedy_host.to(torch.int8)),
+        inputs.uniforms if inputs.uniforms is not None and inputs.uniforms.numel() else dummy_f,
         exps if has_sampled else dummy_f,
         exps.stride(0) if has_sampled else 0,
         target_argmax if has_greedy else dummy_i,

@@ -14,12 +14,7 @@ from proposer_service.config import ProposerConfig
 from proposer_service.servicer import ProposerServicer
 from proposer_service.telemetry import ProposerTelemetry, service_name
 from protos import proposer_pb2, proposer_pb2_grpc
-from splitspec.grpc_server import (
-    add_health_and_reflection,
-    listen,
-    make_server,
-    mark_serving,
-)
+from splitspec.grpc_server import add_health_and_reflection, listen, make_server, mark_serving
 from splitspec.lifecycle import run_service, until_stopped
 from splitspec.methods import METHODS
 from splitspec.telemetry.config import PROPOSER_METRICS_PORT, TelemetryConfig

@@ -33,7 +33,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -87,8 +87,8 @@ def _docstring_lines(path: Path) -> list[str]:
         return []
     out = []
     for node in ast.walk(tree):
-        public = not getattr(node, "name", "_").startswith("_")
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and public:
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and not node.name.startswith("_")):
             doc = ast.get_docstring(node)
             if doc:
                 first = doc.strip().splitlines()[0].strip().rstrip(".")
@@ -225,6 +225,50 @@ def _windows(records, n: int, gen_only: bool = True):
     return out
 
 
+def _update(opt, loss, params, name: str, step: int, t0: float) -> None:
+    """One optimiser step on `loss` (gradient norm clipped to 1), logged every 10 steps."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    if step % 10 == 0:
+        per_step = (time.time() - t0) / (step + 1)
+        log(f"{name} step {step} loss {loss.item():.3f} {per_step:.2f}s/step")
+
+
+@dataclass
+class Fit:
+    steps: int  # optimiser steps done
+    minutes: float
+    seen: int  # training units seen (positions or tokens)
+    acceptance: list[float]  # held-out, per position, at the end
+    history: list[dict]
+
+
+def _fit(name: str, opt, model, sched: LMTrainConfig, eval_every: int, batch_loss, evaluate,
+         unit: str) -> Fit:
+    """The loop both speculators train with: the schedule's learning rate, one batch's loss
+    (`batch_loss() -> (loss, units seen)`), an optimiser step; `evaluate(final)` every
+    `eval_every` steps and at the end; stops after sched.steps or sched.minutes."""
+    t0, history, seen, step = time.time(), [], 0, 0
+    for step in range(sched.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, sched, time.time() - t0)
+        loss, n = batch_loss()
+        seen += n
+        _update(opt, loss, model.parameters(), name, step, t0)
+        if (step + 1) % eval_every == 0:
+            acc = evaluate(False)
+            history.append({"step": step + 1, f"{unit}_seen": seen, "acceptance": acc})
+            log(f"{name} eval step {step + 1} ({seen} {unit}): {[round(x, 3) for x in acc]}")
+        if time.time() - t0 > sched.minutes * 60:
+            log(f"{name}: wall-clock cap of {sched.minutes} min reached at step {step + 1}")
+            break
+    acc = evaluate(True)
+    history.append({"step": step + 1, f"{unit}_seen": seen, "acceptance": acc})
+    return Fit(step + 1, (time.time() - t0) / 60, seen, acc, history)
+
+
 def stage_mlp(a) -> None:
     from transformers import AutoTokenizer
 
@@ -247,10 +291,8 @@ def stage_mlp(a) -> None:
     sched = LMTrainConfig(steps=a.mlp_steps, batch_size=a.mlp_batch, seq_len=0, lr=a.mlp_lr,
                           warmup=30, minutes=a.mlp_minutes)
     rng = random.Random(3)
-    t0, hist, positions, step = time.time(), [], 0, 0
-    for step in range(a.mlp_steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, sched, time.time() - t0)
+
+    def batch_loss():
         total, weight = 0.0, 0
         for h, s, g, lo in rng.sample(train, min(a.mlp_batch, len(train))):
             hi = len(s) - cfg.n_predict - 1
@@ -258,33 +300,19 @@ def stage_mlp(a) -> None:
             w = hi - lo
             total = total + sum(losses) * w
             weight += w
-        positions += weight
-        loss = total / weight
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(spec.parameters(), 1.0)
-        opt.step()
-        if step % 10 == 0:
-            per_step = (time.time() - t0) / (step + 1)
-            log(f"mlp step {step} loss {loss.item():.3f} {per_step:.2f}s/step")
-        if (step + 1) % a.eval_every == 0:
-            acc = mlp_acceptance(spec, val)
-            hist.append({"step": step + 1, "positions_seen": positions, "acceptance": acc})
-            log(f"mlp eval step {step + 1} ({positions} positions): {[round(x, 3) for x in acc]}")
-        if time.time() - t0 > a.mlp_minutes * 60:
-            log(f"mlp: wall-clock cap of {a.mlp_minutes} min reached at step {step + 1}")
-            break
-    acc = mlp_acceptance(spec, val)
-    hist.append({"step": step + 1, "positions_seen": positions, "acceptance": acc})
+        return total / weight, weight
+
+    fit = _fit("mlp", opt, spec, sched, a.eval_every, batch_loss,
+               lambda final: mlp_acceptance(spec, val), "positions")
     spec.to(torch.float16).save_pretrained(MLP_OUT)
     (MLP_OUT / "training.json").write_text(json.dumps({
-        "params": n_params, "steps_done": step + 1, "train_minutes": (time.time() - t0) / 60,
-        "positions_seen": positions, "train_answers": len(train), "config": asdict(cfg),
+        "params": n_params, "steps_done": fit.steps, "train_minutes": fit.minutes,
+        "positions_seen": fit.seen, "train_answers": len(train), "config": asdict(cfg),
         "data": "the target's greedy answers to locally built chat and code prompts "
                 "(scripts/train_real.py); labels = the target's argmax",
-        "val_acceptance_per_position_greedy": acc, "history": hist, "lr": a.mlp_lr}, indent=2)
-        + "\n")
-    log(f"mlp saved: held-out per-position acceptance {[round(x, 3) for x in acc]}")
+        "val_acceptance_per_position_greedy": fit.acceptance, "history": fit.history,
+        "lr": a.mlp_lr}, indent=2) + "\n")
+    log(f"mlp saved: held-out per-position acceptance {[round(x, 3) for x in fit.acceptance]}")
 
 
 def copy_tokenizer(out: Path) -> None:
@@ -358,11 +386,8 @@ def stage_draft(a) -> None:
     sched = LMTrainConfig(steps=a.draft_steps, batch_size=a.draft_batch, seq_len=0, lr=a.draft_lr,
                           warmup=30, minutes=a.draft_minutes)
     rng = random.Random(4)
-    t0, hist, seen, step = time.time(), [], 0, 0
-    model.train()
-    for step in range(a.draft_steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, sched, time.time() - t0)
+
+    def batch_loss():
         batch = rng.sample(train, min(a.draft_batch, len(train)))
         loss_sum, n_tok = 0.0, 0
         for r in batch:  # one sequence at a time: lengths differ, no padding waste
@@ -374,36 +399,26 @@ def stage_draft(a) -> None:
             ce = F.cross_entropy(logits, g[:-1], reduction="none")
             loss_sum = loss_sum + (ce * w).sum()
             n_tok += float(w.sum())
-        seen += sum(len(r["tokens"]) for r in batch)
-        loss = loss_sum / n_tok
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 10 == 0:
-            per_step = (time.time() - t0) / (step + 1)
-            log(f"draft step {step} loss {loss.item():.3f} {per_step:.2f}s/step")
-        if (step + 1) % a.eval_every == 0:
-            acc = draft_acceptance(model, val[:16], a.eval_k)
-            hist.append({"step": step + 1, "tokens_seen": seen, "acceptance": acc})
-            log(f"draft eval step {step + 1} ({seen} tokens): {[round(x, 3) for x in acc]}")
-            model.train()
-        if time.time() - t0 > a.draft_minutes * 60:
-            log(f"draft: wall-clock cap of {a.draft_minutes} min reached at step {step + 1}")
-            break
-    acc = draft_acceptance(model, val, a.eval_k)
-    hist.append({"step": step + 1, "tokens_seen": seen, "acceptance": acc})
+        return loss_sum / n_tok, sum(len(r["tokens"]) for r in batch)
+
+    def evaluate(final: bool) -> list[float]:
+        acc = draft_acceptance(model, val if final else val[:16], a.eval_k)
+        model.train()
+        return acc
+
+    model.train()
+    fit = _fit("draft", opt, model, sched, a.eval_every, batch_loss, evaluate, "tokens")
     model.to(torch.float16).save_pretrained(DRAFT_OUT, safe_serialization=True)
     copy_tokenizer(DRAFT_OUT)
     (DRAFT_OUT / "training.json").write_text(json.dumps({
-        "params": n_params, "steps_done": step + 1, "train_minutes": (time.time() - t0) / 60,
-        "tokens_seen": seen, "train_answers": len(train),
+        "params": n_params, "steps_done": fit.steps, "train_minutes": fit.minutes,
+        "tokens_seen": fit.seen, "train_answers": len(train),
         "size": {"hidden": a.draft_hidden, "layers": a.draft_layers},
         "init": "tied embedding = PCA projection of the target's embedding",
         "data": "the target's greedy answers (scripts/train_real.py); labels = the target's argmax",
-        "val_acceptance_per_position_greedy": acc, "history": hist, "lr": a.draft_lr}, indent=2)
-        + "\n")
-    log(f"draft saved: held-out per-position acceptance {[round(x, 3) for x in acc]}")
+        "val_acceptance_per_position_greedy": fit.acceptance, "history": fit.history,
+        "lr": a.draft_lr}, indent=2) + "\n")
+    log(f"draft saved: held-out per-position acceptance {[round(x, 3) for x in fit.acceptance]}")
 
 
 @torch.no_grad()
@@ -468,16 +483,13 @@ def main(argv=None) -> None:
     p.add_argument("--data-minutes", type=float, default=19)
     p.add_argument("--mlp-inner-dim", type=int, default=256)
     p.add_argument("--mlp-n-predict", type=int, default=3)
-    p.add_argument("--mlp-lr", type=float, default=1e-3)
-    p.add_argument("--mlp-steps", type=int, default=3000)
-    p.add_argument("--mlp-batch", type=int, default=8)
-    p.add_argument("--mlp-minutes", type=float, default=35)
     p.add_argument("--draft-hidden", type=int, default=256)
     p.add_argument("--draft-layers", type=int, default=4)
-    p.add_argument("--draft-lr", type=float, default=2e-3)
-    p.add_argument("--draft-steps", type=int, default=3000)
-    p.add_argument("--draft-batch", type=int, default=8)
-    p.add_argument("--draft-minutes", type=float, default=36)
+    for model, lr, minutes in (("mlp", 1e-3, 35), ("draft", 2e-3, 36)):  # each model's schedule
+        p.add_argument(f"--{model}-lr", type=float, default=lr)
+        p.add_argument(f"--{model}-steps", type=int, default=3000)
+        p.add_argument(f"--{model}-batch", type=int, default=8)
+        p.add_argument(f"--{model}-minutes", type=float, default=minutes)
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--eval-k", type=int, default=4)
     a = p.parse_args(argv)

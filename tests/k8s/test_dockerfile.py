@@ -129,5 +129,8 @@ def test_models_sit_where_the_chart_copies_and_mounts_them():
 
 @pytest.mark.parametrize("target", ["runtime-cpu", "runtime-cuda", "runtime-mlu"])
 def test_service_images_are_offline_and_keep_home_on_the_writable_tmp(target):
-    env = " ".join(rest for word, rest in stages()[target]["lines"] if word == "ENV")
+    all_stages, env, name = stages(), "", target
+    while name in all_stages:  # the stage's own ENV and what it inherits from earlier stages
+        env += " " + " ".join(rest for word, rest in all_stages[name]["lines"] if word == "ENV")
+        name = all_stages[name]["from"]
     assert "HOME=/tmp" in env and "HF_HUB_OFFLINE=1" in env and "TRANSFORMERS_OFFLINE=1" in env
