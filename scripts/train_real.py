@@ -245,11 +245,15 @@ class Fit:
     history: list[dict]
 
 
-def _fit(name: str, opt, model, sched: LMTrainConfig, eval_every: int, batch_loss, evaluate,
-         unit: str) -> Fit:
-    """The loop both speculators train with: the schedule's learning rate, one batch's loss
-    (`batch_loss() -> (loss, units seen)`), an optimiser step; `evaluate(final)` every
-    `eval_every` steps and at the end; stops after sched.steps or sched.minutes."""
+def _fit(name: str, model, a, weight_decay: float, batch_loss, evaluate, unit: str) -> Fit:
+    """The loop both speculators train with, on the options --NAME-lr, -steps, -batch and
+    -minutes: the schedule's learning rate, one batch's loss (`batch_loss() -> (loss, units
+    seen)`), an optimiser step; `evaluate(final)` every --eval-every steps and at the end."""
+    opts = {k: getattr(a, f"{name}_{k}") for k in ("lr", "steps", "batch", "minutes")}
+    opt = make_optimizer(model, opts["lr"], weight_decay)
+    sched = LMTrainConfig(steps=opts["steps"], batch_size=opts["batch"], seq_len=0,
+                          lr=opts["lr"], warmup=30, minutes=opts["minutes"])
+    eval_every = a.eval_every
     t0, history, seen, step = time.time(), [], 0, 0
     for step in range(sched.steps):
         for g in opt.param_groups:
@@ -287,9 +291,6 @@ def stage_mlp(a) -> None:
     spec = MLPSpeculator(cfg)
     n_params = sum(p.numel() for p in spec.parameters())
     log(f"mlp: {n_params / 1e6:.2f} M params, {len(train)} train / {len(val)} val answers")
-    opt = make_optimizer(spec, a.mlp_lr, 0.0)
-    sched = LMTrainConfig(steps=a.mlp_steps, batch_size=a.mlp_batch, seq_len=0, lr=a.mlp_lr,
-                          warmup=30, minutes=a.mlp_minutes)
     rng = random.Random(3)
 
     def batch_loss():
@@ -302,8 +303,8 @@ def stage_mlp(a) -> None:
             weight += w
         return total / weight, weight
 
-    fit = _fit("mlp", opt, spec, sched, a.eval_every, batch_loss,
-               lambda final: mlp_acceptance(spec, val), "positions")
+    fit = _fit("mlp", spec, a, 0.0, batch_loss, lambda final: mlp_acceptance(spec, val),
+               "positions")
     spec.to(torch.float16).save_pretrained(MLP_OUT)
     (MLP_OUT / "training.json").write_text(json.dumps({
         "params": n_params, "steps_done": fit.steps, "train_minutes": fit.minutes,
@@ -382,9 +383,6 @@ def stage_draft(a) -> None:
     n_params = mf.count_params(model)
     train, val = load_records(a, "train"), load_records(a, "val")
     log(f"draft: {n_params / 1e6:.2f} M params, {len(train)} train answers")
-    opt = make_optimizer(model, a.draft_lr, 0.1)
-    sched = LMTrainConfig(steps=a.draft_steps, batch_size=a.draft_batch, seq_len=0, lr=a.draft_lr,
-                          warmup=30, minutes=a.draft_minutes)
     rng = random.Random(4)
 
     def batch_loss():
@@ -407,7 +405,7 @@ def stage_draft(a) -> None:
         return acc
 
     model.train()
-    fit = _fit("draft", opt, model, sched, a.eval_every, batch_loss, evaluate, "tokens")
+    fit = _fit("draft", model, a, 0.1, batch_loss, evaluate, "tokens")
     model.to(torch.float16).save_pretrained(DRAFT_OUT, safe_serialization=True)
     copy_tokenizer(DRAFT_OUT)
     (DRAFT_OUT / "training.json").write_text(json.dumps({
