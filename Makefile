@@ -38,8 +38,13 @@ run: $(STAMP) $(if $(filter $(REAL_MODEL),$(MODEL)),real-model)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a whole file to a worker (module
+# fixtures such as a started stack stay shared): most of its time is services starting up and
+# answering, which two workers overlap. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
+		$(PYTEST_ARGS)
 
 protos: $(STAMP)
 	PYTHON=$(PY) scripts/gen_protos.sh
