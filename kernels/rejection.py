@@ -1,4 +1,4 @@
-"""Batched rejection sampling for speculative decoding (lossless), plus opt-in typical acceptance.
+"""Batched rejection sampling for speculative decoding (lossless).
 
 Ragged layout. Sequence i of the batch speculated k_i draft tokens (k_i may be 0):
     target_probs    [T, V], T = sum_i (k_i + 1): for sequence i, k_i + 1 contiguous rows, in batch
@@ -53,7 +53,6 @@ __all__ = [
     "StepLayout",
     "greedy_verify",
     "rejection_sample",
-    "typical_acceptance_sample",
 ]
 
 LayoutLike = Union[StepLayout, torch.Tensor, Sequence[int]]
@@ -321,71 +320,3 @@ def rejection_sample_reference(inputs: SamplerInputs) -> RejectionResult:
     out.scatter_(1, num_accepted.unsqueeze(1), extra.unsqueeze(1))
     return RejectionResult(output_token_ids=out, num_accepted=num_accepted)
 
-
-def typical_acceptance_sample(
-    target_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    layout: LayoutLike,
-    is_greedy: Union[torch.Tensor, Sequence[bool]],
-    seeds: Optional[Sequence[Optional[int]]] = None,
-    posterior_threshold: float = 0.09,
-    posterior_alpha: float = 0.3,
-) -> RejectionResult:
-    """Typical acceptance (Medusa): NOT lossless; trades exactness for acceptance rate.
-
-    A sampled row accepts d_j iff
-        p_j(d_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j))),
-    H the entropy of p_j: confident (low-entropy) targets demand a high probability, flat ones
-    accept anything plausible. At the first rejection (or after all drafts) one token is sampled
-    from the target row itself (no residual). Greedy rows behave exactly as in `rejection_sample`.
-    The output format and the seeded-row rules (keyed noise) are those of `rejection_sample`; no
-    uniforms are drawn (acceptance is deterministic given p).
-    """
-    layout = as_layout(layout)
-    draft_token_ids = draft_token_ids.reshape(-1).to(torch.int64)
-    _validate(target_probs, draft_token_ids, layout, None)
-    device = target_probs.device
-    b, max_k, vocab = layout.batch_size, layout.max_k, target_probs.shape[1]
-    greedy_host = _host_bools(is_greedy, b, "is_greedy")
-    seeded = _seeded_rows(greedy_host, seeds, b)
-    greedy_host = greedy_host.clone()
-    greedy_host[seeded] = True  # seeded rows: keyed samples, as in rejection_sample
-    sampled_rows = [i for i, g in enumerate(greedy_host.tolist()) if not g]
-    exps = draw_exponentials(b, vocab, device) if sampled_rows else None
-    greedy = greedy_host.to(device, non_blocking=True)
-    target_argmax = target_probs.argmax(dim=-1)  # [T]
-    if seeded:
-        target_argmax = _coupled_argmax(target_probs, layout, seeded, seeds, target_argmax)
-    out = torch.full((b, max_k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
-
-    if max_k > 0:
-        draft_idx, target_idx, valid = (
-            t.to(device, non_blocking=True) for t in layout.padded_indices()
-        )
-        d = draft_token_ids[draft_idx]  # [B, max_k]
-        p = target_probs[target_idx].to(torch.float32)  # [B, max_k, V]
-        # entropy H = -sum p log p (0 log 0 = 0)
-        entropy = -(p * torch.log(p.clamp(min=1e-30))).sum(dim=-1)  # [B, max_k]
-        threshold = torch.minimum(
-            torch.full_like(entropy, posterior_threshold), posterior_alpha * torch.exp(-entropy)
-        )
-        p_d = p.gather(2, d.unsqueeze(2)).squeeze(2)
-        accept = (
-            torch.where(greedy.unsqueeze(1), d == target_argmax[target_idx], p_d > threshold)
-            & valid
-        )
-        num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
-        j = torch.arange(max_k, device=device)
-        out[:, :max_k] = torch.where(
-            j < num_accepted.unsqueeze(1), d, torch.full_like(d, PLACEHOLDER_TOKEN_ID)
-        )
-    else:
-        num_accepted = torch.zeros(b, dtype=torch.int64, device=device)
-
-    extra_rows = layout.target_offsets.to(device, non_blocking=True) + num_accepted
-    extra = target_argmax[extra_rows]
-    if exps is not None:
-        sampled = (target_probs[extra_rows].to(torch.float32) / exps).argmax(dim=1)
-        extra = torch.where(greedy, extra, sampled)
-    out.scatter_(1, num_accepted.unsqueeze(1), extra.unsqueeze(1))
-    return RejectionResult(output_token_ids=out, num_accepted=num_accepted)
