@@ -291,9 +291,7 @@ def main() -> None:
     def stack_config(ahead_on: bool, methods):
         return StackConfig.with_free_ports(
             model=args.model, device="cpu", models=models,
-            # the launcher starts proposers; in-target methods run inside every verifier
-            methods=None if methods is None else [m for m in methods
-                                                  if METHODS[m].kind is Kind.PROPOSER],
+            methods=methods,  # in-target ones start no process: every verifier serves them
             proposer_args={m: ["--threads", str(args.proposer_threads)] for m in METHODS},
             log_dir=logs / (
                 "ahead-on" if ahead_on else "ahead-off"),

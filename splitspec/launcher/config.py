@@ -58,9 +58,15 @@ class StackConfig:
     def with_free_ports(cls, models: dict[str, str] | None = None,
                         proposer_args: dict[str, list[str]] | None = None,
                         methods: Sequence[str] | None = None, **kwargs) -> "StackConfig":
-        """Every port free; `models` gives model-backed methods their directories."""
+        """Every port free; `models` gives model-backed methods their directories. `methods`
+        (default: every proposer method) may name in-target methods too: every verifier serves
+        those itself, so they start no process."""
         models, proposer_args = models or {}, proposer_args or {}
-        names = list(proposer_methods()) if methods is None else list(methods)
+        unknown = [m for m in methods or () if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; known: {sorted(METHODS)}")
+        names = [m for m in (methods if methods is not None else METHODS)
+                 if m in proposer_methods()]
         kwargs.setdefault("metrics_port", None)
         verifier_ports = [free_port() for _ in range(kwargs.get("verifier_replicas", 1))]
         return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=verifier_ports[0],

@@ -66,3 +66,10 @@ def test_a_port_given_to_two_services_is_refused_naming_both(target_model_dir, c
         main(["up", "--model", target_model_dir, *flags])
     assert exit_.value.code == 2
     assert f"splitspec up: error: {message}" in capsys.readouterr().err
+
+
+def test_in_target_methods_named_for_a_stack_start_no_process_and_unknown_ones_are_refused():
+    config = StackConfig.with_free_ports(methods=["ngram", "lookahead"])
+    assert list(config.proposers) == ["ngram"]  # every verifier serves lookahead itself
+    with pytest.raises(ValueError, match="no-such-method"):
+        StackConfig.with_free_ports(methods=["no-such-method"])
