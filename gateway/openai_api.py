@@ -21,6 +21,7 @@ from typing import Any
 from splitspec.errors import InvalidArgument
 from splitspec.params import (
     MAX_TOP_LOGPROBS,
+    LookaheadParams,
     SamplingParams,
     SpeculationMode,
     SpeculationRequest,
@@ -31,7 +32,9 @@ from splitspec.params import (
 Prompt = str | list[int]
 
 MAX_N = 16  # choices per request
-SPECULATION_FIELDS = ("mode", "method", "num_speculative_tokens", "details", "num_branches")
+SPECULATION_FIELDS = ("mode", "method", "num_speculative_tokens", "details", "num_branches",
+                      "lookahead")
+LOOKAHEAD_FIELDS = ("window", "ngram", "guesses")
 
 # Fields of every generation request (completions and chat).
 # Accepted for compatibility when they ask for the default behaviour only.
@@ -217,7 +220,23 @@ def _parse_speculation(spec: Any) -> SpeculationRequest:
     if branches is not None and not _is_int(branches):
         raise InvalidArgument("speculation.num_branches", "must be an integer")
     return SpeculationRequest(mode=SpeculationMode(mode), method=method,
-                              num_speculative_tokens=k, details=details, num_branches=branches)
+                              num_speculative_tokens=k, details=details, num_branches=branches,
+                              lookahead=_parse_lookahead(spec.get("lookahead")))
+
+
+def _parse_lookahead(body) -> LookaheadParams | None:
+    """`speculation.lookahead`: {"window": W, "ngram": N, "guesses": G}, each optional."""
+    if body is None:
+        return None
+    if not isinstance(body, dict):
+        raise InvalidArgument("speculation.lookahead", "must be an object")
+    unknown = sorted(set(body) - set(LOOKAHEAD_FIELDS))
+    if unknown:
+        raise InvalidArgument(f"speculation.lookahead.{unknown[0]}", "is not a supported field")
+    for name in LOOKAHEAD_FIELDS:
+        if body.get(name) is not None and not _is_int(body[name]):
+            raise InvalidArgument(f"speculation.lookahead.{name}", "must be an integer")
+    return LookaheadParams(**{name: body.get(name) for name in LOOKAHEAD_FIELDS})
 
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",

@@ -9,7 +9,13 @@ from typing import Any
 from gateway.chat import CHAT_ROLES
 from gateway.openai_api import MAX_N
 from splitspec.methods import method_names
-from splitspec.params import MAX_INT32, MAX_TOP_LOGPROBS
+from splitspec.params import (
+    MAX_INT32,
+    MAX_LOOKAHEAD_GUESSES,
+    MAX_LOOKAHEAD_NGRAM,
+    MAX_LOOKAHEAD_WINDOW,
+    MAX_TOP_LOGPROBS,
+)
 
 _INT32 = {"type": "integer", "minimum": 0, "maximum": MAX_INT32}
 _TOKEN_IDS = {"type": "array", "items": _INT32}
@@ -37,6 +43,19 @@ SPECULATION = {
                          "most (1: a chain); num_speculative_tokens is the tree's node budget"},
         "details": {"type": "boolean",
                     "description": "report acceptance per draft position and per step"},
+        "lookahead": {
+            "type": "object", "additionalProperties": False, "nullable": True,
+            "description": "lookahead decoding's shape (method lookahead); unset fields take "
+                           "the verifier's defaults",
+            "properties": {
+                "window": {"type": "integer", "minimum": 1, "maximum": MAX_LOOKAHEAD_WINDOW,
+                           "description": "W: Jacobi window width"},
+                "ngram": {"type": "integer", "minimum": 2, "maximum": MAX_LOOKAHEAD_NGRAM,
+                          "description": "N: n-gram size (the window holds N - 1 levels)"},
+                "guesses": {"type": "integer", "minimum": 0, "maximum": MAX_LOOKAHEAD_GUESSES,
+                            "description": "G: candidate n-grams verified per step"},
+            },
+        },
     },
 }
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from gateway.estimates import Estimates
 from protos import verifier_pb2
 from splitspec.goodput import MethodModel, RoundTrip, batch_goodput, choose, default_step_cost
-from splitspec.params import SpeculationMode, SpeculationPlan, SpeculationRequest
+from splitspec.params import LOOKAHEAD, SpeculationMode, SpeculationPlan, SpeculationRequest
 
 # Every this many auto decisions, one goes to a stale method (0: never explore): at most ~3 %
 # of auto requests, each costing at worst the gap between that method and the best.
@@ -102,7 +102,8 @@ class SpeculationPolicy:
             """k_min set: k is the first step's, re-decided every step from k_min up."""
             return SpeculationPlan(method, k, adaptive=k_min is not None, k_min=k_min or 0,
                                    num_branches=branches if method else 1,
-                                   details=req.details)
+                                   details=req.details,
+                                   lookahead=req.lookahead if method == LOOKAHEAD else None)
 
         if mode is SpeculationMode.OFF:
             return Decision(plan(), "requested_off", mode)

@@ -60,36 +60,50 @@ class StoppingCriteria(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class SpeculationConfig(_message.Message):
-    __slots__ = ("mode", "method", "num_speculative_tokens", "details", "adaptive", "num_branches")
+    __slots__ = ("mode", "method", "num_speculative_tokens", "details", "adaptive", "num_branches", "lookahead")
     MODE_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
     mode: SpeculationMode
     method: str
     num_speculative_tokens: int
     details: bool
     adaptive: bool
     num_branches: int
-    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ..., num_branches: _Optional[int] = ...) -> None: ...
+    lookahead: LookaheadConfig
+    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ..., num_branches: _Optional[int] = ..., lookahead: _Optional[_Union[LookaheadConfig, _Mapping]] = ...) -> None: ...
+
+class LookaheadConfig(_message.Message):
+    __slots__ = ("window", "ngram", "guesses")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    NGRAM_FIELD_NUMBER: _ClassVar[int]
+    GUESSES_FIELD_NUMBER: _ClassVar[int]
+    window: int
+    ngram: int
+    guesses: int
+    def __init__(self, window: _Optional[int] = ..., ngram: _Optional[int] = ..., guesses: _Optional[int] = ...) -> None: ...
 
 class SpeculationPlan(_message.Message):
-    __slots__ = ("method", "k", "adaptive", "k_min", "details", "num_branches")
+    __slots__ = ("method", "k", "adaptive", "k_min", "details", "num_branches", "lookahead")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     K_MIN_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
     method: str
     k: int
     adaptive: bool
     k_min: int
     details: bool
     num_branches: int
-    def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ..., adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ..., details: _Optional[bool] = ..., num_branches: _Optional[int] = ...) -> None: ...
+    lookahead: LookaheadConfig
+    def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ..., adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ..., details: _Optional[bool] = ..., num_branches: _Optional[int] = ..., lookahead: _Optional[_Union[LookaheadConfig, _Mapping]] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

@@ -78,6 +78,33 @@ class StoppingCriteria:
         return self
 
 
+# Lookahead decoding's shape per request (the verifier's --lookahead-* options are the defaults):
+# bounded so that one request cannot ask a step of unbounded rows.
+MAX_LOOKAHEAD_WINDOW = 16
+MAX_LOOKAHEAD_NGRAM = 8
+MAX_LOOKAHEAD_GUESSES = 16
+LOOKAHEAD = "lookahead"  # the registry's in-target method these parameters shape
+
+
+@dataclass(frozen=True)
+class LookaheadParams:
+    """Lookahead decoding's (W, N, G) as a request asks them: window width, n-gram size, guesses
+    verified per step; None takes the verifier's default (--lookahead-window, -ngram,
+    -guesses). Only read when the request's method is lookahead."""
+
+    window: int | None = None
+    ngram: int | None = None
+    guesses: int | None = None
+
+    def validate(self) -> "LookaheadParams":
+        for name, value, lo, hi in (("window", self.window, 1, MAX_LOOKAHEAD_WINDOW),
+                                    ("ngram", self.ngram, 2, MAX_LOOKAHEAD_NGRAM),
+                                    ("guesses", self.guesses, 0, MAX_LOOKAHEAD_GUESSES)):
+            if value is not None and not lo <= value <= hi:
+                raise InvalidArgument(f"speculation.lookahead.{name}", f"must be in [{lo}, {hi}]")
+        return self
+
+
 @dataclass(frozen=True)
 class SpeculationRequest:
     """What the client asked for (the public SpeculationConfig, or REST's `speculation`); the
@@ -88,6 +115,7 @@ class SpeculationRequest:
     num_speculative_tokens: int | None = None  # None: the deployment's default
     details: bool = False  # per-position and per-step counts in usage.speculation
     num_branches: int | None = None  # children per draft node at most; None: 1 (a chain)
+    lookahead: LookaheadParams | None = None  # lookahead's (W, N, G); None: the defaults
 
     def validate(self, available_methods: tuple[str, ...] | None = None,
                  max_k: int | None = None, max_branches: int | None = None
@@ -119,6 +147,11 @@ class SpeculationRequest:
             if max_branches is not None and b > max_branches:
                 raise InvalidArgument("speculation.num_branches",
                                       f"must be <= {max_branches} (this deployment's limit)")
+        if self.lookahead is not None:
+            if self.method not in (None, LOOKAHEAD):
+                raise InvalidArgument("speculation.lookahead",
+                                      f"shapes method {LOOKAHEAD!r} only, not {self.method!r}")
+            self.lookahead.validate()
         if self.mode is SpeculationMode.ON and k != 0 and available_methods == ():
             raise InvalidArgument("speculation.mode", "no proposer is served by this deployment")
         return self
@@ -139,6 +172,7 @@ class SpeculationPlan:
     # Token trees: each draft node may have up to this many children (1: a chain); k is then
     # the tree's node budget.
     num_branches: int = 1
+    lookahead: LookaheadParams | None = None  # with method lookahead: its (W, N, G) as asked
 
     @property
     def enabled(self) -> bool:
@@ -194,5 +228,7 @@ def resolve_speculation(req: SpeculationRequest, available_methods: tuple[str, .
     k = default_k if req.num_speculative_tokens is None else req.num_speculative_tokens
     if req.mode is SpeculationMode.OFF or not available_methods or k <= 0:
         return SpeculationPlan(details=req.details)
-    return SpeculationPlan(method=req.method or available_methods[0], k=k, details=req.details,
-                           num_branches=req.num_branches or 1)
+    method = req.method or available_methods[0]
+    return SpeculationPlan(method=method, k=k, details=req.details,
+                           num_branches=req.num_branches or 1,
+                           lookahead=req.lookahead if method == LOOKAHEAD else None)

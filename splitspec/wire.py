@@ -8,6 +8,7 @@ from __future__ import annotations
 from protos import common_pb2 as pb
 from splitspec.errors import InvalidArgument
 from splitspec.params import (
+    LookaheadParams,
     SamplingParams,
     SpeculationMode,
     SpeculationPlan,
@@ -82,7 +83,21 @@ def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
                                 if msg.HasField("num_speculative_tokens") else None),
         details=msg.details,
         num_branches=msg.num_branches if msg.HasField("num_branches") else None,
+        lookahead=(lookahead_from_pb(msg.lookahead) if msg.HasField("lookahead") else None),
     )
+
+
+def lookahead_to_pb(params: LookaheadParams) -> pb.LookaheadConfig:
+    msg = pb.LookaheadConfig()
+    for name in ("window", "ngram", "guesses"):
+        if getattr(params, name) is not None:
+            setattr(msg, name, getattr(params, name))
+    return msg
+
+
+def lookahead_from_pb(msg: pb.LookaheadConfig) -> LookaheadParams:
+    return LookaheadParams(*(getattr(msg, name) if msg.HasField(name) else None
+                             for name in ("window", "ngram", "guesses")))
 
 
 # The plan crosses from the gateway to the verifier in exactly this pair.
@@ -90,9 +105,12 @@ def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
 def plan_to_pb(plan: SpeculationPlan) -> pb.SpeculationPlan:
     if not plan.enabled:
         return pb.SpeculationPlan(details=plan.details)
-    return pb.SpeculationPlan(method=plan.method, k=plan.k, adaptive=plan.adaptive,
-                              k_min=plan.k_min, details=plan.details,
-                              num_branches=plan.num_branches if plan.num_branches > 1 else 0)
+    msg = pb.SpeculationPlan(method=plan.method, k=plan.k, adaptive=plan.adaptive,
+                             k_min=plan.k_min, details=plan.details,
+                             num_branches=plan.num_branches if plan.num_branches > 1 else 0)
+    if plan.lookahead is not None:
+        msg.lookahead.CopyFrom(lookahead_to_pb(plan.lookahead))
+    return msg
 
 
 def plan_from_pb(msg: pb.SpeculationPlan) -> SpeculationPlan:
@@ -101,4 +119,6 @@ def plan_from_pb(msg: pb.SpeculationPlan) -> SpeculationPlan:
     if not msg.method or not msg.k:
         return SpeculationPlan(details=msg.details)
     return SpeculationPlan(method=msg.method, k=msg.k, adaptive=msg.adaptive, k_min=msg.k_min,
-                           details=msg.details, num_branches=max(1, msg.num_branches))
+                           details=msg.details, num_branches=max(1, msg.num_branches),
+                           lookahead=(lookahead_from_pb(msg.lookahead)
+                                      if msg.HasField("lookahead") else None))

@@ -101,6 +101,7 @@ class Engine:
         s.preemptions = self.scheduler.num_preemptions
         s.kv_blocks_total = self.runner.kv.num_blocks
         s.kv_blocks_free = self.runner.kv.num_free_blocks
+        s.in_target = self.drafts.in_target.stats()
         return s
 
     def start(self) -> None:
@@ -181,6 +182,8 @@ class Engine:
             raise InvalidArgument("speculation.num_branches",
                                   f"must be <= {self.config.max_num_branches} "
                                   "(this verifier's limit)")
+        if plan.enabled:
+            self.drafts.in_target.check_plan(plan, k_limit)
         request_id = inp.request_id or uuid.uuid4().hex
         if request_id in self._by_id:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")

@@ -132,6 +132,8 @@ class EngineStats:
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
     max_num_seqs: int = 0
+    # in-target methods' own counters and gauges (InTargetMethod.stats), by method
+    in_target: dict[str, dict[str, float]] = field(default_factory=dict)
     # decoding steps' time without the wait for proposers, by batch tokens (STEP_COST_BOUNDS)
     step_cost: list[StepCostBucket] = field(default_factory=lambda: [
         StepCostBucket(b) for b in (*STEP_COST_BOUNDS, 2 ** 31 - 1)])

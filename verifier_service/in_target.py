@@ -6,6 +6,8 @@ Such a method is a class implementing `InTargetMethod`, named in splitspec/metho
 `kind=Kind.IN_TARGET`; the verifier makes one per method it serves (`InTargetDrafts.from_registry`).
 Each sequence whose plan names the method gets its own `InTargetState`:
 
+    a request arrives               method.check_plan(plan, max_k)  (InvalidArgument if the
+                                                                 method cannot run its plan here)
     admitted to the running batch   method.admit(...)        -> state
     a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids,
                                                                  or a Draft tree of <= k nodes
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
 from splitspec.methods import in_target_methods
-from splitspec.params import SamplingParams
+from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service.scheduler import Scheduled
 from verifier_service.sequence import SequenceState
@@ -74,10 +76,20 @@ class InTargetMethod(abc.ABC):
         verifier's configuration (verifier_service/config.py; None in tests: defaults)."""
         return cls()
 
+    def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
+        """Raise InvalidArgument (naming the field) if this verifier cannot run `plan`'s
+        method-specific parameters; `max_k` is its node budget limit. Called on arrival."""
+
     @abc.abstractmethod
-    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams
-              ) -> InTargetState:
-        """A state for a sequence joining the running batch with history `tokens`."""
+    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams,
+              plan: SpeculationPlan) -> InTargetState:
+        """A state for a sequence joining the running batch with history `tokens`, run as
+        `plan` (already checked) says."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters (names ending `_total`) and gauges of the method, for /metrics
+        (`splitspec_in_target_<name>{method}`); read at scrape time, from another thread."""
+        return {}
 
 
 def _load(implementation: str) -> type[InTargetMethod]:
@@ -105,12 +117,20 @@ class InTargetDrafts:
     def num_states(self) -> int:
         return len(self._states)
 
+    def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
+        if plan.method in self.methods:
+            self.methods[plan.method].check_plan(plan, max_k)
+
     def admit(self, seq: SequenceState) -> None:
         """A sequence joined the running batch: a state if its plan names one of these methods."""
         plan = seq.inp.speculation
         if plan.enabled and plan.method in self.methods and seq not in self._states:
             self._states[seq] = self.methods[plan.method].admit(seq.request_id, seq.tokens,
-                                                                seq.inp.sampling)
+                                                                seq.inp.sampling, plan)
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Each method's counters and gauges (InTargetMethod.stats)."""
+        return {name: m.stats() for name, m in self.methods.items()}
 
     def wants_argmax(self, seq: SequenceState) -> bool:
         """Whether the sequence's state learns from the target's argmax at its nodes."""

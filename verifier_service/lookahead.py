@@ -21,6 +21,10 @@ identical on and off (the keyed coupling ignores drafts).
 
 Memory per sequence is bounded: W x (N - 1) window tokens and at most `max_keys` pool keys of at
 most G continuations each.
+
+(W, N, G) come from the request's plan (`speculation.lookahead`, validated by the gateway) where
+it gives them, else from the verifier's --lookahead-* options. The window is fed only in steps
+whose node budget k holds it (W x (N - 1) nodes); a smaller k verifies pool candidates only.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from kernels.lookahead import (
     harvest_ngrams,
     trie_from_continuations,
 )
-from splitspec.params import SamplingParams
+from splitspec.errors import InvalidArgument
+from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
 
@@ -110,8 +115,10 @@ class LookaheadDraft:
 class LookaheadState:
     """One sequence's window and pool."""
 
-    def __init__(self, shape: LookaheadShape, tokens: Seq[int], key: str):
+    def __init__(self, shape: LookaheadShape, tokens: Seq[int], key: str,
+                 counters: "LookaheadCounters | None" = None):
         self.shape = shape
+        self.counters = counters if counters is not None else LookaheadCounters()
         self.pool = NGramPool(shape.ngram, shape.guesses)
         self.pool.add_history(tokens)
         self._seen = len(tokens)  # history already harvested into the pool
@@ -134,13 +141,20 @@ class LookaheadState:
         cand, cand_parents = trie_from_continuations(conts, budget - len(window))
         parents = cand_parents + comb_parents(self.shape.window, len(levels), len(cand))
         self._last = LookaheadDraft(cand + window, parents, len(cand), len(levels))
+        self.counters.candidate_nodes += len(cand)
+        self.counters.window_nodes += len(window)
         return self._last
 
-    def observe(self, emitted: Seq[int], node_argmax: Seq[int], tokens: Seq[int]) -> None:
+    def observe(self, emitted: Seq[int], node_argmax: Seq[int], tokens: Seq[int],
+                path: Seq[int] = ()) -> None:
         """After the step: `emitted` the tokens it emitted (>= 1), `node_argmax` the target's
         argmax at each node of the proposed tree (in the tree's order), `tokens` the sequence's
-        history now."""
+        history now, `path` the accepted nodes."""
         last, self._last = self._last, None
+        if last is not None:
+            from_pool = sum(1 for node in path if node < last.num_candidates)
+            self.counters.accepted_from_pool += from_pool
+            self.counters.accepted_from_window += len(path) - from_pool
         self.pool.add_history(tokens, self._seen - self.shape.ngram + 1)
         self._seen = len(tokens)
         if last is None or not last.window_levels or not emitted:
@@ -156,12 +170,50 @@ class LookaheadState:
                                      self._fill())
 
 
+@dataclass
+class LookaheadCounters:
+    """A verifier's lookahead nodes since start: fed from the pool's candidates and from the
+    window, and accepted from each."""
+
+    candidate_nodes: int = 0
+    window_nodes: int = 0
+    accepted_from_pool: int = 0
+    accepted_from_window: int = 0
+
+
 class LookaheadMethod(InTargetMethod):
     """The registry's `lookahead`: one per verifier, a LookaheadState per running sequence, shaped
     by its plan (W, N, G) or the deployment's defaults."""
 
     def __init__(self, default: LookaheadShape = LookaheadShape()):
         self.default = default
+        self.counters = LookaheadCounters()
+        self._live: dict[str, LookaheadState] = {}  # running sequences' states, by request id
+
+    def shape(self, plan: SpeculationPlan) -> LookaheadShape:
+        """The plan's (W, N, G), each unset one the verifier's default."""
+        asked, d = plan.lookahead, self.default
+        if asked is None:
+            return d
+        return LookaheadShape(d.window if asked.window is None else asked.window,
+                              d.ngram if asked.ngram is None else asked.ngram,
+                              d.guesses if asked.guesses is None else asked.guesses)
+
+    def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
+        shape = self.shape(plan)
+        if shape.window_nodes > max_k:
+            raise InvalidArgument(
+                "speculation.lookahead.window",
+                f"the window's W x (N - 1) = {shape.window} x {shape.ngram - 1} nodes exceed "
+                f"this verifier's node limit {max_k} (--max-num-speculative-tokens)")
+
+    def stats(self) -> dict[str, float]:
+        live = list(self._live.values())
+        c = self.counters
+        return {"candidate_nodes_total": c.candidate_nodes, "window_nodes_total": c.window_nodes,
+                "accepted_from_pool_total": c.accepted_from_pool,
+                "accepted_from_window_total": c.accepted_from_window,
+                "sequences": len(live), "pool_ngrams": sum(len(s.pool) for s in live)}
 
     @classmethod
     def from_verifier(cls, vocab_size: int, config=None) -> "LookaheadMethod":
@@ -170,23 +222,28 @@ class LookaheadMethod(InTargetMethod):
         return cls(LookaheadShape(config.lookahead_window, config.lookahead_ngram,
                                   config.lookahead_guesses))
 
-    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams
-              ) -> "LookaheadSequence":
-        return LookaheadSequence(request_id, LookaheadState(self.default, tokens, request_id))
+    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams,
+              plan: SpeculationPlan) -> "LookaheadSequence":
+        state = LookaheadState(self.shape(plan), tokens, request_id, self.counters)
+        self._live[request_id] = state
+        return LookaheadSequence(request_id, state, self._live)
 
 
 class LookaheadSequence(InTargetState):
     """The in-target seam's view of one sequence's LookaheadState."""
 
-    def __init__(self, request_id: str, state: LookaheadState):
-        self.request_id, self.state = request_id, state
+    def __init__(self, request_id: str, state: LookaheadState,
+                 live: dict[str, LookaheadState] | None = None):
+        self.request_id, self.state, self._live = request_id, state, live
 
     def propose(self, tokens: Seq[int], k: int) -> Draft:
         d = self.state.propose(tokens, k)
         return Draft(self.request_id, d.tokens, parents=d.parents)
 
     def observe(self, outcome: StepOutcome) -> None:
-        self.state.observe(outcome.emitted, outcome.node_argmax, outcome.history)
+        self.state.observe(outcome.emitted, outcome.node_argmax, outcome.history, outcome.path)
 
     def free(self) -> None:
+        if self._live is not None and self._live.get(self.request_id) is self.state:
+            del self._live[self.request_id]
         self.state = None

@@ -225,3 +225,18 @@ class VerifierMetrics:
         yield gauge("splitspec_kv_cache_usage_perc", "KV cache usage (0 to 1)",
                     (s.kv_blocks_total - s.kv_blocks_free) / s.kv_blocks_total
                     if s.kv_blocks_total else 0.0)
+        yield from _in_target_families(s.in_target)
+
+
+def _in_target_families(stats: dict[str, dict[str, float]]) -> Iterator:
+    """`splitspec_in_target_<name>{method}` per in-target method's stat: a counter for names
+    ending in `_total`, else a gauge (verifier_service/in_target.py, InTargetMethod.stats)."""
+    names = sorted({n for per in stats.values() for n in per})
+    for name in names:
+        samples = [((m,), per[name]) for m, per in stats.items() if name in per]
+        doc = f"In-target method statistic {name} (see docs/observability.md)"
+        if name.endswith("_total"):
+            yield counter(f"splitspec_in_target_{name[:-len('_total')]}", doc, ["method"],
+                          samples)
+        else:
+            yield gauge(f"splitspec_in_target_{name}", doc, labels=["method"], samples=samples)

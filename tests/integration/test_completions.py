@@ -228,3 +228,50 @@ def test_bad_num_branches_is_a_400_naming_the_field(client, branches):
         "speculation": {"mode": "on", "method": "ngram", "num_branches": branches}})
     assert r.status_code == 400, r.text
     assert "speculation.num_branches" in r.text
+
+
+LOOKAHEAD_SHAPE = {"window": 2, "ngram": 4, "guesses": 3}
+
+
+def test_lookahead_with_its_own_shape_is_lossless_through_rest_and_grpc(stack, client, baseline):
+    spec = {"mode": "on", "method": "lookahead", "num_speculative_tokens": 8,
+            "lookahead": LOOKAHEAD_SHAPE}
+    for p in PROMPTS:
+        on = greedy(client, p, spec)
+        assert on["choices"][0]["text"] == baseline[p]["choices"][0]["text"], p
+        assert on["usage"]["speculation"]["method"] == "lookahead"
+    with grpc.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}") as ch:
+        stub = generation_pb2_grpc.GenerationStub(ch)
+        speculation = common_pb2.SpeculationConfig(
+            mode=common_pb2.SPECULATION_MODE_ON, method="lookahead", num_speculative_tokens=8,
+            lookahead=common_pb2.LookaheadConfig(**LOOKAHEAD_SHAPE))
+        req = common_pb2.GenerateRequest(
+            text=PROMPTS[1], sampling=common_pb2.SamplingParams(temperature=0),
+            stopping=common_pb2.StoppingCriteria(max_tokens=32), speculation=speculation)
+        text = "".join(c.text for c in stub.Generate(req, timeout=60))
+        assert text == baseline[PROMPTS[1]]["choices"][0]["text"]
+        req.speculation.lookahead.ngram = 9
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.Generate(req, timeout=60))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details().startswith("speculation.lookahead.ngram: ")
+
+
+@pytest.mark.parametrize("method, lookahead, field", [
+    ("lookahead", {"window": 0}, "speculation.lookahead.window"),
+    ("lookahead", {"window": 17}, "speculation.lookahead.window"),
+    ("lookahead", {"ngram": 1}, "speculation.lookahead.ngram"),
+    ("lookahead", {"guesses": -1}, "speculation.lookahead.guesses"),
+    ("lookahead", {"guesses": "2"}, "speculation.lookahead.guesses"),
+    ("lookahead", {"depth": 2}, "speculation.lookahead.depth"),
+    ("lookahead", [3, 3, 2], "speculation.lookahead"),
+    ("ngram", {"window": 3}, "speculation.lookahead"),
+    # within the API's bounds, beyond this verifier's node limit (8): only it can tell
+    ("lookahead", {"window": 16, "ngram": 3}, "speculation.lookahead.window"),
+])
+def test_bad_lookahead_shapes_are_a_400_naming_the_field(client, method, lookahead, field):
+    r = client.post("/v1/completions", json={
+        "prompt": "x", "max_tokens": 4,
+        "speculation": {"mode": "on", "method": method, "lookahead": lookahead}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field, r.text

@@ -175,6 +175,7 @@ SAMPLED_PLANS = {
     "draft-k8": [("draft", 8)],
     "mlp-k4": [("mlp", 4)],  # the test speculator has 4 heads
     "suffix-k8": [("suffix", 8)],
+    "lookahead-k8": [("lookahead", 8)],  # in-target: a tree of pool candidates and the window
     "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8)],
 }
 

@@ -151,6 +151,22 @@ def test_errors_before_the_first_token_are_the_status_of_a_streamed_request(oa, 
     assert e.value.body["param"] == "speculation.method"
 
 
+def test_extra_body_shapes_lookahead(oa, model):
+    """speculation.lookahead through the official client: the reply equals speculation off's;
+    a bad field is a 400 naming it."""
+    kw = dict(model=model, messages=CHAT, max_tokens=24, temperature=0)
+    off = oa.chat.completions.create(**kw, extra_body={"speculation": SPEC_OFF})
+    shape = {"window": 2, "ngram": 3, "guesses": 2}
+    on = oa.chat.completions.create(**kw, extra_body={"speculation": {
+        "mode": "on", "method": "lookahead", "num_speculative_tokens": 6, "lookahead": shape}})
+    assert on.choices[0].message.content == off.choices[0].message.content
+    assert on.usage.model_extra["speculation"]["method"] == "lookahead"
+    with pytest.raises(openai.BadRequestError) as e:
+        oa.chat.completions.create(**kw, extra_body={"speculation": {
+            "method": "lookahead", "lookahead": {**shape, "window": 0}}})
+    assert e.value.body["param"] == "speculation.lookahead.window"
+
+
 def test_ready_and_the_openapi_document(stack):
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         assert client.get("/ready").json() == {"status": "ready"}

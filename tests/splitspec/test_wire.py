@@ -7,7 +7,12 @@ import pytest
 
 from protos import common_pb2
 from splitspec.errors import InvalidArgument
-from splitspec.params import SpeculationMode, SpeculationPlan, SpeculationRequest
+from splitspec.params import (
+    LookaheadParams,
+    SpeculationMode,
+    SpeculationPlan,
+    SpeculationRequest,
+)
 from splitspec.wire import plan_from_pb, plan_to_pb, speculation_from_pb
 
 
@@ -17,6 +22,9 @@ from splitspec.wire import plan_from_pb, plan_to_pb, speculation_from_pb
     SpeculationPlan("ngram", 4),
     SpeculationPlan("mlp", 3, adaptive=True, k_min=0, details=True),
     SpeculationPlan("draft", 2, adaptive=True, k_min=1),
+    SpeculationPlan("ngram", 6, num_branches=3),
+    SpeculationPlan("lookahead", 8, lookahead=LookaheadParams(4, 3, 0)),
+    SpeculationPlan("lookahead", 8, lookahead=LookaheadParams(window=2)),  # the rest: defaults
 ])
 def test_a_plan_crosses_the_wire_unchanged(plan):
     msg = common_pb2.GenerateRequest.FromString(
@@ -37,3 +45,18 @@ def test_the_clients_config_is_read_as_sent():
     assert speculation_from_pb(common_pb2.SpeculationConfig()) == SpeculationRequest()
     with pytest.raises(InvalidArgument, match="speculation.mode"):
         speculation_from_pb(common_pb2.SpeculationConfig(mode=7))
+
+
+def test_a_lookahead_shape_is_validated_once_naming_the_field():
+    msg = common_pb2.SpeculationConfig(method="lookahead",
+                                       lookahead=common_pb2.LookaheadConfig(ngram=3))
+    req = speculation_from_pb(msg)
+    assert req.lookahead == LookaheadParams(None, 3, None) and req.validate() is req
+    for shape, field in ((LookaheadParams(window=0), "window"), (LookaheadParams(ngram=9), "ngram"),
+                         (LookaheadParams(guesses=17), "guesses")):
+        with pytest.raises(InvalidArgument) as e:
+            SpeculationRequest(method="lookahead", lookahead=shape).validate()
+        assert e.value.field == f"speculation.lookahead.{field}"
+    with pytest.raises(InvalidArgument) as e:  # only lookahead reads it
+        SpeculationRequest(method="ngram", lookahead=LookaheadParams(window=2)).validate()
+    assert e.value.field == "speculation.lookahead"

@@ -27,7 +27,7 @@ class FixedChain(InTargetMethod):
         self.outcomes: list[StepOutcome] = []
         FixedChain.instances.append(self)
 
-    def admit(self, request_id, tokens, sampling) -> InTargetState:
+    def admit(self, request_id, tokens, sampling, plan) -> InTargetState:
         self.admitted += 1
         return _FixedState(self)
 

@@ -31,7 +31,7 @@ class OracleTree(InTargetMethod):
     reference: dict[tuple[int, ...], list[int]] = {}
     mangle = None
 
-    def admit(self, request_id, tokens, sampling) -> InTargetState:
+    def admit(self, request_id, tokens, sampling, plan) -> InTargetState:
         # re-admitted after a preemption, `tokens` is the prompt and the output so far
         prompt = next(p for p in self.reference if tuple(tokens[:len(p)]) == p)
         return _OracleState(request_id, prompt, self.vocab)

@@ -102,6 +102,17 @@ def test_gauges_come_from_the_engine_snapshot_at_scrape_time():
     assert s[("splitspec_num_preemptions_total", ())] == 4
 
 
+def test_in_target_methods_stats_are_counters_and_gauges_labelled_by_method():
+    registry = CollectorRegistry()
+    m = VerifierMetrics(registry)
+    snap = EngineStats(in_target={"lookahead": {"window_nodes_total": 12, "pool_ngrams": 40}})
+    m.bind(lambda: snap)
+    s = scrape(registry)
+    la = (("method", "lookahead"),)
+    assert s[("splitspec_in_target_window_nodes_total", la)] == 12
+    assert s[("splitspec_in_target_pool_ngrams", la)] == 40
+
+
 def test_a_step_allocates_nothing_once_its_methods_are_known():
     m = VerifierMetrics(CollectorRegistry())
     st = step({"ngram": mstats(4, 4, [4, 2, 0, 1]), "mlp": mstats(2, 3, [3, 3])}, emitted=9)
