@@ -53,7 +53,8 @@ class ReplicaSnapshot:
 class Estimates:
     half_life_tried: float = HALF_LIFE_TRIED
     running_alpha: float = RUNNING_ALPHA
-    acceptance: dict[tuple[str, bool], Acceptance] = field(default_factory=dict)  # (m, greedy)
+    # (method, greedy, branches): chains are branches 1, token trees of up to b children b
+    acceptance: dict[tuple[str, bool, int], Acceptance] = field(default_factory=dict)
     replicas: dict[str, ReplicaSnapshot] = field(default_factory=dict)
     recent_running: dict[str, float] = field(default_factory=dict)
     # this gateway's generations streaming from the replica when its snapshot arrived: the
@@ -70,8 +71,8 @@ class Estimates:
             deltas = {}
             for name, m in snap.methods.items():
                 old = prev.methods.get(name, MethodSnapshot())
-                deltas[name] = (m.greedy.minus(old.greedy) if greedy
-                                else m.sampled.minus(old.sampled))
+                for b in {1, *(t[0] for t in m.trees)}:
+                    deltas[(name, b)] = m.acceptance(greedy, b).minus(old.acceptance(greedy, b))
             self.add_acceptance(greedy, deltas)
         self.replicas[address] = snap
         self.local_at_snapshot[address] = local_in_flight
@@ -82,20 +83,22 @@ class Estimates:
         for key in [k for k in self._round_trips if k[0] == address]:
             del self._round_trips[key]
 
-    def add_acceptance(self, greedy: bool, deltas: dict[str, Acceptance]) -> None:
-        """New counts per method for one kind of request."""
+    def add_acceptance(self, greedy: bool, deltas: dict) -> None:
+        """New counts for one kind of request, per method (a name: chains) or per
+        (method, branches)."""
+        deltas = {(k, 1) if isinstance(k, str) else k: d for k, d in deltas.items()}
         new = sum(d.tried for d in deltas.values())
         if new <= 0 and not any(d.asked for d in deltas.values()):
             return
         factor = decay_factor(new, self.half_life_tried)
         for key in [k for k in self.acceptance if k[1] == greedy]:
             self.acceptance[key] = self.acceptance[key].scaled(factor)
-        for name, d in deltas.items():
-            key = (name, greedy)
+        for (name, branches), d in deltas.items():
+            key = (name, greedy, branches)
             self.acceptance[key] = self.acceptance.get(key, Acceptance()).plus(d)
 
-    def acceptance_of(self, method: str, greedy: bool) -> Acceptance:
-        return self.acceptance.get((method, greedy), Acceptance())
+    def acceptance_of(self, method: str, greedy: bool, branches: int = 1) -> Acceptance:
+        return self.acceptance.get((method, greedy, branches), Acceptance())
 
     def round_trip(self, address: str, method: str) -> RoundTrip:
         key = (address, method)

@@ -22,6 +22,11 @@ Rules, in order:
                                                                  exploration
   auto                              best goodput                 goodput / low_acceptance /
                                                                  compute_bound
+In auto, each proposer method is a candidate twice: as chains and as token trees of up to
+`auto_branches` children per node (capped by the verifier's --max-num-branches), each priced
+from its own measured acceptance (a tree of k nodes forwards k rows and gains its accepted
+depth), so that trees are chosen only where they measured better; a request that gives
+num_branches keeps it. In-target methods own their shape and are chains here.
 Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
 flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
 counted beyond them (other gateways, direct clients). The
@@ -39,6 +44,7 @@ from dataclasses import dataclass, field
 from gateway.estimates import Estimates
 from protos import verifier_pb2
 from splitspec.goodput import MethodModel, RoundTrip, batch_goodput, choose, default_step_cost
+from splitspec.methods import METHODS, Kind
 from splitspec.params import LOOKAHEAD, SpeculationMode, SpeculationPlan, SpeculationRequest
 
 # Every this many auto decisions, one goes to a stale method (0: never explore): at most ~3 %
@@ -47,6 +53,10 @@ EXPLORE_EVERY = 32
 # A method is stale for a kind of request (greedy, sampled) below this many recent tried
 # draft positions (see gateway/estimates.py for how they decay).
 STALE_TRIED = 50.0
+# Children per node of the token trees auto weighs against chains (1: chains only).
+AUTO_BRANCHES = 3
+
+Candidate = tuple[str, int]  # (method, children per draft node at most: 1 is a chain)
 
 
 @dataclass(frozen=True)
@@ -54,6 +64,7 @@ class PolicyConfig:
     disable_queue_size: int = 0  # 0: no queue-size override
     explore_every: int = EXPLORE_EVERY
     stale_tried: float = STALE_TRIED
+    auto_branches: int = AUTO_BRANCHES
 
 
 @dataclass(frozen=True)
@@ -95,11 +106,11 @@ class SpeculationPolicy:
         # reports no branch limit: chains only)
         req.validate(methods, k_max, max(1, info.max_num_branches))
         mode, fixed_k = req.mode, req.num_speculative_tokens
-        branches = req.num_branches or 1  # trees only where asked: auto does not price them yet
 
-        def plan(method: str | None = None, k: int = 0, k_min: int | None = None
+        def plan(chosen: Candidate | None = None, k: int = 0, k_min: int | None = None
                  ) -> SpeculationPlan:
             """k_min set: k is the first step's, re-decided every step from k_min up."""
+            method, branches = chosen or (None, 1)
             return SpeculationPlan(method, k, adaptive=k_min is not None, k_min=k_min or 0,
                                    num_branches=branches if method else 1,
                                    details=req.details,
@@ -111,46 +122,62 @@ class SpeculationPolicy:
             return Decision(plan(), "requested_k0", mode)
         if not methods:
             return Decision(plan(), "no_proposer", mode)
-        candidates = (req.method,) if req.method else methods
         if mode is SpeculationMode.ON:  # its method (or the first served)
-            method = req.method or methods[0]
+            chosen = (req.method or methods[0], req.num_branches or 1)
             if fixed_k is not None:
-                return Decision(plan(method, fixed_k), "requested_on", mode)
-            _, k, _ = self._choose((method,), greedy, load, k_max, None, allow_off=False)
-            return Decision(plan(method, k, k_min=1), "requested_on", mode)
+                return Decision(plan(chosen, fixed_k), "requested_on", mode)
+            _, k, _ = self._choose((chosen,), greedy, load, k_max, None, allow_off=False)
+            return Decision(plan(chosen, k, k_min=1), "requested_on", mode)
+        candidates = self._candidates((req.method,) if req.method else methods,
+                                      req.num_branches, max(1, info.max_num_branches))
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
             return Decision(plan(), "queue_size", mode)
         self.auto_decisions += 1
         every = self.config.explore_every
         stale = self._stale(candidates, greedy)
         if every and stale and self.auto_decisions % every == 0:
-            method, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False)
-            return Decision(plan(method, k, k_min=1 if fixed_k is None else None),
+            chosen, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False)
+            return Decision(plan(chosen, k, k_min=1 if fixed_k is None else None),
                             "exploration", mode)
-        method, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
+        if req.num_branches is None:  # trees compete once measured; until then they explore
+            candidates = tuple(c for c in candidates if c[1] == 1 or self.estimates.acceptance_of(
+                *c[:1], greedy, c[1]).tried >= self.config.stale_tried)
+        chosen, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
                                          allow_off=True)
-        if method is None:
+        if chosen is None:
             return Decision(plan(), reason, mode)
-        return Decision(plan(method, k, k_min=0 if fixed_k is None else None), reason, mode)
+        return Decision(plan(chosen, k, k_min=0 if fixed_k is None else None), reason, mode)
 
-    def _stale(self, methods: tuple[str, ...], greedy: bool) -> str | None:
-        """The method with the least recent data, when it has too little."""
-        weights = sorted((self.estimates.acceptance_of(m, greedy).tried, m) for m in methods)
+    def _candidates(self, methods: tuple[str, ...], asked_branches: int | None,
+                    max_branches: int) -> tuple[Candidate, ...]:
+        """What auto weighs: each method as chains, and each proposer method also as trees
+        (unless the request fixed num_branches, which it keeps)."""
+        if asked_branches is not None:
+            return tuple((m, asked_branches) for m in methods)
+        b = min(self.config.auto_branches, max_branches)
+        trees = tuple((m, b) for m in methods if b > 1 and m in METHODS
+                      and METHODS[m].kind is Kind.PROPOSER)
+        return tuple((m, 1) for m in methods) + trees
+
+    def _stale(self, candidates: tuple[Candidate, ...], greedy: bool) -> Candidate | None:
+        """The candidate with the least recent data, when it has too little."""
+        weights = sorted((self.estimates.acceptance_of(m, greedy, b).tried, (m, b))
+                         for m, b in candidates)
         return weights[0][1] if weights and weights[0][0] < self.config.stale_tried else None
 
-    def _choose(self, methods: tuple[str, ...], greedy: bool, load: Load, k_max: int,
-                fixed_k: int | None, allow_off: bool) -> tuple[str | None, int, str]:
+    def _choose(self, candidates: tuple[Candidate, ...], greedy: bool, load: Load, k_max: int,
+                fixed_k: int | None, allow_off: bool) -> tuple[Candidate | None, int, str]:
         est = self.estimates
         cost = est.cost(load.address) if load.address else default_step_cost()
-        models = {m: MethodModel.from_acceptance(
-            est.acceptance_of(m, greedy),
+        models = {(m, b): MethodModel.from_acceptance(
+            est.acceptance_of(m, greedy, b),
             est.round_trip(load.address, m) if load.address else RoundTrip(),
-            est.draft_limit(load.address, m)) for m in methods}
+            est.draft_limit(load.address, m)) for m, b in candidates}
         if fixed_k is None:
             c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
             return c.method, c.k, c.reason
-        best = max(methods, key=lambda m: (batch_goodput(models[m], fixed_k, load.batch, cost),
-                                           m))
+        best = max(candidates, key=lambda c: (batch_goodput(models[c], fixed_k, load.batch,
+                                                            cost), c))
         if allow_off:  # auto with an explicit k: that k, or off
             c = choose({best: models[best]}, load.batch, cost, k_max, True)
             if c.method is None:

@@ -25,7 +25,10 @@ def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
         methods={m.method: MethodSnapshot(
             Acceptance.from_counters(m.greedy), Acceptance.from_counters(m.sampled),
             tuple((b.k, float(b.calls), b.seconds_total) for b in m.round_trips),
-            longest_draft=m.longest_draft, unavailable=m.unavailable)
+            longest_draft=m.longest_draft,
+            trees=tuple((t.branches, Acceptance.from_counters(t.greedy),
+                         Acceptance.from_counters(t.sampled)) for t in m.trees),
+            unavailable=m.unavailable)
             for m in pb.methods},
         step_cost=tuple((b.steps, float(b.tokens_total), b.seconds_total)
                         for b in pb.step_cost))

@@ -14,7 +14,7 @@ class WatchStatsRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class MethodStats(_message.Message):
-    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips", "longest_draft", "ahead_hits", "ahead_misses", "ahead_pushed")
+    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips", "longest_draft", "ahead_hits", "ahead_misses", "ahead_pushed", "trees")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class MethodStats(_message.Message):
     AHEAD_HITS_FIELD_NUMBER: _ClassVar[int]
     AHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
     AHEAD_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    TREES_FIELD_NUMBER: _ClassVar[int]
     method: str
     proposed_tokens: int
     accepted_tokens: int
@@ -41,7 +42,18 @@ class MethodStats(_message.Message):
     ahead_hits: int
     ahead_misses: int
     ahead_pushed: int
-    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ..., longest_draft: _Optional[int] = ..., ahead_hits: _Optional[int] = ..., ahead_misses: _Optional[int] = ..., ahead_pushed: _Optional[int] = ...) -> None: ...
+    trees: _containers.RepeatedCompositeFieldContainer[TreeCounts]
+    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ..., longest_draft: _Optional[int] = ..., ahead_hits: _Optional[int] = ..., ahead_misses: _Optional[int] = ..., ahead_pushed: _Optional[int] = ..., trees: _Optional[_Iterable[_Union[TreeCounts, _Mapping]]] = ...) -> None: ...
+
+class TreeCounts(_message.Message):
+    __slots__ = ("branches", "greedy", "sampled")
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    GREEDY_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    branches: int
+    greedy: AcceptanceCounts
+    sampled: AcceptanceCounts
+    def __init__(self, branches: _Optional[int] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ...) -> None: ...
 
 class RoundTripBucket(_message.Message):
     __slots__ = ("k", "calls", "seconds_total")

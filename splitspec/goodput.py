@@ -38,7 +38,7 @@ import bisect
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Hashable, Iterable, Mapping
 
 # The verifier's step time before any step was measured: seconds = BASE + PER_TOKEN * tokens.
 DEFAULT_BASE_S = 0.010
@@ -285,9 +285,19 @@ class MethodCounts:
     sampled: Acceptance = Acceptance()
     round_trips: tuple[tuple[int, float, float], ...] = ()  # (k, calls, seconds total) per k
     longest_draft: int = 0  # the most tokens one verified draft had
+    # Token trees: (b, greedy, sampled) for the steps of requests that let a node have up to
+    # b > 1 children. Their positions are tree nodes and depths: a step forwards its nodes
+    # (drafted_at) and gains its accepted path's depth (accepted_at), so the same MethodModel
+    # prices a tree of k nodes as it prices a chain of k tokens.
+    trees: tuple[tuple[int, Acceptance, Acceptance], ...] = ()
 
-    def acceptance(self, greedy: bool) -> Acceptance:
-        return self.greedy if greedy else self.sampled
+    def acceptance(self, greedy: bool, branches: int = 1) -> Acceptance:
+        if branches <= 1:
+            return self.greedy if greedy else self.sampled
+        for b, g, s in self.trees:
+            if b == branches:
+                return g if greedy else s
+        return Acceptance()
 
     def round_trip(self) -> RoundTrip:
         return fit_round_trip(self.round_trips)
@@ -381,7 +391,8 @@ def marginal_goodput(model: MethodModel, k: int, cost: StepCost, others_tokens: 
 
 @dataclass(frozen=True)
 class Choice:
-    method: str | None  # None: off
+    method: Hashable | None  # the chosen key of `choose`'s models (a method, or the gateway's
+    # (method, branches)); None: off
     k: int
     goodput: float  # tokens/s the model expects
     reason: str  # goodput | low_acceptance | compute_bound
@@ -399,7 +410,7 @@ def best_k(model: MethodModel, batch: int, cost: StepCost, k_max: int,
     return best
 
 
-def choose(models: Mapping[str, MethodModel], batch: int, cost: StepCost, k_max: int,
+def choose(models: Mapping[Hashable, MethodModel], batch: int, cost: StepCost, k_max: int,
            allow_off: bool = True, margin: float = SPECULATION_MARGIN) -> Choice:
     """The (method, k) with the highest goodput for a batch of `batch` sequences, or off when
     no method beats plain decoding by `margin` (never off when allow_off is False).

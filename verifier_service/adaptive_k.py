@@ -60,7 +60,7 @@ class AdaptiveK:
         self._cost: StepCost | None = None
         self._cost_steps = -1
         self._batch: _Batch | None = None
-        self._methods: dict[tuple[str, bool], MethodModel] = {}
+        self._methods: dict[tuple[str, bool, int], MethodModel] = {}
 
     def begin_step(self) -> None:
         """Forget the cached view of the batch (the running set may change before this step)
@@ -80,19 +80,21 @@ class AdaptiveK:
 
     def model(self, seq: SequenceState) -> MethodModel:
         """The request's own acceptance and hit rate, shrunk towards its method's."""
-        prior = self.method_model(seq.inp.speculation.method or "", seq.inp.sampling.greedy)
+        plan = seq.inp.speculation
+        prior = self.method_model(plan.method or "", seq.inp.sampling.greedy, plan.num_branches)
         own = Acceptance.from_counts(seq.accepted, seq.rejections, seq.drafts, seq.asked)
         # the method's measured positions, scaled to the request's own (shrunk) rates
         return prior.for_request(own.rate(prior.acceptance, REQUEST_PRIOR_STRENGTH),
                                  own.hit_rate(prior.hit_rate, REQUEST_PRIOR_STRENGTH))
 
-    def method_model(self, name: str, greedy: bool) -> MethodModel:
-        """The method's model for one kind of request, from its counters (once per step)."""
-        key = (name, greedy)
+    def method_model(self, name: str, greedy: bool, branches: int = 1) -> MethodModel:
+        """The method's model for one kind of request (greedy or sampled; chains, or trees of
+        up to `branches` children per node), from its counters (once per step)."""
+        key = (name, greedy, branches)
         if key not in self._methods:
             counts = self.stats.method(name).counts()
             self._methods[key] = MethodModel.from_acceptance(
-                counts.acceptance(greedy), counts.round_trip(), counts.draft_limit())
+                counts.acceptance(greedy, branches), counts.round_trip(), counts.draft_limit())
         return self._methods[key]
 
     def _view(self, running: list[SequenceState]) -> _Batch:

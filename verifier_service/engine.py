@@ -316,8 +316,14 @@ class Engine:
         k = self.adaptive.choose(seq, self.scheduler.running) if plan.adaptive else plan.k
         remaining = seq.inp.stopping.max_tokens - len(seq.tracker.output_ids)
         room = self.max_model_len - len(seq.tokens)
-        # A step emits accepted drafts + 1 token: drafting more than needed is wasted work.
-        return max(0, min(k, remaining - 1, room - 1, self.config.max_num_speculative_tokens))
+        if remaining <= 1:
+            return 0
+        # A step emits its accepted path + 1 token: a chain longer than the tokens still due is
+        # wasted work. A tree's node budget is not its depth (lookahead's window alone is
+        # W x (N - 1) nodes, N + W - 2 deep), so only its rows are bounded, by the room left.
+        tree = plan.num_branches > 1 or self.drafts.in_target.serves(plan.method)
+        due = room - 1 if tree else min(remaining - 1, room - 1)
+        return max(0, min(k, due, self.config.max_num_speculative_tokens))
 
     # -- results -------------------------------------------------------------------------------
 
@@ -338,11 +344,11 @@ class Engine:
         self.drafts.observe(seq, draft, n_acc, result.tokens, result.path, result.node_argmax)
         if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
             method = self.stats.method(seq.inp.speculation.method)
+            branches = seq.inp.speculation.num_branches
             if k:
-                method.add_draft(k, n_acc, seq.inp.sampling.greedy)
+                method.add_draft(k, n_acc, seq.inp.sampling.greedy, branches)
                 ms.add_draft(k, n_acc)  # the method was asked this step: it has a record
-            counts = method.greedy if seq.inp.sampling.greedy else method.sampled
-            counts.add_asked(seq.asked_k, k, n_acc)
+            method.kind(seq.inp.sampling.greedy, branches).add_asked(seq.asked_k, k, n_acc)
             seq.asked_k = 0
         appended = seq.tracker.append(result.tokens)
         seq.tokens.extend(appended.token_ids)

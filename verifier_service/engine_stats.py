@@ -64,6 +64,14 @@ class AcceptanceCounts:
 
 
 @dataclass
+class TreeCounts:
+    """Verified steps of requests that allowed token trees of up to b children per node."""
+
+    greedy: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+    sampled: AcceptanceCounts = field(default_factory=AcceptanceCounts)
+
+
+@dataclass
 class StepCostBucket:
     max_tokens: int  # batch tokens in (previous bucket's max_tokens, max_tokens]
     steps: int = 0
@@ -94,13 +102,23 @@ class MethodStats:
     ahead_hits: int = 0
     ahead_misses: int = 0
     ahead_pushed: int = 0  # of the hits: taken from a push, no round trip waited for
+    # token trees: children per node allowed (b > 1) -> what those requests' steps verified
+    trees: dict[int, TreeCounts] = field(default_factory=dict)
 
-    def add_draft(self, k: int, accepted: int, greedy: bool = True) -> None:
+    def kind(self, greedy: bool, branches: int = 1) -> AcceptanceCounts:
+        """The counters of one kind of request: greedy or sampled, chains or trees of b."""
+        if branches <= 1:
+            return self.greedy if greedy else self.sampled
+        tree = self.trees.setdefault(branches, TreeCounts())
+        return tree.greedy if greedy else tree.sampled
+
+    def add_draft(self, k: int, accepted: int, greedy: bool = True, branches: int = 1) -> None:
+        """A verified draft of k tokens (a tree: k nodes, `accepted` its accepted depth)."""
         self.drafts += 1
         self.proposed_tokens += k
         self.accepted_tokens += accepted
         count_accepted(self.accepted_per_position, k, accepted)
-        (self.greedy if greedy else self.sampled).add(k, accepted)
+        self.kind(greedy, branches).add(k, accepted)
 
     def counts(self) -> MethodCounts:
         """What the goodput model reads of these counters (the gateway reads the same from
@@ -108,7 +126,10 @@ class MethodStats:
         return MethodCounts(Acceptance.from_counters(self.greedy),
                             Acceptance.from_counters(self.sampled),
                             tuple((k, n, s) for k, (n, s) in self.round_trips.items()),
-                            len(self.accepted_per_position))
+                            len(self.accepted_per_position),
+                            tuple((b, Acceptance.from_counters(t.greedy),
+                                   Acceptance.from_counters(t.sampled))
+                                  for b, t in sorted(self.trees.items())))
 
     def add_round_trip(self, k: int, seconds: float) -> None:
         entry = self.round_trips.setdefault(k, [0, 0.0])

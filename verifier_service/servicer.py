@@ -148,7 +148,11 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
                                           longest_draft=len(v.accepted_per_position),
                                           ahead_hits=v.ahead_hits,
                                           ahead_misses=v.ahead_misses,
-                                          ahead_pushed=v.ahead_pushed)
+                                          ahead_pushed=v.ahead_pushed,
+                                          trees=[verifier_pb2.TreeCounts(
+                                              branches=b, greedy=_acceptance_to_pb(t.greedy),
+                                              sampled=_acceptance_to_pb(t.sampled))
+                                              for b, t in sorted(v.trees.items())])
                  for m, v in sorted(s.per_method.items())],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=b.max_tokens, steps=b.steps,
                                                tokens_total=b.tokens_total,

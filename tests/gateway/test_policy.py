@@ -4,6 +4,8 @@ and sampled kept apart, deterministic exploration, and the estimates built from 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gateway.estimates import Estimates, MethodSnapshot, ReplicaSnapshot
@@ -237,3 +239,45 @@ def test_every_plan_carries_the_requests_details_flag():
                 SpeculationRequest(SpeculationMode.ON, "ngram", 3, details=True)):
         assert p.decide(req, INFO, True, load()).plan.details
     assert not p.decide(AUTO, INFO, True, load()).plan.details
+
+
+def test_auto_picks_token_trees_where_they_measured_better_and_chains_where_not():
+    info = verifier_pb2.VerifierInfo()
+    info.CopyFrom(INFO)
+    info.max_num_branches = 4  # auto weighs trees of min(auto_branches 3, 4) children
+
+    def snap(chain: tuple[float, float], tree: tuple[float, float]) -> ReplicaSnapshot:
+        """n-gram's (accepted, tried) as chains and as trees of 3; the MLP never pays."""
+        s = snapshot(greedy={"ngram": chain, "mlp": (10, 1000)})
+        drafts = tree[1] - tree[0]
+        trees = ((3, Acceptance(*tree, drafts, drafts), Acceptance()),)
+        return dataclasses.replace(s, methods={
+            **s.methods, "ngram": dataclasses.replace(s.methods["ngram"], trees=trees)})
+
+    better = policy(snap((300, 1000), (700, 1000))).decide(AUTO, info, True, load())
+    assert (better.plan.method, better.plan.num_branches, better.reason) == ("ngram", 3,
+                                                                             "goodput")
+    worse = policy(snap((700, 1000), (300, 1000)))
+    chosen = worse.decide(AUTO, info, True, load())
+    assert (chosen.plan.method, chosen.plan.num_branches) == ("ngram", 1)
+    # the MLP's trees were never measured: not chosen on priors, but explored
+    assert worse.decide(SpeculationRequest(method="mlp"), info, True, load()).plan.method is None
+    explorer = policy(snap((700, 1000), (300, 1000)), explore_every=1)
+    d = explorer.decide(AUTO, info, True, load())
+    assert (d.plan.method, d.plan.num_branches, d.reason) == ("mlp", 3, "exploration")
+    kept = worse.decide(SpeculationRequest(num_branches=2), info, True, load())
+    assert kept.plan.num_branches == 2  # a request's own num_branches is kept
+    assert plan_to_pb(better.plan).num_branches == 3
+
+
+def test_tree_counts_travel_from_the_verifier_s_stats_to_the_estimates():
+    tree = verifier_pb2.AcceptanceCounts(drafts=10, proposed_tokens=60, accepted_tokens=25,
+                                         rejections=9, asked=10)
+    pb = verifier_pb2.EngineStats(steps=5, methods=[verifier_pb2.MethodStats(
+        method="ngram", trees=[verifier_pb2.TreeCounts(branches=3, greedy=tree)])])
+    snap = snapshot_from_pb(pb)
+    assert snap.methods["ngram"].acceptance(True, 3) == Acceptance.from_counters(tree)
+    est = Estimates()
+    est.observe(ADDRESS, snap)
+    assert est.acceptance_of("ngram", True, 3).accepted == 25
+    assert est.acceptance_of("ngram", True).accepted == 0  # chains are kept apart

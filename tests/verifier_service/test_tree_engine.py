@@ -99,6 +99,17 @@ def test_trees_alone_and_batched_equal_speculation_off(target_model_dir, greedy_
     assert tree_usage.proposed_tokens > tree_usage.accepted_tokens
     assert tree_usage.branch_hits == tree_usage.steps - 1 or tree_usage.branch_hits > 5
     assert results[1][2].usage.branch_hits == 0  # a chain never leaves its first child
+    # what the policy prices trees from: their steps apart from chains, per branching limit
+    oracle_stats = engine.stats.method(NAME)
+    assert oracle_stats.greedy.drafts == 0  # every oracle request allowed trees
+    assert set(oracle_stats.trees) == {2, 3}
+    two = oracle_stats.trees[2].greedy
+    assert two.drafts > 0 and two.accepted_tokens >= 20 and two.drafted_at and two.accepted_at
+    counts = oracle_stats.counts()
+    assert counts.acceptance(True, 2).accepted == two.accepted_tokens
+    assert counts.acceptance(True).accepted == 0 and counts.acceptance(True, 4).tried == 0
+    assert engine.stats.method("ngram").greedy.drafts > 0 and not engine.stats.method(
+        "ngram").trees
     assert drained(engine)
 
 
