@@ -6,7 +6,10 @@ that the next step's draft is ready when its outcome was among them.
 
 A step that may branch (max_branch > 1) gets the chain with the draft's likeliest other tokens
 as leaves (proposer_service/draft_branches.py) when drafted afresh; a step answered from drafting
-ahead gets the chain drafted ahead, exactly what was pushed for it.
+ahead gets the chain drafted ahead, exactly what was pushed for it. Drafting ahead after a tree
+follows the tree that was sent: the chain as far as it was kept, and for every leaf the outcome
+"the leaf accepted, then a bonus token" (drafted like all-accepted: the first token drafted
+ahead is the bonus token's guess).
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ class _AheadPlan:
 
     step: SequenceStep
     history: list[int]
-    draft: Draft
+    draft: Draft  # the chain as sent (a tree: its spine, the chain nodes it kept)
     state: SeqState
+    leaves: frozenset[tuple[int, ...]] = frozenset()  # a tree's leaves: spine prefix + leaf
 
     def rejection_outcomes(self) -> list[tuple[int, ...]]:
         """The deltas of the likely rejections, likeliest first: the first n drafts accepted,
@@ -136,9 +140,10 @@ class DraftSession(ProposerSession):
         for (step, history, state), d in zip(
                 work, draft_in_batches(work, self._p.max_batch, self._p.draft_batch)):
             d.ahead_outcome = AHEAD_MISS if step.seq_id in missed else ""
-            self._plan_ahead(step, history, d)  # the outcomes drafted ahead follow the chain
-            drafts[d.seq_id] = (branch_chain(d, state.alternatives, step.k, step.max_branch)
-                                if step.max_branch > 1 else d)
+            sent = (branch_chain(d, state.alternatives, step.k, step.max_branch)
+                    if step.max_branch > 1 else d)
+            self._plan_ahead(step, history, d, sent)  # the outcomes drafted ahead follow it
+            drafts[d.seq_id] = sent
         return [drafts[s.seq_id] for s in steps]
 
     # -- drafting ahead ----------------------------------------------------------------------------
@@ -148,8 +153,10 @@ class DraftSession(ProposerSession):
         on a miss (then the sequence is drafted afresh, never from a draft ahead of another
         outcome)."""
         k = step.k
-        found = (None if ready is None or step.full_history or k > ready.k
-                 or step.sampling != ready.sampling
+        # a chain step wants its k tokens; a tree step's k is a node budget its chain may not
+        # fill (the tree it replaces spent nodes on leaves)
+        found = (None if ready is None or step.full_history
+                 or (k > ready.k and step.max_branch <= 1) or step.sampling != ready.sampling
                  else ready.drafts.get(tuple(step.new_tokens)))
         if found is None:
             return None
@@ -158,12 +165,17 @@ class DraftSession(ProposerSession):
         q = None if draft.q is None else SparseProbs.from_rows(draft.q.rows()[:k])
         return Draft(step.seq_id, draft.tokens[:k], q, ahead_outcome=AHEAD_HIT)
 
-    def _plan_ahead(self, step: SequenceStep, history: list[int], draft: Draft) -> None:
-        k = len(draft.tokens)
+    def _plan_ahead(self, step: SequenceStep, history: list[int], draft: Draft,
+                    sent: Draft | None = None) -> None:
+        """Plan drafting ahead for what `sent` (the draft's chain, or the tree made of it) may
+        lead to."""
+        spine, leaves = _spine_and_leaves(sent if sent is not None else draft)
+        chain = draft if len(spine) == len(draft.tokens) else Draft(draft.seq_id, spine)
+        k = len(chain.tokens)
         if (step.draft_ahead and self._p.drafts_ahead and k and not draft.resync
                 and len(history) + 2 * k + 1 <= self._p.max_positions):
             state = self._states[step.seq_id]
-            plan = _AheadPlan(step, list(history), draft, state.copy())
+            plan = _AheadPlan(step, list(history), chain, state.copy(), leaves)
             plan.state.alternatives = state.alternatives
             self._plans[step.seq_id] = plan
 
@@ -176,7 +188,7 @@ class DraftSession(ProposerSession):
             if plan is None or step.full_history:
                 continue
             delta, d = tuple(step.new_tokens), plan.draft.tokens
-            if (len(delta) == len(d) + 1 and list(delta[:-1]) == d) \
+            if (len(delta) == len(d) + 1 and list(delta[:-1]) == d) or delta[:-1] in plan.leaves \
                     or delta in plan.rejection_outcomes()[:self._p.ahead_rejections]:
                 return True
         return False
@@ -195,9 +207,10 @@ class DraftSession(ProposerSession):
             work.append((dataclasses.replace(plan.step, k=k + 1), h + d, plan.state.copy()))
             outcomes.append((sid, None))
             for delta in plan.rejection_outcomes()[:self._p.ahead_rejections]:
-                work.append((dataclasses.replace(plan.step, k=k), h + list(delta),
+                leaf = delta in plan.leaves  # sent as a leaf: accepted, a bonus token follows
+                work.append((dataclasses.replace(plan.step, k=k + leaf), h + list(delta),
                              plan.state.copy()))
-                outcomes.append((sid, delta))
+                outcomes.append((sid, (delta, leaf)))
         # Entries first: a cancelled drafting ahead leaves them empty, so the step counts a miss.
         ready = {sid: _Ready(len(p.draft.tokens), p.step.sampling, {}, len(p.history))
                  for sid, p in plans.items()}
@@ -206,7 +219,8 @@ class DraftSession(ProposerSession):
             plan = next(iter(plans.values()))
             n_hist, d = len(plan.history), plan.draft.tokens
             rows = [(n_hist + len(d) - 1, d[-1], len(d) + 1)] + [
-                (n_hist + len(delta) - 1, delta[-1], len(d)) for _, delta in outcomes[1:]]
+                (n_hist + len(delta) - 1, delta[-1], len(d) + leaf)
+                for _, (delta, leaf) in outcomes[1:]]
             shared = self._p.draft_shared(plan.step, rows, plan.state, cancel, guess_row=0)
             if shared is None:  # cancelled: keep nothing
                 return
@@ -217,11 +231,13 @@ class DraftSession(ProposerSession):
                                        lambda w: self._p.draft_batch(w, cancel) or [])
             if len(results) != len(work):  # cancelled: keep nothing
                 return
-        for (sid, delta), (_, _, state), draft in zip(outcomes, work, results):
+        for (sid, outcome), (_, _, state), draft in zip(outcomes, work, results):
             entry = ready[sid]
-            if delta is None:  # all accepted: the first token is the bonus token's guess
+            delta, bonus_first = ((tuple(plans[sid].draft.tokens), True) if outcome is None
+                                  else outcome)
+            if bonus_first:  # all accepted, or a leaf: the first token is the bonus's guess
                 bonus, q = draft.tokens[0], draft.q
-                delta = tuple(plans[sid].draft.tokens) + (bonus,)
+                delta = delta + (bonus,)
                 draft = Draft(sid, draft.tokens[1:],
                               None if q is None else SparseProbs.from_rows(q.rows()[1:]))
                 state.alternatives = state.alternatives[1:]
@@ -244,3 +260,23 @@ class DraftSession(ProposerSession):
         self._states.clear()
         self._ready.clear()
         self._plans.clear()
+
+
+def _spine_and_leaves(sent: Draft) -> tuple[list[int], frozenset[tuple[int, ...]]]:
+    """A draft as sent: its chain nodes (each node's first child, from the root down) and its
+    leaves as outcomes (the spine up to the leaf's parent, then the leaf). A chain: itself, no
+    leaves."""
+    if sent.is_chain:
+        return list(sent.tokens), frozenset()
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(sent.parents):
+        children.setdefault(parent, []).append(node)
+    spine: list[int] = []
+    leaves = set()
+    parent = -1
+    while children.get(parent):
+        first, *others = children[parent]
+        leaves.update(tuple(spine) + (sent.tokens[o],) for o in others)
+        spine.append(sent.tokens[first])
+        parent = first
+    return spine, frozenset(leaves)

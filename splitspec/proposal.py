@@ -90,7 +90,8 @@ _OUTCOME_FROM_PB = {v: k for k, v in _OUTCOME_TO_PB.items()}
 @dataclass(frozen=True)
 class AheadDraft:
     """A draft made ahead for one outcome of the step being verified, pushed to the verifier:
-    it serves the step whose message says new_tokens == outcome at history_len, cut to its k."""
+    it serves the step whose message says new_tokens == outcome at history_len, cut to its k
+    (a chain step needs k tokens of it; a tree step's k is a node budget it may leave unfilled)."""
 
     history_len: int
     outcome: tuple[int, ...]
@@ -98,7 +99,8 @@ class AheadDraft:
 
     def serves(self, step: SequenceStep) -> bool:
         return (not step.full_history and step.history_len == self.history_len
-                and tuple(step.new_tokens) == self.outcome and step.k <= len(self.draft.tokens)
+                and tuple(step.new_tokens) == self.outcome
+                and (step.k <= len(self.draft.tokens) or step.max_branch > 1)
                 and _most_children(self.draft.parents[:step.k]) <= max(1, step.max_branch))
 
     def taken(self, k: int) -> Draft:

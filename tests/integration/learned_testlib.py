@@ -50,11 +50,13 @@ class GenClient:
     @staticmethod
     def request(prompt: str, method: str | None = None, k: int = 4, max_tokens: int = 16,
                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                ignore_eos: bool = True) -> common_pb2.GenerateRequest:
+                ignore_eos: bool = True, branches: int = 1) -> common_pb2.GenerateRequest:
         spec = (common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_OFF)
                 if method is None else
                 common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON, method=method,
                                              num_speculative_tokens=k))
+        if method is not None and branches > 1:
+            spec.num_branches = branches  # token trees: up to `branches` children per node
         sampling = common_pb2.SamplingParams(temperature=temperature, top_p=top_p)
         if seed is not None:
             sampling.seed = seed

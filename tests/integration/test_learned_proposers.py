@@ -48,12 +48,14 @@ def ahead_hits(stack, method: str) -> int:
 
 
 @pytest.mark.parametrize("method", ["draft", "mlp"])
-@pytest.mark.parametrize("k", [1, 4, 8])
-def test_greedy_equals_speculation_off(stack, client, baseline, method, k):
+@pytest.mark.parametrize("k, branches", [(1, 1), (4, 1), (8, 1), (6, 2)])
+def test_greedy_equals_speculation_off(stack, client, baseline, method, k, branches):
     """Drafting ahead is on by default: the draft proposer drafts ahead while the verifier verifies,
-    and answers some steps from that (hits), each verified like any other draft."""
+    and answers some steps from that (hits), each verified like any other draft; with token trees
+    (branches > 1) too, drafted ahead and cut to the step's node count."""
     hits_before = ahead_hits(stack, method)
-    results = client.generate_all([client.request(p, method, k) for p in PROMPTS])
+    results = client.generate_all([client.request(p, method, k, branches=branches)
+                                   for p in PROMPTS])
     proposed = accepted = 0
     for base, res in zip(baseline, results):
         assert res.token_ids == base.token_ids and res.text == base.text
@@ -177,7 +179,16 @@ SAMPLED_PLANS = {
     "suffix-k8": [("suffix", 8)],
     "lookahead-k8": [("lookahead", 8)],  # in-target: a tree of pool candidates and the window
     "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8)],
+    # token trees (method, k, children per node): deterministic siblings (n-gram, suffix) and
+    # sampled ones (the draft's second guesses, the MLP's top-k per head) in one batch
+    "trees": [("ngram", 6, 3), ("draft", 8, 2), ("mlp", 4, 2), ("suffix", 6, 3)],
 }
+
+
+def plan_request(client, prompt: str, step: tuple, **kw):
+    """The request for one (method, k[, branches]) of a plan."""
+    method, k, *branches = step
+    return client.request(prompt, method, k, branches=branches[0] if branches else 1, **kw)
 
 
 def draft_paths_ran(responses, methods) -> None:
@@ -207,16 +218,16 @@ def test_sampled_speculation_has_the_targets_distribution(
     checked by test_the_distribution_test_tells_temperatures_apart at the same critical values.
     """
     steps = SAMPLED_PLANS[plan]
-    ahead = {m for m, _ in steps if METHODS[m].capabilities.drafts_ahead}
+    ahead = {m for m, *_ in steps if METHODS[m].capabilities.drafts_ahead}
     hits_before = {m: ahead_hits(stack, m) for m in ahead}
     on = client.generate_all(
         [
-            client.request(sampled_prompt, *steps[i % len(steps)], **SAMPLED)
+            plan_request(client, sampled_prompt, steps[i % len(steps)], **SAMPLED)
             for i in range(SAMPLED_N)
         ],
         workers=8,
     )
-    draft_paths_ran(on, {m for m, _ in steps})
+    draft_paths_ran(on, {m for m, *_ in steps})
     for m in ahead:  # drafting ahead on (the default): some drafts came from drafting ahead
         assert ahead_hits(stack, m) > hits_before[m], m
     for pos in range(SAMPLED["max_tokens"]):
@@ -239,11 +250,12 @@ def test_seeded_sampled_output_is_identical_with_speculation_on_and_off(
     n = 96
     on = client.generate_all(
         [
-            client.request(sampled_prompt, *steps[i % len(steps)], seed=20_000 + i, **SAMPLED)
+            plan_request(client, sampled_prompt, steps[i % len(steps)], seed=20_000 + i,
+                         **SAMPLED)
             for i in range(n)
         ]
     )
-    draft_paths_ran(on, {m for m, _ in steps})
+    draft_paths_ran(on, {m for m, *_ in steps})
     assert [r.token_ids for r in on] == [r.token_ids for r in sampled_off[:n]]
 
 

@@ -152,3 +152,41 @@ def test_an_unseeded_sampled_all_accepted_guess_is_the_mode_and_its_hit_carries_
     (hit,) = session.propose([outcome(session, prompt, delta, sampled)])
     assert hit.ahead_outcome == AHEAD_HIT and len(hit.tokens) == K and hit.q is not None
     assert bool((hit.q.prob_of(torch.tensor(hit.tokens)) > 0).all())
+
+
+def test_after_a_tree_a_taken_leaf_and_the_kept_chain_hit(proposer, prompt):
+    """A tree step (max_branch 2) sends the chain with leaves; drafting ahead follows that tree:
+    the chain as far as it was kept, all accepted, and each leaf accepted with a bonus token
+    after it. Both outcomes are answered from the drafting ahead, with the fresh continuation."""
+    from proposer_service.draft_session import _spine_and_leaves
+
+    def tree_step(session):
+        (tree,) = session.propose([SequenceStep("s", list(prompt), len(prompt), 6,
+                                                full_history=True, draft_ahead=True,
+                                                max_branch=2)])
+        assert not tree.is_chain and session.has_ahead_work()
+        session.draft_ahead(threading.Event())
+        return tree
+
+    session = proposer.open_session()
+    spine, leaves = _spine_and_leaves(tree_step(session))
+    assert leaves and len(spine) < 6  # the budget went partly to leaves
+    bonus = reference_greedy(proposer.model, prompt + spine, 1)[0]
+    delta = spine + [bonus]
+    step = SequenceStep("s", delta, len(prompt) + len(delta), 6, draft_ahead=True, max_branch=2)
+    assert session.ahead_may_hit([step])
+    (hit,) = session.propose([step])
+    assert hit.ahead_outcome == AHEAD_HIT
+    assert hit.tokens == reference_greedy(proposer.model, prompt + delta, len(hit.tokens))
+    session = proposer.open_session()
+    tree_step(session)
+    # the leaves among the outcomes drafted ahead (the likeliest ones, ahead_rejections of them)
+    taken = [o for o in session._ready["s"].drafts if o[:-1] in leaves]
+    assert taken
+    leaf = taken[0][:-1]
+    delta = list(leaf) + reference_greedy(proposer.model, prompt + list(leaf), 1)
+    step = SequenceStep("s", delta, len(prompt) + len(delta), 6, draft_ahead=True, max_branch=2)
+    assert session.ahead_may_hit([step])
+    (hit,) = session.propose([step])
+    assert hit.ahead_outcome == AHEAD_HIT
+    assert hit.tokens == reference_greedy(proposer.model, prompt + delta, len(hit.tokens))
