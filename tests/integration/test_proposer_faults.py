@@ -132,7 +132,8 @@ class FakeProposer(proposer_pb2_grpc.ProposerServicer):
     - "oracle": in time, the drafts the target will accept: the next k tokens of the reference
       continuation that extends the sequence's history (well-formed, fresh, correct);
     - "late": the same drafts, each sent delay_s after its step's request arrived;
-    - "garbage": in time, drafts of every malformed kind the verifier must drop;
+    - "garbage": in time, drafts of every malformed kind the verifier must drop (malformed
+      token trees included);
     - "resync": RESYNC for every delta (full histories get garbage).
     """
 
@@ -159,7 +160,8 @@ class FakeProposer(proposer_pb2_grpc.ProposerServicer):
         histories: dict[str, list[int]] = {}  # this stream's view of its sequences
         kinds = itertools.cycle(["too_long", "out_of_vocab", "negative", "sum_not_one",
                                  "token_not_in_support", "rows_mismatch", "unknown_seq",
-                                 "stale_step"])
+                                 "stale_step", "tree_parent_out_of_range", "tree_cycle",
+                                 "tree_too_bushy", "tree_q_rows"])
 
         def read() -> None:  # answers are due delay_s after their request, not after the last
             try:
@@ -226,6 +228,19 @@ class FakeProposer(proposer_pb2_grpc.ProposerServicer):
                 d.distributions.add(indices=[3], probs=[1.0])
         elif kind == "unknown_seq":
             d.seq_id = "no-such-" + s.seq_id
+        # malformed token trees (SequenceDraft.parents)
+        elif kind == "tree_parent_out_of_range":
+            d.parents.extend([-1] * (k - 1) + [k + 7])
+        elif kind == "tree_cycle":  # every node's parent comes after it
+            d.parents.extend(list(range(1, k + 1)))
+        elif kind == "tree_too_bushy":  # children of the root, on a step that asked for a chain
+            del d.tokens[:]
+            d.tokens.extend([3] * max(k, 2))
+            d.parents.extend([-1] * len(d.tokens))
+        elif kind == "tree_q_rows":  # a well-formed tree, one q row per node plus one
+            d.parents.extend([-1] + list(range(k - 1)))
+            for _ in range(k + 1):
+                d.distributions.add(indices=[3], probs=[1.0])
         return d
 
 
@@ -357,6 +372,10 @@ def test_late_or_garbage_answers_change_no_output(learned_models, fingerprint, t
             waiting_verifier.stop()
 
             late.mode = "garbage"
+            garbage = run_phase(port, late, requests("draft"))
+            # every malformed draft and tree was dropped: none reached verification
+            assert garbage.outputs == base and garbage.answers > 0
+            assert garbage.proposed_tokens == 0, garbage
             assert both("draft") == base
             assert both("mlp") == base
             late.mode, late.seen_steps = "resync", []

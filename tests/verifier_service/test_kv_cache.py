@@ -20,7 +20,10 @@ BLOCK = 4
 def _cache(num_blocks: int = 8) -> PagedKVCache:
     spec = KVCacheSpec(num_layers=2, num_kv_heads=1, head_dim=3, dtype=torch.float32,
                        block_size=BLOCK, num_blocks=num_blocks)
-    return PagedKVCache(spec, torch.device("cpu"))
+    kv = PagedKVCache(spec, torch.device("cpu"))
+    kv.k.zero_()  # the cache is allocated uninitialised: NaN bits would defeat torch.equal
+    kv.v.zero_()
+    return kv
 
 
 def _write(kv: PagedKVCache, table: BlockTable, start: int, values: list[float]) -> None:
