@@ -9,7 +9,7 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup run lint test protos bench bench-toy bench-real bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
+.PHONY: setup run lint test protos bench bench-toy bench-real bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,8 +64,10 @@ bench-repeat: $(STAMP)
 # The comparison benchmark: splitspec (off, auto, every method, drafting ahead on/off) vs Hugging Face
 # generate (plain, assisted by the draft, prompt lookup), greedy and temperature 0.8, on the toy
 # family (bench/reports/bench.md) and on the real chat model with held-out chat and code prompts
-# at k 3 and 5 (bench/reports/bench-real.md). BENCH_ARGS passes options, e.g. "--threads 1".
-bench: bench-toy bench-real
+# at k 3 and 5 (bench/reports/bench-real.md); then lookahead decoding against off, n-gram and
+# suffix at batch 1 and 4 on code, repetitive text and chat, both models
+# (bench/reports/lookahead.md). BENCH_ARGS passes options, e.g. "--threads 1".
+bench: bench-toy bench-real bench-lookahead
 
 bench-toy: $(STAMP)
 	$(PY) bench/compare_bench.py $(BENCH_ARGS)
@@ -73,6 +75,9 @@ bench-toy: $(STAMP)
 bench-real: $(STAMP) real-model
 	$(PY) bench/compare_bench.py --model $(REAL_MODEL) --prompt-set chat \
 		--k ngram=3,5 suffix=3,5 draft=3,5 mlp=3,5 --out bench/reports/bench-real.md $(BENCH_ARGS)
+
+bench-lookahead: $(STAMP) real-model
+	$(PY) bench/lookahead_bench.py
 
 bench-quick: $(STAMP)
 	$(PY) bench/compare_bench.py --quick --out bench/reports/bench-quick.md $(BENCH_ARGS)
