@@ -1,6 +1,7 @@
 """Lookahead decoding against speculation off, n-gram and suffix, through the full stack:
 compression (tokens per step, the paper's metric), tokens/s, rows fed per step and what an extra
-row costs, at batch 1 and 4, greedy, on held-out code, repetitive text and chat prompts.
+row costs, at batch 1 and 4, greedy, on held-out code, repetitive text and chat prompts; and
+`auto` (the gateway's policy), which has lookahead among its candidates.
 
     python bench/lookahead_bench.py [--model DIR] [--prompts 4] [--max-tokens 48]
         [--shapes 3,3,2 5,4,3 ...] [--out bench/reports/lookahead.md]
@@ -66,6 +67,7 @@ class Shape:
 
 def configs(shapes: list[Shape], k: int) -> list[tuple[str, dict]]:
     out = [("off", {"mode": "off"}),
+           ("auto", {"mode": "auto"}),  # the gateway's policy, lookahead among its candidates
            (f"ngram k={k}", {"mode": "on", "method": "ngram", "num_speculative_tokens": k}),
            (f"suffix k={k}", {"mode": "on", "method": "suffix", "num_speculative_tokens": k})]
     for s in shapes:

@@ -1,8 +1,10 @@
 """Does `auto` keep up with the best fixed speculation setting? Output tokens/s through the real
 services (gateway -> verifier -> proposers) at concurrency 1, 4 and 16, greedy and temperature
-0.8, for speculation off, every served method at k = 3 and k = 5, and auto.
+0.8, for speculation off, every served method at k = 3 and k = 5 (and, with --branches, its
+token trees at its largest k), and auto.
 
-    python bench/policy_bench.py [--rounds 3] [--max-tokens 64] [--quick]
+    python bench/policy_bench.py [--rounds 3] [--max-tokens 64] [--branches ngram=3 ...]
+                                 [--quick]
 
 Per point (concurrency, temperature) the configurations are interleaved wave by wave: a wave
 sends `concurrency` held-out prompts at once with one configuration and waits for all of them;
@@ -38,20 +40,23 @@ from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # no
 from splitspec.methods import METHODS  # noqa: E402
 
 TARGET = 0.95
-Config = tuple[str, int]  # (method | "off" | "auto", k)
+Config = tuple[str, int, int]  # (method | "off" | "auto", k, children per node: 1 a chain)
 
 
 def speculation(config: Config) -> dict:
-    method, k = config
+    method, k, branches = config
     if method == "off":
         return {"mode": "off"}
     if method == "auto":
         return {"mode": "auto"}
-    return {"mode": "on", "method": method, "num_speculative_tokens": k}
+    spec = {"mode": "on", "method": method, "num_speculative_tokens": k}
+    return {**spec, "num_branches": branches} if branches > 1 else spec
 
 
 def label(config: Config) -> str:
-    return config[0] if config[0] in ("off", "auto") else f"{config[0]} k={config[1]}"
+    if config[0] in ("off", "auto"):
+        return config[0]
+    return f"{config[0]} k={config[1]}" + (f" tree b={config[2]}" if config[2] > 1 else "")
 
 
 async def wave(client: httpx.AsyncClient, prompts: list[str], config: Config,
@@ -86,6 +91,7 @@ async def run_point(url: str, prompts: Iterator[str], configs: list[Config], con
     seconds = {c: 0.0 for c in configs}
     tokens = {c: 0 for c in configs}
     chosen: Counter = Counter()
+    trees: Counter = Counter()  # auto's requests that ran token trees, by method
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         for r in range(waves_for(concurrency, rounds)):
             shift = r % len(configs)
@@ -97,7 +103,9 @@ async def run_point(url: str, prompts: Iterator[str], configs: list[Config], con
                 if config[0] == "auto":
                     chosen.update((sp["method"] or "off", sp["num_speculative_tokens"],
                                    sp.get("policy_reason", "")) for sp in specs)
-    return {"tps": {c: tokens[c] / seconds[c] for c in configs}, "chosen": chosen}
+                    trees.update(sp["method"] for sp in specs if sp.get("num_branches", 1) > 1)
+    return {"tps": {c: tokens[c] / seconds[c] for c in configs}, "chosen": chosen,
+            "trees": trees}
 
 
 def miss_reason(result: dict, best: Config) -> str:
@@ -130,7 +138,7 @@ def report(points: dict, configs: list[Config], args, methods: list[str]) -> str
     for (conc, temp), res in points.items():
         tps = res["tps"]
         best = max(fixed, key=lambda c: tps[c])
-        ratio = tps[("auto", 0)] / tps[best]
+        ratio = tps[("auto", 0, 1)] / tps[best]
         ok = ratio >= TARGET
         lines.append(f"| {conc} | {temp} | " + " | ".join(f"{tps[c]:.0f}" for c in configs)
                      + f" | {label(best)} | {ratio:.2f} | {'ok' if ok else 'MISS'} |")
@@ -141,7 +149,8 @@ def report(points: dict, configs: list[Config], args, methods: list[str]) -> str
     for (conc, temp), res in points.items():
         top = ", ".join(f"{m}{f' k={k}' if k else ''} {why}: {n}"
                         for (m, k, why), n in res["chosen"].most_common())
-        lines.append(f"- concurrency {conc}, temperature {temp}: {top}")
+        trees = ", ".join(f"{m} x{n}" for m, n in res["trees"].most_common()) or "none"
+        lines.append(f"- concurrency {conc}, temperature {temp}: {top}; as token trees: {trees}")
     lines += ["", "Misses:" if misses else "No misses.", "", *misses]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -154,6 +163,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.8])
     ap.add_argument("--k", type=int, nargs="+", default=[3, 5])
+    ap.add_argument("--branches", nargs="*", default=[],
+                    help="METHOD=B: also the method's token trees of up to B children per node, "
+                         "at the largest --k")
     ap.add_argument("--verifier-threads", type=int, default=0,
                     help="torch threads in the verifier and learned proposers (0: torch default)")
     ap.add_argument("--quick", action="store_true",
@@ -164,7 +176,8 @@ def main() -> None:
         args.rounds, args.max_tokens = 1, 8
     out = Path(args.out or ROOT / ("bench/out/policy-quick.md" if args.quick
                                    else "bench/reports/policy.md"))
-    configs_max = 2 + len(METHODS) * len(args.k)
+    branches = {m: int(b) for m, _, b in (x.partition("=") for x in args.branches)}
+    configs_max = 2 + len(METHODS) * len(args.k) + len(branches)
     prompts = iter(held_out_prompts(configs_max * len(args.temperatures) * sum(
         c * waves_for(c, args.rounds) for c in args.concurrency)))
     models = sibling_proposer_models(args.model)
@@ -178,7 +191,9 @@ def main() -> None:
     with Stack(config) as stack:
         methods = httpx.get(stack.url + "/v1/models", timeout=60).json()["data"][0][
             "speculation_methods"]
-        configs = [("off", 0)] + [(m, k) for m in methods for k in args.k] + [("auto", 0)]
+        configs = ([("off", 0, 1)] + [(m, k, 1) for m in methods for k in args.k]
+                   + [(m, max(args.k), b) for m, b in branches.items() if m in methods]
+                   + [("auto", 0, 1)])
         for conc in args.concurrency:
             for temp in args.temperatures:
                 t0 = time.perf_counter()

@@ -289,11 +289,12 @@ class SpeculationDetails:
 def usage_body(prompt_tokens: int, completion_tokens: int, method: str | None, k: int,
                proposed_tokens: int, accepted: int, steps: int,
                details: SpeculationDetails | None = None, reason: str = "", mode: str = "",
-               policy_reason: str = "", branch_hits: int = 0) -> dict:
+               policy_reason: str = "", branch_hits: int = 0, num_branches: int = 0) -> dict:
     speculation = {"method": method, "num_speculative_tokens": k,
                    "proposed_tokens": proposed_tokens, "accepted_tokens": accepted,
                    "acceptance_rate": (accepted / proposed_tokens) if proposed_tokens else None,
-                   "steps": steps, "branch_hits": branch_hits}
+                   "steps": steps, "branch_hits": branch_hits,
+                   "num_branches": max(num_branches, 1) if method else 1}
     if reason:
         speculation["reason"] = reason
     if mode:  # the gateway's decision: the mode asked for, and why the policy chose this

@@ -54,7 +54,8 @@ def request_usage(usages: list[common_pb2.Usage], details: bool = False, n: int 
         sum(u.speculation.accepted_tokens for u in usages),
         sum(u.speculation.steps for u in usages), detail, ",".join(sorted(reasons)),
         mode=",".join(sorted(modes)), policy_reason=",".join(sorted(policy)),
-        branch_hits=sum(u.speculation.branch_hits for u in usages))
+        branch_hits=sum(u.speculation.branch_hits for u in usages),
+        num_branches=max((u.speculation.num_branches for u in usages), default=0))
 
 
 @dataclass

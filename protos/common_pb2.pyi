@@ -158,7 +158,7 @@ class ResumeState(_message.Message):
     def __init__(self, output_token_ids: _Optional[_Iterable[int]] = ..., sent_text_chars: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason", "branch_hits")
+    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason", "branch_hits", "num_branches")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,7 @@ class SpeculationStats(_message.Message):
     MODE_FIELD_NUMBER: _ClassVar[int]
     POLICY_REASON_FIELD_NUMBER: _ClassVar[int]
     BRANCH_HITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     method: str
     num_speculative_tokens: int
     proposed_tokens: int
@@ -183,7 +184,8 @@ class SpeculationStats(_message.Message):
     mode: str
     policy_reason: str
     branch_hits: int
-    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., policy_reason: _Optional[str] = ..., branch_hits: _Optional[int] = ...) -> None: ...
+    num_branches: int
+    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., policy_reason: _Optional[str] = ..., branch_hits: _Optional[int] = ..., num_branches: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "speculation")

@@ -39,6 +39,7 @@ class Usage:
     step_counts: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted)
     reason: str = ""  # why speculation did not run although planned, e.g. proposer_incompatible
     branch_hits: int = 0  # token trees: steps whose accepted path left a first-ranked child
+    num_branches: int = 1  # token trees: the plan's children per node at most (1: chains)
 
 
 @dataclass(eq=False)
@@ -102,4 +103,5 @@ class SequenceState:
                      plan.method if plan.enabled else None, plan.k if plan.enabled else 0,
                      self.proposed_tokens, self.accepted, self.steps,
                      list(self.accepted_per_position), list(self.step_counts),
-                     self.speculation_reason, self.branch_hits)
+                     self.speculation_reason, self.branch_hits,
+                     plan.num_branches if plan.enabled else 1)

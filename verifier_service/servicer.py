@@ -186,6 +186,7 @@ def _output_to_pb(request_id: str, out: StepOutput,
         spec.steps = u.steps
         spec.reason = u.reason
         spec.branch_hits = u.branch_hits
+        spec.num_branches = u.num_branches if u.num_branches > 1 else 0
         if details:
             spec.accepted_per_position.extend(u.accepted_per_position)
             spec.step_draft_tokens.extend(d for d, _ in u.step_counts)

@@ -54,6 +54,7 @@ def test_greedy_is_identical_with_speculation_on_and_off(client, baseline, metho
         accepted += spec["accepted_tokens"]
         off = baseline[p]["usage"]["speculation"]
         assert off["method"] is None and off["proposed_tokens"] == 0
+        assert spec["num_branches"] == off["num_branches"] == 1  # chains
     assert accepted > 0
 
 
@@ -216,7 +217,7 @@ def test_token_trees_are_lossless_through_the_services(client, baseline, method)
                                 "num_branches": 3})
         assert on["choices"][0]["text"] == baseline[p]["choices"][0]["text"], p
         spec = on["usage"]["speculation"]
-        assert 0 <= spec["branch_hits"] <= spec["steps"]
+        assert 0 <= spec["branch_hits"] <= spec["steps"] and spec["num_branches"] == 3
         proposed += spec["proposed_tokens"]
     assert proposed > 0
 
