@@ -1,12 +1,14 @@
-"""The draft model's tree: its chain with the draft's likeliest other token as a leaf beside each
-chain node, the node budget spent by cumulative draft probability (tree_builder.select).
+"""The draft model's tree: its chain with the draft's likeliest other tokens as leaves beside each
+chain node (up to max_branch - 1 of them), the node budget spent by cumulative draft probability
+(tree_builder.select).
 
-The drafting loop already records, per drafted position, the draft model's two likeliest tokens
-and their probabilities (draft_loop.Alternatives). Where the draft's mass splits, the other one
-of them is a good second guess at that position: it costs no extra draft forward, only a node.
+The drafting loop already records, per drafted position, the draft model's likeliest tokens and
+their probabilities (draft_loop.Alternatives). Where the draft's mass splits, the others are good
+second guesses at that position: they cost no extra draft forward, only a node each.
 Scores (an estimate of reaching and accepting the node):
-    chain node i   reach_i * P(d_i),     reach_i = prod_{j < i} P(d_j)
-    leaf beside i  reach_i * P(a_i),     capped at the chain node's own score
+    chain node i     reach_i * P(d_i),     reach_i = prod_{j < i} P(d_j)
+    leaves beside i  reach_i * P(a),       each capped at the sibling before it (the chain node
+                                           first), so siblings keep the draft's rank order
 so a confident chain runs deep and an unsure position branches. This is EAGLE-2's expansion by
 cumulative draft probability one level deep: a leaf is not expanded further (its own children
 would need a second draft pass, or tree attention in the draft's cache).
@@ -28,7 +30,7 @@ from splitspec.proposal import Draft
 def branch_chain(chain: Draft, alternatives: list[Alternatives], budget: int,
                  max_branch: int) -> Draft:
     """The chain (its tokens, q when sampled) as a tree of at most budget nodes, each chain node
-    with the draft's likeliest other token there as a leaf sibling (max_branch >= 2)."""
+    with the draft's likeliest other tokens there as leaf siblings (up to max_branch - 1)."""
     q_rows = None if chain.q is None else chain.q.rows()
     tokens: list[int] = []
     parents: list[int] = []
@@ -36,18 +38,18 @@ def branch_chain(chain: Draft, alternatives: list[Alternatives], budget: int,
     rows: list[tuple[list[int], list[float]]] = []
     reach, above = 1.0, -1  # above: the chain node the next ones hang from
     for i, (token, (ids, probs)) in enumerate(zip(chain.tokens, alternatives)):
-        other = next(((a, p) for a, p in zip(ids, probs) if a != token), None)
+        others = [(a, p) for a, p in zip(ids, probs) if a != token][:max_branch - 1]
         p_token = probs[ids.index(token)] if token in ids else _q_prob(q_rows, i, token)
         node = len(tokens)
         tokens.append(token)
         parents.append(above)
         scores.append(reach * p_token)
         rows.append(q_rows[i] if q_rows is not None else ([token], [1.0]))
-        if other is not None:
-            tokens.append(other[0])
+        for other, p_other in others:
+            tokens.append(other)
             parents.append(above)
-            scores.append(min(reach * other[1], scores[node]))
-            rows.append(([other[0]], [1.0]))
+            scores.append(min(reach * p_other, scores[-1]))
+            rows.append(([other], [1.0]))
         reach *= p_token
         above = node
     kept = select(parents, scores, budget, max_branch)

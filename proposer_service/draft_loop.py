@@ -23,14 +23,15 @@ from splitspec.proposal import Draft
 
 # ids, pos [B, S], iteration j -> logits of each row's next token [B, V]
 Forward = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-Alternatives = tuple[list[int], list[float]]  # the two likeliest tokens and their probabilities
+Alternatives = tuple[list[int], list[float]]  # the likeliest tokens and their probabilities
+ALTERNATIVES = 4  # how many of the likeliest tokens are kept per drafted position
 
 
 @dataclass
 class Drafted:
     """What the loop drafted, per row and position: the token, the sparse q it was drawn from
-    (None: greedy), and the draft model's two likeliest tokens there (its guesses of the
-    recovered token, should the verifier reject that draft token)."""
+    (None: greedy), and the draft model's ALTERNATIVES likeliest tokens there (its guesses of
+    the recovered token, should the verifier reject that draft token, and a tree's leaves)."""
 
     tokens: list[list[int]]
     dists: list[list[Row | None]]
@@ -63,7 +64,7 @@ def draft_loop(forward: Forward, ids: torch.Tensor, pos: torch.Tensor, first_pos
         picked, dists = choose_tokens(logits, params, keys, top_k)
         if j == 0 and guess_row is not None and keys[guess_row] is None:
             picked[guess_row] = int(logits[guess_row].argmax())
-        top = logits.softmax(dim=-1).topk(2, dim=-1)  # [B, 2]
+        top = logits.softmax(dim=-1).topk(min(ALTERNATIVES, logits.shape[-1]), dim=-1)
         for i, (t, d, a) in enumerate(zip(picked, dists, zip(top.indices.tolist(),
                                                              top.values.tolist()))):
             out.tokens[i].append(t)

@@ -1,5 +1,6 @@
-"""The draft model's tree: its chain with the draft's likeliest other token as a leaf beside each
-chain node, cut to the node budget by cumulative draft probability; a chain step unchanged."""
+"""The draft model's tree: its chain with the draft's likeliest other tokens as leaves beside each
+chain node (up to max_branch - 1, in the draft's rank order), cut to the node budget by
+cumulative draft probability; a chain step unchanged."""
 
 from __future__ import annotations
 
@@ -26,6 +27,17 @@ def test_unsure_positions_branch_and_a_confident_chain_runs_deep():
     # no branching: the chain itself
     one = branch_chain(chain, alternatives, 3, 1)
     assert one.tokens == [10, 11, 12] and one.parents == [-1, 0, 1]
+
+
+def test_a_wider_branching_adds_the_next_likeliest_tokens_in_rank_order():
+    chain = Draft("s", [10, 11])
+    alternatives = [([10, 20, 30, 40], [0.4, 0.3, 0.2, 0.1]),
+                    ([11, 21, 31, 41], [0.5, 0.3, 0.1, 0.1])]
+    # scores: 10 .4, 20 .3, 30 .2, 11 .2, 21 .12, 31 .04
+    tree = branch_chain(chain, alternatives, budget=5, max_branch=3)
+    assert tree.tokens == [10, 20, 30, 11, 21] and tree.parents == [-1, -1, -1, 0, 0]
+    wide = branch_chain(chain, alternatives, budget=8, max_branch=4)  # three leaves a node
+    assert sorted(p for p in wide.parents if p == -1) == [-1] * 4
 
 
 def test_a_sampled_chain_node_precedes_its_deterministic_leaf():
