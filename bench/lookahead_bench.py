@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,9 @@ def rows(name: str, results: dict[str, tuple[float, list[dict]]], batch: int) ->
         ms_step = seconds * 1000 / steps
         per_row = ((ms_step - off_ms_step) / (row_count - 1)
                    if batch == 1 and row_count > 1 else None)
+        if label == "auto":  # what the policy chose for these requests
+            chose = Counter(r["usage"]["speculation"]["method"] or "off" for r in resp)
+            label += " (" + ", ".join(f"{m} x{n}" for m, n in chose.most_common()) + ")"
         lines.append(
             f"| {name} | {batch} | {label} | {tok_s:.1f} | {tok_s / off_tok_s:.2f}x | "
             f"{tokens / steps:.2f} | {row_count:.1f} | "

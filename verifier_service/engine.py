@@ -347,7 +347,8 @@ class Engine:
             branches = seq.inp.speculation.num_branches
             if k:
                 method.add_draft(k, n_acc, seq.inp.sampling.greedy, branches)
-                ms.add_draft(k, n_acc)  # the method was asked this step: it has a record
+                # the method was asked this step: it has a record
+                ms.add_draft(k, n_acc, result.branch_hit)
             method.kind(seq.inp.sampling.greedy, branches).add_asked(seq.asked_k, k, n_acc)
             seq.asked_k = 0
         appended = seq.tracker.append(result.tokens)

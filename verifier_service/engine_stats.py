@@ -185,9 +185,11 @@ class MethodStepStats:
     ahead_misses: int = 0  # drafted ahead for other outcomes: drafted afresh
     ahead_pushed: int = 0  # of the hits: taken from a push (no round trip)
     resyncs: int = 0  # sequences the proposer asked to resend in full
+    branch_hits: int = 0  # token trees: drafts whose accepted path left a first-ranked child
 
-    def add_draft(self, k: int, accepted: int) -> None:
+    def add_draft(self, k: int, accepted: int, branch_hit: bool = False) -> None:
         self.drafts += 1
+        self.branch_hits += branch_hit
         self.proposed_tokens += k
         self.accepted_tokens += accepted
         count_accepted(self.accepted_per_position, k, accepted)

@@ -55,6 +55,7 @@ class _MethodCounters:
     round_trip: object = None  # the method's bound histogram child
     ahead: dict[str, int] = field(default_factory=lambda: {"hit": 0, "miss": 0})
     pushed: int = 0
+    branch_hits: int = 0
 
 
 class VerifierMetrics:
@@ -118,6 +119,7 @@ class VerifierMetrics:
                 for j, n in enumerate(ms.accepted_per_position):
                     per_pos[j] += n
                 c.accepted_tokens += ms.accepted_tokens
+                c.branch_hits += getattr(ms, "branch_hits", 0)
             if ms.round_trip_s is not None:
                 c.round_trip.observe(ms.round_trip_s)
             if ms.missed:
@@ -174,6 +176,10 @@ class VerifierMetrics:
             "splitspec_spec_decode_num_proposed_tokens", "Draft tokens proposed and verified",
             ["method"], [((m,), c.proposed_tokens) for m, c in methods]),
             "splitspec_spec_decode_num_draft_tokens")
+        yield counter("splitspec_spec_decode_branch_hits",
+                      "Token trees: drafts whose accepted path took a lower-ranked sibling "
+                      "somewhere (a chain never does)", ["method"],
+                      [((m,), c.branch_hits) for m, c in methods])
         yield counter("splitspec_spec_decode_num_drafts",
                       "Sequence-steps that verified a non-empty draft", ["method"],
                       [((m,), c.drafts) for m, c in methods])

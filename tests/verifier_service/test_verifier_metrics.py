@@ -48,6 +48,7 @@ def test_speculation_counters_mirror_vllm_and_add_up():
     assert s[("splitspec_spec_decode_num_proposed_tokens_total", ng)] == 10
     # the old name stays exported (deprecated) with the same samples
     assert s[("splitspec_spec_decode_num_draft_tokens_total", ng)] == 10
+    assert s[("splitspec_spec_decode_branch_hits_total", ng)] == 0  # chains only
     assert s[("splitspec_spec_decode_num_accepted_tokens_total", ng)] == 6
     per_pos = {dict(k[1])["position"]: v for k, v in s.items()
                if k[0] == "splitspec_spec_decode_num_accepted_tokens_per_pos_total"
@@ -131,3 +132,15 @@ def test_a_step_allocates_nothing_once_its_methods_are_known():
                                                      "prometheus_client/metrics.py",
                                                      "prometheus_client/values.py")))
     assert grown < 2048, grown  # small ints and floats only; nothing kept per step
+
+
+def test_token_trees_branch_hits_are_counted_per_method():
+    registry = CollectorRegistry()
+    m = VerifierMetrics(registry)
+    tree = MethodStepStats(proposed_tokens=12, accepted_tokens=5, drafts=2, branch_hits=1,
+                           accepted_per_position=[2, 2, 1])
+    m.on_step(step({"draft": tree}, emitted=7))
+    s = scrape(registry)
+    dr = (("method", "draft"),)
+    assert s[("splitspec_spec_decode_branch_hits_total", dr)] == 1
+    assert s[("splitspec_spec_decode_num_proposed_tokens_total", dr)] == 12  # nodes verified
