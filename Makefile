@@ -89,7 +89,7 @@ bench-all: bench-kernels bench-engine bench-spec bench-repeat
 # minutes on 2 idle cores); report in bench/reports/policy.md; docs/policy.md.
 .PHONY: bench-policy
 bench-policy: $(STAMP)
-	$(PY) bench/policy_bench.py
+	$(PY) bench/policy_bench.py $(BENCH_ARGS)
 
 # Retrain the shipped model family (tokenizer, target, draft, MLP speculator) from the Python
 # standard library, about 85 minutes on 2 cores, then re-measure the model card's figures.
