@@ -21,7 +21,7 @@ from typing import Protocol
 
 from kernels.sparse_probs import SparseProbs
 from proposer_service.base import HistoryStore, ProposerSession, draft_in_batches
-from proposer_service.draft_branches import branch_chain
+from proposer_service.draft_branches import branch_chain, kept_leaves
 from proposer_service.draft_cache import SeqState
 from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
@@ -140,11 +140,25 @@ class DraftSession(ProposerSession):
         for (step, history, state), d in zip(
                 work, draft_in_batches(work, self._p.max_batch, self._p.draft_batch)):
             d.ahead_outcome = AHEAD_MISS if step.seq_id in missed else ""
-            sent = (branch_chain(d, state.alternatives, step.k, step.max_branch)
-                    if step.max_branch > 1 else d)
+            sent = self._tree(step, history, d, state) if step.max_branch > 1 else d
             self._plan_ahead(step, history, d, sent)  # the outcomes drafted ahead follow it
             drafts[d.seq_id] = sent
         return [drafts[s.seq_id] for s in steps]
+
+    def _tree(self, step: SequenceStep, history: list[int], chain: Draft,
+              state: SeqState) -> Draft:
+        """The step's tree: the chain with the draft's other likely tokens as leaves, and the
+        leaves that tree keeps grown into chains of their own, drafted in one batch over the
+        shared cache (needs the lean forward; without it the leaves stay leaves)."""
+        subtrees = {}
+        k = len(chain.tokens)
+        if self._p.lean is not None and k > 1 and not chain.resync:
+            grow = [(n, t) for n, t in kept_leaves(chain, state.alternatives, step.k,
+                                                   step.max_branch) if n < k - 1]
+            rows = [(len(history) + n, t, k - n - 1) for n, t in grow]
+            out = self._p.draft_shared(step, rows, state, threading.Event()) if rows else None
+            subtrees = {leaf: (d, s.alternatives) for leaf, (d, s) in zip(grow, out or [])}
+        return branch_chain(chain, state.alternatives, step.k, step.max_branch, subtrees)
 
     # -- drafting ahead ----------------------------------------------------------------------------
 

@@ -77,13 +77,26 @@ def test_a_branching_step_adds_the_drafts_second_guesses_and_a_chain_step_is_unc
     assert len(set(tree.parents)) < 4  # this draft is unsure somewhere: the tree branches
     for i, p in enumerate(tree.parents):
         assert -1 <= p < i
-        depth, node = 0, p
-        while node >= 0:
-            depth, node = depth + 1, tree.parents[node]
-        prefix = chain.tokens[:depth]
-        assert [tree.tokens[a] for a in _ancestors(tree.parents, i)] == prefix
+        path = [tree.tokens[a] for a in _ancestors(tree.parents, i)]
         # every node is the draft's best or second-best token after its own path
-        assert tree.tokens[i] in top2(proposer.model, prompt + prefix)
+        assert tree.tokens[i] in top2(proposer.model, prompt + path)
+
+
+def test_the_leaves_a_tree_keeps_grow_chains_of_their_own(proposer):
+    """EAGLE-2's expansion one level down: a kept leaf is drafted on (one more batched pass over
+    the shared cache), and its chain competes for the budget like any node."""
+    prompt = [5, 17, 33, 2, 9, 41, 7]
+    (tree,) = proposer.open_session().propose([SequenceStep("s", prompt, len(prompt), 8,
+                                                            full_history=True, max_branch=2)])
+    first = {}
+    for i, p in enumerate(tree.parents):
+        first.setdefault(p, i)
+    leaves = {i for i, p in enumerate(tree.parents) if first[p] != i}
+    grown = [i for i, p in enumerate(tree.parents) if p in leaves]
+    assert leaves and grown, (tree.tokens, tree.parents)
+    for i in grown:  # greedy: the draft's best token after the leaf's path
+        path = [tree.tokens[a] for a in _ancestors(tree.parents, i)]
+        assert tree.tokens[i] == top2(proposer.model, prompt + path)[0]
 
 
 def test_sampled_branching_steps_send_one_q_row_per_node(proposer):
@@ -108,6 +121,21 @@ def _ancestors(parents: list[int], node: int) -> list[int]:
         node = parents[node]
         out.insert(0, node)
     return out
+
+
+def test_a_grown_leaf_s_chain_hangs_under_it_scored_by_its_path():
+    chain = Draft("s", [10, 11])
+    alternatives = [([10, 20], [0.5, 0.4]), ([11, 21], [0.9, 0.05])]
+    grown = {(0, 20): (Draft("s", [30, 31]), [([30, 32], [0.8, 0.1]), ([31, 33], [0.5, 0.2])])}
+    # scores: 10 .5, 20 .4, 11 .45, 30 .32, 31 .16, 21 .025
+    tree = branch_chain(chain, alternatives, budget=5, max_branch=2, subtrees=grown)
+    assert tree.tokens == [10, 11, 20, 30, 31] and tree.parents == [-1, 0, -1, 2, 3]
+    assert tree.q is None
+    q = SparseProbs.from_rows([([30, 32], [0.8, 0.2]), ([31], [1.0])])
+    sampled = {(0, 20): (Draft("s", [30, 31], q), grown[(0, 20)][1])}
+    tree = branch_chain(Draft("s", [10, 11], SparseProbs.from_rows([([10], [1.0]), ([11], [1.0])])),
+                        alternatives, budget=5, max_branch=2, subtrees=sampled)
+    assert tree.q.rows()[3] == ([30, 32], pytest.approx([0.8, 0.2]))  # sent with its own q
 
 
 def test_the_tree_sampler_takes_these_trees_and_a_second_guess_is_accepted():
