@@ -140,8 +140,8 @@ class SpeculationPolicy:
             return Decision(plan(chosen, k, k_min=1 if fixed_k is None else None),
                             "exploration", mode)
         if req.num_branches is None:  # trees compete once measured; until then they explore
-            candidates = tuple(c for c in candidates if c[1] == 1 or self.estimates.acceptance_of(
-                *c[:1], greedy, c[1]).tried >= self.config.stale_tried)
+            candidates = tuple((m, b) for m, b in candidates if b == 1 or self.estimates
+                               .acceptance_of(m, greedy, b).tried >= self.config.stale_tried)
         chosen, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
                                          allow_off=True)
         if chosen is None:
