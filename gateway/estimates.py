@@ -83,10 +83,8 @@ class Estimates:
         for key in [k for k in self._round_trips if k[0] == address]:
             del self._round_trips[key]
 
-    def add_acceptance(self, greedy: bool, deltas: dict) -> None:
-        """New counts for one kind of request, per method (a name: chains) or per
-        (method, branches)."""
-        deltas = {(k, 1) if isinstance(k, str) else k: d for k, d in deltas.items()}
+    def add_acceptance(self, greedy: bool, deltas: dict[tuple[str, int], Acceptance]) -> None:
+        """New counts for one kind of request, per (method, branches): 1 for chains."""
         new = sum(d.tried for d in deltas.values())
         if new <= 0 and not any(d.asked for d in deltas.values()):
             return
