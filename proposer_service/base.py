@@ -88,7 +88,8 @@ def load_learned(cls, config: "ProposerConfig"):
                         tokenizer=config.tokenizer, trust_remote_code=config.trust_remote_code,
                         max_k=config.max_num_speculative_tokens,
                         draft_top_k=config.draft_top_k, max_batch=config.max_batch,
-                        idle_timeout_s=config.idle_timeout_s, linear=config.linear)
+                        idle_timeout_s=config.idle_timeout_s, linear=config.linear,
+                        vocab_subset=config.vocab_subset)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: cannot load the {config.method} proposer: {exc}") from None
 

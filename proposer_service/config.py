@@ -30,6 +30,10 @@ class ProposerConfig:
     threads: int = option(0, "torch intra-op threads (0: torch default)")
     linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
                          choices=("auto", "dense", "onednn", "fp16"))
+    # FR-Spec: a head scoring only the most frequent tokens (proposer_service/vocab_subset.py)
+    vocab_subset: str = option("auto", "draft/mlp: score only the N most frequent tokens of the "
+                                       "model directory's token_frequencies.json in the output "
+                                       "head (auto: the size it recommends; 0: every token)")
     ngram_min: int = option(1, "shortest suffix the n-gram proposer matches")
     ngram_max: int = option(4, "longest suffix the n-gram proposer matches")
     max_num_speculative_tokens: int = option(16, "largest k this proposer serves")

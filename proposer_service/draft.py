@@ -47,14 +47,22 @@ class DraftModelProposer(Proposer):
     def __init__(self, model, device: torch.device, vocab_size: int, tokenizer_fingerprint: str,
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
                  max_batch: int = 32, idle_timeout_s: float = 600.0, drafts_ahead: bool = True,
-                 ahead_rejections: int = 3, linear: str = "auto"):
+                 ahead_rejections: int = 3, linear: str = "auto",
+                 vocab_subset: torch.Tensor | None = None):
+        """vocab_subset: token ids the draft's head scores (kernels/vocab_subset.py), None for
+        the whole vocabulary; needs the lean forward."""
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
         self.device = device
         # The draft's forward: plain tensor ops where the architecture allows
         # (splitspec/lean_llama.py), else the transformers forward.
-        self.lean = LeanDecoder(model, linear) if LeanDecoder.supports(model) else None
+        supported = LeanDecoder.supports(model)
+        if vocab_subset is not None and not supported:
+            raise ValueError("a vocabulary subset needs a Llama-family draft (the lean forward); "
+                             "pass --vocab-subset 0")
+        self.lean = LeanDecoder(model, linear, vocab_subset) if supported else None
+        self.vocab_subset = vocab_subset
         self.vocab_size = vocab_size
         self.fingerprint = tokenizer_fingerprint
         self.model_name = model_name
@@ -80,7 +88,9 @@ class DraftModelProposer(Proposer):
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
-             trust_remote_code: bool = False, **kwargs) -> "DraftModelProposer":
+             trust_remote_code: bool = False, vocab_subset: str = "auto",
+             **kwargs) -> "DraftModelProposer":
+        from proposer_service.vocab_subset import resolve_subset
         from splitspec.modelio import (
             load_causal_lm,
             load_tokenizer,
@@ -91,7 +101,11 @@ class DraftModelProposer(Proposer):
         model = load_causal_lm(path, device, dtype, trust_remote_code)
         tok = load_tokenizer(tokenizer or path, trust_remote_code)
         vocab = model.get_output_embeddings().weight.shape[0]
-        return cls(model, device, vocab, tokenizer_fingerprint(tok), model_name(path), **kwargs)
+        subset = resolve_subset(path, vocab_subset, vocab)
+        if subset is not None and vocab_subset == "auto" and not LeanDecoder.supports(model):
+            subset = None  # auto keeps the whole head where there is no lean forward
+        return cls(model, device, vocab, tokenizer_fingerprint(tok), model_name(path),
+                   vocab_subset=subset, **kwargs)
 
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="draft", vocab_size=self.vocab_size,

@@ -106,9 +106,13 @@ def _family_fingerprint(tokenizer) -> str:
 class MlpSpeculatorProposer(Proposer):
     def __init__(self, model: MLPSpeculator, device: torch.device, tokenizer_fingerprint: str,
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
-                 max_batch: int = 32, idle_timeout_s: float = 600.0, linear: str = "auto"):
+                 max_batch: int = 32, idle_timeout_s: float = 600.0, linear: str = "auto",
+                 vocab_subset: torch.Tensor | None = None):
+        """vocab_subset: token ids its heads score (kernels/vocab_subset.py), None for all."""
         # its projections and heads run on packed weights (kernels/linear.py)
         self.linear = pack_linears(model, linear)
+        if vocab_subset is not None:
+            model.restrict_vocab(vocab_subset, self.linear)
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
@@ -126,7 +130,9 @@ class MlpSpeculatorProposer(Proposer):
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
-             trust_remote_code: bool = False, **kwargs) -> "MlpSpeculatorProposer":
+             trust_remote_code: bool = False, vocab_subset: str = "auto",
+             **kwargs) -> "MlpSpeculatorProposer":
+        from proposer_service.vocab_subset import resolve_subset
         from splitspec.modelio import load_tokenizer, model_name, tokenizer_fingerprint
 
         spec_dir = Path(path)
@@ -142,7 +148,9 @@ class MlpSpeculatorProposer(Proposer):
             raise ValueError(f"{path} was trained for a different vocabulary than the tokenizer "
                              f"in {tok_dir}")
         model = MLPSpeculator.from_pretrained(spec_dir, dtype=dtype, device=device)
-        return cls(model, device, tokenizer_fingerprint(tok), model_name(path), **kwargs)
+        subset = resolve_subset(spec_dir, vocab_subset, config.vocab_size)
+        return cls(model, device, tokenizer_fingerprint(tok), model_name(path),
+                   vocab_subset=subset, **kwargs)
 
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="mlp", vocab_size=self.vocab_size,

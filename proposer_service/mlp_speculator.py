@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kernels.vocab_subset import SubsetHead, SubsetHeadModule
 from proposer_service.mlp_speculator_format import (
     CONFIG_NAME,
     MODEL_TYPE,
@@ -108,6 +109,12 @@ class MLPSpeculator(nn.Module):
         for ln in self.ln:
             nn.init.ones_(ln.weight)
             nn.init.zeros_(ln.bias)
+
+    def restrict_vocab(self, ids: torch.Tensor, backend: str = "dense") -> None:
+        """For inference: every head scores only the tokens `ids` (the others' logits are -inf;
+        kernels/vocab_subset.py), its rows packed for `backend` (kernels/linear.py)."""
+        for i, h in enumerate(self.head):
+            self.head[i] = SubsetHeadModule(SubsetHead(h.weight, ids, backend))
 
     # head i -> index into the (possibly shared) module lists; steps past n_predict reuse the last
     def _idx(self, i: int, n: int) -> int:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.linear import PackedLinear, resolve
+from kernels.vocab_subset import SubsetHead
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H_kv, L, D]
 
@@ -68,9 +69,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class LeanDecoder:
-    def __init__(self, model, linear: str = "dense"):
+    def __init__(self, model, linear: str = "dense", vocab_subset: torch.Tensor | None = None):
         """linear: the matmul backend of every projection and the head (kernels/linear.py;
-        "auto" picks the fastest exact one for the weights' device and values)."""
+        "auto" picks the fastest exact one for the weights' device and values). vocab_subset:
+        token ids the head scores (kernels/vocab_subset.py; the others' logits are -inf), or
+        None for the whole vocabulary."""
         cfg = model.config
         inner = model.get_decoder()
         self.eps = cfg.rms_norm_eps
@@ -91,7 +94,8 @@ class LeanDecoder:
                                    layer.self_attn.v_proj, layer.self_attn.o_proj,
                                    layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
         self.linear = resolve(linear, mats)
-        self.head = PackedLinear(head, None, self.linear)
+        self.head = (PackedLinear(head, None, self.linear) if vocab_subset is None
+                     else SubsetHead(head, vocab_subset, self.linear))
         # q, k, v as one product and gate, up as another: fewer, wider matmuls per layer
         self.split_qkv = (self.n_heads * self.head_dim, self.n_kv * self.head_dim,
                           self.n_kv * self.head_dim)

@@ -11,6 +11,7 @@ import torch
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
+import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_sampling as draft_sampling
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
@@ -138,3 +139,11 @@ def tree_keeps_first_rows(monkeypatch) -> None:
     monkeypatch.setattr(tree_rejection.TreeResult, "kept_rows", lambda self: [
         list(range(n + a)) for n, a in zip(self.fed_before.tolist(),
                                              self.num_accepted.tolist())])
+
+
+def subset_logits_one_token_off(monkeypatch) -> None:
+    """A vocabulary-subset head writes each scored token's logit at the next subset token's id:
+    the draft proposes tokens by other tokens' scores."""
+    original = vocab_subset.scatter_logits
+    monkeypatch.setattr(vocab_subset, "scatter_logits",
+                        lambda sub, ids, vocab_size: original(sub, ids.roll(1), vocab_size))

@@ -1,0 +1,65 @@
+"""Which vocabulary subset a learned proposer's output head scores (kernels/vocab_subset.py).
+
+A drafter's directory may carry `token_frequencies.json`: token ids ranked by how often the
+target itself says them (counted on the target's own answers), and the subset size that was
+measured to pay off. `--vocab-subset` picks the head:
+
+  auto  the file's `recommended_subset` when the file has one, else the whole vocabulary
+  0     the whole vocabulary
+  N     the N most frequent tokens of the file (the file must exist)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from kernels.vocab_subset import subset_ids
+
+FREQUENCIES = "token_frequencies.json"
+
+
+def parse_setting(setting: str) -> int | None:
+    """'auto' -> None; '0' -> 0; 'N' -> N (ValueError otherwise)."""
+    if setting == "auto":
+        return None
+    try:
+        n = int(setting)
+    except ValueError:
+        raise ValueError(f"--vocab-subset must be auto or a token count, not {setting!r}") from None
+    if n < 0:
+        raise ValueError(f"--vocab-subset must be auto or >= 0, not {n}")
+    return n
+
+
+def resolve_subset(model_dir: str | Path, setting: str, vocab_size: int) -> torch.Tensor | None:
+    """The sorted token ids the head scores, or None for the whole vocabulary."""
+    n = parse_setting(setting)
+    path = Path(model_dir) / FREQUENCIES
+    if n == 0 or (n is None and not path.exists()):
+        return None
+    if not path.exists():
+        raise ValueError(f"--vocab-subset {n} needs {path} (token ids ranked by frequency)")
+    try:
+        data = json.loads(path.read_text())
+        ranked = [int(t) for t in data["ranked_ids"]]
+        if n is None:
+            n = int(data.get("recommended_subset") or 0)
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} is malformed: {exc}") from None
+    if not n or n >= vocab_size:
+        return None
+    return subset_ids(ranked, n, vocab_size)
+
+
+def write_frequencies(path: str | Path, counts: Counter, source: str,
+                      recommended_subset: int | None = None, **extra) -> None:
+    """Write the file `resolve_subset` reads: ids ranked by count (ties by id), with counts."""
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    data = {"source": source, "counted_tokens": sum(counts.values()),
+            "recommended_subset": recommended_subset, **extra,
+            "ranked_ids": ranked, "counts": [counts[t] for t in ranked]}
+    Path(path).write_text(json.dumps(data) + "\n")
