@@ -24,8 +24,13 @@ tokens arrives at once: n - 1 gaps of 0), acceptance per draft position, mean to
 the theoretical speedup from measured acceptance and cost ratio (bench/speedup_model.py) and
 achieved / theoretical, the time split of a step (bench/stack_probe.py), and the drafting-ahead
 hit rate; then the verifier's forward in this process by matmul backend with its top operators
-(bench/forward_profile.py). Writes bench/reports/bench.md and PNG plots next to it
-(bench/bench_report.py).
+(bench/forward_profile.py), and, where llama-bench is built (bench/llama_cpp.py), llama.cpp's
+plain decode on the same weights beside splitspec's decode speed. Writes bench/reports/bench.md
+and PNG plots next to it (bench/bench_report.py).
+
+Cross-request methods (one index over every request served: suffix) would learn each prompt's
+answer from the configurations run on it before; their proposer is restarted before each of
+their runs and each `auto` run, so no configuration sees a prompt twice.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import llama_cpp  # noqa: E402
 from bench_common import bench_parser  # noqa: E402
 from bench_report import write_report  # noqa: E402
 from chat_prompts import chat_prompts  # noqa: E402
@@ -191,6 +197,17 @@ class SplitspecClient:
         probe = self.probe.delta(before, self.probe.sample(), cfg.name)
         return _timed(start, end, chunks, tokens, usage=usage, probe=probe)
 
+    def forget_other_runs(self, cfg: Config) -> None:
+        """Before a run that may use a cross-request method (one index over every request it
+        served, e.g. suffix; `auto` may pick one): restart that proposer, so it has never seen
+        this prompt or its answer from another configuration's run (each prompt runs once per
+        configuration). A short unrelated request then reconnects the verifier to it."""
+        cross = [m for m, svc in self.stack.proposers.items()
+                 if METHODS[m].capabilities.cross_request and cfg.name in (m, "auto")]
+        for m in cross:
+            self.stack.restart(self.stack.proposers[m])
+            self.run(Config("splitspec", m, 0.0, 2), "Hello.", 4)
+
     def close(self) -> None:
         self.channel.close()
 
@@ -267,6 +284,9 @@ def main() -> None:
     ap.add_argument("--proposer-threads", type=int, default=1,
                     help="torch threads of each proposer process (default 1: the drafts are "
                          "tiny, more threads only take cores from the verifier)")
+    ap.add_argument("--llama-cpp", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp's plain decode on the same weights beside splitspec's "
+                         "(bench/llama_cpp.py; auto: when llama-bench is built)")
     ap.add_argument("--quick", action="store_true",
                     help="3 prompts, 32 tokens: a few minutes, for a smoke run")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/bench.md"))
@@ -333,6 +353,8 @@ def main() -> None:
             for prompt in prompts:
                 for cfg in configs:
                     runner = hf if cfg.system == "hf" else clients[cfg.ahead is not False]
+                    if cfg.system == "splitspec":
+                        runner.forget_other_runs(cfg)
                     results[cfg].append(runner.run(cfg, prompt, args.max_tokens))
                     bar.update()
         for c in clients.values():
@@ -340,7 +362,33 @@ def main() -> None:
     # the verifier's forward by matmul backend and its top operators, after the stacks are
     # down (in this process, nothing else running)
     profile = profile_section(args.model, k=max(ks.get("draft", [5])))
+    if args.llama_cpp != "off" and (args.llama_cpp == "on" or llama_cpp.bench_binary()):
+        profile += llama_cpp_lines(args, prompts, results)
     write_report(Path(args.out), results, facts, args, ks, profile)
+
+
+def decode_tok_s(runs: list[Run]) -> float:
+    """Tokens after the first over the time after the first (the prefill left out)."""
+    return (sum(len(r.tokens) - 1 for r in runs)
+            / max(sum(r.elapsed - r.ttft for r in runs), 1e-9))
+
+
+def llama_cpp_lines(args, prompts: list[str], results: dict) -> list[str]:
+    """llama.cpp's plain decode at the prompts' mean depth beside splitspec's at temperature 0:
+    off, the fastest fixed method and auto."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
+    depth = round(sum(len(tok.encode(p, add_special_tokens=False)) for p in prompts)
+                  / len(prompts))
+    greedy = {c: decode_tok_s(r) for c, r in results.items()
+              if c.system == "splitspec" and c.temperature == 0 and r}
+    fixed = {c: v for c, v in greedy.items() if c.name not in ("off", "auto")}
+    ours = {c.label: v for c, v in greedy.items() if c.name in ("off", "auto")}
+    if fixed:
+        best = max(fixed, key=fixed.get)
+        ours[f"{best.label} (fastest fixed)"] = fixed[best]
+    return llama_cpp.section(args.model, depth, args.max_tokens, ours)
 
 
 if __name__ == "__main__":
