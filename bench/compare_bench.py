@@ -56,6 +56,8 @@ from stack_probe import StackProbe  # noqa: E402
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
 from splitspec.methods import METHODS, Kind  # noqa: E402
 
+# text a cross-request method drafts for from the request's own repetitions (an empty index)
+RECONNECT_PROMPT = "red green blue, red green blue, red green blue, red green blue, red green"
 DEFAULT_K = {"ngram": 7, "draft": 5, "mlp": 7, "suffix": 7, "lookahead": 8}
 
 
@@ -201,12 +203,17 @@ class SplitspecClient:
         """Before a run that may use a cross-request method (one index over every request it
         served, e.g. suffix; `auto` may pick one): restart that proposer, so it has never seen
         this prompt or its answer from another configuration's run (each prompt runs once per
-        configuration). A short unrelated request then reconnects the verifier to it."""
+        configuration). Unrelated repetitive requests (which the method drafts for from their
+        own text) then run until drafts come back: the verifier has reconnected to it."""
         cross = [m for m, svc in self.stack.proposers.items()
                  if METHODS[m].capabilities.cross_request and cfg.name in (m, "auto")]
         for m in cross:
             self.stack.restart(self.stack.proposers[m])
-            self.run(Config("splitspec", m, 0.0, 2), "Hello.", 4)
+            for _ in range(40):
+                r = self.run(Config("splitspec", m, 0.0, 4), RECONNECT_PROMPT, 12)
+                if r.usage is not None and r.usage.speculation.proposed_tokens > 0:
+                    break
+                time.sleep(0.25)
 
     def close(self) -> None:
         self.channel.close()
