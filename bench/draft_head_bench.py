@@ -5,7 +5,7 @@
 For the real chat model's draft and MLP speculator (their directories' token_frequencies.json
 ranks the tokens): one drafted token at batch 1 after 96 cached tokens, in the proposer's own
 forward (the lean forward for the draft, the speculator's head step for the MLP), one torch
-thread, the same matmul backend the proposer picks (`--linear auto`), best of 5 rounds of 50
+thread, the same matmul backend the proposer picks (`--linear auto`), best of 5 rounds of 30
 calls; the head alone is timed the same way. Beside each size: the share of the held-out
 answers' tokens the subset covers (from the frequency file). Writes
 bench/reports/draft-head.md.
@@ -16,30 +16,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from forward_profile import _best_ms  # noqa: E402
 
 from proposer_service.draft import DraftModelProposer  # noqa: E402
 from proposer_service.mlp import MlpSpeculatorProposer  # noqa: E402
 from proposer_service.vocab_subset import FREQUENCIES  # noqa: E402
 
 CPU = torch.device("cpu")
-
-
-def best_ms(fn, rounds: int = 5, calls: int = 50) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / calls)
-    return best * 1000
 
 
 @torch.inference_mode()
@@ -51,7 +42,7 @@ def draft_costs(path: str, size: str) -> tuple[float, float]:
     _, kv = lean.forward(ids, torch.arange(96)[None], None, None, 1)
     one, pos = torch.tensor([[5]]), torch.tensor([[96]])
     x = torch.randn(1, 1, lean.embed.shape[1])
-    return (best_ms(lambda: lean.forward(one, pos, kv, None, 1)), best_ms(lambda: lean.head(x)))
+    return (_best_ms(lambda: lean.forward(one, pos, kv, None, 1)), _best_ms(lambda: lean.head(x)))
 
 
 @torch.inference_mode()
@@ -63,7 +54,7 @@ def mlp_costs(path: str, size: str, tokenizer: str) -> tuple[float, float]:
     state = m.input_state(torch.randn(1, m.config.emb_dim))
     tok = torch.tensor([5])
     x = torch.randn(1, m.config.inner_dim)
-    return best_ms(lambda: m.step(state, tok, 0)), best_ms(lambda: m.head[0](x))
+    return _best_ms(lambda: m.step(state, tok, 0)), _best_ms(lambda: m.head[0](x))
 
 
 def main() -> None:
