@@ -388,14 +388,25 @@ def llama_cpp_lines(args, prompts: list[str], results: dict) -> list[str]:
     tok = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
     depth = round(sum(len(tok.encode(p, add_special_tokens=False)) for p in prompts)
                   / len(prompts))
-    greedy = {c: decode_tok_s(r) for c, r in results.items()
+    greedy = {c: (decode_tok_s(r), verifier_ms_per_token(r)) for c, r in results.items()
               if c.system == "splitspec" and c.temperature == 0 and r}
     fixed = {c: v for c, v in greedy.items() if c.name not in ("off", "auto")}
     ours = {c.label: v for c, v in greedy.items() if c.name in ("off", "auto")}
     if fixed:
-        best = max(fixed, key=fixed.get)
+        best = max(fixed, key=lambda c: fixed[c][0])
         ours[f"{best.label} (fastest fixed)"] = fixed[best]
     return llama_cpp.section(args.model, depth, args.max_tokens, ours)
+
+
+def verifier_ms_per_token(runs: list[Run]) -> float | None:
+    """The verifier's own step time per token after the first (its steps' seconds from the stack
+    probe less the time to the first token, which holds the prefill step, over the tokens
+    after the first): the engine without the gateway and the client."""
+    steps = sum(r.probe.get("step_s", 0.0) for r in runs)
+    if not steps:
+        return None
+    return (1000 * (steps - sum(r.ttft for r in runs))
+            / max(sum(len(r.tokens) - 1 for r in runs), 1))
 
 
 if __name__ == "__main__":
