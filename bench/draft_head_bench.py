@@ -1,6 +1,6 @@
 """What a drafted token costs with the whole output head and with a vocabulary subset (FR-Spec).
 
-    python bench/draft_head_bench.py [--draft DIR] [--mlp DIR] [--sizes 16384 8192 4096]
+    python bench/draft_head_bench.py [--draft DIR] [--mlp DIR] [--sizes auto 4096 2048]
 
 For the real chat model's draft and MLP speculator (their directories' token_frequencies.json
 ranks the tokens): one drafted token at batch 1 after 96 cached tokens, in the proposer's own
@@ -57,13 +57,22 @@ def mlp_costs(path: str, size: str, tokenizer: str) -> tuple[float, float]:
     return _best_ms(lambda: m.step(state, tok, 0)), _best_ms(lambda: m.head[0](x))
 
 
+def cov_at(table: dict, n: int, ranked: int) -> float:
+    """Held-out coverage by the top n, as the frequency file lists it: at n itself, or, for a
+    subset of every ranked token, at the largest size listed (no more tokens to add)."""
+    if n >= ranked and table:
+        return table[str(max(int(k) for k in table))]
+    return table.get(str(n), float("nan"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(ROOT / "models/smollm2-135m-instruct"))
     ap.add_argument("--draft", default=str(ROOT / "models/smollm2-135m-instruct-draft"))
     ap.add_argument("--mlp", default=str(ROOT / "models/smollm2-135m-instruct-mlp-speculator"))
-    ap.add_argument("--sizes", nargs="+", default=["16384", "8192", "4096", "2048"])
+    ap.add_argument("--sizes", nargs="+", default=["auto", "4096", "2048", "1024"],
+                    help="subset sizes (auto: the frequency file's recommended one)")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/draft-head.md"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -77,11 +86,14 @@ def main() -> None:
              f"{freq.get('recommended_subset')}.", "",
              "| head | draft token ms | draft head ms | MLP step ms | MLP head ms | "
              "held-out coverage chat / code |", "|---|---:|---:|---:|---:|---|"]
+    recommended = str(freq.get("recommended_subset") or 0)
     for size in ["0", *args.sizes]:
+        size = recommended if size == "auto" else size
         d_tok, d_head = draft_costs(args.draft, size)
         m_tok, m_head = mlp_costs(args.mlp, size, args.target)
+        ranked = len(freq["ranked_ids"])
         cov = "1.00 / 1.00" if size == "0" else " / ".join(
-            f"{coverage.get(kind, {}).get(size, float('nan')):.3f}" for kind in ("chat", "code"))
+            f"{cov_at(coverage.get(kind, {}), int(size), ranked):.3f}" for kind in ("chat", "code"))
         name = f"whole vocabulary ({vocab})" if size == "0" else f"{size} most frequent"
         lines.append(f"| {name} | {d_tok:.2f} | {d_head:.2f} | {m_tok:.2f} | {m_head:.2f} | "
                      f"{cov} |")
