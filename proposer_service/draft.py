@@ -29,6 +29,7 @@ from the top-K-truncated q, K = --draft-top-k, sent with exactly that q).
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
@@ -41,6 +42,8 @@ from splitspec.lean_llama import LeanDecoder
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 __all__ = ["DraftModelProposer", "DraftSession"]
+
+log = logging.getLogger(__name__)
 
 
 class DraftModelProposer(Proposer):
@@ -104,6 +107,7 @@ class DraftModelProposer(Proposer):
         subset = resolve_subset(path, vocab_subset, vocab)
         if subset is not None and vocab_subset == "auto" and not LeanDecoder.supports(model):
             subset = None  # auto keeps the whole head where there is no lean forward
+            log.info("no lean forward for this draft: its output head scores every token")
         return cls(model, device, vocab, tokenizer_fingerprint(tok), model_name(path),
                    vocab_subset=subset, **kwargs)
 

@@ -12,6 +12,7 @@ measured to pay off. `--vocab-subset` picks the head:
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import torch
 from kernels.vocab_subset import subset_ids
 
 FREQUENCIES = "token_frequencies.json"
+
+log = logging.getLogger(__name__)
 
 
 def parse_setting(setting: str) -> int | None:
@@ -52,7 +55,9 @@ def resolve_subset(model_dir: str | Path, setting: str, vocab_size: int) -> torc
         raise ValueError(f"{path} is malformed: {exc}") from None
     if not n or n >= vocab_size:
         return None
-    return subset_ids(ranked, n, vocab_size)
+    ids = subset_ids(ranked, n, vocab_size)
+    log.info("output head scores the %d most frequent of %d tokens (%s)", n, vocab_size, path)
+    return ids
 
 
 def write_frequencies(path: str | Path, counts: Counter, source: str,
