@@ -56,10 +56,6 @@ class SubsetHead:
     def weight(self) -> torch.Tensor:
         return self.linear.weight
 
-    @property
-    def out_features(self) -> int:
-        return self.vocab_size
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return scatter_logits(self.linear(x), self.ids, self.vocab_size)
 

@@ -65,7 +65,6 @@ class DraftModelProposer(Proposer):
             raise ValueError("a vocabulary subset needs a Llama-family draft (the lean forward); "
                              "pass --vocab-subset 0")
         self.lean = LeanDecoder(model, linear, vocab_subset) if supported else None
-        self.vocab_subset = vocab_subset
         self.vocab_size = vocab_size
         self.fingerprint = tokenizer_fingerprint
         self.model_name = model_name
@@ -104,10 +103,11 @@ class DraftModelProposer(Proposer):
         model = load_causal_lm(path, device, dtype, trust_remote_code)
         tok = load_tokenizer(tokenizer or path, trust_remote_code)
         vocab = model.get_output_embeddings().weight.shape[0]
-        subset = resolve_subset(path, vocab_subset, vocab)
-        if subset is not None and vocab_subset == "auto" and not LeanDecoder.supports(model):
+        if vocab_subset == "auto" and not LeanDecoder.supports(model):
             subset = None  # auto keeps the whole head where there is no lean forward
             log.info("no lean forward for this draft: its output head scores every token")
+        else:
+            subset = resolve_subset(path, vocab_subset, vocab)
         return cls(model, device, vocab, tokenizer_fingerprint(tok), model_name(path),
                    vocab_subset=subset, **kwargs)
 

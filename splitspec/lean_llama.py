@@ -91,9 +91,9 @@ class LeanDecoder:
         self.linear = resolve(linear, mats)
         self.head = (PackedLinear(head, None, self.linear) if vocab_subset is None
                      else SubsetHead(head, vocab_subset, self.linear))
-        # q, k, v as one product and gate, up as another: fewer, wider matmuls per layer
-        self.split_qkv = (self.n_heads * self.head_dim, self.n_kv * self.head_dim,
-                          self.n_kv * self.head_dim)
+        # q, k, v as one product and gate, up as another: fewer, wider matmuls per layer; the
+        # product splits into queries and keys (rotated together) and values
+        self.split_qk_v = ((self.n_heads + self.n_kv) * self.head_dim, self.n_kv * self.head_dim)
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -198,10 +198,9 @@ class LeanDecoder:
         x = F.embedding(ids, self.embed)  # [B, S, H]
         cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D], sin signed
         half, heads = self.head_dim // 2, (self.n_heads, self.n_kv)
-        qk_width = (self.n_heads + self.n_kv) * self.head_dim
         for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):
             h = _rms(x, ln1, self.eps)
-            qk, v = qkv(h).split((qk_width, self.split_qkv[2]), dim=-1)
+            qk, v = qkv(h).split(self.split_qk_v, dim=-1)
             # queries and keys rotated together: one RoPE over all their heads
             qk = qk.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hq + H_kv, S, D]
             q, k = (qk * cos + qk.roll(half, -1) * sin).split(heads, dim=1)
