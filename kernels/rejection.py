@@ -51,6 +51,7 @@ __all__ = [
     "SparseProbs",
     "RejectionResult",
     "StepLayout",
+    "greedy_chain_verify",
     "greedy_verify",
     "rejection_sample",
 ]
@@ -252,10 +253,37 @@ def greedy_verify(logits: torch.Tensor, draft_token_ids: torch.Tensor,
     layout = as_layout(layout)
     draft_token_ids = draft_token_ids.reshape(-1).to(torch.int64)
     _validate(logits, draft_token_ids, layout, None)
-    inputs = SamplerInputs(logits, draft_token_ids, layout, None,
-                           torch.ones(layout.batch_size, dtype=torch.bool), None, None,
-                           logits.argmax(dim=-1))
-    return rejection_sample_reference(inputs)
+    device = logits.device
+    draft_idx, target_idx, valid = (t.to(device, non_blocking=True)
+                                    for t in layout.padded_indices())
+    drafts = (draft_token_ids[draft_idx] if layout.num_drafts
+              else torch.zeros(draft_idx.shape, dtype=torch.int64, device=device))
+    tokens, num_accepted = greedy_chain_verify(
+        logits.argmax(dim=-1), drafts, valid, target_idx,
+        layout.target_offsets.to(device, non_blocking=True))
+    return RejectionResult(tokens, num_accepted)
+
+
+def greedy_chain_verify(argmax: torch.Tensor, draft_ids: torch.Tensor, valid: torch.Tensor,
+                        target_idx: torch.Tensor, bonus_base: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy chain verification on padded index arrays, with no host sync (the form a captured
+    step runs). argmax [L]: each logits row's argmax; draft_ids, valid, target_idx [S, K]: row
+    s's draft j, whether it exists, the logits row that judges it; bonus_base [S]: row s's
+    first logits row. Returns output tokens [S, K + 1] (PLACEHOLDER_TOKEN_ID padded) and
+    num_accepted [S]."""
+    s, k = draft_ids.shape
+    valid = valid.to(torch.bool)
+    accept = (draft_ids == argmax[target_idx]) & valid  # [S, K]
+    num_accepted = accept.to(torch.int64).cumprod(dim=1).sum(dim=1)  # drafts before a rejection
+    j = torch.arange(k, device=draft_ids.device)
+    out = torch.full((s, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64,
+                     device=draft_ids.device)
+    out[:, :k] = torch.where(j < num_accepted[:, None], draft_ids, out[:, :k])
+    # the argmax of the first rejected row, or of the bonus row when all were accepted
+    extra = argmax[bonus_base + num_accepted]
+    out.scatter_(1, num_accepted[:, None], extra[:, None])
+    return out, num_accepted
 
 
 def rejection_sample_reference(inputs: SamplerInputs) -> RejectionResult:

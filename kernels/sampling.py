@@ -38,7 +38,9 @@ __all__ = [
     "apply_sampling_params",
     "draw_exponentials",
     "keyed_argmax",
+    "key_halves",
     "keyed_exponentials",
+    "keyed_exponentials_at",
     "noise_key",
     "sample",
 ]
@@ -212,15 +214,25 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def key_halves(keys: Sequence[int]) -> torch.Tensor:
+    """Noise keys as int64 [N, 2] (low, high 32 bits): what `keyed_exponentials_at` reads, built
+    on the host once and moved to the device with the rest of a step's inputs."""
+    return torch.tensor([[key & _MASK32, key >> 32] for key in keys], dtype=torch.int64)
+
+
 def keyed_exponentials(keys: Sequence[int], index: torch.Tensor) -> torch.Tensor:
     """Exp(1) noise at token ids `index` [N, K] for rows keyed `keys` (N ints) -> float32 [N, K].
 
     A pure function of (key, token id), integer arithmetic only, so it gives the same numbers on
     every device and in every process: E(key, v) = -log(U), U from 24 hashed bits."""
+    return keyed_exponentials_at(key_halves(keys).to(index.device, non_blocking=True), index)
+
+
+def keyed_exponentials_at(halves: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`keyed_exponentials` with the keys as `key_halves` [N, 2] on index's device: no host
+    value read (a drafting loop computes it every iteration on the device)."""
     # index: [N, K]
-    device = index.device
-    k = torch.tensor([[key & _MASK32, key >> 32] for key in keys], dtype=torch.int64)
-    lo, hi = k.to(device).unbind(1)  # [N] each
+    lo, hi = halves.unbind(1)  # [N] each
     v = index.to(torch.int64)
     h = _mix32(_mix32(v ^ hi.unsqueeze(1)) ^ lo.unsqueeze(1))
     u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)

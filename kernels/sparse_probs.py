@@ -77,7 +77,8 @@ class SparseProbs:
         return torch.where(hit, self.probs.to(torch.float32), 0.0).sum(-1)
 
     def to(self, device: torch.device) -> "SparseProbs":
-        return SparseProbs(self.indices.to(device), self.probs.to(device))
+        return SparseProbs(self.indices.to(device, non_blocking=True),
+                           self.probs.to(device, non_blocking=True))
 
     def to_dense(self, vocab_size: int) -> torch.Tensor:
         """Dense [M, V] float32 probabilities."""

@@ -70,7 +70,7 @@ from kernels.rejection import (
 from kernels.sampler_inputs import DraftProbs
 from kernels.sampling import draw_exponentials, keyed_argmax, noise_key
 
-__all__ = ["TreeResult", "layout_draft_parents", "tree_rejection_sample"]
+__all__ = ["TreeResult", "layout_draft_parents", "path_rows", "tree_rejection_sample"]
 
 Parents = Optional[Sequence[int]]
 
@@ -92,9 +92,14 @@ class TreeResult(RejectionResult):
 
     def kept_rows(self) -> list[list[int]]:
         """Per sequence, the fed rows to keep in the KV cache (verifier_service/kv_cache.py
-        `keep`): every row fed before the drafts, then the accepted path's nodes."""
-        return [list(range(n)) + [n + d for d in path]
-                for n, path in zip(self.fed_before.tolist(), self.paths())]
+        `keep`): `path_rows` of its path."""
+        return [path_rows(n, path) for n, path in zip(self.fed_before.tolist(), self.paths())]
+
+
+def path_rows(fed_before: int, path: Sequence[int]) -> list[int]:
+    """The fed rows a sequence keeps after a tree step: every row fed before its draft nodes,
+    then the accepted path's nodes (node d is fed row fed_before + d)."""
+    return list(range(fed_before)) + [fed_before + d for d in path]
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ def _choices(target_probs: torch.Tensor, trees: _Trees, toff: list[int], pos: li
     if seeded:
         rows = [toff[i] + r for i in seeded for r in range(len(trees.row_depth[i]))]
         keys = [noise_key(seeds[i], pos[i] + d) for i in seeded for d in trees.row_depth[i]]
-        idx = torch.tensor(rows, dtype=torch.int64).to(target_probs.device)
+        idx = torch.tensor(rows, dtype=torch.int64).to(target_probs.device, non_blocking=True)
         choice[idx] = keyed_argmax(target_probs[idx], keys)
     return choice
 
@@ -232,12 +237,12 @@ def tree_rejection_sample(
         return TreeResult(output_token_ids=out, num_accepted=num_accepted, accepted_nodes=nodes,
                           fed_before=fed_before)
 
-    det = det_host.to(device)  # [S]
+    det = det_host.to(device, non_blocking=True)  # [S]
     sampled = ~det
     seq = torch.arange(b, device=device)
-    children = trees.children.to(device)  # [S, max_n + 1, C]
-    t_off = layout.target_offsets.to(device)  # [S]
-    d_off = layout.draft_offsets.to(device)  # [S]
+    children = trees.children.to(device, non_blocking=True)  # [S, max_n + 1, C]
+    t_off = layout.target_offsets.to(device, non_blocking=True)  # [S]
+    d_off = layout.draft_offsets.to(device, non_blocking=True)  # [S]
     max_depth = trees.max_depth
     out = torch.full((b, max_depth + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64, device=device)
     nodes = torch.full((b, max_depth), -1, dtype=torch.int64, device=device)

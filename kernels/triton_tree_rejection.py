@@ -207,12 +207,13 @@ def tree_rejection_sample_triton(target_probs: torch.Tensor, draft_token_ids: to
     has_sampled = exps is not None
     work = (torch.empty((b, 2, vocab), dtype=torch.float32, device=device) if has_sampled
             else dummy_f)
-    children = children.to(device).contiguous()
+    children = children.to(device, non_blocking=True).contiguous()
     _tree_kernel[(b,)](
         target, target.stride(0), draft_ids,
         q, q.stride(0) if q.dim() == 2 else 0, q_idx, q_idx.stride(0) if q_idx.dim() == 2 else 0,
         children, children.stride(0), children.stride(1),
-        draft_offsets.to(device), target_offsets.to(device), det_host.to(torch.int8).to(device),
+        draft_offsets.to(device, non_blocking=True), target_offsets.to(device, non_blocking=True),
+        det_host.to(torch.int8).to(device, non_blocking=True),
         uniforms if uniforms is not None and uniforms.numel() else dummy_f,
         exps if has_sampled else dummy_f, exps.stride(0) if has_sampled else 0,
         choice if choice is not None else dummy_i,
