@@ -76,3 +76,102 @@ def memory_stats(device: torch.device) -> dict[str, int]:
         return {"allocated_bytes": torch.mlu.memory_allocated(device),
                 "reserved_bytes": torch.mlu.memory_reserved(device)}
     return {}
+
+
+# -- graphs, streams, events, pinned memory: what a step executor needs of a device ------------
+#
+# CUDA has all of it in torch.cuda. Cambricon's torch_mlu mirrors the same names under torch.mlu
+# (MLUGraph, graph, graph_pool_handle, Stream, Event, stream): that is the whole seam an MLU
+# needs; a device without graphs runs the same step body eagerly.
+
+_GRAPH_CLASS = {"cuda": "CUDAGraph", "mlu": "MLUGraph"}
+
+
+def _backend(device: torch.device):
+    return getattr(torch, device.type)
+
+
+def supports_graphs(device: torch.device) -> bool:
+    """Whether steps can be captured as graphs and replayed on this device."""
+    name = _GRAPH_CLASS.get(device.type)
+    return name is not None and hasattr(_backend(device), name)
+
+
+def new_graph(device: torch.device):
+    return getattr(_backend(device), _GRAPH_CLASS[device.type])()
+
+
+def graph_pool(device: torch.device):
+    """A memory pool handle every graph of one executor shares (one replays at a time)."""
+    return _backend(device).graph_pool_handle()
+
+
+def capture(device: torch.device, graph, pool, stream):
+    """Context manager: the work launched inside is recorded into `graph`, not run."""
+    return _backend(device).graph(graph, pool=pool, stream=stream)
+
+
+def new_stream(device: torch.device):
+    return _backend(device).Stream(device=device)
+
+
+def use_stream(device: torch.device, stream):
+    return _backend(device).stream(stream)
+
+
+def current_stream(device: torch.device):
+    return _backend(device).current_stream(device)
+
+
+def new_event(device: torch.device):
+    return _backend(device).Event()
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without the host waiting for the device's queue (a blocking
+    copy would); the tensor itself on the CPU."""
+    return t if device.type == "cpu" else t.to(device, non_blocking=True)
+
+
+def pinned_empty(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host buffer the device copies from or into without a staging copy (pinned where the
+    device is an accelerator)."""
+    return torch.empty(n, dtype=dtype, pin_memory=device.type in _GRAPH_CLASS)
+
+
+class HostFetch:
+    """Device tensors to the host in one copy and one wait: int tensors (token ids, counts,
+    indices: int32 on the way) and float32 tensors packed into one int32 buffer, copied into
+    pinned memory without blocking, then one event wait. On the CPU the tensors are the host's
+    already: nothing is copied."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._event = new_event(device) if device.type in _GRAPH_CLASS else None
+        self._host = pinned_empty(1 << 12, torch.int32, device)
+
+    def __call__(self, ints=(), floats=()):
+        """-> (int64 numpy arrays of `ints`, float32 numpy arrays of `floats`)."""
+        if self._event is None:
+            return ([t.to(torch.int64).numpy() for t in ints],
+                    [t.to(torch.float32).numpy() for t in floats])
+        parts = [t.to(torch.int32).reshape(-1) for t in ints]
+        parts += [t.to(torch.float32).reshape(-1).view(torch.int32) for t in floats]
+        packed = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32,
+                                                             device=self.device)
+        n = packed.numel()
+        if self._host.numel() < n:
+            self._host = pinned_empty(2 * n, torch.int32, self.device)
+        host = self._host[:n]
+        host.copy_(packed, non_blocking=True)
+        self._event.record()
+        self._event.synchronize()  # the one wait
+        flat = host.numpy()
+        out_i, out_f, at = [], [], 0
+        for t in ints:
+            out_i.append(flat[at:at + t.numel()].astype("int64").reshape(t.shape))
+            at += t.numel()
+        for t in floats:
+            out_f.append(flat[at:at + t.numel()].view("float32").reshape(t.shape).copy())
+            at += t.numel()
+        return out_i, out_f

@@ -23,20 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from kernels.linear import PackedLinear, resolve
+from kernels.rms_norm import rms_norm as _rms
 from kernels.vocab_subset import SubsetHead
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H_kv, L, D]
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:  # one fused op (the step is mostly per-op overhead)
-        return F.rms_norm(x, weight.shape, weight, eps)
-    dtype = x.dtype
-    x = x.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
 
 
 @torch.no_grad()
@@ -64,11 +56,14 @@ def _fused(projections, backend: str) -> PackedLinear:
 
 
 class LeanDecoder:
-    def __init__(self, model, linear: str = "dense", vocab_subset: torch.Tensor | None = None):
+    def __init__(self, model, linear: str = "dense", vocab_subset: torch.Tensor | None = None,
+                 max_positions: int | None = None):
         """linear: the matmul backend of every projection and the head (kernels/linear.py;
         "auto" picks the fastest exact one for the weights' device and values). vocab_subset:
         token ids the head scores (kernels/vocab_subset.py; the others' logits are -inf), or
-        None for the whole vocabulary."""
+        None for the whole vocabulary. max_positions: the positions RoPE's tables cover (default:
+        the model's max_position_embeddings), computed once on the weights' device so that a
+        forward never reads a position back to the host."""
         cfg = model.config
         inner = model.get_decoder()
         self.eps = cfg.rms_norm_eps
@@ -79,9 +74,10 @@ class LeanDecoder:
         rotary = inner.rotary_emb
         self.inv_freq = rotary.inv_freq.float()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
-        self._rope_len = 0
-        self._rope_tables = (torch.empty(0), torch.empty(0))
+        self.max_positions = int(max_positions or getattr(cfg, "max_position_embeddings", 0)
+                                 or 4096)
         self.embed = inner.embed_tokens.weight
+        self._rope_tables = self._rope_for(self.embed.dtype, self.embed.device)
         self.norm = inner.norm.weight
         head = model.get_output_embeddings().weight
         mats = [head] + [p.weight for layer in inner.layers
@@ -169,24 +165,28 @@ class LeanDecoder:
         x = self.hidden(ids, pos, attend, keep)
         return self.head(x), new_kv
 
+    def _rope_for(self, dtype: torch.dtype, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin tables [max_positions, D]. The sin table's first half is negated:
+        x * cos + x.roll(D / 2) * signed sin is RoPE's x * cos + rotate_half(x) * sin, bit for
+        bit (-a * b == a * -b), in fewer ops."""
+        freqs = torch.arange(self.max_positions, device=device).float()[:, None] \
+            * self.inv_freq.to(device)  # [n, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        sign = torch.cat((-torch.ones_like(freqs), torch.ones_like(freqs)), dim=-1)
+        return ((emb.cos() * self.rope_scale).to(dtype),
+                (emb.sin() * self.rope_scale * sign).to(dtype))
+
     def _rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed sin [B, 1, S, D] at positions pos [B, S]: rows of tables computed once for
-        the positions seen so far (grown by doubling), the same values as computing them per
-        call. The sin table's first half is negated: x * cos + x.roll(D / 2) * signed sin is
-        RoPE's x * cos + rotate_half(x) * sin, bit for bit (-a * b == a * -b), in fewer ops."""
-        need = int(pos.max()) + 1 if pos.numel() else 1
-        if self._rope_len < need or self._rope_tables[0].dtype != dtype \
-                or self._rope_tables[0].device != pos.device:
-            n = max(need, 2 * self._rope_len, 64)
-            freqs = torch.arange(n, device=pos.device).float()[:, None] \
-                * self.inv_freq.to(pos.device)  # [n, D/2]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            sign = torch.cat((-torch.ones_like(freqs), torch.ones_like(freqs)), dim=-1)
-            self._rope_tables = ((emb.cos() * self.rope_scale).to(dtype),
-                                 (emb.sin() * self.rope_scale * sign).to(dtype))
-            self._rope_len = n
+        """cos, signed sin [B, 1, S, D] at positions pos [B, S] (< max_positions): rows of the
+        tables, gathered on the device."""
         cos, sin = self._rope_tables
-        return cos[pos][:, None], sin[pos][:, None]
+        if cos.dtype != dtype or cos.device != pos.device:  # a caller in another dtype
+            self._rope_tables = cos, sin = self._rope_for(dtype, pos.device)
+        flat = pos.reshape(-1)
+        shape = (*pos.shape, cos.shape[-1])
+        return (cos.index_select(0, flat).view(shape)[:, None],
+                sin.index_select(0, flat).view(shape)[:, None])
 
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
                ) -> torch.Tensor:

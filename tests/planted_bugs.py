@@ -13,6 +13,7 @@ import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_sampling as draft_sampling
+import verifier_service.step_executor as step_executor
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
 from proposer_service.mlp_speculator import SpeculatorNorm
@@ -57,13 +58,13 @@ def seeded_draws_depend_on_k(monkeypatch) -> None:
 
 
 def _runner_returning(monkeypatch, change) -> None:
-    original = ModelRunner.forward
+    original = ModelRunner.run_plan
 
-    def forward(self, *args):
+    def run_plan(self, *args):
         logits, hidden = original(self, *args)
         return logits, change(hidden)
 
-    monkeypatch.setattr(ModelRunner, "forward", forward)
+    monkeypatch.setattr(ModelRunner, "run_plan", run_plan)
 
 
 def hidden_state_zeroed(monkeypatch) -> None:
@@ -79,11 +80,13 @@ def hidden_state_shifted_by_one_position(monkeypatch) -> None:
 def draft_q_is_not_the_sampled_one(monkeypatch) -> None:
     """Draft tokens drawn from another distribution than the q the proposer reports: a sharper
     one when unseeded, a flatter one (cubed noise) when seeded."""
-    sample, noise = draft_sampling.sample, draft_sampling.keyed_exponentials
-    monkeypatch.setattr(draft_sampling, "sample",
-                        lambda probs, keys=None: sample(probs ** 3, keys))
-    monkeypatch.setattr(draft_sampling, "keyed_exponentials",
-                        lambda keys, idx: noise(keys, idx) ** 3)
+    # the race argmax(q / E) draws from q; argmax(q / E^(1/3)) from q^3 (sharper), and
+    # argmax(q / E^3) from q^(1/3) (flatter)
+    drawn, keyed = draft_sampling.draw_exponentials, draft_sampling.keyed_exponentials_at
+    monkeypatch.setattr(draft_sampling, "draw_exponentials",
+                        lambda n, k, device: drawn(n, k, device) ** (1 / 3))
+    monkeypatch.setattr(draft_sampling, "keyed_exponentials_at",
+                        lambda halves, idx: keyed(halves, idx) ** 3)
 
 
 def mismatch_escapes_the_step(monkeypatch) -> None:
@@ -136,9 +139,8 @@ def lookahead_window_not_shifted(monkeypatch) -> None:
 def tree_keeps_first_rows(monkeypatch) -> None:
     """After a tree step the KV cache keeps the first fed rows (a chain's prefix) instead of the
     accepted path's rows: a sequence that took a lower-ranked branch attends to the wrong keys."""
-    monkeypatch.setattr(tree_rejection.TreeResult, "kept_rows", lambda self: [
-        list(range(n + a)) for n, a in zip(self.fed_before.tolist(),
-                                             self.num_accepted.tolist())])
+    monkeypatch.setattr(tree_rejection, "path_rows",
+                        lambda fed_before, path: list(range(fed_before + len(path))))
 
 
 def subset_logits_one_token_off(monkeypatch) -> None:
@@ -147,3 +149,35 @@ def subset_logits_one_token_off(monkeypatch) -> None:
     original = vocab_subset.scatter_logits
     monkeypatch.setattr(vocab_subset, "scatter_logits",
                         lambda sub, ids, vocab_size: original(sub, ids.roll(1), vocab_size))
+
+
+def padding_rows_write_into_their_sequence(monkeypatch) -> None:
+    """A bucket's padding rows write their keys and values into their sequence's own blocks
+    (the columns after its real rows) instead of the trash block."""
+    original = step_executor.plan_step
+
+    def plan(layout, *args, **kwargs):
+        p = original(layout, *args, **kwargs)
+        if p.bucket is not None:
+            v, r, bs = p.fields.views(p.host), p.bucket.rows, p.block_size
+            for b, (q, start) in enumerate(zip(layout.query_lens.tolist(),
+                                               layout.start_pos.tolist())):
+                for j in range(q, r):
+                    col = start + j
+                    v["slots"][b * r + j] = v["block_tables"][b, col // bs] * bs + col % bs
+        return p
+
+    monkeypatch.setattr(step_executor, "plan_step", plan)
+
+
+def greedy_verification_reads_back(monkeypatch) -> None:
+    """Greedy chain verification reads the accepted counts back to the host mid-step (a sync
+    inside what a graph would record)."""
+    original = step_executor.greedy_chain_verify
+
+    def verify(*args):
+        tokens, num_accepted = original(*args)
+        num_accepted.tolist()
+        return tokens, num_accepted
+
+    monkeypatch.setattr(step_executor, "greedy_chain_verify", verify)

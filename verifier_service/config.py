@@ -61,6 +61,12 @@ class VerifierConfig:
     linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
                          choices=("auto", "dense", "onednn", "fp16"))
     warmup: bool = option(True, "run one short generation before reporting SERVING")
+    # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
+    # (powers of two up to --max-num-seqs x (1 + --max-num-speculative-tokens)), each captured
+    # once at start-up and replayed: verifier_service/step_executor.py.
+    graphs: str = option("auto", "capture decode steps as device graphs (auto: where the "
+                         "device supports them)", choices=("auto", "off"),
+                         aliases=("--cuda-graphs",))
     # On SIGTERM: NOT_SERVING at once, new requests refused, running ones get this long to end.
     shutdown_grace_s: float = option(2.0, "seconds running requests may take to end on SIGTERM")
     log_level: str = option("INFO", "logging level")

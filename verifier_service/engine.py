@@ -49,6 +49,7 @@ from verifier_service.output import OutputTracker
 from verifier_service.proposer_client import ProposerClient
 from verifier_service.scheduler import Scheduled, Scheduler
 from verifier_service.sequence import SequenceState, StepOutput
+from verifier_service.step_executor import StepExecutor
 from verifier_service.verify import SeqResult, verify_step
 
 __all__ = ["Engine", "EngineStats", "MethodStats"]
@@ -62,6 +63,8 @@ class Engine:
                  max_model_len: int, observers: Seq[EngineObserver] = ()):
         self.config = config
         self.runner = runner
+        # runs each step's plan on the device (graphs replayed where the device has them)
+        self.executor = StepExecutor.for_config(runner, config)
         self.tokenizer = tokenizer
         self.proposers = proposers
         self.eos_token_ids = eos_token_ids
@@ -78,7 +81,9 @@ class Engine:
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
                                    config.max_num_batched_tokens,
                                    on_admit=self.drafts.admitted,
-                                   on_preempt=self.drafts.preempted)
+                                   on_preempt=self.drafts.preempted,
+                                   # a captured decode step holds no prompt rows
+                                   mix_prefill=not self.executor.graphs_wanted)
         self._by_id: dict[str, SequenceState] = {}
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -102,6 +107,7 @@ class Engine:
         s.kv_blocks_total = self.runner.kv.num_blocks
         s.kv_blocks_free = self.runner.kv.num_free_blocks
         s.in_target = self.drafts.in_target.stats()
+        s.executor = self.executor.stats
         return s
 
     def start(self) -> None:
@@ -114,6 +120,10 @@ class Engine:
         for seq in list(self._by_id.values()):
             self._finish(seq, "abort")
         self._executor.shutdown(wait=False)
+
+    async def on_model_thread(self, fn, *args):
+        """Run fn(*args) on the thread that runs the steps (device work stays on one thread)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     @property
     def num_in_flight(self) -> int:
@@ -281,8 +291,8 @@ class Engine:
         keep_argmax = [self.drafts.in_target.wants_argmax(s.seq) for s in batch]
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, verify_step, self.runner, batch,
-                                                 step_drafts, keep_hidden, keep_argmax)
+            results = await loop.run_in_executor(self._executor, verify_step, self.executor,
+                                                 batch, step_drafts, keep_hidden, keep_argmax)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             log.exception("engine step failed")
             for s in batch:

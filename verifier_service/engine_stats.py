@@ -15,6 +15,7 @@ Observers run on the engine's event loop between steps: they must be cheap and n
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -155,12 +156,22 @@ class EngineStats:
     max_num_seqs: int = 0
     # in-target methods' own counters and gauges (InTargetMethod.stats), by method
     in_target: dict[str, dict[str, float]] = field(default_factory=dict)
+    # how steps ran: replayed graphs or eager, and why (verifier_service/step_executor.py)
+    executor: object = None  # ExecutorStats
     # decoding steps' time without the wait for proposers, by batch tokens (STEP_COST_BOUNDS)
     step_cost: list[StepCostBucket] = field(default_factory=lambda: [
         StepCostBucket(b) for b in (*STEP_COST_BOUNDS, 2 ** 31 - 1)])
 
     def method(self, name: str) -> MethodStats:
         return self.per_method.setdefault(name, MethodStats())
+
+    def reset(self) -> None:
+        """Back to a fresh start, in place (every holder of this object sees it): what the
+        warm-up's requests counted is no measurement of served traffic."""
+        for f in dataclasses.fields(self):
+            if f.name != "max_num_seqs":
+                setattr(self, f.name, f.default_factory() if f.default_factory
+                        is not dataclasses.MISSING else f.default)
 
     def add_step_cost(self, tokens: int, seconds: float) -> None:
         bucket = self.step_cost[bisect.bisect_left(STEP_COST_BOUNDS, tokens)]

@@ -7,6 +7,10 @@ before the step, across block boundaries. After it, the engine names the fed row
 (`keep`): they end at consecutive positions from the step's start (a chain keeps a prefix, so
 nothing moves; a tree's accepted path, or rows around scratch rows, are moved within or across
 blocks) and whole blocks left empty go back to the free list.
+
+One block more than the allocator hands out is the *trash block*: padded steps (a bucket's
+padding rows and sequences, verifier_service/step_plan.py) write their keys and values there and
+attention reads it only for them, never as a real sequence's context.
 """
 
 from __future__ import annotations
@@ -82,11 +86,16 @@ class PagedKVCache:
     def __init__(self, spec: KVCacheSpec, device: torch.device):
         self.spec = spec
         self.block_size = spec.block_size
-        slots = spec.num_blocks * spec.block_size
+        self.trash_block = spec.num_blocks  # never allocated: padding rows' keys and values
+        slots = (spec.num_blocks + 1) * spec.block_size
         shape = (spec.num_layers, slots, spec.num_kv_heads, spec.head_dim)
         self.k = torch.empty(shape, dtype=spec.dtype, device=device)
         self.v = torch.empty(shape, dtype=spec.dtype, device=device)
         self.allocator = BlockAllocator(spec.num_blocks)
+        # Attention multiplies the values of the columns it masks out by zero: a block's unused
+        # slots must hold numbers, never NaN bits of uninitialised memory. Blocks are zeroed
+        # when handed out; the trash block once, here.
+        self._zero([self.trash_block])
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -109,7 +118,10 @@ class PagedKVCache:
 
     def reserve(self, table: BlockTable, num_tokens: int) -> None:
         """Make room for positions [0, num_tokens). Raises OutOfBlocks, allocating nothing."""
-        table.blocks.extend(self.allocator.allocate(self.extra_blocks_needed(table, num_tokens)))
+        new = self.allocator.allocate(self.extra_blocks_needed(table, num_tokens))
+        if new:
+            self._zero(new)
+            table.blocks.extend(new)
 
     def truncate(self, table: BlockTable, num_tokens: int) -> None:
         """Keep positions [0, num_tokens); blocks left empty go back to the free list."""
@@ -132,10 +144,29 @@ class PagedKVCache:
             moved = [(i, r) for i, r in enumerate(rows) if r != i]
             src = self.slots(table, start, start + rows[-1] + 1)[[r for _, r in moved]]
             dst = self.slots(table, start, start + n)[[i for i, _ in moved]]
+            src, dst = (self._on_device(x) for x in (src, dst))
             # gather first, then write: a destination may be another kept row's source
-            self.k[:, dst] = self.k[:, src]
-            self.v[:, dst] = self.v[:, src]
+            self.k.index_copy_(1, dst, self.k.index_select(1, src))
+            self.v.index_copy_(1, dst, self.v.index_select(1, src))
         self.truncate(table, start + n)
+
+    def _zero(self, blocks: list[int]) -> None:
+        """Zero the slots of `blocks` in K and V (no wait on the device)."""
+        slots = (torch.tensor(blocks, dtype=torch.long)[:, None] * self.block_size
+                 + torch.arange(self.block_size)).reshape(-1)
+        slots = self._on_device(slots)
+        self.k.index_fill_(1, slots, 0)
+        self.v.index_fill_(1, slots, 0)
+
+    def _on_device(self, index: torch.Tensor) -> torch.Tensor:
+        """A host index tensor on the cache's device, copied without waiting for the device
+        (pinned source, non-blocking copy: ordered after the step that wrote the rows)."""
+        device = self.k.device
+        if device.type == "cpu":
+            return index
+        if device.type in ("cuda", "mlu"):
+            index = index.pin_memory()
+        return index.to(device, non_blocking=True)
 
     def release(self, table: BlockTable) -> None:
         self.truncate(table, 0)

@@ -232,6 +232,31 @@ class VerifierMetrics:
                     (s.kv_blocks_total - s.kv_blocks_free) / s.kv_blocks_total
                     if s.kv_blocks_total else 0.0)
         yield from _in_target_families(s.in_target)
+        if s.executor is not None:
+            yield from _executor_families(s.executor)
+
+
+def _executor_families(x) -> Iterator:
+    """How the step executor ran steps (verifier_service/step_executor.py ExecutorStats)."""
+    steps = [(("captured", ""), x.captured_steps)]
+    steps += [(("eager", reason or "no_graphs"), n) for reason, n in list(x.eager_steps.items())]
+    tokens = [(("captured", ""), x.captured_tokens)]
+    tokens += [(("eager", reason or "no_graphs"), n)
+               for reason, n in list(x.eager_tokens.items())]
+    yield counter("splitspec_step_executor_steps", "Engine steps by how they ran: a replayed "
+                  "graph (captured) or eagerly, with the reason on a device that captures "
+                  "(prefill, no_bucket, not_captured, model_without_lean_forward; no_graphs: "
+                  "the device has none)", ["mode", "reason"], steps)
+    yield counter("splitspec_step_executor_tokens", "Fed rows (padding excluded) of engine "
+                  "steps by how they ran", ["mode", "reason"], tokens)
+    yield counter("splitspec_step_executor_bucket_steps", "Engine steps run at a bucket's "
+                  "padded shape (captured or not)", samples=[((), x.bucket_steps)])
+    yield gauge("splitspec_step_executor_graphs", "Step graphs captured at start-up",
+                x.graphs)
+    yield gauge("splitspec_step_executor_graph_memory_bytes", "Device memory the captured "
+                "graphs hold, beside the KV cache", x.graph_pool_bytes)
+    yield gauge("splitspec_step_executor_capture_seconds", "Time spent capturing the step "
+                "graphs at start-up", x.capture_seconds)
 
 
 def _in_target_families(stats: dict[str, dict[str, float]]) -> Iterator:

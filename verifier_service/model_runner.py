@@ -3,6 +3,11 @@
 Each sequence contributes its uncached tokens plus its draft tokens (prefill, decode and
 verification are the same operation); one forward covers the whole batch. Logits are computed
 only for the rows that are verified: the last k+1 of each sequence.
+
+`run_plan` is the forward over a step plan's arrays already on the device
+(verifier_service/step_plan.py): what the step executor runs eagerly or captures into a graph,
+so it reads nothing back to the host. `forward` plans and runs one step at its exact shape: the
+direct, eager entry point.
 """
 
 from __future__ import annotations
@@ -16,10 +21,14 @@ from kernels.linear import pack_linears
 from splitspec.lean_llama import LeanDecoder
 from verifier_service.kv_cache import BlockTable, PagedKVCache
 from verifier_service.paged_attention import ATTENTION_NAME, PagedBatch, paged_attention_forward
+from verifier_service.step_plan import StepPlan, plan_step
 
 
 class ModelRunner:
-    def __init__(self, model, device: torch.device, kv: PagedKVCache, linear: str = "auto"):
+    def __init__(self, model, device: torch.device, kv: PagedKVCache, linear: str = "auto",
+                 max_model_len: int | None = None):
+        """max_model_len: the longest context served (default: the model's own); RoPE tables
+        and a bucket's block tables are sized for it."""
         if model.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"load the model with attn_implementation={ATTENTION_NAME!r}")
         self.model = model
@@ -31,11 +40,17 @@ class ModelRunner:
         # soft-capping or scaling after the head.)
         self._decoder = model.get_decoder()
         self.hidden_size = model.config.hidden_size
+        self.max_model_len = int(max_model_len or getattr(model.config,
+                                                          "max_position_embeddings", 2048))
+        # paged attention of bucket steps (kernels/paged_attention.py): "auto" runs Triton on
+        # accelerators; the step executor may pin it
+        self.attention_kernel = "auto"
         # Llama-family models run as plain tensor ops (splitspec/lean_llama.py) with the same
         # paged attention function: the transformers forward's per-call machinery is ~10% of a
         # batch-1 step of a small model. Other architectures keep the transformers forward.
         # `linear` picks the matmul kernels (kernels/linear.py): packed once, batch invariant.
-        self._lean = LeanDecoder(model, linear) if LeanDecoder.supports(model) else None
+        self._lean = (LeanDecoder(model, linear, max_positions=self.max_model_len)
+                      if LeanDecoder.supports(model) else None)
         if self._lean is not None:
             self._head, self.linear = self._lean.head, self._lean.linear
         else:
@@ -45,21 +60,31 @@ class ModelRunner:
         self._layer_refs = [SimpleNamespace(layer_idx=i)
                             for i in range(model.config.num_hidden_layers)]
 
-    @torch.inference_mode()
+    @property
+    def lean(self) -> bool:
+        """Whether the target runs the lean forward (the one a step executor captures)."""
+        return self._lean is not None
+
     def forward(self, input_ids: list[int], tables: list[BlockTable], layout: StepLayout
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """One forward over the packed step: input_ids [T_in] laid out as `layout` says, each
         sequence's table already holding slots for start_pos + query_len positions.
         Returns float32 logits [T_out, V] at layout.logits_indices, and the final hidden states
         [T_out, H] they came from (after the final norm: what hidden-state proposers read)."""
-        ids = torch.tensor(input_ids, device=self.device)  # [T_in]
-        starts, lens = layout.start_pos.tolist(), layout.query_lens.tolist()
-        slot_mapping = torch.cat([self.kv.slots(t, s, s + n)
-                                  for t, s, n in zip(tables, starts, lens)])
-        context = [self.kv.slots(t, 0, s + n) for t, s, n in zip(tables, starts, lens)]
-        batch = PagedBatch.build(self.kv.k, self.kv.v, slot_mapping, context, layout, self.device)
-        # positions and the mask both come from the layout (a tree's node sits at its depth)
-        positions = layout.positions().to(self.device)[None]  # [1, T_in]
+        plan = plan_step(layout, input_ids, [t.blocks for t in tables], self.kv.block_size,
+                         self.kv.trash_block)
+        return self.run_plan(plan.fields.views(plan.host.to(self.device)), plan)
+
+    @torch.inference_mode()
+    def run_plan(self, views: dict[str, torch.Tensor], plan: StepPlan
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward over a plan whose arrays (`views`) are on the device: float32 logits
+        [L, V] of its logits rows and their final hidden states [L, H]. Reads only device
+        tensors and the plan's shape."""
+        batch = PagedBatch.from_plan(self.kv.k, self.kv.v, views, plan, self.kv.block_size,
+                                     self.attention_kernel)
+        ids = views["ids"][None]  # [1, T]
+        positions = views["positions"][None]  # [1, T]: a tree node sits at its depth
         if self._lean is not None:
             lean, refs = self._lean, self._layer_refs
 
@@ -67,9 +92,9 @@ class ModelRunner:
                 out, _ = paged_attention_forward(refs[i], q, k, v, None, lean.scale, paged=batch)
                 return out.reshape(1, out.shape[1], -1)
 
-            states = lean.hidden(ids[None], positions, attend)[0]  # [T_in, H]
+            states = lean.hidden(ids, positions, attend)[0]  # [T, H]
         else:
-            states = self._decoder(input_ids=ids[None], position_ids=positions, use_cache=False,
+            states = self._decoder(input_ids=ids, position_ids=positions, use_cache=False,
                                    paged=batch).last_hidden_state[0]
-        hidden = states.index_select(0, layout.logits_indices.to(self.device))  # [T_out, H]
+        hidden = states.index_select(0, views["logits_rows"])  # [L, H]
         return self._head(hidden).float(), hidden

@@ -19,110 +19,122 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from kernels.layout import StepLayout
+from kernels.paged_attention import context_slots, paged_attention
 
 ATTENTION_NAME = "splitspec_paged"
 
 
 @dataclass
 class PagedBatch:
-    """Per-step addressing shared by all layers. Index tensors live on the model's device.
+    """Per-step addressing shared by all layers, built on the device from the step plan's arrays
+    (verifier_service/step_plan.py): nothing here is read back to the host.
 
     Who sees whom comes from the step's layout (kernels/layout.py): a sequence's fed row j sits
     in cache column start + j and sees the columns before start (its cached tokens) and the
     columns of its ancestors and itself; for chains that is the causal mask, built here by
-    arithmetic, for trees the layout's ancestor relation is placed over the fed columns."""
+    arithmetic, for trees the layout's ancestor relation is placed over the fed columns.
+    A bucket step (uniform rows, padding included) runs kernels.paged_attention instead: block
+    tables and tree bits read by one kernel (Triton on accelerators), no context gathered."""
 
     k_cache: torch.Tensor  # [layers, slots, kv_heads, head_dim]
     v_cache: torch.Tensor
     slot_mapping: torch.Tensor  # [T]: where each packed token's K/V goes
-    context_slots: torch.Tensor  # [B, max_ctx]: slots of each sequence's columns 0..ctx-1
-    query_col: torch.Tensor  # [B, max_q, 1]: cache column of each padded query (start + j)
-    context_len: torch.Tensor  # [B, 1, 1]
+    block_tables: torch.Tensor  # [B, NB]
+    block_size: int
+    start: torch.Tensor  # [B]: cached tokens (the column of fed row 0)
+    context_lens: torch.Tensor  # [B]: columns each sequence reads
     query_index: torch.Tensor  # [B, max_q]: packed row of each padded query (T for padding)
     packed_index: torch.Tensor  # [T]: flat index into [B * max_q] of each packed token
+    first_node: torch.Tensor  # [B], node_bits [T]: the draft trees (kernels/paged_attention.py)
+    node_bits: torch.Tensor
+    positions: torch.Tensor  # [T]: each fed row's position (a tree node: its depth)
+    max_ctx: int = 0  # columns gathered per sequence (exact steps: the longest context)
+    uniform: bool = False  # a bucket step: kernels.paged_attention serves it
+    kernel: str = "reference"  # kernels.paged_attention's impl for bucket steps
+    # exact steps with trees: the layout's ancestor relation [B, max_q, max_q] (on the device)
+    ancestors: torch.Tensor | None = None
     # (first, end) when the batch is one sequence whose slots are consecutive (its blocks were
     # handed out in a row): its context is then a view of the cache, no gather
     context_range: tuple[int, int] | None = None
-    # trees only (None for chains): the layout's ancestor relation [B, max_q, max_q], each
-    # sequence's first fed column [B, 1, 1], and the positions of queries [B, max_q, 1] and of
-    # every context column [B, 1, max_ctx] (for sliding windows, which count positions)
-    ancestors: torch.Tensor | None = None
-    start: torch.Tensor | None = None
-    query_pos: torch.Tensor | None = None
-    key_pos: torch.Tensor | None = None
-    _masks: dict = field(default_factory=dict)  # sliding window (or None) -> mask
+    _cache: dict = field(default_factory=dict)  # per-step tensors shared by every layer
+
+    @classmethod
+    def from_plan(cls, k_cache: torch.Tensor, v_cache: torch.Tensor, views: dict, plan,
+                  block_size: int, kernel: str = "reference") -> "PagedBatch":
+        """From a StepPlan's arrays already on the device (`views`)."""
+        ancestors = None
+        if plan.ancestors is not None:
+            ancestors = plan.ancestors.to(views["start"].device, non_blocking=True)
+        return cls(k_cache, v_cache, views["slots"], views["block_tables"], block_size,
+                   views["start"], views["context_lens"], views["query_index"],
+                   views["packed_index"], views["first_node"], views["node_bits"],
+                   views["positions"], plan.max_context, uniform=plan.bucket is not None,
+                   kernel=kernel,
+                   ancestors=ancestors, context_range=plan.context_range)
+
+    def _shared(self, name: str, make):
+        if name not in self._cache:
+            self._cache[name] = make()
+        return self._cache[name]
+
+    @property
+    def max_q(self) -> int:
+        return self.query_index.shape[1]
+
+    @property
+    def context_slots(self) -> torch.Tensor:
+        """[B, NB * bs]: the slot of every column of each sequence, through its table."""
+        return self._shared("slots", lambda: context_slots(self.block_tables,
+                                                           self.block_size)[:, :self.max_ctx])
 
     def mask(self, sliding_window: int | None) -> torch.Tensor:
         """[B, 1, max_q, max_ctx] bool: cached tokens + ancestors + itself, within the context,
         within the window. Built once per step and window, shared by every layer."""
-        if sliding_window not in self._masks:
-            k_col = torch.arange(self.context_slots.shape[1], device=self.query_col.device)
-            if self.ancestors is None:  # chains: causal, column = position
-                m = (k_col <= self.query_col) & (k_col < self.context_len)
-                if sliding_window:
-                    m &= k_col > self.query_col - sliding_window
-            else:
-                m = self._tree_mask(k_col)
-                if sliding_window:
-                    m &= self.key_pos > self.query_pos - sliding_window
-            m[:, :, 0] |= ~m.any(-1)  # padding queries attend something; their rows are dropped
-            self._masks[sliding_window] = m[:, None]
-        return self._masks[sliding_window]
+        return self._shared(("mask", sliding_window), lambda: self._mask(sliding_window))
+
+    def _mask(self, sliding_window: int | None) -> torch.Tensor:
+        max_ctx = self.max_ctx
+        dev = self.start.device
+        k_col = torch.arange(max_ctx, device=dev)
+        q_col = (self.start[:, None] + torch.arange(self.max_q, device=dev))[:, :, None]
+        ctx_len = self.context_lens[:, None, None]
+        if self.ancestors is None:  # chains: causal, column = position
+            m = (k_col <= q_col) & (k_col < ctx_len)
+            if sliding_window:
+                m &= k_col > q_col - sliding_window
+        else:
+            m = self._tree_mask(k_col) & (k_col < ctx_len)
+            if sliding_window:
+                q_pos, k_pos = self._tree_positions(max_ctx)
+                m &= k_pos > q_pos - sliding_window
+        m[:, :, 0] |= ~m.any(-1)  # padding queries attend something; their rows are dropped
+        return m[:, None]
 
     def _tree_mask(self, k_col: torch.Tensor) -> torch.Tensor:
         """[B, max_q, max_ctx]: the cached columns, then the ancestor relation over the fed ones."""
         b, max_q, _ = self.ancestors.shape
         n_ctx = k_col.numel()
-        cached = (k_col < self.start).expand(b, max_q, n_ctx)  # [B, max_q, max_ctx]
+        start = self.start[:, None, None]
+        cached = (k_col < start).expand(b, max_q, n_ctx)  # [B, max_q, max_ctx]
         # fed row a of sequence i sits at column start_i + a; a wider buffer takes the columns
         # that padding pushes past max_ctx, so every scatter index is distinct
         wide = torch.cat([cached, cached.new_zeros(b, max_q, max_q)], dim=2)
-        cols = (self.start + torch.arange(max_q, device=k_col.device)).expand(b, max_q, max_q)
+        cols = (start + torch.arange(max_q, device=k_col.device)).expand(b, max_q, max_q)
         wide.scatter_(2, cols, self.ancestors)
         return wide[:, :, :n_ctx]
 
-    @classmethod
-    def build(cls, k_cache, v_cache, slot_mapping: torch.Tensor, context_slots: list[torch.Tensor],
-              layout: StepLayout, device: torch.device) -> "PagedBatch":
-        """context_slots: per sequence, the slots of its columns 0..start + query_len - 1."""
-        query_lens = layout.query_lens.tolist()
-        b = len(query_lens)
-        max_q = layout.max_query_len
-        ctx_lens = [len(c) for c in context_slots]
-        max_ctx = max(ctx_lens)
-        ctx = torch.zeros(b, max_ctx, dtype=torch.long)
-        q_index = torch.full((b, max_q), sum(query_lens), dtype=torch.long)
-        packed = []
-        start = 0
-        for i, (c, n) in enumerate(zip(context_slots, query_lens)):
-            ctx[i, :len(c)] = c
-            q_index[i, :n] = torch.arange(start, start + n)
-            packed.append(torch.arange(n) + i * max_q)
-            start += n
-        ctx_len = torch.tensor(ctx_lens)[:, None, None]  # [B, 1, 1]
-        first = layout.start_pos[:, None, None]  # [B, 1, 1]
-        q_col = first + torch.arange(max_q)[None, :, None]  # [B, max_q, 1]
-        span = None
-        if b == 1 and max_ctx > 0:
-            c = context_slots[0]
-            lo = int(c[0])
-            if int(c[-1]) - lo == max_ctx - 1 and bool((c.diff() == 1).all()):
-                span = (lo, lo + max_ctx)
-        tree = {}
-        if layout.ancestors is not None:
-            seq = torch.repeat_interleave(torch.arange(b), layout.query_lens)  # [T]
-            local = torch.arange(len(seq)) - torch.repeat_interleave(layout.query_start,
-                                                                     layout.query_lens)
-            q_pos = torch.zeros(b, max_q, dtype=torch.long)
-            q_pos[seq, local] = layout.query_positions
-            k_pos = torch.arange(max_ctx).repeat(b, 1)  # [B, max_ctx]: a cached column's position
-            k_pos[seq, layout.start_pos[seq] + local] = layout.query_positions
-            tree = dict(ancestors=layout.ancestors.to(device), start=first.to(device),
-                        query_pos=q_pos[:, :, None].to(device), key_pos=k_pos[:, None].to(device))
-        return cls(k_cache, v_cache, slot_mapping.to(device), ctx.to(device), q_col.to(device),
-                   ctx_len.to(device), q_index.to(device), torch.cat(packed).to(device), span,
-                   **tree)
+    def _tree_positions(self, max_ctx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions of the queries [B, max_q, 1] and of every context column [B, 1, max_ctx]
+        (a cached column's position is its column; a fed one's, its row's): sliding windows
+        count positions, and a tree node's position is its depth."""
+        b, max_q = self.query_index.shape
+        dev = self.start.device
+        q_pos = torch.zeros(b * max_q, dtype=torch.int64, device=dev)
+        q_pos.index_copy_(0, self.packed_index, self.positions)
+        seq, local = self.packed_index // max_q, self.packed_index % max_q
+        k_pos = torch.arange(max_ctx, device=dev).repeat(b, 1)  # [B, max_ctx]
+        k_pos.view(-1).index_copy_(0, seq * max_ctx + self.start[seq] + local, self.positions)
+        return q_pos.view(b, max_q, 1), k_pos[:, None]
 
     def context(self, cache: torch.Tensor) -> torch.Tensor:
         """Each sequence's cached keys or values: [B, max_ctx, H_kv, D] from cache [slots, ...]
@@ -147,6 +159,14 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
 
     b, max_q = paged.query_index.shape
     hq, d = query.shape[1], query.shape[3]
+    if paged.uniform:  # a bucket: the tables and tree bits read by one kernel
+        if kwargs.get("sliding_window"):
+            raise RuntimeError("bucket steps serve models without sliding windows")
+        out = paged_attention(query[0].transpose(0, 1), k_cache, v_cache, paged.block_tables,
+                              paged.block_size, paged.start, paged.context_lens,
+                              paged.packed_index, max_q, paged.first_node, paged.node_bits,
+                              scaling if scaling is not None else d ** -0.5, paged.kernel)
+        return out[None], None  # [1, T, Hq, D]
     if b == 1:  # one sequence: the packed rows are its queries already, no padding to undo
         k = paged.context(k_cache).transpose(1, 2).to(query.dtype)  # [1, Hkv, ctx, D]
         v = paged.context(v_cache).transpose(1, 2).to(query.dtype)

@@ -11,6 +11,11 @@ When blocks run short, a sequence first gives up its speculation for the step, a
 youngest sequences not yet scheduled this step are preempted: their blocks are freed and they go
 back to the front of the queue, to be recomputed from their tokens when re-admitted (nothing
 already streamed is lost or repeated).
+
+On a device that replays captured graphs (verifier_service/step_executor.py) a decode step is a
+graph and a step with prompt rows is not: there prefill is scheduled apart (`mix_prefill`
+False). When both kinds wait, steps alternate between all the decoding sequences and the
+prefill chunks, so neither starves and every decode step stays captured.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ class Scheduler:
     def __init__(self, kv: PagedKVCache, max_num_seqs: int, max_waiting: int,
                  max_num_batched_tokens: int = 0,
                  on_admit: Callable[[SequenceState], None] | None = None,
-                 on_preempt: Callable[[SequenceState], None] | None = None):
+                 on_preempt: Callable[[SequenceState], None] | None = None,
+                 mix_prefill: bool = True):
         self.kv = kv
         # told when a sequence joins the running batch and when it is preempted out of it
         self.on_admit = on_admit
@@ -54,6 +60,8 @@ class Scheduler:
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []  # ordered by arrival: oldest first
         self.num_preemptions = 0
+        self.mix_prefill = mix_prefill
+        self._prefill_turn = False  # mix_prefill False: whose turn it is when both wait
 
     def add(self, seq: SequenceState) -> None:
         if len(self.waiting) >= self.max_waiting:
@@ -78,6 +86,8 @@ class Scheduler:
         # Decoding sequences (one uncached token) first, then prefills; oldest first in each.
         order = sorted(self.running, key=lambda s: (len(s.tokens) - s.num_computed > 1,
                                                     s.arrival))
+        if not self.mix_prefill:
+            order = self._one_kind(order)
         for seq in order:
             if seq not in self.running:
                 continue  # preempted to make room for a sequence scheduled before it
@@ -100,6 +110,15 @@ class Scheduler:
                 planned.add(id(seq))
                 used += num_new + k
         return plan
+
+    def _one_kind(self, order: list[SequenceState]) -> list[SequenceState]:
+        """Decoding sequences or prefilling ones, in turns when both are running."""
+        prefill = [s for s in order if len(s.tokens) - s.num_computed > 1]
+        decode = [s for s in order if len(s.tokens) - s.num_computed <= 1]
+        if prefill and decode:
+            self._prefill_turn = not self._prefill_turn
+            return prefill if self._prefill_turn else decode
+        return order
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from typing import Sequence
 
 import grpc
@@ -26,7 +25,6 @@ from splitspec.grpc_server import (
 )
 from splitspec.lifecycle import run_service, until_stopped
 from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
-from splitspec.params import GenerationInput, SamplingParams, StoppingCriteria
 from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig
 from verifier_service.config import VerifierConfig
 from verifier_service.engine import Engine
@@ -40,6 +38,7 @@ from verifier_service.proposer_pool import ProposerPool
 from verifier_service.servicer import VerifierServicer
 from verifier_service.telemetry import SERVICE_NAME as TELEMETRY_NAME
 from verifier_service.telemetry import VerifierTelemetry
+from verifier_service.warmup import warm_up
 
 log = logging.getLogger("splitspec.verifier")
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
@@ -95,9 +94,9 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
     kv = PagedKVCache(KVCacheSpec.for_model(model.config, dtype, config.block_size,
                                             config.kv_cache_memory_mb << 20,
                                             config.num_kv_blocks), device)
-    runner = ModelRunner(model, device, kv, linear=config.linear)
-    fingerprint = tokenizer_fingerprint(tokenizer)
     max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+    runner = ModelRunner(model, device, kv, linear=config.linear, max_model_len=max_len)
+    fingerprint = tokenizer_fingerprint(tokenizer)
     if proposers is None:
         proposers = proposer_pools(config, runner.vocab_size, fingerprint)
     engine = Engine(config, runner, tokenizer, proposers, eos_ids(tokenizer, model), max_len,
@@ -105,24 +104,13 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
     return engine, fingerprint, device, dtype
 
 
-async def warm_up(engine: Engine) -> None:
-    """One short greedy generation without speculation before the first client's: lazy setup
-    (kernel selection, allocator growth) happens while the verifier still reports NOT_SERVING.
-    It counts in the engine's stats as one finished request."""
-    prompt = tuple(range(min(8, engine.runner.vocab_size)))
-    inp = GenerationInput(f"warmup-{uuid.uuid4().hex}", prompt, SamplingParams(temperature=0.0),
-                          StoppingCriteria(max_tokens=2, ignore_eos=True))
-    start = time.perf_counter()
-    async for _ in engine.generate(inp):
-        pass
-    log.info("warm-up generation took %.2f s", time.perf_counter() - start)
-
-
 async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     # metrics and spans observe the engine; tracing interceptors must exist before any channel
     telemetry = VerifierTelemetry(config.host, config.served_model_name or model_name(config.model),
                                   telemetry_config)
+    started = time.perf_counter()
     engine, fingerprint, device, dtype = build_engine(config, observers=telemetry.observers)
+    loaded = time.perf_counter() - started
     telemetry.bind(engine)
     for client in engine.proposers.values():
         # Refuses an incompatible proposer now; one that is not up yet is retried per step.
@@ -149,8 +137,9 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()
     kv = engine.runner.kv
-    log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens", name,
-             address, device, dtype, kv.num_blocks, kv.block_size)
+    log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens; ready in "
+             "%.1f s (model %.1f s)", name, address, device, dtype, kv.num_blocks,
+             kv.block_size, time.perf_counter() - started, loaded)
     await until_stopped()
     # Drain: health NOT_SERVING first (gateways watching it stop routing here), then new calls
     # are refused with UNAVAILABLE (a gateway retries them elsewhere), the requests in flight

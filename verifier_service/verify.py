@@ -1,15 +1,20 @@
-"""One verification on the model thread: build the step's layout, run the target once over the
-packed batch, rejection-sample, hand back what each sequence emits.
+"""One verification on the model thread: plan the step, run the target once over the packed
+batch, rejection-sample, hand back what each sequence emits.
 
 Reads top to bottom like the step it is (gpt-fast's speculative_decode, for a ragged batch):
-    1. layout   where every sequence's rows sit (kernels.StepLayout), built once;
-    2. forward  one target pass: [uncached tokens..., d1..dk] per sequence;
-    3. sample   target probabilities p per verified row, then the lossless rejection sampler;
-    4. results  per sequence: accepted drafts + one recovered/bonus token, the fed rows whose K/V
-                it keeps, and, for proposers that
-                condition on it, the hidden state that produced the last of them; for requests
-                that ask, each emitted token's log-probability from the same logits rows
-                (kernels/logprobs.py; no extra forward).
+    1. plan     where every sequence's rows sit (kernels.StepLayout), and the step's arrays in
+                one host buffer (verifier_service/step_plan.py), without touching the device;
+    2. execute  one target pass: [uncached tokens..., d1..dk] per sequence, with greedy chain
+                verification on the device (verifier_service/step_executor.py: one copy in, a
+                replayed graph or the same body run eagerly);
+    3. sample   sampled requests and trees: target probabilities p per verified row, then the
+                lossless rejection sampler, launched after the forward without a sync;
+    4. fetch    one copy out and the step's one wait: per sequence, accepted drafts + one
+                recovered/bonus token, the accepted path, and, for proposers that condition on
+                it, the hidden state that produced the last token; for in-target methods the
+                target's argmax after every node; for requests that ask, each emitted token's
+                log-probability from the same logits rows (kernels/logprobs.py; no extra
+                forward, one more read back).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from kernels import tree_rejection
 from kernels.layout import RejectionResult, StepLayout
 from kernels.logprobs import token_logprobs
 from kernels.rejection import greedy_verify, rejection_sample
@@ -26,8 +32,8 @@ from kernels.sampling import SamplingTensors
 from kernels.sparse_probs import SparseProbs
 from kernels.tree_rejection import TreeResult, tree_rejection_sample
 from splitspec.proposal import Draft
-from verifier_service.model_runner import ModelRunner
 from verifier_service.scheduler import Scheduled
+from verifier_service.step_executor import StepExecutor
 
 
 @dataclass
@@ -48,11 +54,11 @@ class SeqResult:
     node_argmax: Sequence[int] = ()
 
 
-def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft | None],
+def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Draft | None],
                 keep_hidden: list[bool], keep_argmax: Sequence[bool] = ()
                 ) -> list[SeqResult | None]:
     """Per batch entry: its SeqResult, or None for a prefill chunk (cached, emits nothing)."""
-    # 1. layout (trees: each node at the position of its depth, seeing its ancestors only)
+    # 1. plan (trees: each node at the position of its depth, seeing its ancestors only)
     ks = [len(d.tokens) if d else 0 for d in drafts]
     trees = [None if d is None or d.is_chain else d.parents for d in drafts]
     layout = StepLayout.build([s.num_new + k for s, k in zip(batch, ks)],
@@ -61,36 +67,62 @@ def verify_step(runner: ModelRunner, batch: list[Scheduled], drafts: list[Draft 
     input_ids = [t for s, d in zip(batch, drafts)
                  for t in s.seq.tokens[s.seq.num_computed:s.seq.num_computed + s.num_new]
                  + (d.tokens if d else [])]
-    # 2. forward
-    logits, hidden = runner.forward(input_ids, [s.seq.blocks for s in batch], layout)
+    plan = executor.plan(layout, input_ids, [s.seq.blocks.blocks for s in batch])
+    # 2. execute
+    step = executor.execute(plan)
     if not layout.batch_size:
+        executor.fetch([])  # the step's wait: its writes to the cache are done
         return [None] * len(batch)
-    # 3. sample
     emitting = layout.seq_index.tolist()
-    result = sample_step(logits, layout, [batch[i] for i in emitting],
-                         [drafts[i] for i in emitting])
-    # 4. results
+    n = len(emitting)
+    # 3. sample (a step of greedy chains only is verified already, inside the forward)
+    ragged = (step.logits if plan.bucket is None else
+              step.logits.index_select(0, step.views["real_rows"][:layout.logits_indices.numel()]))
+    nodes = None
+    if plan.chain and all(batch[i].seq.inp.sampling.greedy for i in emitting):
+        tokens, num_accepted = step.tokens[:n], step.num_accepted[:n]
+    else:
+        result = sample_step(ragged, layout, [batch[i] for i in emitting],
+                             [drafts[i] for i in emitting])
+        tokens, num_accepted = result.output_token_ids, result.num_accepted
+        if isinstance(result, TreeResult):
+            nodes = result.accepted_nodes
+    # 4. fetch: the last kept row's hidden state (logits row base + its node + 1), the
+    # argmax rows, the tokens: one copy
+    base_dev = step.views["bonus_base"][:n]
+    wants_hidden = any(keep_hidden[i] for i in emitting)
+    wants_argmax = any(keep_argmax[i] for i in emitting if i < len(keep_argmax))
+    floats = []
+    if wants_hidden:
+        if nodes is None or not nodes.shape[1]:
+            last = base_dev + num_accepted
+        else:
+            picked = nodes.gather(1, (num_accepted - 1).clamp(min=0)[:, None])[:, 0]
+            last = base_dev + torch.where(num_accepted > 0, picked + 1, 0)
+        floats.append(step.hidden.index_select(0, last))
+    ints = [tokens, num_accepted] + ([nodes] if nodes is not None else [])
+    ints += [step.argmax] if wants_argmax else []
+    got, got_f = executor.fetch(ints, floats)
+    rows_h, n_acc_h = got[0], got[1].tolist()
+    nodes_h = got[2] if nodes is not None else None
+    argmax_h = got[-1] if wants_argmax else None
+    hidden_h = got_f[0] if wants_hidden else None
+    base = plan.fields.views(plan.host)["bonus_base"].numpy()[:n]  # host copy of the offsets
+    # 5. results
     results: list[SeqResult | None] = [None] * len(batch)
-    rows = result.tokens()
-    offsets = layout.target_offsets.tolist()
-    paths = result.paths() if isinstance(result, TreeResult) else None
-    tree_kept = result.kept_rows() if paths is not None else None
-    argmax = (logits.argmax(dim=-1).tolist()
-              if any(keep_argmax[i] for i in emitting if i < len(keep_argmax)) else None)
-    ks = layout.num_draft_tokens.tolist()
-    for r, (i, n_acc) in enumerate(zip(emitting, result.num_accepted.tolist())):
-        path = paths[r] if paths is not None else range(n_acc)
-        # a sequence's logits row 0 picked its first token, row j + 1 the token after node j:
-        # the last row of the path produced its last token (and the hidden state kept)
-        last = offsets[r] + (path[-1] + 1 if n_acc else 0)
-        h = hidden[last].to("cpu", torch.float32) if keep_hidden[i] else None
-        kept = range(batch[i].num_new + n_acc) if paths is None else tree_kept[r]
-        results[i] = SeqResult(rows[r], n_acc, kept, h, path=list(path),
-                               branch_hit=bool(n_acc) and paths is not None
+    rows = [row[:a + 1].tolist() for row, a in zip(rows_h, n_acc_h)]
+    fed_before = (layout.query_lens[layout.seq_index] - layout.num_draft_tokens).tolist()
+    for r, (i, n_acc) in enumerate(zip(emitting, n_acc_h)):
+        path = nodes_h[r, :n_acc].tolist() if nodes_h is not None else list(range(n_acc))
+        kept = (range(batch[i].num_new + n_acc) if nodes_h is None
+                else tree_rejection.path_rows(fed_before[r], path))
+        h = torch.from_numpy(hidden_h[r]) if keep_hidden[i] else None
+        results[i] = SeqResult(rows[r], n_acc, kept, h, path=path,
+                               branch_hit=bool(n_acc) and nodes_h is not None
                                and _left_first_child(drafts[i].parents, path))
-        if argmax is not None and i < len(keep_argmax) and keep_argmax[i]:
-            results[i].node_argmax = argmax[offsets[r] + 1:offsets[r] + 1 + ks[r]]
-    _add_logprobs(logits, layout, batch, emitting, rows, results)
+        if argmax_h is not None and i < len(keep_argmax) and keep_argmax[i]:
+            results[i].node_argmax = argmax_h[base[r] + 1:base[r] + 1 + ks[i]].tolist()
+    _add_logprobs(ragged, layout, batch, emitting, rows, results)
     return results
 
 

@@ -11,6 +11,7 @@ import torch
 
 from kernels.layout import StepLayout
 from verifier_service.paged_attention import PagedBatch
+from verifier_service.step_plan import plan_step
 
 
 def _reference(num_new, ks, starts, parents):
@@ -98,11 +99,15 @@ def test_attention_mask_matches_a_dense_reference(trees, window):
         q = [n + k for n, k in zip(num_new, ks)]
         layout = StepLayout.build(q, starts, ks, emits, parents)
         ref = _reference(num_new, ks, starts, parents)
-        context = [torch.arange(s + n) for s, n in zip(starts, q)]  # slots: any distinct ids
-        slots = torch.cat([c[s:] for c, s in zip(context, starts)])
-        batch = PagedBatch.build(None, None, slots, context, layout, torch.device("cpu"))
+        # one-slot blocks, each sequence's a run of distinct ids
+        tables, at = [], 0
+        for s, n in zip(starts, q):
+            tables.append(list(range(at, at + s + n)))
+            at += s + n
+        plan = plan_step(layout, [0] * sum(q), tables, 1, at)
+        batch = PagedBatch.from_plan(None, None, plan.fields.views(plan.host), plan, 1)
         mask = batch.mask(window)[:, 0]  # [B, max_q, max_ctx]
-        max_ctx = max(len(c) for c in context)
+        max_ctx = max(s + n for s, n in zip(starts, q))
         for i, rows in enumerate(ref):
             s = starts[i]
             key_pos = list(range(s)) + [p for p, _, _ in rows]

@@ -99,6 +99,25 @@ def test_decodes_go_first_then_prefills_share_the_token_budget_in_chunks():
         ("d", 1, 2, True), ("p1", 5, 2, True)]  # finishes p1's prompt: it may draft
 
 
+def test_apart_from_prefill_decoding_and_prefill_steps_take_turns():
+    """Where decode steps are captured graphs, a step is all decoding or all prompt rows; when
+    both wait they alternate, so neither starves."""
+    kv = _kv(32)
+    sched = _scheduler(kv, max_num_batched_tokens=8)
+    sched.mix_prefill = False
+    prefill = _seq("p", 12, 1.0)
+    decoder = _decoding(_seq("d", 4, 2.0))
+    for s in (prefill, decoder):
+        sched.add(s)
+    kinds = []
+    for _ in range(4):
+        plan = sched.schedule(lambda s: 2)
+        kinds.append(sorted(s.seq.request_id for s in plan))
+        _run(sched, plan)
+    # p's prompt takes two chunks (8 + 4 tokens); d decodes in between; then both decode
+    assert kinds == [["p"], ["d"], ["p"], ["d", "p"]]
+
+
 def test_speculation_is_dropped_before_anyone_is_preempted():
     kv = _kv(2)
     sched = _scheduler(kv)

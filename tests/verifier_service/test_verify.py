@@ -3,12 +3,15 @@ fed token stands in for the target, so what each sequence feeds, keeps and emits
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from splitspec.params import GenerationInput, SamplingParams
 from splitspec.proposal import Draft
 from verifier_service.scheduler import Scheduled
 from verifier_service.sequence import SequenceState
+from verifier_service.step_executor import StepExecutor
 from verifier_service.verify import verify_step
 
 V = 32
@@ -16,14 +19,22 @@ V = 32
 
 class SuccessorRunner:
     """Greedy next token after t is t + 1 (mod V); each logits row's hidden state is its input
-    row index. Records what it was fed."""
+    row index. Records what it was fed (through a step executor, as the engine runs it)."""
 
-    def forward(self, input_ids, tables, layout):
-        self.input_ids, self.layout = list(input_ids), layout
-        fed = torch.tensor(input_ids)[layout.logits_indices]  # [T_out]
-        logits = torch.nn.functional.one_hot((fed + 1) % V, V).float() * 8.0
-        hidden = layout.logits_indices.float()[:, None].repeat(1, 3)  # [T_out, 3]
+    device = torch.device("cpu")
+    kv = SimpleNamespace(block_size=4, trash_block=99)
+    max_model_len = 64
+
+    def run_plan(self, views, plan):
+        self.input_ids, self.layout = views["ids"].tolist(), plan.layout
+        rows = views["logits_rows"]
+        logits = torch.nn.functional.one_hot((views["ids"][rows] + 1) % V, V).float() * 8.0
+        hidden = rows.float()[:, None].repeat(1, 3)  # [T_out, 3]
         return logits, hidden
+
+
+def _executor() -> StepExecutor:
+    return StepExecutor(SuccessorRunner())
 
 
 def _seq(tokens, computed, top_logprobs=None, sampling=None) -> SequenceState:
@@ -31,11 +42,13 @@ def _seq(tokens, computed, top_logprobs=None, sampling=None) -> SequenceState:
                           top_logprobs=top_logprobs)
     seq = SequenceState(inp=inp, tracker=None)  # the verify step never reads the output tracker
     seq.num_computed = computed
+    seq.blocks.blocks = [0, 1, 2]  # room for 12 positions
     return seq
 
 
 def test_each_sequence_feeds_its_rows_and_keeps_its_accepted_prefix():
-    runner = SuccessorRunner()
+    executor = _executor()
+    runner = executor.runner
     decode = _seq([3, 4, 5], 2)  # feeds 5, then drafts 6 7 9: 6 and 7 accepted, 8 recovered
     chunk = _seq([10, 11, 12, 13, 14], 0)  # a prefill chunk of 2 that does not end the prompt
     last_chunk = _seq([20, 21, 22, 23], 1)  # feeds 21 22 23: ends the prompt, emits 24
@@ -43,7 +56,7 @@ def test_each_sequence_feeds_its_rows_and_keeps_its_accepted_prefix():
     batch = [Scheduled(decode, 1, 3), Scheduled(chunk, 2, 0), Scheduled(last_chunk, 3, 0),
              Scheduled(allright, 1, 2)]
     drafts = [Draft("a", [6, 7, 9]), None, None, Draft("d", [3, 4])]
-    results = verify_step(runner, batch, drafts, [True, False, False, False])
+    results = verify_step(executor, batch, drafts, [True, False, False, False])
     assert runner.input_ids == [5, 6, 7, 9, 10, 11, 21, 22, 23, 2, 3, 4]
     assert runner.layout.positions().tolist() == [2, 3, 4, 5, 0, 1, 1, 2, 3, 1, 2, 3]
     a, b, c, d = results
@@ -56,10 +69,10 @@ def test_each_sequence_feeds_its_rows_and_keeps_its_accepted_prefix():
 
 
 def test_logprobs_come_from_the_rows_that_picked_each_token():
-    runner = SuccessorRunner()
+    executor = _executor()
     seq = _seq([3, 4, 5], 2, top_logprobs=2)
     plain = _seq([7, 8], 1)
-    (r, p) = verify_step(runner, [Scheduled(seq, 1, 2), Scheduled(plain, 1, 0)],
+    (r, p) = verify_step(executor, [Scheduled(seq, 1, 2), Scheduled(plain, 1, 0)],
                          [Draft("a", [6, 0]), None], [False, False])
     assert r.tokens == [6, 7] and p.logprobs is None
     assert [top[0][0] for _, top in r.logprobs] == [6, 7]  # each row's most likely is its token
@@ -69,7 +82,7 @@ def test_logprobs_come_from_the_rows_that_picked_each_token():
 def test_a_seeded_sampled_sequence_is_reproducible_and_keeps_what_it_accepts():
     def run():
         seq = _seq([3, 4, 5], 2, sampling=SamplingParams(temperature=1.0, seed=7))
-        (r,) = verify_step(SuccessorRunner(), [Scheduled(seq, 1, 3)],
+        (r,) = verify_step(_executor(), [Scheduled(seq, 1, 3)],
                            [Draft("a", [6, 7, 9])], [False])
         return r
 

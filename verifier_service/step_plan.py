@@ -1,0 +1,325 @@
+"""The step plan: one engine step turned into flat index arrays on the host, without touching the
+device.
+
+The scheduler decides which sequences run and how many rows each feeds; the collector brings
+their drafts. The plan turns that into everything the device needs for the step, in ONE host
+buffer (int64, pinned on accelerators) that the step executor copies in with one non-blocking
+copy (verifier_service/step_executor.py):
+
+    ids, positions, slots [T]      the fed rows: token, position (a tree node: its depth), and
+                                   the cache slot its K/V goes to (padding rows: the trash block)
+    block_tables [B, NB]           each sequence's blocks (padding: the trash block); attention
+    start, context_lens [B]        reads its context through them on the device
+    query_index [B, R], packed_index [T]
+                                   packed row <-> (sequence, fed row), for batched attention
+    first_node [B], node_bits [T]  trees: a sequence's fed rows from first_node on are draft
+                                   nodes; a node row sees the node rows whose bits are set
+                                   (ancestors and itself) and every row before first_node
+    logits_rows [L]                the rows whose logits are computed
+    target_idx, draft_ids, draft_valid [S, K], bonus_base [S]
+                                   greedy chain verification on the device: draft j of sampler
+                                   row s is accepted iff argmax(logits[target_idx[s, j]]) equals
+                                   it; the extra token is the argmax of row bonus_base + accepted
+    real_rows [T_out]              (buckets) the logits rows of the ragged layout the eager
+                                   samplers read (kernels/layout.py)
+
+Two shapes. On a device that replays captured graphs, a step whose every sequence is decoding
+(one uncached token plus its draft) runs in a *bucket*: B_b sequences x R rows each, the
+smallest of the ladder that holds it; padding rows and padding sequences write to the trash
+block and read only it. Every other step (prefill chunks, a bucket too small) runs at its exact
+shape, as every step does on the CPU, where a padding row costs real compute (the CPU's ladder
+is empty). A bucket's arrays sit at offsets fixed by the bucket alone, so a graph captured for
+it reads them at the same addresses every time.
+
+The plan also carries the step's StepLayout (kernels/layout.py), the host-side picture the
+samplers and the results read, built once as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from kernels.layout import StepLayout
+
+__all__ = ["Bucket", "BucketLadder", "PlanFields", "StepPlan", "plan_step", "MAX_BUCKET_NODES"]
+
+# node_bits is one int64 word per row: a bucket holds trees of at most this many nodes
+MAX_BUCKET_NODES = 64
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    """A padded step shape: num_seqs sequences x rows fed rows each (1 + draft nodes)."""
+
+    num_seqs: int
+    rows: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_seqs * self.rows
+
+    def __str__(self) -> str:
+        return f"{self.num_seqs}x{self.rows}"
+
+
+class BucketLadder:
+    """The bucket shapes a device runs decode steps at. Empty (the CPU's): every step exact."""
+
+    def __init__(self, seqs: Sequence[int] = (), rows: Sequence[int] = ()):
+        if bool(seqs) != bool(rows):
+            raise ValueError("a ladder needs both sequence counts and row counts, or neither")
+        if any(n < 1 for n in (*seqs, *rows)):
+            raise ValueError("bucket sizes must be >= 1")
+        if rows and max(rows) > MAX_BUCKET_NODES + 1:
+            raise ValueError(f"a bucket holds at most {MAX_BUCKET_NODES + 1} rows per sequence")
+        self.seqs = tuple(sorted(set(seqs)))
+        self.rows = tuple(sorted(set(rows)))
+
+    @classmethod
+    def powers_of_two(cls, max_num_seqs: int, max_rows: int) -> "BucketLadder":
+        """1, 2, 4, ... and the maxima themselves: always max_num_seqs x max_rows, so every
+        decode step the scheduler can form has a bucket."""
+        max_rows = min(max_rows, MAX_BUCKET_NODES + 1)
+
+        def ladder(top: int) -> list[int]:
+            out, n = [], 1
+            while n < top:
+                out.append(n)
+                n *= 2
+            return [*out, top]
+
+        return cls(ladder(max_num_seqs), ladder(max_rows))
+
+    @property
+    def exact(self) -> bool:
+        return not self.seqs
+
+    def __iter__(self):
+        """Every bucket, largest first (graphs are captured in this order, so the smaller ones
+        reuse the largest one's memory)."""
+        return iter(sorted((Bucket(b, r) for b in self.seqs for r in self.rows), reverse=True))
+
+    def __len__(self) -> int:
+        return len(self.seqs) * len(self.rows)
+
+    def choose(self, num_seqs: int, rows: int) -> Bucket | None:
+        """The smallest bucket holding num_seqs sequences of up to `rows` rows; None when none
+        does (or the ladder is empty): the step runs at its exact shape."""
+        b = next((n for n in self.seqs if n >= num_seqs), None)
+        r = next((n for n in self.rows if n >= rows), None)
+        return None if b is None or r is None else Bucket(b, r)
+
+    def __repr__(self) -> str:
+        return f"BucketLadder(seqs={self.seqs}, rows={self.rows})"
+
+
+# The plan's arrays, in buffer order: name -> shape as a function of the plan's sizes
+#   T fed rows, B sequences, NB blocks per table, R rows per sequence (max query length),
+#   L logits rows, S sampler rows, K draft columns, O ragged logits rows (buckets; 0 exact)
+_FIELDS = (
+    ("ids", ("T",)), ("positions", ("T",)), ("slots", ("T",)),
+    ("block_tables", ("B", "NB")), ("start", ("B",)), ("context_lens", ("B",)),
+    ("query_index", ("B", "R")), ("packed_index", ("T",)),
+    ("first_node", ("B",)), ("node_bits", ("T",)),
+    ("logits_rows", ("L",)),
+    ("target_idx", ("S", "K")), ("draft_ids", ("S", "K")), ("draft_valid", ("S", "K")),
+    ("bonus_base", ("S",)), ("real_rows", ("O",)),
+)
+
+
+@dataclass(frozen=True)
+class PlanFields:
+    """Where each array sits in the flat buffer, for one set of sizes (a bucket's are fixed)."""
+
+    sizes: tuple[tuple[str, int], ...]
+    offsets: dict = field(default_factory=dict, compare=False, hash=False)
+    shapes: dict = field(default_factory=dict, compare=False, hash=False)
+    total: int = 0
+
+    @classmethod
+    def of(cls, **sizes: int) -> "PlanFields":
+        offsets, shapes, at = {}, {}, 0
+        for name, dims in _FIELDS:
+            shape = tuple(sizes[d] for d in dims)
+            offsets[name], shapes[name] = at, shape
+            at += int(np.prod(shape)) if shape else 1
+        return cls(tuple(sorted(sizes.items())), offsets, shapes, at)
+
+    @classmethod
+    def for_bucket(cls, bucket: Bucket, max_blocks: int) -> "PlanFields":
+        b, r = bucket.num_seqs, bucket.rows
+        return cls.of(T=b * r, B=b, NB=max_blocks, R=r, L=b * r, S=b, K=r - 1, O=b * r)
+
+    def size(self, name: str) -> int:
+        return dict(self.sizes)[name]
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each array as a view of `flat` (host or device)."""
+        out = {}
+        for name, _ in _FIELDS:
+            shape, at = self.shapes[name], self.offsets[name]
+            n = int(np.prod(shape)) if shape else 1
+            out[name] = flat[at:at + n].view(shape)
+        return out
+
+
+@dataclass
+class StepPlan:
+    """One step, ready for the executor. `host` holds every array (PlanFields order)."""
+
+    layout: StepLayout  # the ragged step, host-side: what the samplers and results read
+    bucket: Bucket | None  # None: the step runs at its exact shape
+    block_size: int
+    fields: PlanFields
+    host: torch.Tensor  # int64 [fields.total]
+    chain: bool  # every draft a chain (the in-graph greedy verification applies)
+    # one sequence whose context is one run of slots [first, end): attention reads a view
+    context_range: tuple[int, int] | None = None
+    # the layout's ancestor relation (exact steps with trees), for the reference attention
+    ancestors: torch.Tensor | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.fields.size("T")
+
+    @property
+    def max_context(self) -> int:
+        """Columns attention gathers per sequence: a bucket's whole table width (fixed per
+        bucket), an exact step's longest context."""
+        if self.bucket is not None:
+            return self.fields.size("NB") * self.block_size
+        lens = self.layout.query_lens + self.layout.start_pos
+        return int(lens.max()) if lens.numel() else 0
+
+    @property
+    def max_query_len(self) -> int:
+        return self.fields.size("R")
+
+
+def plan_step(layout: StepLayout, input_ids: Sequence[int], tables: Sequence[Sequence[int]],
+              block_size: int, trash_block: int, ladder: BucketLadder | None = None,
+              max_blocks: int = 0, out: torch.Tensor | None = None,
+              bucket: Bucket | None = None) -> StepPlan:
+    """Plan the step `layout` describes: input_ids [T_in] packed as it says (each sequence's
+    uncached tokens, then its draft nodes), tables the sequences' block ids (room reserved for
+    every fed row). `max_blocks`: a bucket's block-table width (fixed per bucket: the longest
+    context the verifier serves). `out`: a host buffer to write into (the executor's pinned
+    staging buffer); a fresh tensor when None or too short. `bucket` forces the shape (a step
+    of padding only, to capture a bucket's graph: an empty layout)."""
+    q = layout.query_lens.tolist()
+    start = layout.start_pos.tolist()
+    b_real = len(q)
+    emitting = layout.seq_index.numpy()
+    k_s = layout.num_draft_tokens.numpy()  # per emitting sequence
+    k_all = np.zeros(b_real, dtype=np.int64)
+    k_all[emitting] = k_s
+    q_arr = np.asarray(q, dtype=np.int64)
+    any_tree = layout.ancestors is not None
+    decoding = b_real > 0 and len(emitting) == b_real and bool((q_arr - k_all == 1).all())
+    too_big = any_tree and int(k_all.max(initial=0)) > MAX_BUCKET_NODES
+    if bucket is None and ladder is not None and decoding and not too_big:
+        bucket = ladder.choose(b_real, int(q_arr.max()))
+    nb_real = max((len(t) for t in tables), default=1) or 1
+    if bucket is not None:
+        fields = PlanFields.for_bucket(bucket, max(max_blocks, nb_real))
+    else:
+        fields = PlanFields.of(T=int(q_arr.sum()), B=b_real, NB=nb_real,
+                               R=layout.max_query_len, L=int(layout.logits_indices.numel()),
+                               S=layout.batch_size, K=layout.max_k, O=0)
+    host = (out[:fields.total] if out is not None and out.numel() >= fields.total
+            else torch.empty(fields.total, dtype=torch.int64))
+    a = {name: v.numpy() for name, v in fields.views(host).items()}
+    sizes = dict(fields.sizes)
+    n_rows, big_r, kk = sizes["T"], sizes["R"], sizes["K"]
+
+    # -- per sequence: block tables (padding: the trash block), lengths, the draft's region
+    bt = a["block_tables"]
+    bt.fill(trash_block)
+    for i, t in enumerate(tables):
+        bt[i, :len(t)] = t
+    for name in ("start", "context_lens"):
+        a[name].fill(0)
+    a["start"][:b_real] = start
+    a["context_lens"][:b_real] = np.asarray(start, dtype=np.int64) + q_arr
+    first = q_arr - k_all if any_tree else q_arr
+    a["first_node"].fill(big_r)
+    a["first_node"][:b_real] = first
+
+    # -- per fed row: token, position, slot, node bits; packed at query_start (exact) or at
+    # b * R (a bucket, whose padding rows feed token 0 at position 0 into the trash block)
+    seq_of = np.repeat(np.arange(b_real), q_arr)
+    exact_row = np.arange(len(seq_of))
+    local = exact_row - np.repeat(layout.query_start.numpy(), q_arr)
+    rows = exact_row if bucket is None else seq_of * big_r + local
+    ids, pos, slots, bits = a["ids"], a["positions"], a["slots"], a["node_bits"]
+    if bucket is not None:
+        ids.fill(0)
+        pos.fill(0)
+        slots[:] = trash_block * block_size + np.arange(n_rows) % block_size
+    ids[rows] = input_ids
+    pos[rows] = layout.query_positions.numpy()
+    cols = np.asarray(start, dtype=np.int64)[seq_of] + local  # the cache column of each row
+    slots[rows] = bt[seq_of, cols // block_size] * block_size + cols % block_size
+    bits.fill(0)
+    if any_tree:
+        parents = layout.parents.numpy()
+        row_first = first[seq_of]
+        node = local - row_first  # node index of each fed row (< 0: not a draft node)
+        node_bits = np.zeros(len(rows), dtype=np.uint64)
+        for t in np.flatnonzero(node >= 0):  # parents precede children: one pass in row order
+            p = parents[t]  # its parent's fed index (-1: the cache)
+            above = node_bits[t - local[t] + p] if p >= row_first[t] else np.uint64(0)
+            node_bits[t] = above | (np.uint64(1) << np.uint64(node[t]))
+        bits[rows] = node_bits.view(np.int64)
+
+    # -- attention's maps between packed rows and [B, R] query slots
+    qi, pi = a["query_index"], a["packed_index"]
+    if bucket is None:
+        qi.fill(n_rows)
+        qi[seq_of, local] = exact_row
+        pi[:] = seq_of * big_r + local
+    else:
+        qi[:] = np.arange(n_rows).reshape(bucket.num_seqs, big_r)
+        pi[:] = np.arange(n_rows)
+
+    # -- logits rows, and greedy chain verification: sampler row s's draft j sits in fed row
+    # first_s + j, its target in logits row base_s + j (base_s: the row that picks d1)
+    if bucket is None:
+        a["logits_rows"][:] = layout.logits_indices.numpy()
+        base = layout.target_offsets.numpy()
+        draft_rows = (layout.query_start.numpy()[emitting] + q_arr[emitting] - k_s)
+    else:
+        a["logits_rows"][:] = np.arange(n_rows)
+        base = emitting * big_r + (q_arr[emitting] - k_s - 1)
+        draft_rows = base + 1
+        real = [np.arange(b, b + n + 1) for b, n in zip(base, k_s)]
+        a["real_rows"].fill(0)
+        if real:
+            real = np.concatenate(real)
+            a["real_rows"][:len(real)] = real
+    a["bonus_base"].fill(0)
+    a["bonus_base"][:len(base)] = base
+    a["target_idx"][:] = a["bonus_base"][:, None]  # padding sequences point at their own row
+    a["draft_ids"].fill(0)
+    a["draft_valid"].fill(0)
+    if kk and len(base):
+        j = np.arange(kk)
+        valid = j[None] < k_s[:, None]  # [S, K]
+        a["target_idx"][:len(base)] = base[:, None] + np.minimum(j[None], k_s[:, None])
+        a["draft_valid"][:len(base)] = valid
+        dr = a["draft_ids"][:len(base)]
+        dr[valid] = ids[(draft_rows[:, None] + j[None])[valid]]
+
+    span = None
+    if b_real == 1 and bucket is None and tables and tables[0]:
+        t = tables[0]
+        used = -(-int(a["context_lens"][0]) // block_size)
+        if all(t[i + 1] == t[i] + 1 for i in range(used - 1)):
+            span = (t[0] * block_size, t[0] * block_size + int(a["context_lens"][0]))
+    return StepPlan(layout, bucket, block_size, fields, host, chain=not any_tree,
+                    context_range=span,
+                    ancestors=layout.ancestors if bucket is None else None)
