@@ -59,6 +59,34 @@ class ProposerSession(abc.ABC):
 
 
 class Proposer(abc.ABC):
+    # the size of the target's hidden state a proposer conditions on (0: none): the warm-up's
+    # dummy input
+    warm_hidden_size: int = 0
+
+    def warm_up(self) -> None:
+        """Draft for a short dummy history, greedy and sampled, chains and trees, in a session
+        of its own, before the service reports SERVING: lazy setup (allocator growth, the first
+        calls of every kernel) is not paid by the first clients' steps."""
+        import torch
+
+        from splitspec.params import SamplingParams
+
+        desc = self.describe()
+        k = max(1, min(desc.max_num_speculative_tokens, 8))
+        vocab = desc.vocab_size or 100
+        history = [i % vocab for i in range(3, 19)] * 2
+        hidden = torch.zeros(self.warm_hidden_size) if self.warm_hidden_size else None
+        session = self.open_session()
+        try:
+            plans = [(SamplingParams(temperature=0.0), 1), (SamplingParams(temperature=1.0), 1),
+                     (SamplingParams(temperature=1.0, seed=1), 1),
+                     (SamplingParams(temperature=0.0), 2)]
+            for n, (sampling, branch) in enumerate(plans):
+                session.propose([SequenceStep(f"warmup-{n}", history, len(history), k, True,
+                                              sampling, hidden, max_branch=branch)])
+        finally:
+            session.close()
+
     @classmethod
     def from_config(cls, config: "ProposerConfig") -> "Proposer":
         """Build from the proposer process's flags (SystemExit with one line on bad ones).

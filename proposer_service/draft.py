@@ -38,6 +38,8 @@ from proposer_service.base import Proposer, load_learned
 from proposer_service.draft_cache import KV, Buffers, SeqState, common_prefix, padded_cache, row_kv
 from proposer_service.draft_loop import draft_loop
 from proposer_service.draft_session import DraftSession
+from splitspec.device import HostFetch
+from splitspec.device import to_device as _to
 from splitspec.lean_llama import LeanDecoder
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
@@ -85,6 +87,7 @@ class DraftModelProposer(Proposer):
         # probability.
         self.drafts_ahead = drafts_ahead
         self.ahead_rejections = ahead_rejections
+        self.fetch = HostFetch(device)  # a drafting loop's one copy back
 
     from_config = classmethod(load_learned)  # the registry's constructor: flags -> load()
 
@@ -156,9 +159,10 @@ class DraftModelProposer(Proposer):
         if not tokens:
             return
         start = state.length()
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, S]
+        ids = _to(torch.tensor([tokens], dtype=torch.long), self.device)  # [1, S]
         pos = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, S]
         _, state.kv = self._forward(ids, pos, state.kv, None, 1)
+        state.store = None  # new tensors
         state.cached.extend(tokens)
 
 
@@ -186,23 +190,29 @@ class DraftModelProposer(Proposer):
         b, lmax, kmax = len(work), max(lens), max(ks)
         s0 = max(len(p) for p in pending)
         # One row (batch-1 decoding): its own cache as is, no padding, no mask, nothing to cut
-        # out afterwards. (Cache updates concatenate: the state's tensors are never written.)
+        # out afterwards.
         single = b == 1
         kv = (work[0][2].kv if single
               else padded_cache([state.kv for _, _, state in work], lens, lmax))
         if single and kv is not None and self.lean is not None:
-            # lean and one row: the cache copied once into room for this step's columns
-            kv = Buffers(self.lean.buffers(kv, 1, lmax + s0 + kmax - 1), lmax)
+            # lean and one row: the new columns go into the state's own buffers in place (no
+            # copy), or the cache is copied once into buffers with room to spare
+            state, need = work[0][2], lmax + s0 + kmax - 1
+            if state.store is not None and state.store[0][0].shape[2] >= need:
+                kv = Buffers(state.store, lmax)
+            else:
+                room = min(max(need, 2 * lmax), max(need, self.max_positions))
+                kv = Buffers(self.lean.buffers(kv, 1, room), lmax)
         mask = torch.zeros(b, lmax + s0 + kmax - 1, dtype=torch.bool)  # [B, columns]
         ids = torch.zeros(b, s0, dtype=torch.long)  # [B, s0], right-padded
         for i, (n, p) in enumerate(zip(lens, pending)):
             mask[i, lmax - n:lmax + len(p)] = True
             mask[i, lmax + s0:] = True
             ids[i, :len(p)] = torch.tensor(p)
-        mask = mask.to(self.device)
-        pos = (torch.tensor(lens)[:, None] + torch.arange(s0)).to(self.device)  # [B, s0]
+        mask = _to(mask, self.device)
+        pos = _to(torch.tensor(lens)[:, None] + torch.arange(s0), self.device)  # [B, s0]
         rows = torch.arange(b, device=self.device)
-        last = torch.tensor([len(p) - 1 for p in pending], device=self.device)  # [B]
+        last = _to(torch.tensor([len(p) - 1 for p in pending]), self.device)  # [B]
 
         def forward(ids: torch.Tensor, pos: torch.Tensor, j: int) -> torch.Tensor:
             nonlocal kv
@@ -210,9 +220,9 @@ class DraftModelProposer(Proposer):
                                     ids.shape[1])
             return out[rows, last] if j == 0 else out[:, -1]  # [B, V]
 
-        drafted = draft_loop(forward, ids.to(self.device), pos, [len(h) for _, h, _ in work],
+        drafted = draft_loop(forward, _to(ids, self.device), pos, [len(h) for _, h, _ in work],
                              [step.sampling for step, _, _ in work], kmax, self.draft_top_k,
-                             cancel)
+                             cancel, fetch=self.fetch)
         if drafted is None:
             return None
         # Keep per row: its cached prefix, its pending tokens, d1..d_{k_i - 1} (d_{k_i} is
@@ -221,9 +231,11 @@ class DraftModelProposer(Proposer):
         for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
             if single:  # [cached][pending][d1 .. d_{k-1}]: all of it is kept
                 state.kv = kv.view() if isinstance(kv, Buffers) else kv
+                state.store = kv.kv if isinstance(kv, Buffers) else None
             else:
                 state.kv = row_kv(kv, i, [(lmax - n, lmax + len(p)),
                                           (lmax + s0, lmax + s0 + k - 1)])
+                state.store = None
             state.cached = history + drafted.tokens[i][:k - 1]
             state.alternatives = drafted.alternatives[i][:k]
             drafts.append(drafted.draft(i, step.seq_id, k))
@@ -247,16 +259,17 @@ class DraftModelProposer(Proposer):
         for i, (valid, _, _) in enumerate(rows):
             key_mask[i, :valid] = True
         key_mask[:, c:] = True
-        key_mask = key_mask.to(self.device)
-        ids = torch.tensor([[t] for _, t, _ in rows], device=self.device)  # [B, 1]
-        pos = torch.tensor([[valid] for valid, _, _ in rows], device=self.device)  # [B, 1]
+        key_mask = _to(key_mask, self.device)
+        ids = _to(torch.tensor([[t] for _, t, _ in rows]), self.device)  # [B, 1]
+        pos = _to(torch.tensor([[valid] for valid, _, _ in rows]), self.device)  # [B, 1]
 
         def forward(ids: torch.Tensor, pos: torch.Tensor, j: int) -> torch.Tensor:
             logits, _ = self.lean.forward(ids, pos, kv, key_mask[:, :c + j + 1], 1, length=c + j)
             return logits[:, -1]  # [B, V]
 
         drafted = draft_loop(forward, ids, pos, [valid + 1 for valid, _, _ in rows],
-                             [step.sampling] * b, kmax, self.draft_top_k, cancel, guess_row)
+                             [step.sampling] * b, kmax, self.draft_top_k, cancel, guess_row,
+                             self.fetch)
         if drafted is None:
             return None
         out = []
@@ -266,3 +279,4 @@ class DraftModelProposer(Proposer):
                                  drafted.alternatives[i][:k])
             out.append((drafted.draft(i, step.seq_id, k), row_state))
         return out
+

@@ -2,8 +2,10 @@
 per draft call, the preallocated buffers of the lean forward; and the batch cache built from and
 cut back into per-sequence caches.
 
-Cache tensors are never written once a state holds them: updates replace them (rollback keeps a
-view of a prefix, a draft call builds new tensors), so copies of a state can share them.
+Cache tensors are never written where a state's copy could see them: rollback keeps a view of a
+prefix, and a draft call either builds new tensors or, for the one state that owns a `store`
+(capacity buffers under its views, never handed to a copy), writes its new columns in place past
+the state's length: batch-1 drafting then copies nothing per step.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ class SeqState:
     # per token of the last draft: the draft model's two most likely tokens there and their
     # probabilities (its guesses of the recovered token, should the verifier reject that token)
     alternatives: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    # capacity buffers [1, H_kv, capacity, D] per layer whose first columns `kv` views; owned by
+    # this state alone (a copy gets none), so new columns may be written into them in place
+    store: KV | None = None
 
     def copy(self) -> "SeqState":
-        """Another state over the same KV tensors (updates replace tensors, never write them)."""
+        """Another state over the same KV tensors, without the store (it never writes them)."""
         return SeqState(None if self.kv is None else list(self.kv), list(self.cached))
 
     def length(self) -> int:

@@ -19,7 +19,13 @@ from typing import Sequence
 
 import torch
 
-from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample
+from kernels.sampling import (
+    apply_sampling_params,
+    draw_exponentials,
+    key_halves,
+    keyed_exponentials_at,
+    noise_key,
+)
 from splitspec.params import SamplingParams
 
 Row = tuple[list[int], list[float]]  # one draft token's sparse q: (token ids, probabilities)
@@ -31,32 +37,84 @@ def draft_keys(params: Sequence[SamplingParams], positions: Sequence[int]) -> li
             for p, pos in zip(params, positions)]
 
 
+class DraftChooser:
+    """Chooses every row's draft token on the device, iteration after iteration, reading nothing
+    back: what a drafting loop calls once per drafted position (its tokens are fed back as the
+    next iteration's input where they are, and copied out once at the end).
+
+    Everything the host decides is decided at construction, for all `iterations` at once: which
+    rows sample, their parameters, and their random numbers: the Exp(1) noise of unseeded rows
+    drawn up front from the default RNG, the keyed noise of seeded rows as key tensors (computed
+    at the chosen token ids on the device). keys[j][i]: row i's noise key at iteration j (None:
+    greedy or unseeded)."""
+
+    def __init__(self, params: Sequence[SamplingParams], keys: Sequence[Sequence[int | None]],
+                 top_k: int, vocab: int, device: torch.device, guess_row: int | None = None):
+        self.b = len(params)
+        self.rows = [i for i, p in enumerate(params) if not p.greedy]
+        self.k = min(top_k, vocab)
+        self.device = device
+        # the guessed row (see draft_loop) takes its mode at iteration 0 unless keyed
+        self.guess = (guess_row if guess_row is not None and keys and keys[0][guess_row] is None
+                      else None)
+        if not self.rows:
+            return
+        sel = [params[i] for i in self.rows]
+        self.temperature = torch.tensor([p.temperature for p in sel], dtype=torch.float32)
+        self.top_k = torch.tensor([p.top_k for p in sel], dtype=torch.int64)
+        self.top_p = torch.tensor([p.top_p for p in sel], dtype=torch.float32)
+        self.min_p = torch.tensor([p.min_p for p in sel], dtype=torch.float32)
+        self.row_index = torch.tensor(self.rows).to(device, non_blocking=True)
+        n, iters = len(self.rows), len(keys)
+        # unseeded rows' noise for every iteration, drawn now; seeded rows' keys
+        self.noise = draw_exponentials(iters * n, self.k, device).view(iters, n, self.k)
+        keyed = [[keys[j][i] for i in self.rows] for j in range(iters)]
+        self.keyed_rows = [r for r in range(n) if keyed and keyed[0][r] is not None]
+        if self.keyed_rows:
+            self.keyed_index = torch.tensor(self.keyed_rows).to(device, non_blocking=True)
+            self.halves = key_halves([keyed[j][r] for j in range(iters)
+                                      for r in self.keyed_rows]).view(
+                iters, len(self.keyed_rows), 2).to(device, non_blocking=True)
+
+    def __call__(self, logits: torch.Tensor, j: int
+                 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """logits [B, V] of iteration j -> tokens [B] (int64, on the device) and, when rows
+        sample, their truncated q as (token ids [n, K], probabilities [n, K]) in self.rows
+        order (entries of probability 0 are padding)."""
+        tokens = logits.argmax(dim=-1)  # greedy rows: argmax
+        if not self.rows:
+            return tokens, None
+        q = apply_sampling_params(logits.index_select(0, self.row_index).float(),
+                                  self.temperature, self.top_k, self.top_p, self.min_p)
+        vals, idx = q.topk(self.k, dim=-1)  # [n, K]
+        vals = vals / vals.sum(dim=-1, keepdim=True)  # the truncated q the token is drawn from
+        noise = self.noise[j]
+        if self.keyed_rows:  # seeded rows: keyed noise at the very token ids
+            keyed = keyed_exponentials_at(self.halves[j], idx.index_select(0, self.keyed_index))
+            noise = noise.index_copy(0, self.keyed_index, keyed)
+        picks = (vals / noise).argmax(dim=-1, keepdim=True)  # the exponential race in the top-K
+        chosen = idx.gather(1, picks)[:, 0]
+        if j == 0 and self.guess is not None:
+            chosen = torch.where(self.row_index == self.guess, tokens.index_select(
+                0, self.row_index), chosen)
+        return tokens.index_copy(0, self.row_index, chosen), (idx, vals)
+
+    def rows_q(self, idx: list, vals: list) -> list[Row | None]:
+        """Host copies of one iteration's (ids, probabilities) -> each row's sparse q (None for
+        greedy rows), zero-probability entries dropped."""
+        out: list[Row | None] = [None] * self.b
+        for r, i in enumerate(self.rows):
+            keep = [(t, v) for t, v in zip(idx[r], vals[r]) if v > 0]
+            out[i] = ([t for t, _ in keep], [v for _, v in keep])
+        return out
+
+
 def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],
                   keys: Sequence[int | None], top_k: int) -> tuple[list[int], list[Row | None]]:
-    """One draft token per row of logits [B, V], and the sparse q it was drawn from (None for
-    greedy rows)."""
-    # logits: [B, V]
-    tokens = logits.argmax(dim=-1).tolist()
-    rows_q: list[Row | None] = [None] * len(params)
-    rows = [i for i, p in enumerate(params) if not p.greedy]
-    if not rows:
-        return tokens, rows_q
-    sel = [params[i] for i in rows]
-    q = apply_sampling_params(
-        logits[rows].float(),
-        torch.tensor([p.temperature for p in sel], dtype=torch.float32),
-        torch.tensor([p.top_k for p in sel], dtype=torch.int64),
-        torch.tensor([p.top_p for p in sel], dtype=torch.float32),
-        torch.tensor([p.min_p for p in sel], dtype=torch.float32))  # [n, V]
-    vals, idx = q.topk(min(top_k, q.shape[-1]), dim=-1)  # [n, K]
-    vals = vals / vals.sum(dim=-1, keepdim=True)  # the truncated q the token is drawn from
-    picks = sample(vals)  # [n] positions into the top-K, default RNG
-    keyed = [r for r, i in enumerate(rows) if keys[i] is not None]
-    if keyed:
-        noise = keyed_exponentials([keys[rows[r]] for r in keyed], idx[keyed])  # at the ids
-        picks[keyed] = (vals[keyed] / noise).argmax(dim=-1)
-    for r, i in enumerate(rows):
-        keep = vals[r] > 0
-        tokens[i] = int(idx[r, picks[r]])
-        rows_q[i] = (idx[r][keep].tolist(), vals[r][keep].tolist())
-    return tokens, rows_q
+    """One draft token per row of logits [B, V] (host lists), and the sparse q it was drawn from
+    (None for greedy rows): one DraftChooser iteration."""
+    chooser = DraftChooser(params, [keys], top_k, logits.shape[-1], logits.device)
+    tokens, q = chooser(logits, 0)
+    if q is None:
+        return tokens.tolist(), [None] * len(params)
+    return tokens.tolist(), chooser.rows_q(q[0].tolist(), q[1].tolist())

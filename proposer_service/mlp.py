@@ -45,8 +45,10 @@ from proposer_service.base import (
     draft_in_batches,
     load_learned,
 )
-from proposer_service.draft_sampling import choose_tokens, draft_keys
+from proposer_service.draft_sampling import DraftChooser, draft_keys
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
+from splitspec.device import HostFetch
+from splitspec.device import to_device as _to
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 
@@ -116,6 +118,8 @@ class MlpSpeculatorProposer(Proposer):
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
+        self.fetch = HostFetch(device)  # a step's one copy back
+        self.warm_hidden_size = model.config.emb_dim
         self.hidden_size = model.config.emb_dim
         self.fingerprint = tokenizer_fingerprint
         self.model_name = model_name
@@ -163,29 +167,39 @@ class MlpSpeculatorProposer(Proposer):
 
     @torch.inference_mode()
     def draft_batch(self, work: list[tuple[SequenceStep, int, torch.Tensor]]) -> list[Draft]:
-        """Run the heads over the whole batch; row i keeps its first k_i tokens."""
+        """Run the heads over the whole batch; row i keeps its first k_i tokens. Each head's
+        token is chosen on the device and fed to the next head there (a DraftChooser prepares
+        every head's host decisions and noise up front); the drafts come back in one copy."""
         ks = [min(step.k, self.max_k) for step, _, _ in work]
         params = [step.sampling for step, _, _ in work]
         dtype = self.model.head[0].weight.dtype
-        hidden = torch.stack([h for _, _, h in work]).to(self.device, dtype)  # [B, H]
-        tok = torch.tensor([t for _, t, _ in work], dtype=torch.long, device=self.device)  # [B]
+        hidden = _to(torch.stack([h for _, _, h in work]), self.device).to(dtype)  # [B, H]
+        tok = _to(torch.tensor([t for _, t, _ in work], dtype=torch.long), self.device)  # [B]
         state = self.model.input_state(hidden)  # [B, H]
-        out_tokens: list[list[int]] = [[] for _ in work]
-        out_dists: list[list] = [[] for _ in work]
-        for i in range(max(ks)):
+        heads = max(ks)
+        keys = [draft_keys(params, [step.history_len + i for step, _, _ in work])
+                for i in range(heads)]
+        chooser = DraftChooser(params, keys, self.draft_top_k, self.vocab_size, self.device)
+        tokens, q_ids, q_probs = [], [], []
+        for i in range(heads):
             # one path per row: head i's chosen token feeds head i + 1
             state, logits = self.model.step(state, tok, i)  # [B, inner], [B, V]
-            keys = draft_keys(params, [step.history_len + i for step, _, _ in work])
-            picked, dists = choose_tokens(logits.float(), params, keys, self.draft_top_k)
-            for r, (t, d) in enumerate(zip(picked, dists)):
-                out_tokens[r].append(t)
-                out_dists[r].append(d)
-            tok = torch.tensor(picked, dtype=torch.long, device=self.device)
+            tok, q = chooser(logits.float(), i)
+            tokens.append(tok)
+            if q is not None:
+                q_ids.append(q[0])
+                q_probs.append(q[1])
+        ints = [torch.stack(tokens, 1)] + ([torch.stack(q_ids)] if q_ids else [])
+        (tok_h, *qi_h), qp_h = self.fetch(ints, [torch.stack(q_probs)] if q_probs else [])
+        tok_h = tok_h.tolist()
+        dists = ([chooser.rows_q(a, b) for a, b in zip(qi_h[0].tolist(), qp_h[0].tolist())]
+                 if qi_h else None)
         drafts = []
-        for (step, _, _), k, toks, dists in zip(work, ks, out_tokens, out_dists):
-            sampled = dists[0] is not None
-            drafts.append(Draft(step.seq_id, toks[:k],
-                                q=SparseProbs.from_rows(dists[:k]) if sampled else None))
+        for r, ((step, _, _), k) in enumerate(zip(work, ks)):
+            rows_q = None if dists is None or dists[0][r] is None else [
+                dists[i][r] for i in range(k)]
+            drafts.append(Draft(step.seq_id, tok_h[r][:k],
+                                q=SparseProbs.from_rows(rows_q) if rows_q else None))
         return drafts
 
     @torch.inference_mode()
@@ -194,8 +208,8 @@ class MlpSpeculatorProposer(Proposer):
         nodes kept best-first by cumulative log-probability; deterministic nodes for greedy and
         sampled requests alike."""
         dtype = self.model.head[0].weight.dtype
-        hidden = torch.stack([h for _, _, h in work]).to(self.device, dtype)  # [B, H]
-        tok = torch.tensor([t for _, t, _ in work], dtype=torch.long, device=self.device)  # [B]
+        hidden = _to(torch.stack([h for _, _, h in work]), self.device).to(dtype)  # [B, H]
+        tok = _to(torch.tensor([t for _, t, _ in work], dtype=torch.long), self.device)  # [B]
         trees = self.model.generate_tree(hidden, tok, [min(s.k, self.max_k) for s, _, _ in work],
                                          [s.max_branch for s, _, _ in work], self.max_k)
         return [Draft(step.seq_id, tokens, parents=parents)

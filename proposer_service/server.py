@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import time
 from typing import Sequence
 
 from proposer_service.base import Proposer
@@ -35,6 +36,9 @@ def build_proposer(config: ProposerConfig) -> Proposer:
 
 async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     proposer = build_proposer(config)
+    started = time.perf_counter()
+    proposer.warm_up()
+    log.info("warm-up took %.2f s", time.perf_counter() - started)
     telemetry = ProposerTelemetry(config.method, config.host, telemetry_config)
     server = make_server()
     proposer_pb2_grpc.add_ProposerServicer_to_server(
