@@ -86,6 +86,19 @@ llama-cpp: $(STAMP)
 bench-lookahead: $(STAMP) real-model
 	$(PY) bench/lookahead_bench.py
 
+# The accelerator benchmark (bench/gpu_bench.py, bench/reports/gpu.md): the whole stack on one
+# CUDA GPU with the shipped toy family, about ten minutes. It runs on the python3 and the torch
+# the machine has (never the CPU build pinned here) and needs no network: carry the service
+# packages as wheels where they are missing (docs/performance.md). bench-gpu-dry runs the same
+# script end to end on the CPU in this virtualenv (GPU-only figures say so).
+GPU_PYTHON ?= python3
+.PHONY: bench-gpu bench-gpu-dry
+bench-gpu:
+	$(GPU_PYTHON) bench/gpu_bench.py $(BENCH_ARGS)
+
+bench-gpu-dry: $(STAMP)
+	$(PY) bench/gpu_bench.py --device cpu --quick --out bench/reports/gpu-dry.md $(BENCH_ARGS)
+
 bench-quick: $(STAMP)
 	$(PY) bench/compare_bench.py --quick --out bench/reports/bench-quick.md $(BENCH_ARGS)
 

@@ -81,6 +81,7 @@ class Config:
     k: int = 0
     ahead: bool | None = None  # drafting ahead on/off; None: not applicable
     branches: int = 1  # token trees: children per node at most (1: a chain)
+    lookahead: tuple[int, int, int] | None = None  # lookahead's (W, N, G); None: the default
 
     @property
     def label(self) -> str:
@@ -90,7 +91,9 @@ class Config:
             return f"splitspec {self.name}"
         ov = "" if self.ahead is None else f", ahead {'on' if self.ahead else 'off'}"
         tree = f" tree b={self.branches}" if self.branches > 1 else ""
-        return f"splitspec {self.name} k={self.k}{tree}{ov}"
+        shape = ("" if self.lookahead is None
+                 else " W{} N{} G{}".format(*self.lookahead))
+        return f"splitspec {self.name} k={self.k}{tree}{shape}{ov}"
 
 
 # -- Hugging Face baselines ------------------------------------------------------------------
@@ -114,18 +117,22 @@ class _Clock:
 
 
 class HfBaselines:
-    def __init__(self, target: str, draft: str | None):
+    def __init__(self, target: str, draft: str | None, device: str = "cpu",
+                 dtype: str = "float32"):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.torch = torch
+        self.device = device
+        dt = getattr(torch, dtype)
         self.tok = AutoTokenizer.from_pretrained(target)
-        self.model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-        self.draft = (AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(target, dtype=dt).to(device).eval()
+        self.draft = (AutoModelForCausalLM.from_pretrained(draft, dtype=dt).to(device).eval()
                       if draft else None)
 
     def run(self, cfg: Config, prompt: str, max_tokens: int) -> Run:
-        ids = self.tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        ids = self.tok(prompt, return_tensors="pt",
+                       add_special_tokens=False).input_ids.to(self.device)
         kw = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                   pad_token_id=self.tok.pad_token_id or 0)
         if cfg.temperature > 0:
@@ -182,6 +189,10 @@ class SplitspecClient:
                                                 details=True)
             if cfg.branches > 1:
                 spec.num_branches = cfg.branches
+            if cfg.lookahead is not None:
+                w, n, g = cfg.lookahead
+                spec.lookahead.CopyFrom(common_pb2.LookaheadConfig(window=w, ngram=n,
+                                                                  guesses=g))
         req = common_pb2.GenerateRequest(
             text=prompt, speculation=spec,
             sampling=common_pb2.SamplingParams(temperature=cfg.temperature, top_p=1.0),

@@ -21,7 +21,7 @@ class StackProbe:
         self.urls = stack.metrics_urls
         self.client = httpx.Client(timeout=10)
 
-    def _scrape(self, name: str) -> dict[tuple[str, tuple], float]:
+    def scrape(self, name: str) -> dict[tuple[str, tuple], float]:
         url = self.urls.get(name)
         if not url:
             return {}
@@ -30,7 +30,7 @@ class StackProbe:
                 for fam in text_string_to_metric_families(text) for s in fam.samples}
 
     def sample(self) -> dict[str, dict]:
-        return {name: self._scrape(name) for name in self.urls if name != "gateway"}
+        return {name: self.scrape(name) for name in self.urls if name != "gateway"}
 
     @staticmethod
     def delta(before: dict, after: dict, method: str) -> dict[str, float]:

@@ -1,0 +1,302 @@
+"""The accelerator benchmark (`make bench-gpu`): the whole stack on one CUDA GPU, with the
+models the repository ships, in one run of about ten minutes.
+
+    python3 bench/gpu_bench.py                   # on a CUDA machine: bench/reports/gpu.md
+    python3 bench/gpu_bench.py --device cpu --quick --out bench/out/gpu-dry.md
+                                                 # the same script end to end on the CPU
+
+It needs no network and uses the torch it finds (not the CPU build `make` pins): the service
+packages travel as wheels where the machine lacks them (docs/performance.md says how).
+
+Reported, for the toy family (`--model`, default models/target, with its draft and MLP
+speculator; the real model too when its directory is there and `--real` is given):
+  * start-up: each service's time to SERVING (the verifier's graph capture and warm-up apart,
+    from its log), and the step graphs it captured;
+  * the warm-up curve: the first requests after SERVING, each one's tokens/s;
+  * three passes over the same prompts (batch 1, greedy): speculation off, every method at
+    k 3/5/8, token trees, lookahead at three shapes and auto; per pass tokens/s and the ratio
+    to off, with their spread over the passes (coefficient of variation), tokens per step and
+    the step time split (verify, propose, round trip);
+  * Hugging Face `generate` on the same device and dtype (eager, dynamic cache, no compile):
+    plain, assisted by the draft, prompt lookup;
+  * concurrency 16 and 64 (the verifier's --max-num-seqs raised to match): off, the best
+    method of the passes, and auto, aggregate tokens/s;
+  * how steps ran: captured share of steps and of tokens, eager steps by reason, from the
+    verifier's metrics;
+  * on CUDA, one decode step of a captured bucket under torch.cuda.set_sync_debug_mode("error")
+    in this process: no hidden sync (GPU-only; the CPU run says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_common import write_markdown  # noqa: E402
+from compare_bench import Config, HfBaselines, SplitspecClient, machine_facts  # noqa: E402
+from spec_bench import held_out_prompts  # noqa: E402
+
+from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
+
+KS = (3, 5, 8)
+TREES = {"ngram": 3, "draft": 2, "mlp": 2}
+SHAPES = ((3, 3, 2), (5, 3, 5), (8, 4, 8))  # lookahead (W, N, G)
+
+
+def lookahead_nodes(shape: tuple[int, int, int]) -> int:
+    """The node budget lookahead needs for its window and all its guesses."""
+    w, n, g = shape
+    return (w + g) * (n - 1)
+
+
+def configs(served: list[str], quick: bool) -> list[Config]:
+    ks = (KS[0],) if quick else KS
+    out = [Config("splitspec", "off", 0.0)]
+    for m in ("ngram", "draft", "mlp", "suffix"):
+        if m in served:
+            out += [Config("splitspec", m, 0.0, k) for k in ks]
+    for m, b in TREES.items():
+        if m in served:
+            out.append(Config("splitspec", m, 0.0, 8, branches=b))
+    shapes = SHAPES[:1] if quick else SHAPES
+    out += [Config("splitspec", "lookahead", 0.0, lookahead_nodes(s), lookahead=s)
+            for s in shapes]
+    out.append(Config("splitspec", "auto", 0.0))
+    return out
+
+
+def stack_config(args, models, max_num_seqs: int, log_name: str) -> StackConfig:
+    k_max = max(lookahead_nodes(s) for s in SHAPES)
+    dtype = ["--dtype", args.dtype]
+    return StackConfig.with_free_ports(
+        model=args.model, device=args.device, models=models,
+        proposer_args={m: dtype for m in ("draft", "mlp")},
+        log_dir=ROOT / "bench/out/gpu-logs" / log_name,
+        verifier_args=["--proposer-timeout-ms", "2000", "--max-num-seqs", str(max_num_seqs),
+                       "--max-num-speculative-tokens", str(k_max), *dtype])
+
+
+def startup_lines(stack: Stack, seconds: float) -> list[str]:
+    """Start-up time, the verifier's own account of it, and its warm-up parts (its log)."""
+    lines = [f"- whole stack to SERVING: {seconds:.1f} s"]
+    log = stack.config.log_dir / "verifier.log" if stack.config.log_dir else None
+    text = log.read_text(errors="replace") if log and log.exists() else ""
+    for pattern in (r"captured \d+ step graphs.*", r"warm-up took .*", r"ready in .*"):
+        found = re.findall(pattern, text)
+        if found:
+            lines.append(f"- verifier: {found[-1].strip()}")
+    return lines
+
+
+def tok_s(runs) -> float:
+    tokens = sum(len(r.tokens) for r in runs)
+    secs = sum(r.elapsed for r in runs)
+    return tokens / secs if secs else 0.0
+
+
+def tokens_per_step(runs) -> float:
+    steps = sum(r.usage.speculation.steps for r in runs if r.usage is not None)
+    tokens = sum(len(r.tokens) for r in runs)
+    return tokens / steps if steps else float("nan")
+
+
+def cv(values: list[float]) -> float:
+    return statistics.pstdev(values) / statistics.mean(values) if len(values) > 1 else 0.0
+
+
+def concurrent_tok_s(client: SplitspecClient, cfg: Config, prompts: list[str], n: int,
+                     max_tokens: int) -> float:
+    """n requests at once (prompts cycled), aggregate tokens/s."""
+    jobs = [prompts[i % len(prompts)] for i in range(n)]
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(n) as pool:
+        runs = list(pool.map(lambda p: client.run(cfg, p, max_tokens), jobs))
+    return sum(len(r.tokens) for r in runs) / (time.perf_counter() - start)
+
+
+def executor_lines(client: SplitspecClient) -> list[str]:
+    """The verifier's step executor counters (splitspec_step_executor_*)."""
+    scraped = client.probe.scrape("verifier")
+    steps = {labels: v for (name, labels), v in scraped.items()
+             if name == "splitspec_step_executor_steps_total"}
+    tokens = {labels: v for (name, labels), v in scraped.items()
+              if name == "splitspec_step_executor_tokens_total"}
+    total_s, total_t = sum(steps.values()), sum(tokens.values())
+    cap_s = sum(v for labels, v in steps.items() if dict(labels).get("mode") == "captured")
+    cap_t = sum(v for labels, v in tokens.items() if dict(labels).get("mode") == "captured")
+    lines = [f"- steps captured: {cap_s:.0f} of {total_s:.0f} "
+             f"({cap_s / total_s:.0%})" if total_s else "- no steps counted",
+             f"- fed rows captured: {cap_t:.0f} of {total_t:.0f} "
+             f"({cap_t / total_t:.0%})" if total_t else "- no rows counted"]
+    for labels, v in sorted(steps.items()):
+        d = dict(labels)
+        if d.get("mode") == "eager":
+            lines.append(f"- eager steps, reason {d.get('reason')}: {v:.0f}")
+    return lines
+
+
+def sync_check(args) -> list[str]:
+    """Decode steps of an in-process engine under the sync debug mode "error" (CUDA only): a
+    plain request (captured buckets) and a lookahead one (trees: the eager tree sampler after
+    the graph). Any hidden sync inside a step fails it, and is reported."""
+    import torch
+
+    if args.device != "cuda" or not torch.cuda.is_available():
+        return ["- not run: needs a CUDA device (a GPU-only figure)"]
+    import asyncio
+
+    import verifier_service.engine as engine_module
+    from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria
+    from verifier_service.config import VerifierConfig
+    from verifier_service.server import build_engine
+    from verifier_service.warmup import warm_up
+
+    engine, *_ = build_engine(VerifierConfig(model=args.model, device="cuda", dtype=args.dtype,
+                                             max_num_seqs=4, max_num_speculative_tokens=8), {})
+    original, checked, failures = engine_module.verify_step, [0], []
+
+    def strict(executor, batch, *rest):
+        decode = all(s.num_new == 1 for s in batch)
+        if decode:
+            checked[0] += 1
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            return original(executor, batch, *rest)
+        except RuntimeError as exc:
+            failures.append(str(exc).splitlines()[0])
+            raise
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    async def run():
+        engine.start()
+        await warm_up(engine)
+        engine_module.verify_step = strict
+        try:
+            for plan in (SpeculationPlan(), SpeculationPlan("lookahead", 8)):
+                inp = GenerationInput(f"sync-{plan.method}", tuple(range(3, 40)),
+                                      SamplingParams(temperature=0.0),
+                                      StoppingCriteria(max_tokens=24, ignore_eos=True), plan)
+                try:
+                    async for _ in engine.generate(inp):
+                        pass
+                except Exception:  # noqa: BLE001 - reported below
+                    pass
+        finally:
+            engine_module.verify_step = original
+            await engine.shutdown()
+
+    asyncio.run(run())
+    stats = engine.executor.stats
+    verdict = ("none found" if not failures else f"FAILED ({len(failures)}): {failures[0]}")
+    return [f"- {checked[0]} decode steps ({stats.captured_steps} graph replays) run under "
+            f"torch.cuda.set_sync_debug_mode('error'): hidden syncs {verdict}"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "models/target"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--quick", action="store_true",
+                    help="2 prompts, 16 tokens, one k, one lookahead shape, 2 passes: the script "
+                         "end to end in minutes (e.g. on the CPU)")
+    ap.add_argument("--out", default=str(ROOT / "bench/reports/gpu.md"))
+    args = ap.parse_args()
+    args.dtype = args.dtype or ("bfloat16" if args.device != "cpu" else "float32")
+    if args.quick:
+        args.prompts, args.max_tokens, args.passes = 2, 16, 2
+    conc = (4,) if args.quick else (16, 64)
+    facts = machine_facts(0, 0)
+    prompts = held_out_prompts(args.prompts)
+    models = sibling_proposer_models(args.model)
+    lines = ["# Accelerator benchmark", "",
+             f"`python3 bench/gpu_bench.py {' '.join(sys.argv[1:])}`".rstrip(), "",
+             "| machine | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in facts.items()]
+    import torch
+
+    device_name = (torch.cuda.get_device_name(0) if args.device == "cuda"
+                   and torch.cuda.is_available() else args.device)
+    lines += [f"| device | {device_name}, {args.dtype} |", ""]
+
+    t0 = time.perf_counter()
+    with Stack(stack_config(args, models, max(conc), "main")) as stack:
+        up = time.perf_counter() - t0
+        client = SplitspecClient(stack)
+        lines += ["## Start-up", ""] + startup_lines(stack, up) + [""]
+        # the first requests after SERVING, nothing run before them
+        off = Config("splitspec", "off", 0.0)
+        first = [client.run(off, prompts[i % len(prompts)], args.max_tokens)
+                 for i in range(10 if not args.quick else 3)]
+        lines += ["## First requests after SERVING (speculation off)", "",
+                  "| request | tok/s |", "|---:|---:|"]
+        lines += [f"| {i + 1} | {tok_s([r]):.1f} |" for i, r in enumerate(first)] + [""]
+        served = sorted(stack.proposers)
+        cfgs = configs(served, args.quick)
+        passes: list[dict[Config, list]] = []
+        for _ in range(args.passes):
+            runs = {c: [] for c in cfgs}
+            for prompt in prompts:
+                for c in cfgs:
+                    client.forget_other_runs(c)
+                    runs[c].append(client.run(c, prompt, args.max_tokens))
+            passes.append(runs)
+        lines += [f"## Batch 1, greedy: {args.passes} passes over {len(prompts)} prompts x "
+                  f"{args.max_tokens} tokens", "",
+                  "| configuration | tok/s per pass | CV | x off per pass | ratio spread | "
+                  "tokens / step | identical to off |", "|---|---|---:|---|---:|---:|---|"]
+        best = None
+        for c in cfgs:
+            speeds = [tok_s(p[c]) for p in passes]
+            ratios = [tok_s(p[c]) / tok_s(p[off]) for p in passes]
+            same = all(r.tokens == o.tokens for p in passes for r, o in zip(p[c], p[off]))
+            spread = (max(ratios) - min(ratios)) / statistics.mean(ratios)
+            lines.append(f"| {c.label} | {' / '.join(f'{s:.1f}' for s in speeds)} | "
+                         f"{cv(speeds):.1%} | {' / '.join(f'{r:.2f}' for r in ratios)} | "
+                         f"{spread:.1%} | {tokens_per_step(passes[-1][c]):.2f} | "
+                         f"{'yes' if same else 'NO'} |")
+            if c.name not in ("off", "auto", "lookahead") and (
+                    best is None or statistics.mean(ratios) > best[1]):
+                best = (c, statistics.mean(ratios))
+        lines += [""]
+        lines += ["## Concurrency (aggregate tok/s)", "",
+                  "| configuration | " + " | ".join(f"{n} clients" for n in conc) + " |",
+                  "|---|" + "---:|" * len(conc)]
+        for c in [off] + ([best[0]] if best else []) + [Config("splitspec", "auto", 0.0)]:
+            speeds = [concurrent_tok_s(client, c, prompts, n, args.max_tokens) for n in conc]
+            lines.append(f"| {c.label} | " + " | ".join(f"{s:.0f}" for s in speeds) + " |")
+        lines += ["", "## How steps ran (verifier metrics over the whole run)", ""]
+        lines += executor_lines(client) + [""]
+        client.close()
+    hf = HfBaselines(args.model, models.get("draft"), args.device, args.dtype)
+    lines += ["## Hugging Face generate on the same device (eager, dynamic cache)", "",
+              "| configuration | tok/s |", "|---|---:|"]
+    for name in ("plain", "assisted", "prompt_lookup"):
+        if name == "assisted" and hf.draft is None:
+            continue
+        cfg = Config("hf", name, 0.0)
+        hf.run(cfg, prompts[0], 8)
+        runs = [hf.run(cfg, p, args.max_tokens) for p in prompts]
+        lines.append(f"| {cfg.label} | {tok_s(runs):.1f} |")
+    lines += ["", "## Hidden syncs", ""] + sync_check(args) + [""]
+    write_markdown(args.out, lines)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
