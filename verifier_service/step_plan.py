@@ -37,6 +37,8 @@ samplers and the results read, built once as before.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -136,18 +138,14 @@ class PlanFields:
     """Where each array sits in the flat buffer, for one set of sizes (a bucket's are fixed)."""
 
     sizes: tuple[tuple[str, int], ...]
-    offsets: dict = field(default_factory=dict, compare=False, hash=False)
-    shapes: dict = field(default_factory=dict, compare=False, hash=False)
+    # name -> (offset, length, shape), in buffer order
+    places: tuple[tuple[str, int, int, tuple[int, ...]], ...] = field(compare=False, hash=False,
+                                                                    default=())
     total: int = 0
 
     @classmethod
     def of(cls, **sizes: int) -> "PlanFields":
-        offsets, shapes, at = {}, {}, 0
-        for name, dims in _FIELDS:
-            shape = tuple(sizes[d] for d in dims)
-            offsets[name], shapes[name] = at, shape
-            at += int(np.prod(shape)) if shape else 1
-        return cls(tuple(sorted(sizes.items())), offsets, shapes, at)
+        return _fields(tuple(sorted(sizes.items())))
 
     @classmethod
     def for_bucket(cls, bucket: Bucket, max_blocks: int) -> "PlanFields":
@@ -157,14 +155,29 @@ class PlanFields:
     def size(self, name: str) -> int:
         return dict(self.sizes)[name]
 
+    @property
+    def offsets(self) -> dict[str, int]:
+        return {name: at for name, at, _, _ in self.places}
+
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each array as a view of `flat` (host or device)."""
-        out = {}
-        for name, _ in _FIELDS:
-            shape, at = self.shapes[name], self.offsets[name]
-            n = int(np.prod(shape)) if shape else 1
-            out[name] = flat[at:at + n].view(shape)
-        return out
+        parts = flat[:self.total].split([n for _, _, n, _ in self.places])
+        return {name: part.view(shape) for (name, _, _, shape), part in zip(self.places, parts)}
+
+    def arrays(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Each array as a view of the host buffer `flat` (numpy)."""
+        return {name: flat[at:at + n].reshape(shape) for name, at, n, shape in self.places}
+
+
+@functools.lru_cache(maxsize=512)
+def _fields(sizes: tuple[tuple[str, int], ...]) -> PlanFields:
+    dims, places, at = dict(sizes), [], 0
+    for name, names in _FIELDS:
+        shape = tuple(dims[d] for d in names)
+        n = math.prod(shape)
+        places.append((name, at, n, shape))
+        at += n
+    return PlanFields(sizes, tuple(places), at)
 
 
 @dataclass
@@ -177,23 +190,18 @@ class StepPlan:
     fields: PlanFields
     host: torch.Tensor  # int64 [fields.total]
     chain: bool  # every draft a chain (the in-graph greedy verification applies)
+    # columns attention gathers per sequence: a bucket's whole table width (fixed per bucket),
+    # an exact step's longest context
+    max_context: int = 0
     # one sequence whose context is one run of slots [first, end): attention reads a view
     context_range: tuple[int, int] | None = None
     # the layout's ancestor relation (exact steps with trees), for the reference attention
     ancestors: torch.Tensor | None = None
+    arrays: dict = field(default_factory=dict, repr=False)  # numpy views of `host`
 
     @property
     def num_tokens(self) -> int:
         return self.fields.size("T")
-
-    @property
-    def max_context(self) -> int:
-        """Columns attention gathers per sequence: a bucket's whole table width (fixed per
-        bucket), an exact step's longest context."""
-        if self.bucket is not None:
-            return self.fields.size("NB") * self.block_size
-        lens = self.layout.query_lens + self.layout.start_pos
-        return int(lens.max()) if lens.numel() else 0
 
     @property
     def max_query_len(self) -> int:
@@ -210,41 +218,46 @@ def plan_step(layout: StepLayout, input_ids: Sequence[int], tables: Sequence[Seq
     context the verifier serves). `out`: a host buffer to write into (the executor's pinned
     staging buffer); a fresh tensor when None or too short. `bucket` forces the shape (a step
     of padding only, to capture a bucket's graph: an empty layout)."""
-    q = layout.query_lens.tolist()
-    start = layout.start_pos.tolist()
-    b_real = len(q)
+    q_arr = layout.query_lens.numpy()
+    start_arr = layout.start_pos.numpy()
+    b_real = len(q_arr)
     emitting = layout.seq_index.numpy()
     k_s = layout.num_draft_tokens.numpy()  # per emitting sequence
-    k_all = np.zeros(b_real, dtype=np.int64)
-    k_all[emitting] = k_s
-    q_arr = np.asarray(q, dtype=np.int64)
+    every_emits = len(emitting) == b_real
+    k_all = k_s if every_emits else np.zeros(b_real, dtype=np.int64)
+    if not every_emits:
+        k_all[emitting] = k_s
     any_tree = layout.ancestors is not None
-    decoding = b_real > 0 and len(emitting) == b_real and bool((q_arr - k_all == 1).all())
-    too_big = any_tree and int(k_all.max(initial=0)) > MAX_BUCKET_NODES
-    if bucket is None and ladder is not None and decoding and not too_big:
-        bucket = ladder.choose(b_real, int(q_arr.max()))
+    n_real = int(q_arr.sum())
+    max_q = int(q_arr.max()) if b_real else 0
+    if bucket is None and ladder is not None and b_real and every_emits \
+            and n_real - int(k_all.sum()) == b_real \
+            and not (any_tree and int(k_all.max()) > MAX_BUCKET_NODES):
+        bucket = ladder.choose(b_real, max_q)  # every sequence decoding: 1 row + its draft
     nb_real = max((len(t) for t in tables), default=1) or 1
     if bucket is not None:
         fields = PlanFields.for_bucket(bucket, max(max_blocks, nb_real))
     else:
-        fields = PlanFields.of(T=int(q_arr.sum()), B=b_real, NB=nb_real,
-                               R=layout.max_query_len, L=int(layout.logits_indices.numel()),
-                               S=layout.batch_size, K=layout.max_k, O=0)
+        fields = PlanFields.of(T=n_real, B=b_real, NB=nb_real, R=max_q,
+                               L=int(layout.logits_indices.numel()), S=len(emitting),
+                               K=layout.max_k, O=0)
     host = (out[:fields.total] if out is not None and out.numel() >= fields.total
             else torch.empty(fields.total, dtype=torch.int64))
-    a = {name: v.numpy() for name, v in fields.views(host).items()}
+    a = fields.arrays(host.numpy())
     sizes = dict(fields.sizes)
     n_rows, big_r, kk = sizes["T"], sizes["R"], sizes["K"]
+    query_start = layout.query_start.numpy()
+    ctx = start_arr + q_arr
 
     # -- per sequence: block tables (padding: the trash block), lengths, the draft's region
     bt = a["block_tables"]
     bt.fill(trash_block)
     for i, t in enumerate(tables):
         bt[i, :len(t)] = t
-    for name in ("start", "context_lens"):
-        a[name].fill(0)
-    a["start"][:b_real] = start
-    a["context_lens"][:b_real] = np.asarray(start, dtype=np.int64) + q_arr
+    a["start"].fill(0)
+    a["start"][:b_real] = start_arr
+    a["context_lens"].fill(0)
+    a["context_lens"][:b_real] = ctx
     first = q_arr - k_all if any_tree else q_arr
     a["first_node"].fill(big_r)
     a["first_node"][:b_real] = first
@@ -252,29 +265,23 @@ def plan_step(layout: StepLayout, input_ids: Sequence[int], tables: Sequence[Seq
     # -- per fed row: token, position, slot, node bits; packed at query_start (exact) or at
     # b * R (a bucket, whose padding rows feed token 0 at position 0 into the trash block)
     seq_of = np.repeat(np.arange(b_real), q_arr)
-    exact_row = np.arange(len(seq_of))
-    local = exact_row - np.repeat(layout.query_start.numpy(), q_arr)
-    rows = exact_row if bucket is None else seq_of * big_r + local
+    exact_row = np.arange(n_real)
+    local = exact_row - query_start[seq_of]
     ids, pos, slots, bits = a["ids"], a["positions"], a["slots"], a["node_bits"]
-    if bucket is not None:
+    if bucket is None:
+        rows = exact_row
+    else:
+        rows = seq_of * big_r + local
         ids.fill(0)
         pos.fill(0)
         slots[:] = trash_block * block_size + np.arange(n_rows) % block_size
     ids[rows] = input_ids
     pos[rows] = layout.query_positions.numpy()
-    cols = np.asarray(start, dtype=np.int64)[seq_of] + local  # the cache column of each row
+    cols = start_arr[seq_of] + local  # the cache column of each fed row
     slots[rows] = bt[seq_of, cols // block_size] * block_size + cols % block_size
     bits.fill(0)
     if any_tree:
-        parents = layout.parents.numpy()
-        row_first = first[seq_of]
-        node = local - row_first  # node index of each fed row (< 0: not a draft node)
-        node_bits = np.zeros(len(rows), dtype=np.uint64)
-        for t in np.flatnonzero(node >= 0):  # parents precede children: one pass in row order
-            p = parents[t]  # its parent's fed index (-1: the cache)
-            above = node_bits[t - local[t] + p] if p >= row_first[t] else np.uint64(0)
-            node_bits[t] = above | (np.uint64(1) << np.uint64(node[t]))
-        bits[rows] = node_bits.view(np.int64)
+        bits[rows] = _node_bits(layout.parents.numpy(), local, first[seq_of])
 
     # -- attention's maps between packed rows and [B, R] query slots
     qi, pi = a["query_index"], a["packed_index"]
@@ -283,7 +290,7 @@ def plan_step(layout: StepLayout, input_ids: Sequence[int], tables: Sequence[Seq
         qi[seq_of, local] = exact_row
         pi[:] = seq_of * big_r + local
     else:
-        qi[:] = np.arange(n_rows).reshape(bucket.num_seqs, big_r)
+        qi.reshape(-1)[:] = np.arange(n_rows)
         pi[:] = np.arange(n_rows)
 
     # -- logits rows, and greedy chain verification: sampler row s's draft j sits in fed row
@@ -291,19 +298,21 @@ def plan_step(layout: StepLayout, input_ids: Sequence[int], tables: Sequence[Seq
     if bucket is None:
         a["logits_rows"][:] = layout.logits_indices.numpy()
         base = layout.target_offsets.numpy()
-        draft_rows = (layout.query_start.numpy()[emitting] + q_arr[emitting] - k_s)
+        draft_rows = query_start[emitting] + q_arr[emitting] - k_s
     else:
         a["logits_rows"][:] = np.arange(n_rows)
         base = emitting * big_r + (q_arr[emitting] - k_s - 1)
         draft_rows = base + 1
-        real = [np.arange(b, b + n + 1) for b, n in zip(base, k_s)]
-        a["real_rows"].fill(0)
-        if real:
-            real = np.concatenate(real)
-            a["real_rows"][:len(real)] = real
-    a["bonus_base"].fill(0)
-    a["bonus_base"][:len(base)] = base
-    a["target_idx"][:] = a["bonus_base"][:, None]  # padding sequences point at their own row
+        real = a["real_rows"]
+        real.fill(0)
+        if len(base):
+            n_out = int(k_s.sum()) + len(base)
+            real[:n_out] = np.repeat(base, k_s + 1) + (
+                np.arange(n_out) - np.repeat(np.cumsum(k_s + 1) - (k_s + 1), k_s + 1))
+    bonus = a["bonus_base"]
+    bonus.fill(0)
+    bonus[:len(base)] = base
+    a["target_idx"][:] = bonus[:, None]  # padding sequences point at their own row
     a["draft_ids"].fill(0)
     a["draft_valid"].fill(0)
     if kk and len(base):
@@ -316,10 +325,24 @@ def plan_step(layout: StepLayout, input_ids: Sequence[int], tables: Sequence[Seq
 
     span = None
     if b_real == 1 and bucket is None and tables and tables[0]:
-        t = tables[0]
-        used = -(-int(a["context_lens"][0]) // block_size)
-        if all(t[i + 1] == t[i] + 1 for i in range(used - 1)):
-            span = (t[0] * block_size, t[0] * block_size + int(a["context_lens"][0]))
+        t, n_ctx = tables[0], int(ctx[0])
+        used = -(-n_ctx // block_size)
+        if t[used - 1] - t[0] == used - 1 and all(t[i + 1] == t[i] + 1 for i in range(used - 1)):
+            span = (t[0] * block_size, t[0] * block_size + n_ctx)
+    max_context = (fields.size("NB") * block_size if bucket is not None
+                   else int(ctx.max()) if b_real else 0)
     return StepPlan(layout, bucket, block_size, fields, host, chain=not any_tree,
-                    context_range=span,
-                    ancestors=layout.ancestors if bucket is None else None)
+                    max_context=max_context, context_range=span,
+                    ancestors=layout.ancestors if bucket is None else None, arrays=a)
+
+
+def _node_bits(parents: np.ndarray, local: np.ndarray, row_first: np.ndarray) -> np.ndarray:
+    """int64 [T]: per fed row, bit m set for every draft node m among its ancestors and itself
+    (0 for rows before the sequence's first node). parents: each row's parent's fed index."""
+    node = local - row_first  # node index of each fed row (< 0: not a draft node)
+    out = np.zeros(len(local), dtype=np.uint64)
+    for t in np.flatnonzero(node >= 0):  # parents precede children: one pass in row order
+        p = parents[t]
+        above = out[t - local[t] + p] if p >= row_first[t] else np.uint64(0)
+        out[t] = above | (np.uint64(1) << np.uint64(node[t]))
+    return out.view(np.int64)

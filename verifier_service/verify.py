@@ -107,7 +107,7 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
     nodes_h = got[2] if nodes is not None else None
     argmax_h = got[-1] if wants_argmax else None
     hidden_h = got_f[0] if wants_hidden else None
-    base = plan.fields.views(plan.host)["bonus_base"].numpy()[:n]  # host copy of the offsets
+    base = plan.arrays["bonus_base"][:n]  # the host's copy of the offsets
     # 5. results
     results: list[SeqResult | None] = [None] * len(batch)
     rows = [row[:a + 1].tolist() for row, a in zip(rows_h, n_acc_h)]
