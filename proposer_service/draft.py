@@ -36,9 +36,10 @@ import torch
 
 from proposer_service.base import Proposer, load_learned
 from proposer_service.draft_cache import KV, Buffers, SeqState, common_prefix, padded_cache, row_kv
+from proposer_service.draft_graphs import DraftGraphs
 from proposer_service.draft_loop import draft_loop
 from proposer_service.draft_session import DraftSession
-from splitspec.device import HostFetch
+from splitspec.device import HostFetch, supports_graphs
 from splitspec.device import to_device as _to
 from splitspec.lean_llama import LeanDecoder
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
@@ -88,6 +89,11 @@ class DraftModelProposer(Proposer):
         self.drafts_ahead = drafts_ahead
         self.ahead_rejections = ahead_rejections
         self.fetch = HostFetch(device)  # a drafting loop's one copy back
+        # greedy drafting replayed as device graphs where the device has them (captured by
+        # warm_up); None elsewhere, and for a draft without the lean forward
+        self.graphs = (DraftGraphs(self.lean, device, min(self.max_positions, 4096),
+                                   min(self.max_batch, 32), max_k)
+                       if self.lean is not None and supports_graphs(device) else None)
 
     from_config = classmethod(load_learned)  # the registry's constructor: flags -> load()
 
@@ -113,6 +119,11 @@ class DraftModelProposer(Proposer):
             subset = resolve_subset(path, vocab_subset, vocab)
         return cls(model, device, vocab, tokenizer_fingerprint(tok), model_name(path),
                    vocab_subset=subset, **kwargs)
+
+    def warm_up(self) -> None:
+        super().warm_up()
+        if self.graphs is not None:
+            self.graphs.capture()
 
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="draft", vocab_size=self.vocab_size,
@@ -189,6 +200,10 @@ class DraftModelProposer(Proposer):
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
         b, lmax, kmax = len(work), max(lens), max(ks)
         s0 = max(len(p) for p in pending)
+        if (self.graphs is not None and self.graphs.captured
+                and all(step.sampling.greedy for step, _, _ in work)
+                and self.graphs.serves(b, s0, lmax, kmax)):
+            return self._draft_replayed(work, lens, pending, ks, kmax)
         # One row (batch-1 decoding): its own cache as is, no padding, no mask, nothing to cut
         # out afterwards.
         single = b == 1
@@ -239,6 +254,23 @@ class DraftModelProposer(Proposer):
             state.cached = history + drafted.tokens[i][:k - 1]
             state.alternatives = drafted.alternatives[i][:k]
             drafts.append(drafted.draft(i, step.seq_id, k))
+        return drafts
+
+    def _draft_replayed(self, work, lens: list[int], pending: list[list[int]], ks: list[int],
+                        kmax: int) -> list[Draft]:
+        """draft_batch's greedy steps through the captured loop (proposer_service/
+        draft_graphs.py): the same drafts and states as the eager loop leaves."""
+        tokens, alternatives, kvs = self.graphs.draft([state.kv for _, _, state in work], lens,
+                                                      pending, [len(h) for _, h, _ in work],
+                                                      kmax)
+        drafts = []
+        for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
+            end = n + len(p) + k - 1  # cached + pending + d1 .. d_{k-1}
+            state.kv = [(kb[:, :, :end], vb[:, :, :end]) for kb, vb in kvs[i]]
+            state.store = None
+            state.cached = history + tokens[i][:k - 1]
+            state.alternatives = alternatives[i][:k]
+            drafts.append(Draft(step.seq_id, tokens[i][:k]))
         return drafts
 
     @torch.inference_mode()
