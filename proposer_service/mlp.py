@@ -49,6 +49,7 @@ from proposer_service.draft_sampling import DraftChooser, draft_keys
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
 from splitspec.device import HostFetch
 from splitspec.device import to_device as _to
+from splitspec.graphs import Replay
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 
@@ -127,6 +128,10 @@ class MlpSpeculatorProposer(Proposer):
         self.draft_top_k = draft_top_k
         self.max_batch = max(1, max_batch)
         self.idle_timeout_s = idle_timeout_s
+        # greedy heads replayed as device graphs per batch bucket where the device has them
+        self.replay = Replay(device)
+        self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64) if b < self.max_batch] + [
+            self.max_batch]
 
     @classmethod
     def from_config(cls, config) -> "MlpSpeculatorProposer":
@@ -156,6 +161,25 @@ class MlpSpeculatorProposer(Proposer):
         return cls(model, device, tokenizer_fingerprint(tok), model_name(path),
                    vocab_subset=subset, **kwargs)
 
+    def warm_up(self) -> None:
+        super().warm_up()
+        if not self.replay.enabled:
+            return
+        dtype = self.model.head[0].weight.dtype
+        for b in self.buckets:
+            self.replay.capture(b, self._greedy_heads, {
+                "hidden": torch.zeros(b, self.hidden_size, dtype=dtype, device=self.device),
+                "token": torch.zeros(b, dtype=torch.long, device=self.device)})
+
+    def _greedy_heads(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Every head greedily, token fed back on the device: [B, max_k] tokens."""
+        state, tok, out = self.model.input_state(x["hidden"]), x["token"], []
+        for i in range(self.max_k):
+            state, logits = self.model.step(state, tok, i)
+            tok = logits.argmax(dim=-1)
+            out.append(tok)
+        return torch.stack(out, 1)
+
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="mlp", vocab_size=self.vocab_size,
                                    tokenizer_fingerprint=self.fingerprint,
@@ -173,6 +197,9 @@ class MlpSpeculatorProposer(Proposer):
         ks = [min(step.k, self.max_k) for step, _, _ in work]
         params = [step.sampling for step, _, _ in work]
         dtype = self.model.head[0].weight.dtype
+        bucket = next((b for b in self.buckets if b >= len(work)), None)
+        if bucket in self.replay and all(p.greedy for p in params):
+            return self._replayed(work, ks, bucket, dtype)
         hidden = _to(torch.stack([h for _, _, h in work]), self.device).to(dtype)  # [B, H]
         tok = _to(torch.tensor([t for _, t, _ in work], dtype=torch.long), self.device)  # [B]
         state = self.model.input_state(hidden)  # [B, H]
@@ -201,6 +228,19 @@ class MlpSpeculatorProposer(Proposer):
             drafts.append(Draft(step.seq_id, tok_h[r][:k],
                                 q=SparseProbs.from_rows(rows_q) if rows_q else None))
         return drafts
+
+    def _replayed(self, work, ks: list[int], bucket: int, dtype: torch.dtype) -> list[Draft]:
+        """draft_batch's greedy steps through the captured heads: rows padded to the bucket."""
+        n = len(work)
+        hidden = torch.zeros(bucket, self.hidden_size, dtype=dtype)
+        hidden[:n] = torch.stack([h for _, _, h in work]).to(dtype)
+        token = torch.zeros(bucket, dtype=torch.long)
+        token[:n] = torch.tensor([t for _, t, _ in work])
+        out = self.replay(bucket, self._greedy_heads, {"hidden": _to(hidden, self.device),
+                                                       "token": _to(token, self.device)})
+        (tokens,), _ = self.fetch([out[:n]])
+        return [Draft(step.seq_id, tokens[r, :k].tolist())
+                for r, ((step, _, _), k) in enumerate(zip(work, ks))]
 
     @torch.inference_mode()
     def draft_tree_batch(self, work: list[tuple[SequenceStep, int, torch.Tensor]]) -> list[Draft]:

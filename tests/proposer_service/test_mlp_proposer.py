@@ -217,3 +217,13 @@ def test_batched_trees_equal_single_ones_beside_chains(proposer):
     for s, b in zip(steps, batched):
         (single,) = proposer.open_session().propose([s])
         assert (b.tokens, b.parents) == (single.tokens, single.parents) and len(b.tokens) == s.k
+
+
+def test_the_replayed_greedy_heads_draft_what_the_loop_drafts(proposer):
+    """The path a captured graph serves (all heads greedily, rows padded to the bucket), here
+    run eagerly: per row the same first k tokens as the drafting loop."""
+    work = [(step(f"s{i}", [5, 6, 7 + i], k, seed=i), 7 + i, hidden(i))
+            for i, k in enumerate((4, 2, 3))]
+    loop = proposer.draft_batch(work)
+    replayed = proposer._replayed(work, [4, 2, 3], 4, torch.float32)
+    assert [d.tokens for d in replayed] == [d.tokens for d in loop]
