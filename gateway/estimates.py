@@ -23,9 +23,9 @@ from splitspec.goodput import (
     MethodCounts,
     RoundTrip,
     StepCost,
+    StepCosts,
     decay_factor,
-    default_step_cost,
-    fit_step_cost,
+    fit_step_costs,
 )
 
 HALF_LIFE_TRIED = 2000.0
@@ -46,7 +46,8 @@ class ReplicaSnapshot:
     max_num_seqs: int = 0
     steps: int = 0
     methods: dict[str, MethodSnapshot] = field(default_factory=dict)
-    step_cost: tuple[tuple[int, float, float], ...] = ()  # (steps, tokens, seconds) per bucket
+    # (kind, steps, tokens, seconds) per kind of step and bucket of batch tokens
+    step_cost: tuple[tuple[str, int, float, float], ...] = ()
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Estimates:
     # this gateway's generations streaming from the replica when its snapshot arrived: the
     # snapshot's running + waiting count includes them
     local_at_snapshot: dict[str, int] = field(default_factory=dict)
-    _costs: dict[str, StepCost] = field(default_factory=dict)
+    _costs: dict[str, StepCosts] = field(default_factory=dict)
     _round_trips: dict[tuple[str, str], RoundTrip] = field(default_factory=dict)
 
     def observe(self, address: str, snap: ReplicaSnapshot, local_in_flight: int = 0) -> None:
@@ -120,9 +121,9 @@ class Estimates:
         last snapshot): other gateways' requests, or requests sent to it directly."""
         return max(self.load(address) - self.local_at_snapshot.get(address, 0), 0)
 
-    def cost(self, address: str) -> StepCost:
+    def cost(self, address: str, kind: str = "greedy") -> StepCost:
+        """The replica's step-cost curve for a kind of step (splitspec.goodput.step_kind)."""
         if address not in self._costs:
             snap = self.replicas.get(address)
-            self._costs[address] = (fit_step_cost(snap.step_cost) if snap
-                                    else default_step_cost())
-        return self._costs[address]
+            self._costs[address] = fit_step_costs(snap.step_cost if snap else ())
+        return self._costs[address].of(kind)

@@ -43,7 +43,14 @@ from dataclasses import dataclass, field
 
 from gateway.estimates import Estimates
 from protos import verifier_pb2
-from splitspec.goodput import MethodModel, RoundTrip, batch_goodput, choose, default_step_cost
+from splitspec.goodput import (
+    MethodModel,
+    RoundTrip,
+    batch_goodput,
+    choose,
+    default_step_cost,
+    step_kind,
+)
 from splitspec.methods import METHODS, Kind
 from splitspec.params import LOOKAHEAD, SpeculationMode, SpeculationPlan, SpeculationRequest
 
@@ -168,18 +175,23 @@ class SpeculationPolicy:
     def _choose(self, candidates: tuple[Candidate, ...], greedy: bool, load: Load, k_max: int,
                 fixed_k: int | None, allow_off: bool) -> tuple[Candidate | None, int, str]:
         est = self.estimates
-        cost = est.cost(load.address) if load.address else default_step_cost()
+        # plain decoding's steps and each candidate's own kind of step (trees cost more)
+        cost = (est.cost(load.address, step_kind(greedy)) if load.address
+                else default_step_cost())
+        costs = {(m, b): est.cost(load.address, step_kind(greedy, b))
+                 for m, b in candidates if b > 1 and load.address}
         models = {(m, b): MethodModel.from_acceptance(
             est.acceptance_of(m, greedy, b),
             est.round_trip(load.address, m) if load.address else RoundTrip(),
             est.draft_limit(load.address, m)) for m, b in candidates}
         if fixed_k is None:
-            c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off)
+            c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off,
+                       costs=costs)
             return c.method, c.k, c.reason
         best = max(candidates, key=lambda c: (batch_goodput(models[c], fixed_k, load.batch,
-                                                            cost), c))
+                                                            costs.get(c, cost)), c))
         if allow_off:  # auto with an explicit k: that k, or off
-            c = choose({best: models[best]}, load.batch, cost, k_max, True)
+            c = choose({best: models[best]}, load.batch, cost, k_max, True, costs=costs)
             if c.method is None:
                 return None, 0, c.reason
         return best, fixed_k, "goodput"

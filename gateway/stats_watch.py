@@ -30,7 +30,7 @@ def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
                          Acceptance.from_counters(t.sampled)) for t in m.trees),
             unavailable=m.unavailable)
             for m in pb.methods},
-        step_cost=tuple((b.steps, float(b.tokens_total), b.seconds_total)
+        step_cost=tuple((b.kind or "greedy", b.steps, float(b.tokens_total), b.seconds_total)
                         for b in pb.step_cost))
 
 

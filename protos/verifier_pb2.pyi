@@ -86,16 +86,18 @@ class AcceptanceCounts(_message.Message):
     def __init__(self, drafts: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ..., asked: _Optional[int] = ..., asked_at: _Optional[_Iterable[int]] = ..., drafted_at: _Optional[_Iterable[int]] = ..., accepted_at: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepCostBucket(_message.Message):
-    __slots__ = ("max_tokens", "steps", "tokens_total", "seconds_total")
+    __slots__ = ("max_tokens", "steps", "tokens_total", "seconds_total", "kind")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     steps: int
     tokens_total: int
     seconds_total: float
-    def __init__(self, max_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., tokens_total: _Optional[int] = ..., seconds_total: _Optional[float] = ...) -> None: ...
+    kind: str
+    def __init__(self, max_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., tokens_total: _Optional[int] = ..., seconds_total: _Optional[float] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class EngineStats(_message.Message):
     __slots__ = ("running", "waiting", "kv_blocks_total", "kv_blocks_free", "steps", "generated_tokens", "finished_requests", "aborted_requests", "preemptions", "step_seconds_total", "methods", "step_cost", "max_num_seqs")

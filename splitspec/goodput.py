@@ -345,7 +345,13 @@ def fit_step_cost(buckets: Iterable[tuple[int, float, float]],
     batch never costs less) by weighted isotonic regression: neighbours that disagree are
     pooled into their step-weighted mean, so one noisy bucket moves the curve only as much as
     its steps weigh. With one point, the default per-token slope scaled to it."""
-    points = sorted((t / n, s / n, n) for n, t, s in buckets if n >= min_steps and n > 0)
+    merged: dict[float, list[float]] = {}  # points at the same mean size: one, weighted
+    for n, t, s in buckets:
+        if n >= min_steps and n > 0:
+            acc = merged.setdefault(t / n, [0.0, 0.0])
+            acc[0] += s
+            acc[1] += n
+    points = sorted((x, s / n, n) for x, (s, n) in merged.items())
     if not points:
         return default_step_cost()
     xs = [x for x, _, _ in points]
@@ -355,6 +361,43 @@ def fit_step_cost(buckets: Iterable[tuple[int, float, float]],
         return StepCost(tuple(xs), tuple(ys), DEFAULT_PER_TOKEN_S * scale)
     tail = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
     return StepCost(tuple(xs), tuple(ys), tail)
+
+
+# What the verifier's step does beside the forward, by which its time is measured apart: a step
+# with a token tree (the tree sampler; on an accelerator tree steps also replay other work
+# after the graph), else one with a sampled request (the rejection sampler), else all greedy
+# (verified inside the forward).
+STEP_KINDS = ("greedy", "sampled", "tree")
+
+
+def step_kind(greedy: bool, branches: int = 1) -> str:
+    """The kind of step a request's decoding runs in, alone (its sampling, chains or trees)."""
+    return "tree" if branches > 1 else "greedy" if greedy else "sampled"
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """The step-cost curve per step kind, each fitted from that kind's own steps; a kind
+    without enough of them reads the curve of every step together."""
+
+    kinds: Mapping[str, StepCost]
+    pooled: StepCost
+
+    def of(self, kind: str) -> StepCost:
+        return self.kinds.get(kind, self.pooled)
+
+
+def fit_step_costs(buckets: Iterable[tuple[str, int, float, float]],
+                   min_steps: int = MIN_BUCKET_STEPS) -> StepCosts:
+    """StepCosts from (kind, steps, tokens_total, seconds_total) per kind and bucket of batch
+    sizes (fit_step_cost for each kind, and for all of them pooled by bucket)."""
+    by_kind: dict[str, list[tuple[int, float, float]]] = {}
+    for kind, n, t, sec in buckets:
+        by_kind.setdefault(kind, []).append((n, t, sec))
+    kinds = {k: fit_step_cost(b, min_steps) for k, b in by_kind.items()
+             if any(n >= min_steps for n, _, _ in b)}
+    pooled = [x for b in by_kind.values() for x in b]  # every kind's points on one curve
+    return StepCosts(kinds, fit_step_cost(pooled, min_steps))
 
 
 def _isotonic(values: list[tuple[float, float]]) -> list[float]:
@@ -411,23 +454,27 @@ def best_k(model: MethodModel, batch: int, cost: StepCost, k_max: int,
 
 
 def choose(models: Mapping[Hashable, MethodModel], batch: int, cost: StepCost, k_max: int,
-           allow_off: bool = True, margin: float = SPECULATION_MARGIN) -> Choice:
+           allow_off: bool = True, margin: float = SPECULATION_MARGIN,
+           costs: Mapping[Hashable, StepCost] | None = None) -> Choice:
     """The (method, k) with the highest goodput for a batch of `batch` sequences, or off when
-    no method beats plain decoding by `margin` (never off when allow_off is False).
+    no method beats plain decoding by `margin` (never off when allow_off is False). `cost` is
+    plain decoding's step cost and every method's unless `costs` gives the method its own (a
+    kind of step that costs more: trees, StepCosts).
 
     Why off: `low_acceptance` when the best method would not pay even in a batch of one (the
     cheapest case for speculation), else `compute_bound` (the batch makes drafts too dear)."""
     off = batch_goodput(None, 0, batch, cost)
+    costs = costs or {}
     best: Choice | None = None
     for method in sorted(models):
-        k, g = best_k(models[method], batch, cost, k_max)
+        k, g = best_k(models[method], batch, costs.get(method, cost), k_max)
         if best is None or g > best.goodput * (1 + 1e-9):
             best = Choice(method, k, g, "goodput")
     if best is None:
         return Choice(None, 0, off, "no_proposer")
     if not allow_off or best.goodput > off * (1 + margin):
         return best
-    _, alone = best_k(models[best.method], 1, cost, k_max)
+    _, alone = best_k(models[best.method], 1, costs.get(best.method, cost), k_max)
     pays_alone = alone > batch_goodput(None, 0, 1, cost) * (1 + margin)
     return Choice(None, 0, off, "compute_bound" if pays_alone else "low_acceptance")
 

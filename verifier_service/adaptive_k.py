@@ -21,7 +21,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from splitspec.goodput import Acceptance, MethodModel, StepCost, fit_step_cost, marginal_goodput
+from splitspec.goodput import (
+    Acceptance,
+    MethodModel,
+    StepCost,
+    StepCosts,
+    fit_step_costs,
+    marginal_goodput,
+    step_kind,
+)
 from verifier_service.engine_stats import EngineStats
 from verifier_service.sequence import SequenceState
 
@@ -57,7 +65,7 @@ class AdaptiveK:
         self.stats = stats
         self.k_max = k_max
         self.probe_after = probe_after
-        self._cost: StepCost | None = None
+        self._cost: StepCosts | None = None
         self._cost_steps = -1
         self._batch: _Batch | None = None
         self._methods: dict[tuple[str, bool, int], MethodModel] = {}
@@ -68,12 +76,13 @@ class AdaptiveK:
         self._batch = None
         self._methods.clear()
 
-    def step_cost(self) -> StepCost:
+    def step_cost(self, kind: str = "greedy") -> StepCost:
+        """The step-cost curve of a kind of step (splitspec.goodput.step_kind)."""
         if self._cost is None or self._cost_steps != self.stats.steps:
-            self._cost = fit_step_cost((b.steps, b.tokens_total, b.seconds_total)
-                                       for b in self.stats.step_cost)
+            self._cost = fit_step_costs((b.kind, b.steps, b.tokens_total, b.seconds_total)
+                                        for b in self.stats.step_cost)
             self._cost_steps = self.stats.steps
-        return self._cost
+        return self._cost.of(kind)
 
     def acceptance(self, seq: SequenceState) -> float:
         return self.model(seq).acceptance
@@ -121,7 +130,8 @@ class AdaptiveK:
         others_expected = max(batch.expected - emitted, 0.0)
         others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
         sharing = max(batch.candidates.get(plan.method, 0), 1)
-        model, cost = self.model(seq), self.step_cost()
+        model = self.model(seq)
+        cost = self.step_cost(step_kind(seq.inp.sampling.greedy, plan.num_branches))
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
         best_k, best = 0, -1.0
         for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):

@@ -269,7 +269,8 @@ class Engine:
         if step is not None:
             step.seconds = time.perf_counter() - start
             if not step.prefill_tokens:  # the cost model is about decoding steps
-                self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds)
+                self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds,
+                                         step.kind)
             for method, ms in step.per_method.items():  # what drafting ahead costs, per token
                 self.drafts.ahead_policy.record(method, ms.ahead, step.seconds,
                                            ms.accepted_tokens + ms.drafts)
@@ -304,7 +305,8 @@ class Engine:
                          num_tokens=sum(s.num_new + (len(d.tokens) if d else 0)
                                         for s, d in zip(batch, step_drafts)),
                          emitted_tokens=0, per_method=per_method, draft_seconds=draft_seconds,
-                         prefill_tokens=sum(s.num_new for s in batch if s.num_new > 1))
+                         prefill_tokens=sum(s.num_new for s in batch if s.num_new > 1),
+                         kind=_step_kind(batch, step_drafts))
         for s, draft, result in zip(batch, step_drafts, results):
             record = StepRecord(wall, end, len(draft.tokens) if draft else 0,
                                 result.num_accepted if result else 0,
@@ -413,3 +415,11 @@ class Engine:
                 getattr(observer, event)(record)
             except Exception:  # noqa: BLE001 - an exporter must never fail the engine
                 log.exception("engine observer %r failed on %s", observer, event)
+
+
+def _step_kind(batch: list[Scheduled], drafts: list) -> str:
+    """What a step ran beside the forward: the tree sampler, the rejection sampler, or
+    nothing (greedy chains, verified inside the forward): splitspec.goodput.STEP_KINDS."""
+    if any(d is not None and not d.is_chain for d in drafts):
+        return "tree"
+    return "greedy" if all(s.seq.inp.sampling.greedy for s in batch) else "sampled"

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from splitspec.goodput import Acceptance, MethodCounts, tried_positions
+from splitspec.goodput import STEP_KINDS, Acceptance, MethodCounts, tried_positions
 
 # Upper bounds of the step-cost buckets (batch tokens); beyond the last: one more bucket.
 STEP_COST_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024,
@@ -75,6 +75,7 @@ class TreeCounts:
 @dataclass
 class StepCostBucket:
     max_tokens: int  # batch tokens in (previous bucket's max_tokens, max_tokens]
+    kind: str = "greedy"  # the kind of step (splitspec.goodput.STEP_KINDS)
     steps: int = 0
     tokens_total: int = 0
     seconds_total: float = 0.0
@@ -158,9 +159,10 @@ class EngineStats:
     in_target: dict[str, dict[str, float]] = field(default_factory=dict)
     # how steps ran: replayed graphs or eager, and why (verifier_service/step_executor.py)
     executor: object = None  # ExecutorStats
-    # decoding steps' time without the wait for proposers, by batch tokens (STEP_COST_BOUNDS)
+    # decoding steps' time without the wait for proposers, by kind of step (greedy, sampled,
+    # tree: splitspec.goodput.step_kind) and batch tokens (STEP_COST_BOUNDS)
     step_cost: list[StepCostBucket] = field(default_factory=lambda: [
-        StepCostBucket(b) for b in (*STEP_COST_BOUNDS, 2 ** 31 - 1)])
+        StepCostBucket(b, kind) for kind in STEP_KINDS for b in (*STEP_COST_BOUNDS, 2 ** 31 - 1)])
 
     def method(self, name: str) -> MethodStats:
         return self.per_method.setdefault(name, MethodStats())
@@ -173,8 +175,10 @@ class EngineStats:
                 setattr(self, f.name, f.default_factory() if f.default_factory
                         is not dataclasses.MISSING else f.default)
 
-    def add_step_cost(self, tokens: int, seconds: float) -> None:
-        bucket = self.step_cost[bisect.bisect_left(STEP_COST_BOUNDS, tokens)]
+    def add_step_cost(self, tokens: int, seconds: float, kind: str = "greedy") -> None:
+        per_kind = len(STEP_COST_BOUNDS) + 1
+        bucket = self.step_cost[STEP_KINDS.index(kind) * per_kind
+                                + bisect.bisect_left(STEP_COST_BOUNDS, tokens)]
         bucket.steps += 1
         bucket.tokens_total += tokens
         bucket.seconds_total += seconds
@@ -218,6 +222,7 @@ class StepStats:
     per_method: dict[str, MethodStepStats] = field(default_factory=dict)
     draft_seconds: float = 0.0  # of `seconds`, the wait for proposers' answers
     prefill_tokens: int = 0  # of `num_tokens`, prompt tokens of sequences still prefilling
+    kind: str = "greedy"  # what it ran beside the forward (splitspec.goodput.step_kind)
 
 
 @dataclass

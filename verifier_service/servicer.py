@@ -156,7 +156,7 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
                  for m, v in sorted(s.per_method.items())],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=b.max_tokens, steps=b.steps,
                                                tokens_total=b.tokens_total,
-                                               seconds_total=b.seconds_total)
+                                               seconds_total=b.seconds_total, kind=b.kind)
                    for b in s.step_cost if b.steps])
 
 

@@ -23,8 +23,10 @@ INFO = verifier_pb2.VerifierInfo(
     proposers=[verifier_pb2.ProposerStatus(method="ngram"),
                verifier_pb2.ProposerStatus(method="mlp")])
 ADDRESS = "replica-0"
-# (steps, tokens total, seconds total) per bucket: 10 ms up to 16 tokens, then 1 ms per token.
-COST = ((100, 100.0, 1.0), (100, 800.0, 1.05), (100, 1600.0, 1.1), (100, 6400.0, 6.0))
+# (kind, steps, tokens total, seconds total) per bucket: 10 ms up to 16 tokens, then 1 ms per
+# token.
+COST = tuple(("greedy", *b) for b in ((100, 100.0, 1.0), (100, 800.0, 1.05), (100, 1600.0, 1.1),
+                                     (100, 6400.0, 6.0)))
 AUTO = SpeculationRequest()
 
 
@@ -221,7 +223,9 @@ def test_snapshot_from_the_wire():
             round_trips=[verifier_pb2.RoundTripBucket(k=3, calls=5, seconds_total=0.5)],
             longest_draft=2)],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=1, steps=3, tokens_total=3,
-                                               seconds_total=0.03)])
+                                               seconds_total=0.03),
+                   verifier_pb2.StepCostBucket(max_tokens=8, steps=2, tokens_total=14,
+                                               seconds_total=0.05, kind="tree")])
     snap = snapshot_from_pb(pb)
     assert (snap.running, snap.waiting, snap.max_num_seqs, snap.steps) == (3, 2, 8, 7)
     assert snap.methods["ngram"].greedy == Acceptance(6, 10, 4, 9, (9, 9, 5), (4, 3, 1),
@@ -229,7 +233,7 @@ def test_snapshot_from_the_wire():
     assert snap.methods["ngram"].round_trips == ((3, 5.0, 0.5),)
     assert snap.methods["ngram"].longest_draft == 2
     assert snap.methods["ngram"].draft_limit() == 0  # 4 drafts: too few to tell
-    assert snap.step_cost == ((3, 3.0, 0.03),)
+    assert snap.step_cost == (("greedy", 3, 3.0, 0.03), ("tree", 2, 14.0, 0.05))
 
 
 def test_every_plan_carries_the_requests_details_flag():

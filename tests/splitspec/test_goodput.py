@@ -18,6 +18,7 @@ from splitspec.goodput import (
     expected_tokens,
     fit_round_trip,
     fit_step_cost,
+    fit_step_costs,
     marginal_goodput,
     tried_positions,
 )
@@ -67,6 +68,26 @@ def test_step_cost_interpolates_and_never_decreases():
     # one slow bucket among many steps does not lift everything after it
     noisy = fit_step_cost([(100, 100, 1.0), (3, 12, 0.3), (100, 800, 1.2), (100, 3200, 2.0)])
     assert noisy(8) < 0.02 and noisy(32) == pytest.approx(0.02)
+
+
+def test_each_kind_of_step_has_its_own_cost_and_a_kind_without_data_the_pooled_one():
+    greedy = [("greedy", 10, 10, 0.10), ("greedy", 10, 60, 0.12)]
+    tree = [("tree", 10, 60, 0.30)]  # a tree step of 6 rows: the tree sampler's cost too
+    costs = fit_step_costs(greedy + tree)
+    assert costs.of("tree")(6) == pytest.approx(0.03)
+    assert costs.of("greedy")(6) == pytest.approx(0.012)
+    pooled = costs.of("sampled")  # no sampled steps: every step on one curve
+    assert costs.of("greedy")(6) < pooled(6) <= costs.of("tree")(6)
+    assert fit_step_costs([]).of("tree")(1) == fit_step_cost([])(1)
+
+
+def test_a_method_priced_at_its_own_kind_of_step():
+    """A tree of a method that pays as a chain may not pay at the tree's own step cost."""
+    model = MethodModel(0.6)
+    cheap = StepCost((1.0, 9.0), (0.010, 0.011), 0.0)
+    dear = StepCost((1.0, 9.0), (0.010, 0.040), 0.0)
+    assert choose({"m": model}, 1, cheap, 8).method == "m"
+    assert choose({"m": model}, 1, cheap, 8, costs={"m": dear}).method is None
 
 
 def test_step_cost_without_data_uses_the_default_and_one_point_scales_it():
