@@ -129,12 +129,12 @@ class PackedLinear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "dense":
             return F.linear(x, self.weight, self.bias)
-        rows = x.reshape(-1, x.shape[-1])
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # rows as they come: no op
         if self.backend == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")
         else:
             y = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, self._packed, self.bias)
-        return y.view(*x.shape[:-1], y.shape[-1])
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
 class _PackedModule(torch.nn.Module):

@@ -153,8 +153,8 @@ class HostFetch:
     def __call__(self, ints=(), floats=()):
         """-> (int64 numpy arrays of `ints`, float32 numpy arrays of `floats`)."""
         if self._event is None:
-            return ([t.to(torch.int64).numpy() for t in ints],
-                    [t.to(torch.float32).numpy() for t in floats])
+            return ([_as(t, torch.int64).numpy() for t in ints],
+                    [_as(t, torch.float32).numpy() for t in floats])
         parts = [t.to(torch.int32).reshape(-1) for t in ints]
         parts += [t.to(torch.float32).reshape(-1).view(torch.int32) for t in floats]
         packed = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32,
@@ -175,3 +175,7 @@ class HostFetch:
             out_f.append(flat[at:at + t.numel()].view("float32").reshape(t.shape).copy())
             at += t.numel()
         return out_i, out_f
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)

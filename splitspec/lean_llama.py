@@ -195,7 +195,8 @@ class LeanDecoder:
         positions). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE applied) ->
         attention output [B, S, Hq * D]: the caller's cache and mask."""
         b, s = ids.shape
-        x = F.embedding(ids, self.embed)  # [B, S, H]
+        # the residual stream as rows [B * S, H]: every product and norm takes it as it is
+        x = F.embedding(ids.reshape(-1), self.embed)  # [B * S, H]
         cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D], sin signed
         half, heads = self.head_dim // 2, (self.n_heads, self.n_kv)
         for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):
@@ -205,10 +206,11 @@ class LeanDecoder:
             qk = qk.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hq + H_kv, S, D]
             q, k = (qk * cos + qk.roll(half, -1) * sin).split(heads, dim=1)
             v = v.view(b, s, self.n_kv, -1).transpose(1, 2)
-            x = x + o_proj(attend(i, q, k, v))
+            x = x + o_proj(attend(i, q, k, v).view(b * s, -1))
             h = _rms(x, ln2, self.eps)
             g, u = gate_up(h).chunk(2, dim=-1)
             x = x + down(F.silu(g) * u)
+        x = x.view(b, s, -1)
         if keep is not None:
             x = x[:, -keep:]
         return _rms(x, self.norm, self.eps)

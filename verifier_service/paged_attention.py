@@ -154,8 +154,8 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         raise RuntimeError(f"{ATTENTION_NAME} attention needs the step's PagedBatch")
     layer = module.layer_idx
     k_cache, v_cache = paged.k_cache[layer], paged.v_cache[layer]  # [slots, Hkv, D]
-    k_cache.index_copy_(0, paged.slot_mapping, key[0].transpose(0, 1).to(k_cache.dtype))
-    v_cache.index_copy_(0, paged.slot_mapping, value[0].transpose(0, 1).to(v_cache.dtype))
+    k_cache.index_copy_(0, paged.slot_mapping, _as(key[0].transpose(0, 1), k_cache.dtype))
+    v_cache.index_copy_(0, paged.slot_mapping, _as(value[0].transpose(0, 1), v_cache.dtype))
 
     b, max_q = paged.query_index.shape
     hq, d = query.shape[1], query.shape[3]
@@ -168,8 +168,8 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
                               scaling if scaling is not None else d ** -0.5, paged.kernel)
         return out[None], None  # [1, T, Hq, D]
     if b == 1:  # one sequence: the packed rows are its queries already, no padding to undo
-        k = paged.context(k_cache).transpose(1, 2).to(query.dtype)  # [1, Hkv, ctx, D]
-        v = paged.context(v_cache).transpose(1, 2).to(query.dtype)
+        k = _as(paged.context(k_cache).transpose(1, 2), query.dtype)  # [1, Hkv, ctx, D]
+        v = _as(paged.context(v_cache).transpose(1, 2), query.dtype)
         window = kwargs.get("sliding_window")
         # a single query (decode) sees its whole context unless a window cuts it
         mask = None if max_q == 1 and not window else paged.mask(window)
@@ -179,13 +179,18 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     q_packed = torch.cat([query[0].transpose(0, 1), query.new_zeros(1, hq, d)])  # [T+1, Hq, D]
     q = q_packed.index_select(0, paged.query_index.reshape(-1)).view(b, max_q, hq, d)
     q = q.transpose(1, 2)  # [B, Hq, max_q, D]
-    k = paged.context(k_cache).transpose(1, 2).to(query.dtype)  # [B, Hkv, max_ctx, D]
-    v = paged.context(v_cache).transpose(1, 2).to(query.dtype)
+    k = _as(paged.context(k_cache).transpose(1, 2), query.dtype)  # [B, Hkv, max_ctx, D]
+    v = _as(paged.context(v_cache).transpose(1, 2), query.dtype)
     mask = paged.mask(kwargs.get("sliding_window"))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                          scale=scaling, enable_gqa=k.shape[1] != hq)
     out = out.transpose(1, 2).reshape(b * max_q, hq, d).index_select(0, paged.packed_index)
     return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
+
+
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype; no call at all when it already is (each call costs a dispatch per layer)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def register() -> None:

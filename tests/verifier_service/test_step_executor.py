@@ -75,8 +75,8 @@ def _run(runner, ladder, poison_trash=False):
 
 
 def check_padding_changes_nothing_real(model):
-    exact_plan, exact, before, k0 = _run(_runner(model), BucketLadder())
-    plan, padded, _, k1 = _run(_runner(model), LADDER)
+    exact_plan, exact, _, k0 = _run(_runner(model), BucketLadder())
+    plan, padded, before, k1 = _run(_runner(model), LADDER)
     assert exact_plan.bucket is None and plan.bucket == Bucket(4, 4)
     torch.testing.assert_close(padded, exact, rtol=1e-5, atol=1e-5)
     # the real rows' slots hold the same keys (up to the matmul's rounding at another row
