@@ -188,18 +188,23 @@ class LeanDecoder:
         return (cos.index_select(0, flat).view(shape)[:, None],
                 sin.index_select(0, flat).view(shape)[:, None])
 
-    def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
-               ) -> torch.Tensor:
+    def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None,
+               capture: tuple[int, ...] = (), captured: list | None = None) -> torch.Tensor:
         """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
         rows only, when given). RoPE at `pos` as given (for the verifier: the layout's row
         positions). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE applied) ->
-        attention output [B, S, Hq * D]: the caller's cache and mask."""
+        attention output [B, S, Hq * D]: the caller's cache and mask. capture: layers whose
+        residual-stream input (rows [B * S, H], every row) is appended to `captured`, in the
+        order given (what heads on the target's features read, e.g. EAGLE-3's three layers)."""
         b, s = ids.shape
         # the residual stream as rows [B * S, H]: every product and norm takes it as it is
         x = F.embedding(ids.reshape(-1), self.embed)  # [B * S, H]
         cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D], sin signed
         half, heads = self.head_dim // 2, (self.n_heads, self.n_kv)
+        taken = {}
         for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):
+            if i in capture:
+                taken[i] = x
             h = _rms(x, ln1, self.eps)
             qk, v = qkv(h).split(self.split_qk_v, dim=-1)
             # queries and keys rotated together: one RoPE over all their heads
@@ -210,6 +215,8 @@ class LeanDecoder:
             h = _rms(x, ln2, self.eps)
             g, u = gate_up(h).chunk(2, dim=-1)
             x = x + down(F.silu(g) * u)
+        if capture:
+            captured.extend(taken[i] for i in capture)
         x = x.view(b, s, -1)
         if keep is not None:
             x = x[:, -keep:]

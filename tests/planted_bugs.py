@@ -14,6 +14,7 @@ import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_sampling as draft_sampling
 import verifier_service.step_executor as step_executor
+import verifier_service.verify as verify
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
 from proposer_service.mlp_speculator import SpeculatorNorm
@@ -181,3 +182,9 @@ def greedy_verification_reads_back(monkeypatch) -> None:
         return tokens, num_accepted
 
     monkeypatch.setattr(step_executor, "greedy_chain_verify", verify)
+
+
+def features_one_row_late(monkeypatch) -> None:
+    """The features handed to a state that reads them are each row's successor's."""
+    original = verify._fed_row
+    monkeypatch.setattr(verify, "_fed_row", lambda plan, seq, fed: original(plan, seq, fed) + 1)

@@ -76,8 +76,8 @@ class Engine:
         self.drafts = DraftCollector(proposers, runner.vocab_size,
                                      config.proposer_timeout_ms / 1000, self.stats,
                                      draft_ahead=config.draft_ahead,
-                                     in_target=InTargetDrafts.from_registry(runner.vocab_size,
-                                                                                config))
+                                     in_target=InTargetDrafts.from_registry(
+                                         runner.vocab_size, config, runner))
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
                                    config.max_num_batched_tokens,
                                    on_admit=self.drafts.admitted,
@@ -290,10 +290,12 @@ class Engine:
         step_drafts = [drafts.get(s.seq) for s in batch]
         keep_hidden = [self.drafts.needs_hidden_state(s.seq) for s in batch]
         keep_argmax = [self.drafts.in_target.wants_argmax(s.seq) for s in batch]
+        keep_features = [self.drafts.in_target.wants_features(s.seq) for s in batch]
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(self._executor, verify_step, self.executor,
-                                                 batch, step_drafts, keep_hidden, keep_argmax)
+                                                 batch, step_drafts, keep_hidden, keep_argmax,
+                                                 keep_features)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             log.exception("engine step failed")
             for s in batch:
@@ -308,14 +310,18 @@ class Engine:
                          prefill_tokens=sum(s.num_new for s in batch if s.num_new > 1),
                          kind=_step_kind(batch, step_drafts))
         for s, draft, result in zip(batch, step_drafts, results):
+            emitted = isinstance(result, SeqResult)
             record = StepRecord(wall, end, len(draft.tokens) if draft else 0,
-                                result.num_accepted if result else 0,
-                                s.num_new if s.num_new > 1 or result is None else 0)
+                                result.num_accepted if emitted else 0,
+                                s.num_new if s.num_new > 1 or not emitted else 0)
             method = s.seq.inp.speculation.method
             if method in per_method:
                 record.round_trip_s = per_method[method].round_trip_s
             s.seq.timeline.steps.append(record)
-            if result is None:  # a prefill chunk: cached, nothing to emit yet
+            if not isinstance(result, SeqResult):  # a prefill chunk: cached, nothing to emit
+                if result is not None:  # its rows' features, for a state that reads them
+                    self.drafts.in_target.prefilled(s.seq, result.features,
+                                                    s.seq.num_computed)
                 s.seq.num_computed += s.num_new
                 continue
             step.emitted_tokens += self._apply(s.seq, draft, result, per_method.get(method))
@@ -345,6 +351,7 @@ class Engine:
         if seq.finished:
             return 0
         k, n_acc = (len(draft.tokens) if draft else 0), result.num_accepted
+        position = seq.num_computed  # of the first kept row
         # Cached now: every fed row (uncached tokens + k drafts); keep the rows the verification
         # accepted, at consecutive positions, and free the blocks that leaves empty.
         self.runner.kv.keep(seq.blocks, seq.num_computed, result.kept_rows)
@@ -353,7 +360,8 @@ class Engine:
         seq.steps += 1
         seq.record_draft(k, n_acc)
         seq.branch_hits += result.branch_hit
-        self.drafts.observe(seq, draft, n_acc, result.tokens, result.path, result.node_argmax)
+        self.drafts.observe(seq, draft, n_acc, result.tokens, result.path, result.node_argmax,
+                            result.features, position)
         if seq.asked_k:  # its proposer was asked this step (a draft, if any, came from it)
             method = self.stats.method(seq.inp.speculation.method)
             branches = seq.inp.speculation.num_branches

@@ -6,9 +6,15 @@ Such a method is a class implementing `InTargetMethod`, named in splitspec/metho
 `kind=Kind.IN_TARGET`; the verifier makes one per method it serves (`InTargetDrafts.from_registry`).
 Each sequence whose plan names the method gets its own `InTargetState`:
 
+    the verifier starts             method = from_verifier(vocab_size, config) (None: not served
+                                                                 here, e.g. no head configured);
+                                    method.bind(runner)       (the target: its weights, and the
+                                                                 features it should hand over)
     a request arrives               method.check_plan(plan, max_k)  (InvalidArgument if the
                                                                  method cannot run its plan here)
     admitted to the running batch   method.admit(...)        -> state
+    a prefill chunk was cached      state.prefilled(features, position)  (states that read the
+                                                                 target's features: its rows')
     a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids,
                                                                  or a Draft tree of <= k nodes
     the step was verified           state.observe(outcome)    (with the target's argmax after
@@ -50,15 +56,27 @@ class StepOutcome:
     path: list[int] = field(default_factory=list)  # accepted nodes, root first
     node_argmax: list[int] = field(default_factory=list)  # target's argmax after each node
     history: Seq[int] = ()  # the sequence's tokens after the step
+    # states that read the target's features: the kept rows' features [n, F] on the target's
+    # device (the step's uncached tokens, then the accepted path), the first at `position`
+    features: object = None
+    position: int = 0
 
 
 class InTargetState(abc.ABC):
     """One sequence's drafting state inside the verifier; bounded in memory by its method."""
 
+    # whether it reads the target's features (ModelRunner.feature_layers): then each step's
+    # outcome carries its kept rows' features and every prefill chunk's rows come to `prefilled`
+    features: bool = False
+
     @abc.abstractmethod
     def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft":
         """Up to k candidate tokens to follow `tokens` (the sequence's whole history, the last
         one not yet cached), as a chain of ids or a Draft tree; [] for none this step."""
+
+    def prefilled(self, features, position: int) -> None:
+        """A prefill chunk cached rows from `position` on; their features [n, F] (for states
+        with `features`; each row's next token is already in the history)."""
 
     def observe(self, outcome: StepOutcome) -> None:
         """The step's outcome (called after every step that emitted tokens for the sequence)."""
@@ -71,10 +89,15 @@ class InTargetMethod(abc.ABC):
     """An in-target method: one instance per verifier, a state per running sequence."""
 
     @classmethod
-    def from_verifier(cls, vocab_size: int, config=None) -> "InTargetMethod":
+    def from_verifier(cls, vocab_size: int, config=None) -> "InTargetMethod | None":
         """The method as the verifier creates it, knowing the target's vocabulary and the
-        verifier's configuration (verifier_service/config.py; None in tests: defaults)."""
+        verifier's configuration (verifier_service/config.py; None in tests: defaults); None
+        when this verifier does not serve it (e.g. a head it was not given)."""
         return cls()
+
+    def bind(self, runner) -> None:
+        """The verifier's ModelRunner, once, before any request: a method that drafts from
+        the target's weights or features takes them here (runner.feature_layers)."""
 
     def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
         """Raise InvalidArgument (naming the field) if this verifier cannot run `plan`'s
@@ -105,10 +128,17 @@ class InTargetDrafts:
         self._states: dict[SequenceState, InTargetState] = {}
 
     @classmethod
-    def from_registry(cls, vocab_size: int, config=None) -> "InTargetDrafts":
-        """Every in-target method of the registry."""
-        return cls({name: _load(spec.implementation).from_verifier(vocab_size, config)
-                    for name, spec in in_target_methods().items()})
+    def from_registry(cls, vocab_size: int, config=None, runner=None) -> "InTargetDrafts":
+        """Every in-target method of the registry this verifier serves, bound to `runner`."""
+        methods = {}
+        for name, spec in in_target_methods().items():
+            method = _load(spec.implementation).from_verifier(vocab_size, config)
+            if method is None:
+                continue
+            if runner is not None:
+                method.bind(runner)
+            methods[name] = method
+        return cls(methods)
 
     def serves(self, method: str | None) -> bool:
         return method in self.methods
@@ -135,6 +165,16 @@ class InTargetDrafts:
     def wants_argmax(self, seq: SequenceState) -> bool:
         """Whether the sequence's state learns from the target's argmax at its nodes."""
         return seq in self._states
+
+    def wants_features(self, seq: SequenceState) -> bool:
+        """Whether the sequence's state reads the target's features."""
+        state = self._states.get(seq)
+        return state is not None and state.features
+
+    def prefilled(self, seq: SequenceState, features, position: int) -> None:
+        state = self._states.get(seq)
+        if state is not None:
+            state.prefilled(features, position)
 
     def propose(self, group: list[Scheduled]) -> "dict[SequenceState, list[int] | Draft]":
         """Candidates for each scheduled sequence that wants k > 0 (unchecked)."""

@@ -45,6 +45,10 @@ class ModelRunner:
         # paged attention of bucket steps (kernels/paged_attention.py): "auto" runs Triton on
         # accelerators; the step executor may pin it
         self.attention_kernel = "auto"
+        # the target's features every step hands to heads on them (in-target methods such as
+        # EAGLE): None, none; () the final-norm hidden state of every fed row; else the
+        # residual-stream inputs of these layers, side by side (set by the method at start-up)
+        self.feature_layers: tuple[int, ...] | None = None
         # Llama-family models run as plain tensor ops (splitspec/lean_llama.py) with the same
         # paged attention function: the transformers forward's per-call machinery is ~10% of a
         # batch-1 step of a small model. Other architectures keep the transformers forward.
@@ -76,11 +80,12 @@ class ModelRunner:
         return self.run_plan(plan.fields.views(plan.host.to(self.device)), plan)
 
     @torch.inference_mode()
-    def run_plan(self, views: dict[str, torch.Tensor], plan: StepPlan
+    def run_plan(self, views: dict[str, torch.Tensor], plan: StepPlan, out: dict | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """The forward over a plan whose arrays (`views`) are on the device: float32 logits
         [L, V] of its logits rows and their final hidden states [L, H]. Reads only device
-        tensors and the plan's shape."""
+        tensors and the plan's shape. With `feature_layers` set and an `out` dict given,
+        out["features"] is every fed row's features [T, F] (see feature_layers)."""
         batch = PagedBatch.from_plan(self.kv.k, self.kv.v, views, plan, self.kv.block_size,
                                      self.attention_kernel)
         ids = views["ids"][None]  # [1, T]
@@ -92,7 +97,12 @@ class ModelRunner:
                 out, _ = paged_attention_forward(refs[i], q, k, v, None, lean.scale, paged=batch)
                 return out.reshape(1, out.shape[1], -1)
 
-            states = lean.hidden(ids, positions, attend)[0]  # [T, H]
+            layers = self.feature_layers if out is not None else None
+            captured: list[torch.Tensor] = []
+            states = lean.hidden(ids, positions, attend, capture=layers or (),
+                                 captured=captured)[0]  # [T, H]
+            if layers is not None:
+                out["features"] = torch.cat(captured, -1) if layers else states
         else:
             states = self._decoder(input_ids=ids, position_ids=positions, use_cache=False,
                                    paged=batch).last_hidden_state[0]

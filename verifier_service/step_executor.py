@@ -58,6 +58,9 @@ class StepTensors:
     tokens: torch.Tensor  # [S, K + 1]: greedy chain verification (PLACEHOLDER padded)
     num_accepted: torch.Tensor  # [S]
     views: dict = field(default_factory=dict)  # the plan's arrays on the device
+    # [T, F]: every fed row's features, where a head on the target's features asks
+    # (ModelRunner.feature_layers); None otherwise
+    features: torch.Tensor | None = None
 
 
 @dataclass
@@ -178,12 +181,14 @@ class StepExecutor:
 
     def body(self, views: dict, plan: StepPlan) -> StepTensors:
         """The step on the device, with no host sync: what a graph records."""
-        logits, hidden = self.runner.run_plan(views, plan)
+        out = {} if getattr(self.runner, "feature_layers", None) is not None else None
+        logits, hidden = self.runner.run_plan(views, plan, out)
         argmax = logits.argmax(dim=-1)
         tokens, num_accepted = greedy_chain_verify(argmax, views["draft_ids"],
                                                    views["draft_valid"], views["target_idx"],
                                                    views["bonus_base"])
-        return StepTensors(logits, hidden, argmax, tokens, num_accepted, views)
+        return StepTensors(logits, hidden, argmax, tokens, num_accepted, views,
+                           out.get("features") if out is not None else None)
 
     def fetch(self, ints: list[torch.Tensor], floats: list[torch.Tensor] = ()
               ) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -52,12 +52,24 @@ class SeqResult:
     # when asked (in-target methods learn from their own rows): the target's argmax after each
     # draft node, in node order
     node_argmax: Sequence[int] = ()
+    # when asked (heads on the target's features): the kept rows' features [len(kept_rows), F],
+    # on the target's device
+    features: torch.Tensor | None = None
+
+
+@dataclass
+class ChunkFeatures:
+    """A prefill chunk's result where its features were asked for: every fed row's [n, F]
+    (a chunk emits nothing; its rows are all kept)."""
+
+    features: torch.Tensor
 
 
 def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Draft | None],
-                keep_hidden: list[bool], keep_argmax: Sequence[bool] = ()
-                ) -> list[SeqResult | None]:
-    """Per batch entry: its SeqResult, or None for a prefill chunk (cached, emits nothing)."""
+                keep_hidden: list[bool], keep_argmax: Sequence[bool] = (),
+                keep_features: Sequence[bool] = ()) -> list[SeqResult | ChunkFeatures | None]:
+    """Per batch entry: its SeqResult, or for a prefill chunk (cached, emits nothing) None, or
+    its ChunkFeatures when keep_features asks."""
     # 1. plan (trees: each node at the position of its depth, seeing its ancestors only)
     ks = [len(d.tokens) if d else 0 for d in drafts]
     trees = [None if d is None or d.is_chain else d.parents for d in drafts]
@@ -70,9 +82,10 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
     plan = executor.plan(layout, input_ids, [s.seq.blocks.blocks for s in batch])
     # 2. execute
     step = executor.execute(plan)
+    chunks = _chunk_features(step, plan, batch, keep_features)
     if not layout.batch_size:
         executor.fetch([])  # the step's wait: its writes to the cache are done
-        return [None] * len(batch)
+        return chunks
     emitting = layout.seq_index.tolist()
     n = len(emitting)
     # 3. sample (a step of greedy chains only is verified already, inside the forward)
@@ -109,7 +122,7 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
     hidden_h = got_f[0] if wants_hidden else None
     base = plan.arrays["bonus_base"][:n]  # the host's copy of the offsets
     # 5. results
-    results: list[SeqResult | None] = [None] * len(batch)
+    results: list[SeqResult | ChunkFeatures | None] = chunks
     rows = [row[:a + 1].tolist() for row, a in zip(rows_h, n_acc_h)]
     fed_before = (layout.query_lens[layout.seq_index] - layout.num_draft_tokens).tolist()
     for r, (i, n_acc) in enumerate(zip(emitting, n_acc_h)):
@@ -122,8 +135,47 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
                                and _left_first_child(drafts[i].parents, path))
         if argmax_h is not None and i < len(keep_argmax) and keep_argmax[i]:
             results[i].node_argmax = argmax_h[base[r] + 1:base[r] + 1 + ks[i]].tolist()
+    _kept_features(step, plan, emitting, results, keep_features)
     _add_logprobs(ragged, layout, batch, emitting, rows, results)
     return results
+
+
+def _fed_row(plan, seq: int, fed: int) -> int:
+    """The packed row of a sequence's fed row (exact: from query_start; bucket: seq * R)."""
+    if plan.bucket is None:
+        return int(plan.layout.query_start[seq]) + fed
+    return seq * plan.bucket.rows + fed
+
+
+def _chunk_features(step, plan, batch: list[Scheduled], keep: Sequence[bool]
+                    ) -> list[ChunkFeatures | None]:
+    """Every non-emitting sequence that asks gets its fed rows' features (device slices)."""
+    out: list[ChunkFeatures | None] = [None] * len(batch)
+    if step.features is None:
+        return out
+    for i, s in enumerate(batch):
+        if i < len(keep) and keep[i] and not s.emits:
+            first = _fed_row(plan, i, 0)
+            out[i] = ChunkFeatures(step.features[first:first + s.num_new])
+    return out
+
+
+def _kept_features(step, plan, emitting: list[int], results: list, keep: Sequence[bool]
+                   ) -> None:
+    """The kept rows' features of each emitting sequence that asks, in one gather."""
+    if step.features is None:
+        return
+    wanted = [i for i in emitting if i < len(keep) and keep[i]]
+    if not wanted:
+        return
+    rows = [_fed_row(plan, i, j) for i in wanted for j in results[i].kept_rows]
+    gathered = step.features.index_select(
+        0, torch.tensor(rows).to(step.features.device, non_blocking=True))
+    at = 0
+    for i in wanted:
+        n = len(results[i].kept_rows)
+        results[i].features = gathered[at:at + n]
+        at += n
 
 
 def _left_first_child(parents: Sequence[int], path: Sequence[int]) -> bool:

@@ -25,7 +25,7 @@ class SuccessorRunner:
     kv = SimpleNamespace(block_size=4, trash_block=99)
     max_model_len = 64
 
-    def run_plan(self, views, plan):
+    def run_plan(self, views, plan, out=None):
         self.input_ids, self.layout = views["ids"].tolist(), plan.layout
         rows = views["logits_rows"]
         logits = torch.nn.functional.one_hot((views["ids"][rows] + 1) % V, V).float() * 8.0
