@@ -147,3 +147,17 @@ def subset_logits_one_token_off(monkeypatch) -> None:
     original = vocab_subset.scatter_logits
     monkeypatch.setattr(vocab_subset, "scatter_logits",
                         lambda sub, ids, vocab_size: original(sub, ids.roll(1), vocab_size))
+
+
+def policy_ignores_the_lookahead_limit(monkeypatch) -> None:
+    """The policy takes every lookahead shape as one the verifier accepts."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "_lookahead_unfit", lambda req, info, k_max: None)
+
+
+def verifier_accepts_any_lookahead_default(monkeypatch) -> None:
+    """The verifier's start-up check forgets lookahead's default window."""
+    import verifier_service.config_check as config_check
+
+    monkeypatch.setattr(config_check, "lookahead_window_nodes", lambda window, ngram: 0)

@@ -29,6 +29,7 @@ from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokeni
 from splitspec.params import GenerationInput, SamplingParams, StoppingCriteria
 from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig
 from verifier_service.config import VerifierConfig
+from verifier_service.config_check import check_config
 from verifier_service.engine import Engine
 from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
 from verifier_service.model_runner import ModelRunner
@@ -119,6 +120,7 @@ async def warm_up(engine: Engine) -> None:
 
 
 async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None = None) -> None:
+    check_config(config)  # an inconsistent configuration is refused before the model loads
     # metrics and spans observe the engine; tracing interceptors must exist before any channel
     telemetry = VerifierTelemetry(config.host, config.served_model_name or model_name(config.model),
                                   telemetry_config)
