@@ -28,6 +28,7 @@ from splitspec.lifecycle import run_service, until_stopped
 from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
 from splitspec.params import GenerationInput, SamplingParams, StoppingCriteria
 from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig
+from splitspec.tls import client_tls, server_tls
 from verifier_service.config import VerifierConfig
 from verifier_service.config_check import check_config
 from verifier_service.engine import Engine
@@ -62,10 +63,13 @@ def parse_proposers(specs: Sequence[str]) -> dict[str, str]:
 
 def proposer_pools(config: VerifierConfig, vocab_size: int,
                    fingerprint: str) -> dict[str, ProposerClient]:
-    """One pool per method over every address its HOST:PORT resolves to (often just one)."""
+    """One pool per method over every address its HOST:PORT resolves to (often just one); with
+    TLS each member's certificate is checked for the name the address was found under."""
+    tls = client_tls(config, "verifier to proposers")
+
     def member_factory(method: str):
-        return lambda address: GrpcProposerClient(method, address, vocab_size, fingerprint,
-                                                  config.proposer_reconnect_s)
+        return lambda address, host: GrpcProposerClient(
+            method, address, vocab_size, fingerprint, config.proposer_reconnect_s, tls, host)
 
     return {m: ProposerPool(m, target, member_factory(m), config.proposer_resolve_interval_s)
             for m, target in parse_proposers(config.proposer).items()}
@@ -121,6 +125,7 @@ async def warm_up(engine: Engine) -> None:
 
 async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     check_config(config)  # an inconsistent configuration is refused before the model loads
+    tls = server_tls(config, "verifier")  # and certificates that cannot serve
     # metrics and spans observe the engine; tracing interceptors must exist before any channel
     telemetry = VerifierTelemetry(config.host, config.served_model_name or model_name(config.model),
                                   telemetry_config)
@@ -138,7 +143,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     engine.start()
     if config.warmup:
         await warm_up(engine)
-    server = make_server()
+    server = make_server(tls)
     name = config.served_model_name or model_name(config.model)
     verifier_pb2_grpc.add_VerifierServicer_to_server(
         VerifierServicer(engine, name, fingerprint, str(device), str(dtype).removeprefix("torch."),
@@ -146,13 +151,13 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
         server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"
-    listen(server, address)
+    listen(server, address, tls)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()
     kv = engine.runner.kv
-    log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens", name,
-             address, device, dtype, kv.num_blocks, kv.block_size)
+    log.info("verifier serving %s on %s%s (%s, %s); KV cache: %d blocks of %d tokens", name,
+             address, " (TLS)" if tls else "", device, dtype, kv.num_blocks, kv.block_size)
     await until_stopped()
     # Drain: health NOT_SERVING first (gateways watching it stop routing here), then new calls
     # are refused with UNAVAILABLE (a gateway retries them elsewhere), the requests in flight
