@@ -122,7 +122,8 @@ models-eval: $(STAMP)
 	$(PY) scripts/eval_models.py
 
 # Render the Helm chart (k8s/splitspec) into the plain manifests in k8s/manifests/ (one
-# kustomize directory per preset); a test fails when they are stale.
+# kustomize directory per preset, and cpu-tls: cpu with mutual TLS); a test fails when they are
+# stale.
 k8s-render: $(STAMP)
 	$(PY) scripts/render_k8s.py
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import subprocess
+import sys
 import threading
 
 import grpc
@@ -177,6 +179,24 @@ def test_plaintext_and_certificate_less_clients_fail_at_once_at_the_rest_door(tl
         httpx.get(tls_stack.url + "/health", verify=no_cert, timeout=5).raise_for_status()
     ok = httpx.get(tls_stack.url + "/health", verify=https_context(certs), timeout=5)
     assert ok.status_code == 200
+
+
+def test_the_health_probe_command_checks_every_port_over_mutual_tls(tls_stack, certs):
+    """What the chart's exec probes run: SERVING with the pod's own certificate, a failure
+    (exit 1) without one."""
+    def probe(port: int, *tls: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "splitspec.health_probe", "--port",
+                               str(port), *tls], capture_output=True, text=True, timeout=60)
+
+    for role, port in (("gateway", tls_stack.config.grpc_port),
+                       ("verifier", tls_stack.verifier.port),
+                       ("proposer", ports(tls_stack)["proposer-ngram"])):
+        files = certs.stack[role]
+        ok = probe(port, "--tls-ca", str(certs.stack.ca), "--tls-cert", str(files.cert),
+                   "--tls-key", str(files.key), "--server-name", "localhost")
+        assert ok.returncode == 0 and "SERVING" in ok.stdout, ok.stdout + ok.stderr
+        plain = probe(port)
+        assert plain.returncode == 1 and "UNAVAILABLE" in plain.stdout, plain.stdout
 
 
 def test_every_certificate_is_rotated_under_load_without_a_failed_request(tls_stack, certs,
