@@ -137,6 +137,12 @@ e2e-metrics: $(STAMP)
 bench-observability: $(STAMP)
 	$(PY) bench/observability_bench.py
 
+# Tokens/s at batch 1 with mutual TLS on every hop (and HTTPS at the front door) vs plaintext,
+# interleaved in one run; report in bench/reports/tls.md. BENCH_ARGS="--quick" checks it.
+.PHONY: bench-tls
+bench-tls: $(STAMP)
+	$(PY) bench/tls_bench.py $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 

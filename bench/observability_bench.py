@@ -65,11 +65,12 @@ def cpu_seconds(stack: Stack) -> float:
 
 
 def run_round(stack: Stack, clients: int, per_client: int, max_tokens: int,
-              k: int) -> tuple[float, float]:
-    """(output tokens per second, service CPU milliseconds per output token) of one round."""
+              k: int, verify: bool | str = True) -> tuple[float, float]:
+    """(output tokens per second, service CPU milliseconds per output token) of one round;
+    `verify`: the CA file an HTTPS front door is checked against (bench/tls_bench.py)."""
     def client(c: int) -> int:
         n = 0
-        with httpx.Client(base_url=stack.url, timeout=600) as http:
+        with httpx.Client(base_url=stack.url, timeout=600, verify=verify) as http:
             for r in range(per_client):
                 resp = http.post("/v1/completions", json={
                     "prompt": PROMPTS[(c + r) % len(PROMPTS)], "max_tokens": max_tokens,
