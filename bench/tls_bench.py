@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_common import bench_parser  # noqa: E402
+from bench_common import interleaved_parser  # noqa: E402
 from observability_bench import run_round  # noqa: E402
 
 from splitspec.launcher import Stack, StackConfig  # noqa: E402
@@ -38,17 +38,7 @@ CONFIGS = ("off", "tls")
 
 
 def main() -> None:
-    ap = bench_parser(__doc__)
-    ap.add_argument("--quick", action="store_true", help="a short run to check the harness")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--blocks", type=int, default=4,
-                    help="the stacks are started afresh this many times over the run")
-    ap.add_argument("--concurrency", type=int, default=1, help="clients (1: batch 1)")
-    ap.add_argument("--requests-per-client", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = interleaved_parser(__doc__, concurrency=1).parse_args()  # batch 1
     if args.quick:
         args.rounds, args.blocks, args.max_tokens, args.requests_per_client = 3, 1, 16, 1
     out = Path(args.out or ROOT / ("bench/out/tls-quick.md" if args.quick
