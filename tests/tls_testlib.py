@@ -149,7 +149,7 @@ def generated_services() -> dict[str, list[Rpc]]:
 
 
 async def call(address: str, rpc: Rpc, client: Client,
-               timeout_s: float = 5.0) -> grpc.StatusCode:
+               timeout_s: float = 15.0) -> grpc.StatusCode:
     """One call of `rpc` with an empty request on a fresh channel: the status it ends with (OK
     for a stream that sent a first message)."""
     options = [("grpc.ssl_target_name_override", "localhost")] if client.credentials else []
