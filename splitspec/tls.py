@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from splitspec.errors import PermissionDenied, StartupError
+
+# `cryptography` is imported where a certificate is read: a plaintext service never pays for it.
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,9 @@ def _read(path: str) -> bytes:
         raise CertificateError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
-def _pem_certificates(path: str, data: bytes) -> list[x509.Certificate]:
+def _pem_certificates(path: str, data: bytes) -> list:
+    from cryptography import x509
+
     try:
         return x509.load_pem_x509_certificates(data)
     except ValueError:
@@ -109,7 +111,9 @@ def read_certificate(path: str, now: dt.datetime | None = None) -> Certificate:
     return cert
 
 
-def _names(cert: x509.Certificate) -> tuple[str, ...]:
+def _names(cert) -> tuple[str, ...]:
+    from cryptography import x509
+
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -121,6 +125,8 @@ def _names(cert: x509.Certificate) -> tuple[str, ...]:
 
 def read_key(path: str, cert_path: str) -> bytes:
     """The private key in `path`, refused unless it is the key of the certificate in cert_path."""
+    from cryptography.hazmat.primitives import serialization
+
     data = _read(path)
     try:
         key = serialization.load_pem_private_key(data, password=None)
