@@ -135,7 +135,8 @@ models-eval: $(STAMP)
 	$(PY) scripts/eval_models.py
 
 # Render the Helm chart (k8s/splitspec) into the plain manifests in k8s/manifests/ (one
-# kustomize directory per preset); a test fails when they are stale.
+# kustomize directory per preset, and cpu-tls: cpu with mutual TLS); a test fails when they are
+# stale.
 k8s-render: $(STAMP)
 	$(PY) scripts/render_k8s.py
 
@@ -148,6 +149,12 @@ e2e-metrics: $(STAMP)
 # Tokens/s with tracing and metrics on vs off; report in bench/reports/observability.md.
 bench-observability: $(STAMP)
 	$(PY) bench/observability_bench.py
+
+# Tokens/s at batch 1 with mutual TLS on every hop (and HTTPS at the front door) vs plaintext,
+# interleaved in one run; report in bench/reports/tls.md. BENCH_ARGS="--quick" checks it.
+.PHONY: bench-tls
+bench-tls: $(STAMP)
+	$(PY) bench/tls_bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -30,6 +30,22 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
+def interleaved_parser(doc: str | None, concurrency: int) -> argparse.ArgumentParser:
+    """bench_parser plus the options of the benchmarks that interleave stacks of different
+    configurations round by round (bench/observability_bench.py, bench/tls_bench.py)."""
+    ap = bench_parser(doc)
+    ap.add_argument("--quick", action="store_true", help="a short run to check the harness")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--blocks", type=int, default=4,
+                    help="the stacks are started afresh this many times over the run")
+    ap.add_argument("--concurrency", type=int, default=concurrency, help="clients per round")
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--out", default=None)
+    return ap
+
+
 def timed_completion(client: httpx.Client, prompt: str, max_tokens: int, method: str,
                      k: int) -> Response:
     """One greedy completion of max_tokens tokens (EOS ignored), speculation off for method

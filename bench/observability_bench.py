@@ -35,7 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_common import bench_parser  # noqa: E402
+from bench_common import interleaved_parser  # noqa: E402
 
 from splitspec.launcher import Stack, StackConfig  # noqa: E402
 from splitspec.telemetry.otlp_sink import OtlpSink  # noqa: E402
@@ -65,11 +65,12 @@ def cpu_seconds(stack: Stack) -> float:
 
 
 def run_round(stack: Stack, clients: int, per_client: int, max_tokens: int,
-              k: int) -> tuple[float, float]:
-    """(output tokens per second, service CPU milliseconds per output token) of one round."""
+              k: int, verify: bool | str = True) -> tuple[float, float]:
+    """(output tokens per second, service CPU milliseconds per output token) of one round;
+    `verify`: the CA file an HTTPS front door is checked against (bench/tls_bench.py)."""
     def client(c: int) -> int:
         n = 0
-        with httpx.Client(base_url=stack.url, timeout=600) as http:
+        with httpx.Client(base_url=stack.url, timeout=600, verify=verify) as http:
             for r in range(per_client):
                 resp = http.post("/v1/completions", json={
                     "prompt": PROMPTS[(c + r) % len(PROMPTS)], "max_tokens": max_tokens,
@@ -147,17 +148,7 @@ def observer_costs(steps: int = 64, requests: int = 200) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = bench_parser(__doc__)
-    ap.add_argument("--quick", action="store_true", help="a short run to check the harness")
-    ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--blocks", type=int, default=4,
-                    help="the stacks are started afresh this many times over the run")
-    ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--requests-per-client", type=int, default=2)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = interleaved_parser(__doc__, concurrency=4).parse_args()
     if args.quick:
         args.rounds, args.blocks, args.max_tokens, args.requests_per_client = 3, 1, 24, 1
     out = Path(args.out or ROOT / ("bench/out/observability-quick.md" if args.quick

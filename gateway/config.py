@@ -5,11 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitspec.config import option
+from splitspec.tls_options import GROUP as TLS_GROUP
+from splitspec.tls_options import TlsClientOptions, TlsServerOptions
 
 
 @dataclass(frozen=True)
-class GatewayConfig:
-    """Serve the public REST and gRPC APIs in front of one or more verifiers."""
+class GatewayConfig(TlsServerOptions, TlsClientOptions):
+    """Serve the public REST and gRPC APIs in front of one or more verifiers.
+
+    TLS: --tls-cert/--tls-key serve both front doors (HTTPS, gRPC over TLS); --tls-ca is what
+    the verifiers' certificates are checked against, --tls-client-cert/--tls-client-key what
+    the gateway presents to them; --tls-front-door-ca makes the front doors require client
+    certificates too (API keys authenticate clients otherwise)."""
 
     host: str = option("127.0.0.1", "address to listen on")
     http_port: int = option(8000, "REST (OpenAI-compatible) port")
@@ -39,4 +46,7 @@ class GatewayConfig:
     resume_wait_s: float = option(
         0.0, "how long a stream whose verifier went away waits for one to serve again, when no "
         "other replica can take it over (e.g. one replica restarted by a supervisor)")
+    tls_front_door_ca: str = option(
+        "", "PEM CA bundle: clients of the REST and gRPC front doors must present a certificate "
+        "it signed (needs --tls-cert; default: none, API keys authenticate them)", group=TLS_GROUP)
     log_level: str = option("INFO", "logging level")

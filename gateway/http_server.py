@@ -1,5 +1,7 @@
 """The REST door's HTTP server: uvicorn, stopped by the gateway's own signal handlers, on an
-HTTP/1.1 protocol with a header timeout (uvicorn's h11 protocol with a timer).
+HTTP/1.1 protocol with a header timeout (uvicorn's h11 protocol with a timer); HTTPS with the
+gateway's --tls-cert/--tls-key (and client certificates required with --tls-front-door-ca),
+whose rotated files `HttpsContext` loads into the live context within a second.
 
 uvicorn closes an idle keep-alive connection, but a client that has sent part of a request's
 headers is waited for forever. Here every connection must deliver a request's complete headers
@@ -17,16 +19,44 @@ from starlette.applications import Starlette
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gateway.config import GatewayConfig
+from splitspec.tls import ServerTls
 
 
-def rest_server(app: Starlette, config: GatewayConfig) -> uvicorn.Server:
-    """The server of the REST app on --host/--http-port. SIGINT and SIGTERM make it stop taking
-    connections and return from serve() once its requests in flight have finished, so that the
-    gateway stops the rest after it (gateway/lifecycle.py)."""
+class HttpsContext:
+    """The REST door's TLS context, following its certificate files: a change that passes the
+    checks (splitspec/tls.py) is loaded into the live context, so connections opened after it
+    get the new certificate and open ones carry on."""
+
+    def __init__(self, tls: ServerTls):
+        self.tls = tls
+        self.context = tls.ssl_context()
+        self._generation = tls.files.generation
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._follow(),
+                                                            name="https-certificates")
+
+    async def _follow(self) -> None:
+        while True:
+            await asyncio.sleep(self.tls.files.check_interval_s)
+            self._generation = self.tls.reload(self.context, self._generation)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def rest_server(app: Starlette, config: GatewayConfig,
+                https: HttpsContext | None = None) -> uvicorn.Server:
+    """The server of the REST app on --host/--http-port (HTTPS with `https`). SIGINT and SIGTERM
+    make it stop taking connections and return from serve() once its requests in flight have
+    finished, so that the gateway stops the rest after it (gateway/lifecycle.py)."""
+    factory = (lambda _config, _default: https.context) if https is not None else None
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.http_port,
                                            http=timed_h11(config.header_timeout_s),
                                            log_level=config.log_level.lower(),
-                                           access_log=False))
+                                           access_log=False, ssl_context_factory=factory))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # ours below
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

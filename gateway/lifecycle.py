@@ -29,6 +29,7 @@ from gateway.verifier_pool import VerifierPool
 from protos import generation_pb2, generation_pb2_grpc
 from splitspec import grpc_server
 from splitspec.telemetry.config import TelemetryConfig
+from splitspec.tls import client_tls, server_tls
 
 SERVICE_NAME = generation_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 GRPC_STOP_GRACE_S = 2.0  # for the gRPC door's generations in flight at a stop
@@ -37,8 +38,10 @@ GRPC_STOP_GRACE_S = 2.0  # for the gRPC door's generations in flight at a stop
 class GatewayLifecycle:
     def __init__(self, config: GatewayConfig, telemetry_config: TelemetryConfig | None = None):
         self.config = config
+        # TLS: the front doors' (the REST door's HTTPS too) and the one to the verifiers
+        self.front_tls = server_tls(config, "gateway front doors", config.tls_front_door_ca)
         self.pool = VerifierPool(config.verifier, config.info_ttl_s, config.max_pending,
-                                 config.resume_wait_s)
+                                 config.resume_wait_s, client_tls(config, "gateway to verifiers"))
         self.telemetry = GatewayTelemetry(config.host, self.pool, telemetry_config)
         estimates = Estimates()
         policy = SpeculationPolicy(estimates,
@@ -60,11 +63,12 @@ class GatewayLifecycle:
     async def start(self) -> None:
         """Watch the verifiers' stats, open the gRPC door, serve /metrics."""
         self._stats.start()
-        self._grpc = grpc_server.make_server()
+        self._grpc = grpc_server.make_server(self.front_tls)
         generation_pb2_grpc.add_GenerationServicer_to_server(
             GenerationServicer(self.frontend, self.keys, self.concurrency), self._grpc)
         health = grpc_server.add_health_and_reflection(self._grpc, [SERVICE_NAME])
-        grpc_server.listen(self._grpc, f"{self.config.host}:{self.config.grpc_port}")
+        grpc_server.listen(self._grpc, f"{self.config.host}:{self.config.grpc_port}",
+                           self.front_tls)
         await self._grpc.start()
         self._health_task = asyncio.create_task(self._follow_health(health))
         self.telemetry.start()

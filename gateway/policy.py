@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from gateway.estimates import Estimates
 from protos import verifier_pb2
+from splitspec.errors import InvalidArgument
 from splitspec.goodput import (
     MethodModel,
     RoundTrip,
@@ -52,7 +53,15 @@ from splitspec.goodput import (
     step_kind,
 )
 from splitspec.methods import METHODS, Kind
-from splitspec.params import LOOKAHEAD, SpeculationMode, SpeculationPlan, SpeculationRequest
+from splitspec.params import (
+    LOOKAHEAD,
+    LookaheadParams,
+    SpeculationMode,
+    SpeculationPlan,
+    SpeculationRequest,
+    check_lookahead_fits,
+)
+from splitspec.wire import lookahead_from_pb
 
 # Every this many auto decisions, one goes to a stale method (0: never explore): at most ~3 %
 # of auto requests, each costing at worst the gap between that method and the best.
@@ -127,6 +136,12 @@ class SpeculationPolicy:
             return Decision(plan(), "requested_off", mode)
         if fixed_k == 0:
             return Decision(plan(), "requested_k0", mode)
+        unfit = _lookahead_unfit(req, info, k_max) if LOOKAHEAD in methods else None
+        if unfit is not None and (req.lookahead is not None or (
+                mode is SpeculationMode.ON and req.method == LOOKAHEAD)):
+            raise unfit  # what the request itself asks exceeds this deployment's limit
+        if unfit is not None:  # the verifier's default shape would be refused: never chosen
+            methods = tuple(m for m in methods if m != LOOKAHEAD)
         if not methods:
             return Decision(plan(), "no_proposer", mode)
         if mode is SpeculationMode.ON:  # its method (or the first served)
@@ -135,6 +150,8 @@ class SpeculationPolicy:
                 return Decision(plan(chosen, fixed_k), "requested_on", mode)
             _, k, _ = self._choose((chosen,), greedy, load, k_max, None, allow_off=False)
             return Decision(plan(chosen, k, k_min=1), "requested_on", mode)
+        if req.method is not None and req.method not in methods:
+            return Decision(plan(), "no_proposer", mode)  # auto's only method cannot run
         candidates = self._candidates((req.method,) if req.method else methods,
                                       req.num_branches, max(1, info.max_num_branches))
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
@@ -195,6 +212,23 @@ class SpeculationPolicy:
             if c.method is None:
                 return None, 0, c.reason
         return best, fixed_k, "goodput"
+
+
+def _lookahead_unfit(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
+                    k_max: int) -> InvalidArgument | None:
+    """Why the verifier would refuse lookahead for this request (the shape it would run, the
+    request's fields over the verifier's defaults, has a window above its node limit); None
+    when it fits, or when a verifier that predates reporting its defaults leaves it unknown."""
+    asked = req.lookahead or LookaheadParams()
+    if info.HasField("lookahead_default"):
+        asked = asked.over(lookahead_from_pb(info.lookahead_default))
+    if asked.window is None or asked.ngram is None:
+        return None
+    try:
+        check_lookahead_fits(asked, k_max)
+    except InvalidArgument as exc:
+        return exc
+    return None
 
 
 __all__ = ["Decision", "Load", "PolicyConfig", "SpeculationPolicy"]

@@ -9,7 +9,7 @@ import logging
 from typing import Sequence
 
 from gateway.config import GatewayConfig
-from gateway.http_server import rest_server
+from gateway.http_server import HttpsContext, rest_server
 from gateway.lifecycle import GatewayLifecycle
 from gateway.telemetry import SERVICE_NAME as TELEMETRY_NAME
 from splitspec.lifecycle import run_service
@@ -21,10 +21,17 @@ log = logging.getLogger("splitspec.gateway")
 async def serve(config: GatewayConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     gateway = GatewayLifecycle(config, telemetry_config)
     await gateway.start()
-    http = rest_server(gateway.rest_app(), config)
-    log.info("gateway: REST http://%s:%d, gRPC %s:%d, verifiers %s", config.host,
-             config.http_port, config.host, config.grpc_port, ", ".join(config.verifier))
+    https = HttpsContext(gateway.front_tls) if gateway.front_tls else None
+    http = rest_server(gateway.rest_app(), config, https)
+    if https is not None:
+        https.start()
+    log.info("gateway: REST %s://%s:%d, gRPC %s:%d%s, verifiers %s%s",
+             "https" if gateway.front_tls else "http", config.host, config.http_port,
+             config.host, config.grpc_port, " (TLS)" if gateway.front_tls else "",
+             ", ".join(config.verifier), " (TLS)" if config.tls_ca else "")
     await http.serve()
+    if https is not None:
+        https.stop()
     await gateway.stop()
 
 

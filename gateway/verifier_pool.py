@@ -19,7 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.resume import StreamProgress, resumable
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 from splitspec.errors import ResourceExhausted, Unavailable, from_rpc_error
-from splitspec.grpc_server import insecure_channel
+from splitspec.grpc_server import Dialer
+from splitspec.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +31,42 @@ MAX_ATTEMPTS = 8
 @dataclass(eq=False)
 class Replica:
     address: str
-    channel: grpc.aio.Channel = field(init=False)
-    stub: verifier_pb2_grpc.VerifierStub = field(init=False)
+    tls: ClientTls | None = None
     in_flight: int = 0
     # What its health Watch said last; True until it says otherwise (a replica without a
     # health service is tried like any other).
     serving: bool = True
     watcher: asyncio.Task | None = None
+    dialer: Dialer = field(init=False)
+    _stub: tuple[grpc.aio.Channel, verifier_pb2_grpc.VerifierStub] | None = field(
+        init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.channel = insecure_channel(self.address)
-        self.stub = verifier_pb2_grpc.VerifierStub(self.channel)
+        # after a certificate rotation new calls go over a new channel; the health watch (a
+        # stream that never ends by itself) is reopened on it
+        self.dialer = Dialer(self.address, self.tls, on_redial=self._rewatch)
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        return self.dialer.channel()
+
+    @property
+    def stub(self) -> verifier_pb2_grpc.VerifierStub:
+        channel = self.channel
+        if self._stub is None or self._stub[0] is not channel:
+            self._stub = (channel, verifier_pb2_grpc.VerifierStub(channel))
+        return self._stub[1]
+
+    def _rewatch(self) -> None:
+        if self.watcher is not None:
+            self.watcher.cancel()
+            self.watcher = None  # the pool starts it again on its next pick
 
     async def watch_health(self, retry_s: float = 0.2) -> None:
         """Follow the replica's health until cancelled; unreachable counts as not serving."""
-        stub = health_pb2_grpc.HealthStub(self.channel)
         while True:
             try:
+                stub = health_pb2_grpc.HealthStub(self.channel)
                 async for resp in stub.Watch(health_pb2.HealthCheckRequest(service="")):
                     serving = resp.status == health_pb2.HealthCheckResponse.SERVING
                     if serving != self.serving:
@@ -62,10 +82,10 @@ class Replica:
 
 class VerifierPool:
     def __init__(self, addresses: tuple[str, ...], info_ttl_s: float = 5.0,
-                 max_pending: int = 0, resume_wait_s: float = 0.0):
+                 max_pending: int = 0, resume_wait_s: float = 0.0, tls: ClientTls | None = None):
         if not addresses:
             raise ValueError("at least one verifier address is needed")
-        self.replicas = [Replica(a) for a in addresses]
+        self.replicas = [Replica(a, tls) for a in addresses]
         self.max_pending = max_pending  # 0: no bound
         self.pending = 0  # requests in flight through this pool
         # counter: continuations of a stream on another replica after its own went away
@@ -185,4 +205,4 @@ class VerifierPool:
         for replica in self.replicas:
             if replica.watcher is not None:
                 replica.watcher.cancel()
-            await replica.channel.close()
+            await replica.dialer.close()

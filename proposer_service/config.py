@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from splitspec.config import option
 from splitspec.methods import proposer_methods
+from splitspec.tls_options import TlsPeerOptions, TlsServerOptions
 
 
 @dataclass(frozen=True)
-class ProposerConfig:
+class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     """Serve one proposer method over gRPC."""
 
     method: str = option("ngram", "proposer method (splitspec/methods.py)",

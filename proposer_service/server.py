@@ -19,6 +19,7 @@ from splitspec.grpc_server import add_health_and_reflection, listen, make_server
 from splitspec.lifecycle import run_service, until_stopped
 from splitspec.methods import METHODS
 from splitspec.telemetry.config import PROPOSER_METRICS_PORT, TelemetryConfig
+from splitspec.tls import server_tls
 
 log = logging.getLogger("splitspec.proposer")
 SERVICE_NAME = proposer_pb2.DESCRIPTOR.services_by_name["Proposer"].full_name
@@ -40,16 +41,18 @@ async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None
     proposer.warm_up()
     log.info("warm-up took %.2f s", time.perf_counter() - started)
     telemetry = ProposerTelemetry(config.method, config.host, telemetry_config)
-    server = make_server()
+    tls = server_tls(config, f"proposer {config.method}")
+    server = make_server(tls)
     proposer_pb2_grpc.add_ProposerServicer_to_server(
         ProposerServicer(proposer, telemetry.metrics, telemetry.tracer), server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"
-    listen(server, address)
+    listen(server, address, tls)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     desc = proposer.describe()
-    log.info("proposer %s (%s) serving on %s", config.method, desc.model or "-", address)
+    log.info("proposer %s (%s) serving on %s%s", config.method, desc.model or "-", address,
+             " (TLS)" if tls else "")
     telemetry.start()
     await until_stopped()
     await server.stop(grace=2.0)

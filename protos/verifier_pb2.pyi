@@ -152,7 +152,7 @@ class ProposerStatus(_message.Message):
     def __init__(self, method: _Optional[str] = ..., address: _Optional[str] = ..., connected: _Optional[bool] = ...) -> None: ...
 
 class VerifierInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "tokenizer_fingerprint", "max_model_len", "max_num_speculative_tokens", "default_num_speculative_tokens", "proposers", "device", "dtype", "max_num_branches")
+    __slots__ = ("model", "vocab_size", "tokenizer_fingerprint", "max_model_len", "max_num_speculative_tokens", "default_num_speculative_tokens", "proposers", "device", "dtype", "max_num_branches", "lookahead_default")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class VerifierInfo(_message.Message):
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    LOOKAHEAD_DEFAULT_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     tokenizer_fingerprint: str
@@ -173,4 +174,5 @@ class VerifierInfo(_message.Message):
     device: str
     dtype: str
     max_num_branches: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., default_num_speculative_tokens: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStatus, _Mapping]]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_num_branches: _Optional[int] = ...) -> None: ...
+    lookahead_default: _common_pb2.LookaheadConfig
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., max_model_len: _Optional[int] = ..., max_num_speculative_tokens: _Optional[int] = ..., default_num_speculative_tokens: _Optional[int] = ..., proposers: _Optional[_Iterable[_Union[ProposerStatus, _Mapping]]] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., max_num_branches: _Optional[int] = ..., lookahead_default: _Optional[_Union[_common_pb2.LookaheadConfig, _Mapping]] = ...) -> None: ...

@@ -1,6 +1,6 @@
 """Render the Helm chart (k8s/splitspec) into plain manifests, one kustomize directory per preset:
 
-    python scripts/render_k8s.py            # (re)write k8s/manifests/{cpu,cuda,mlu}/
+    python scripts/render_k8s.py            # (re)write k8s/manifests/{cpu,cuda,mlu,cpu-tls}/
     python scripts/render_k8s.py --check    # exit 1 when the committed manifests are stale
 
 `make k8s-render` runs the first. Rendering uses helm-python-sdk (Helm's own Go engine through a
@@ -21,15 +21,30 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "k8s" / "splitspec"
 MANIFESTS = REPO / "k8s" / "manifests"
 PRESETS = ("cpu", "cuda", "mlu")
+# Rendered directories: each preset alone, and cpu with the TLS overlay (presets/tls.yaml)
+RENDERED = {**{p: (p,) for p in PRESETS}, "cpu-tls": ("cpu", "tls")}
 RELEASE = "splitspec"
-HEADER = ("# Rendered from k8s/splitspec with presets/{preset}.yaml by `make k8s-render`.\n"
+HEADER = ("# Rendered from k8s/splitspec with {files} by `make k8s-render`.\n"
           "# Do not edit: change the chart and render again (a test fails when these are stale).\n")
 
 
 def preset_values(preset: str | None) -> dict:
+    """The values of a preset, or of a rendered directory's presets layered in order."""
     if preset is None:
         return {}
-    return yaml.safe_load((CHART / "presets" / f"{preset}.yaml").read_text()) or {}
+    merged: dict = {}
+    for name in RENDERED.get(preset, (preset,)):
+        _merge(merged, yaml.safe_load((CHART / "presets" / f"{name}.yaml").read_text()) or {})
+    return merged
+
+
+def _merge(into: dict, values: dict) -> None:
+    """Helm's merge of a later values file: maps merge key by key, anything else replaces."""
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def render(values: dict | None = None, release: str = RELEASE,
@@ -56,6 +71,11 @@ def documents(text: str) -> list[str]:
     return docs
 
 
+def header(preset: str) -> str:
+    return HEADER.format(files=" and ".join(f"presets/{p}.yaml"
+                                            for p in RENDERED.get(preset, (preset,))))
+
+
 def manifest_files(preset: str) -> dict[str, str]:
     """File name -> content of one preset's kustomize directory."""
     files = {}
@@ -65,10 +85,10 @@ def manifest_files(preset: str) -> dict[str, str]:
         docs = documents(text)
         if docs:
             name = Path(path).name
-            files[name] = HEADER.format(preset=preset) + "---\n".join(d + "\n" for d in docs)
+            files[name] = header(preset) + "---\n".join(d + "\n" for d in docs)
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": sorted(files)}
-    files["kustomization.yaml"] = HEADER.format(preset=preset) + yaml.safe_dump(
+    files["kustomization.yaml"] = header(preset) + yaml.safe_dump(
         kustomization, sort_keys=False)
     return files
 
@@ -98,12 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="only report stale manifests")
     args = ap.parse_args(argv)
     if args.check:
-        bad = {p: stale(p) for p in PRESETS}
+        bad = {p: stale(p) for p in RENDERED}
         for preset, names in bad.items():
             for name in names:
                 print(f"stale: k8s/manifests/{preset}/{name}", file=sys.stderr)
         return 1 if any(bad.values()) else 0
-    for preset in PRESETS:
+    for preset in RENDERED:
         write(preset)
         print(f"wrote k8s/manifests/{preset}/")
     return 0

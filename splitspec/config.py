@@ -25,8 +25,14 @@ def option(default: Any, help: str, **kwargs: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """A flag per field; fields whose metadata names a `group` (options shared by several
+    services, e.g. splitspec/tls_options.py) are listed under that heading in --help."""
     hints = typing.get_type_hints(cls)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    top = parser
     for f in dataclasses.fields(cls):
+        group = f.metadata.get("group")
+        parser = (groups.setdefault(group, top.add_argument_group(group)) if group else top)
         # a renamed option keeps its old flag as a deprecated alias (metadata "aliases")
         aliases = tuple(f.metadata.get("aliases", ()))
         flags = ["--" + f.name.replace("_", "-"), *aliases]

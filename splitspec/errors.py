@@ -20,6 +20,7 @@ _HTTP_STATUS = {
     grpc.StatusCode.FAILED_PRECONDITION: 400,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.CANCELLED: 499,
     grpc.StatusCode.UNAVAILABLE: 503,
@@ -75,6 +76,12 @@ class Unavailable(ServiceError):
 
 class Unauthenticated(ServiceError):
     code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ServiceError):
+    """A verified caller whose identity this service does not serve (splitspec/tls.py)."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class RequestTooLarge(ServiceError):

@@ -104,6 +104,30 @@ class LookaheadParams:
                 raise InvalidArgument(f"speculation.lookahead.{name}", f"must be in [{lo}, {hi}]")
         return self
 
+    def over(self, default: "LookaheadParams") -> "LookaheadParams":
+        """This shape with each unset field taken from `default` (a verifier's own)."""
+        return LookaheadParams(*(default_value if value is None else value
+                                 for value, default_value in ((self.window, default.window),
+                                                              (self.ngram, default.ngram),
+                                                              (self.guesses, default.guesses))))
+
+
+def lookahead_window_nodes(window: int, ngram: int) -> int:
+    """Draft nodes of lookahead's Jacobi window: W guesses on each of its N - 1 levels. A step
+    feeds the window whole or not at all, so it must fit a verifier's node limit (its largest k)."""
+    return window * (ngram - 1)
+
+
+def check_lookahead_fits(shape: LookaheadParams, max_k: int) -> None:
+    """InvalidArgument (naming speculation.lookahead.window) when a complete shape's window
+    needs more draft nodes than `max_k`, the deployment's --max-num-speculative-tokens."""
+    nodes = lookahead_window_nodes(shape.window, shape.ngram)
+    if nodes > max_k:
+        raise InvalidArgument(
+            "speculation.lookahead.window",
+            f"the window's W x (N - 1) = {shape.window} x {shape.ngram - 1} = {nodes} nodes "
+            f"exceed this deployment's node limit {max_k} (--max-num-speculative-tokens)")
+
 
 @dataclass(frozen=True)
 class SpeculationRequest:

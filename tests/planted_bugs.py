@@ -188,3 +188,38 @@ def features_one_row_late(monkeypatch) -> None:
     """The features handed to a state that reads them are each row's successor's."""
     original = verify._fed_row
     monkeypatch.setattr(verify, "_fed_row", lambda plan, seq, fed: original(plan, seq, fed) + 1)
+
+def policy_ignores_the_lookahead_limit(monkeypatch) -> None:
+    """The policy takes every lookahead shape as one the verifier accepts."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "_lookahead_unfit", lambda req, info, k_max: None)
+
+
+def verifier_accepts_any_lookahead_default(monkeypatch) -> None:
+    """The verifier's start-up check forgets lookahead's default window."""
+    import verifier_service.config_check as config_check
+
+    monkeypatch.setattr(config_check, "lookahead_window_nodes", lambda window, ngram: 0)
+
+
+def server_listens_plaintext(monkeypatch) -> None:
+    """A server given TLS credentials listens in plaintext anyway."""
+    import splitspec.grpc_server as grpc_server
+
+    monkeypatch.setattr(grpc_server, "listen",
+                        lambda server, address, tls=None: server.add_insecure_port(address))
+
+
+def caller_check_skipped(monkeypatch) -> None:
+    """The allow-list of client identities is never consulted."""
+    import splitspec.tls as tls
+
+    monkeypatch.setattr(tls.PeerCheck, "__call__", lambda self, method, context: None)
+
+
+def certificate_rotation_ignored(monkeypatch) -> None:
+    """Changed certificate files are never read again."""
+    import splitspec.tls as tls
+
+    monkeypatch.setattr(tls.TlsFiles, "refresh", lambda self, force=False: False)

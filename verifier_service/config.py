@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from splitspec.config import DEFAULT_MODEL, option
+from splitspec.tls_options import TlsClientOptions, TlsPeerOptions, TlsServerOptions
 
 __all__ = ["DEFAULT_MODEL", "VerifierConfig"]
 
 
 @dataclass(frozen=True)
-class VerifierConfig:
+class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     """Serve a target model with speculative decoding over gRPC."""
 
     model: str = option(DEFAULT_MODEL, "local directory of the target model (Hugging Face format)")

@@ -41,8 +41,13 @@ from kernels.lookahead import (
     harvest_ngrams,
     trie_from_continuations,
 )
-from splitspec.errors import InvalidArgument
-from splitspec.params import SamplingParams, SpeculationPlan
+from splitspec.params import (
+    LookaheadParams,
+    SamplingParams,
+    SpeculationPlan,
+    check_lookahead_fits,
+    lookahead_window_nodes,
+)
 from splitspec.proposal import Draft
 from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
 
@@ -61,7 +66,7 @@ class LookaheadShape:
 
     @property
     def window_nodes(self) -> int:
-        return self.window * (self.ngram - 1)
+        return lookahead_window_nodes(self.window, self.ngram)
 
     @property
     def max_nodes(self) -> int:
@@ -201,11 +206,7 @@ class LookaheadMethod(InTargetMethod):
 
     def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
         shape = self.shape(plan)
-        if shape.window_nodes > max_k:
-            raise InvalidArgument(
-                "speculation.lookahead.window",
-                f"the window's W x (N - 1) = {shape.window} x {shape.ngram - 1} nodes exceed "
-                f"this verifier's node limit {max_k} (--max-num-speculative-tokens)")
+        check_lookahead_fits(LookaheadParams(shape.window, shape.ngram, shape.guesses), max_k)
 
     def stats(self) -> dict[str, float]:
         live = list(self._live.values())

@@ -25,7 +25,7 @@ import time
 import grpc
 
 from protos import common_pb2, proposer_pb2, proposer_pb2_grpc
-from splitspec.grpc_server import insecure_channel
+from splitspec.grpc_server import Dialer
 from splitspec.proposal import (
     AheadDraft,
     Draft,
@@ -36,6 +36,7 @@ from splitspec.proposal import (
     draft_from_pb,
     step_to_pb,
 )
+from splitspec.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +99,16 @@ class ProposerClient(abc.ABC):
 
 class GrpcProposerClient(ProposerClient):
     def __init__(self, method: str, address: str, vocab_size: int, fingerprint: str,
-                 reconnect_interval_s: float = 1.0):
+                 reconnect_interval_s: float = 1.0, tls: ClientTls | None = None,
+                 server_name: str | None = None):
         super().__init__(method)
         self._address = address
         self._vocab_size = vocab_size
         self._fingerprint = fingerprint
         self._reconnect_interval_s = reconnect_interval_s
-        self._channel: grpc.aio.Channel | None = None
+        # with TLS, a stream opened after a certificate rotation goes over a new channel; the
+        # stream already open stays on its own until it ends
+        self._dialer = Dialer(address, tls, server_name)
         self._call = None
         self._reader: asyncio.Task | None = None
         self._pending: dict[int, asyncio.Future] = {}
@@ -125,9 +129,7 @@ class GrpcProposerClient(ProposerClient):
         """Open channel and stream. Raises ProposerMismatch for an incompatible proposer."""
         self._last_attempt = time.monotonic()
         await self._drop_stream()
-        if self._channel is None:
-            self._channel = insecure_channel(self._address)
-        stub = proposer_pb2_grpc.ProposerStub(self._channel)
+        stub = proposer_pb2_grpc.ProposerStub(self._dialer.channel())
         info = await stub.Info(common_pb2.Empty(), timeout=timeout_s)
         desc = description_from_pb(info)
         if desc.method != self.method:
@@ -263,6 +265,4 @@ class GrpcProposerClient(ProposerClient):
 
     async def close(self) -> None:
         await self._drop_stream()
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        await self._dialer.close()

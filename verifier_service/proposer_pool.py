@@ -2,7 +2,9 @@
 
 `--proposer ngram=splitspec-proposer-ngram:50052` names a pool. The name is resolved to every
 address behind it (a headless Service: one per ready pod; or a comma-separated list of
-HOST:PORT), and the pool holds one `GrpcProposerClient` per address. It is itself a
+HOST:PORT), and the pool holds one `GrpcProposerClient` per address, made by
+`member_factory(address, host)` (host: the name the address was found under, which a TLS
+client checks the member's certificate for). It is itself a
 `ProposerClient`, so the engine sees one proposer per method, whatever the number of pods.
 
 - **Placement.** Each sequence lives on one member, so its drafting state (n-gram index, draft
@@ -82,7 +84,7 @@ def _score(seq_id: str, address: str) -> int:
 
 class ProposerPool(ProposerClient):
     def __init__(self, method: str, target: str,
-                 member_factory: Callable[[str], ProposerClient],
+                 member_factory: Callable[[str, str], ProposerClient],
                  resolve_interval_s: float = 5.0, resolver: Resolver = resolve_dns,
                  idle_timeout_s: float = 600.0):
         super().__init__(method)
@@ -262,7 +264,7 @@ class ProposerPool(ProposerClient):
     async def refresh(self) -> None:
         """Resolve the target again; add members that appeared, close those that left."""
         self._last_resolve = time.monotonic()
-        found: list[str] = []
+        found: dict[str, str] = {}  # member address -> the host name it was found under
         for entry in self._entries:
             try:
                 self._found[entry] = await self._resolver(*entry)
@@ -270,13 +272,12 @@ class ProposerPool(ProposerClient):
                 log.warning("%s proposers: cannot resolve %s:%d (%s); keeping %d known",
                             self.method, *entry, exc, len(self._found.get(entry, [])))
             for address in self._found.get(entry, []):
-                if address not in found:
-                    found.append(address)
+                found.setdefault(address, entry[0])
         self._resolved_once = True
         joined = [a for a in found if a not in self._members]
         left = [a for a in self._members if a not in found]
         for address in joined:
-            self._members[address] = _Member(self._factory(address))
+            self._members[address] = _Member(self._factory(address, found[address]))
             self.member_stats.setdefault(address, MemberStats())
         gone = [self._members.pop(a) for a in left]
         if joined or left:

@@ -26,7 +26,9 @@ from splitspec.grpc_server import (
 from splitspec.lifecycle import run_service, until_stopped
 from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
 from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig
+from splitspec.tls import client_tls, server_tls
 from verifier_service.config import VerifierConfig
+from verifier_service.config_check import check_config
 from verifier_service.engine import Engine
 from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
 from verifier_service.model_runner import ModelRunner
@@ -60,10 +62,13 @@ def parse_proposers(specs: Sequence[str]) -> dict[str, str]:
 
 def proposer_pools(config: VerifierConfig, vocab_size: int,
                    fingerprint: str) -> dict[str, ProposerClient]:
-    """One pool per method over every address its HOST:PORT resolves to (often just one)."""
+    """One pool per method over every address its HOST:PORT resolves to (often just one); with
+    TLS each member's certificate is checked for the name the address was found under."""
+    tls = client_tls(config, "verifier to proposers")
+
     def member_factory(method: str):
-        return lambda address: GrpcProposerClient(method, address, vocab_size, fingerprint,
-                                                  config.proposer_reconnect_s)
+        return lambda address, host: GrpcProposerClient(
+            method, address, vocab_size, fingerprint, config.proposer_reconnect_s, tls, host)
 
     return {m: ProposerPool(m, target, member_factory(m), config.proposer_resolve_interval_s)
             for m, target in parse_proposers(config.proposer).items()}
@@ -105,6 +110,8 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
 
 
 async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None = None) -> None:
+    check_config(config)  # an inconsistent configuration is refused before the model loads
+    tls = server_tls(config, "verifier")  # and certificates that cannot serve
     # metrics and spans observe the engine; tracing interceptors must exist before any channel
     telemetry = VerifierTelemetry(config.host, config.served_model_name or model_name(config.model),
                                   telemetry_config)
@@ -124,7 +131,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     engine.start()
     if config.warmup:
         await warm_up(engine)
-    server = make_server()
+    server = make_server(tls)
     name = config.served_model_name or model_name(config.model)
     verifier_pb2_grpc.add_VerifierServicer_to_server(
         VerifierServicer(engine, name, fingerprint, str(device), str(dtype).removeprefix("torch."),
@@ -132,14 +139,14 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
         server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"
-    listen(server, address)
+    listen(server, address, tls)
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()
     kv = engine.runner.kv
-    log.info("verifier serving %s on %s (%s, %s); KV cache: %d blocks of %d tokens; ready in "
-             "%.1f s (model %.1f s)", name, address, device, dtype, kv.num_blocks,
-             kv.block_size, time.perf_counter() - started, loaded)
+    log.info("verifier serving %s on %s%s (%s, %s); KV cache: %d blocks of %d tokens; ready "
+             "in %.1f s (model %.1f s)", name, address, " (TLS)" if tls else "", device, dtype,
+             kv.num_blocks, kv.block_size, time.perf_counter() - started, loaded)
     await until_stopped()
     # Drain: health NOT_SERVING first (gateways watching it stop routing here), then new calls
     # are refused with UNAVAILABLE (a gateway retries them elsewhere), the requests in flight

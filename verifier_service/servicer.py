@@ -15,12 +15,14 @@ import uuid
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 from splitspec.params import (
     GenerationInput,
+    LookaheadParams,
     SpeculationPlan,
     check_top_logprobs,
     resolve_speculation,
 )
 from splitspec.wire import (
     FINISH_REASON_FROM_NAME,
+    lookahead_to_pb,
     plan_from_pb,
     sampling_from_pb,
     speculation_from_pb,
@@ -125,7 +127,9 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             # in-target methods: served by this process, always there
             + [verifier_pb2.ProposerStatus(method=m, address=IN_TARGET_ADDRESS, connected=True)
                for m in self._engine.drafts.in_target.methods],
-            device=self._device, dtype=self._dtype)
+            device=self._device, dtype=self._dtype,
+            lookahead_default=lookahead_to_pb(LookaheadParams(
+                cfg.lookahead_window, cfg.lookahead_ngram, cfg.lookahead_guesses)))
 
 
 def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:

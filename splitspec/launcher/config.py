@@ -1,5 +1,5 @@
 """What a local stack runs: which proposer methods (and their models), how many verifier
-replicas, every port (splitspec/launcher/ports.py) and the flags passed through."""
+replicas, every port (splitspec/launcher/ports.py), TLS or not, and the flags passed through."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from splitspec.launcher.ports import replica_ports
 from splitspec.methods import METHODS, find_model, proposer_methods
 from splitspec.net import free_port
 from splitspec.telemetry.config import GATEWAY_METRICS_PORT
+from splitspec.tls_certs import StackCertificates
 
 
 def sibling_proposer_models(model: str | Path) -> dict[str, str]:
@@ -53,6 +54,10 @@ class StackConfig:
     # Prometheus /metrics: the gateway on this port, the verifier on the next, then the
     # proposers; None: each on a free port; 0: off.
     metrics_port: int | None = GATEWAY_METRICS_PORT
+    # Mutual TLS on every hop with these certificates (splitspec/tls_certs.py): each service
+    # presents its role's, checks its peers against the CA and serves only the role that calls
+    # it; the gateway's front doors serve HTTPS / TLS with its certificate. None: plaintext.
+    tls: StackCertificates | None = None
 
     @classmethod
     def with_free_ports(cls, models: dict[str, str] | None = None,

@@ -44,9 +44,13 @@ class Service:
             self.proc.wait()
 
 
-def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> bool:
+def grpc_healthy(port: int, host: str = "127.0.0.1", timeout: float = 1.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> bool:
+    """Whether the service on host:port answers SERVING (over TLS with `credentials`)."""
+    address = f"{host}:{port}"
     try:
-        with grpc.insecure_channel(f"{host}:{port}", options=CHANNEL_OPTIONS) as ch:
+        with (grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS) if credentials
+              else grpc.insecure_channel(address, options=CHANNEL_OPTIONS)) as ch:
             resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                         timeout=timeout)
             return resp.status == health_pb2.HealthCheckResponse.SERVING

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
+
 from splitspec.launcher.config import StackConfig
 from splitspec.launcher.ports import check_distinct
 from splitspec.launcher.service import Service, grpc_healthy
@@ -17,6 +19,7 @@ from splitspec.lifecycle import LAUNCHER_PID_ENV
 from splitspec.methods import METHODS, HiddenState
 from splitspec.net import wait_for_port
 from splitspec.telemetry.config import stack_metrics_ports
+from splitspec.tls_certs import StackCertificates, role_identity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,6 +69,32 @@ class Stack:
                           for name, port in self.metrics_ports.items())])
         for svc in self.services:
             svc.argv += ["--metrics-port", str(self.metrics_ports[svc.name])]
+        if c.tls is not None:
+            self._add_tls_flags(c.tls)
+
+    def _add_tls_flags(self, certs: StackCertificates) -> None:
+        """Mutual TLS on every hop: each service its role's certificate and the CA; verifiers
+        serve only the gateway, proposers only verifiers (flags passed by hand come after these:
+        a file given again wins, a --tls-allow-peer adds an identity)."""
+        def flags(role: str, caller: str | None) -> list[str]:
+            return ["--tls-cert", str(certs[role].cert), "--tls-key", str(certs[role].key),
+                    "--tls-ca", str(certs.ca),
+                    *(["--tls-allow-peer", role_identity(caller)] if caller else [])]
+
+        for svc in self.proposers.values():
+            svc.argv[3:3] = flags("proposer", "verifier")
+        for svc in self.verifiers:
+            svc.argv[3:3] = flags("verifier", "gateway")
+        self.gateway.argv[3:3] = flags("gateway", None)
+
+    @property
+    def health_credentials(self) -> grpc.ChannelCredentials | None:
+        """What the health checks present (TLS: the client role's certificate)."""
+        tls = self.config.tls
+        if tls is None:
+            return None
+        return grpc.ssl_channel_credentials(tls.ca.read_bytes(), tls["client"].key.read_bytes(),
+                                            tls["client"].cert.read_bytes())
 
     @property
     def metrics_urls(self) -> dict[str, str]:
@@ -75,7 +104,8 @@ class Stack:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.host}:{self.config.http_port}"
+        scheme = "https" if self.config.tls is not None else "http"
+        return f"{scheme}://{self.config.host}:{self.config.http_port}"
 
     @staticmethod
     def environment() -> dict[str, str]:
@@ -118,7 +148,7 @@ class Stack:
             if not svc.alive():
                 raise RuntimeError(f"{svc.name} exited with code {svc.proc.returncode}"
                                    + (f"; see {svc.log_path}" if svc.log_path else ""))
-            if grpc_healthy(svc.port, self.config.host):
+            if grpc_healthy(svc.port, self.config.host, credentials=self.health_credentials):
                 return
             time.sleep(0.2)
         raise RuntimeError(f"{svc.name} did not become healthy in time")

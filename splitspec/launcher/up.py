@@ -9,6 +9,11 @@ runs when its model is given (--draft-model, --mlp-model, ...) or, by default, w
 (`draft/`, `mlp-speculator/`) sits next to the target and fits it (same tokenizer file; a
 speculator with the target's hidden and vocabulary sizes). --no-METHOD leaves one out.
 
+--tls runs the whole stack with mutual TLS: a throwaway CA and a certificate per role are
+written into a temporary directory (removed on exit), every gRPC hop requires and checks client
+certificates (verifiers serve only the gateway, proposers only verifiers), and the gateway's
+front doors serve HTTPS and gRPC over TLS with its certificate; clients trust the printed ca.pem.
+
 --verifier-replicas N starts N verifiers, all sharing the proposers, behind the one gateway:
 the first on --verifier-port, the others on the next ports that no other service has (the
 defaults never collide; a port given to two services is refused). Any service flag passes
@@ -26,14 +31,17 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from splitspec.launcher.config import ProposerLaunch, StackConfig, sibling_proposer_models
 from splitspec.launcher.stack import Stack
 from splitspec.methods import proposer_methods
+from splitspec.tls_certs import LOCAL_HOSTS, StackCertificates, write_stack_certificates
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -59,6 +67,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                     help="how long the gateway lets a stream whose verifier died wait for one "
                     "to serve again (the supervisor restarts it)")
     up.add_argument("--device", default=d.device)
+    up.add_argument("--tls", action="store_true",
+                    help="mutual TLS on every hop and HTTPS at the front door, with a throwaway "
+                    "CA and certificates in a temporary directory")
     up.add_argument("--log-dir", type=Path, default=None,
                     help="write each service's log here (default: this terminal)")
     up.add_argument("--metrics-port", type=int, default=d.metrics_port,
@@ -80,7 +91,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     up.set_defaults(run=lambda args: run(args, up))
 
 
-def stack_config(args: argparse.Namespace) -> StackConfig:
+def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None) -> StackConfig:
     """The stack `up` starts for these flags (model-backed methods found next to the target)."""
     found = sibling_proposer_models(args.model)
     launches = {}
@@ -98,7 +109,7 @@ def stack_config(args: argparse.Namespace) -> StackConfig:
     return StackConfig(
         model=args.model, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, verifier_port=args.verifier_port, device=args.device,
-        log_dir=args.log_dir, proposers=launches, metrics_port=args.metrics_port,
+        log_dir=args.log_dir, proposers=launches, metrics_port=args.metrics_port, tls=tls,
         verifier_replicas=args.verifier_replicas,
         verifier_args=shlex.split(args.verifier_args),
         gateway_args=["--resume-wait-s", str(args.resume_wait_s),
@@ -109,10 +120,21 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Start the stack, print where it serves, supervise it until SIGINT or SIGTERM."""
     if args.verifier_replicas < 1:
         parser.error("--verifier-replicas must be at least 1")
+    certs_dir = Path(tempfile.mkdtemp(prefix="splitspec-tls-")) if args.tls else None
     try:
-        stack = Stack(stack_config(args))
+        tls = (write_stack_certificates(certs_dir, [*LOCAL_HOSTS, args.host])
+               if certs_dir else None)
+        stack = Stack(stack_config(args, tls))
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        _run(args, stack)
+    finally:
+        if certs_dir is not None:
+            shutil.rmtree(certs_dir, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, stack: Stack) -> None:
     stopping = False
 
     def on_signal(signum, frame):
@@ -131,6 +153,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
           f"  REST (OpenAI-compatible): {stack.url}\n"
           f"  gRPC (splitspec.v1.Generation): {args.host}:{args.grpc_port}\n"
           + "".join(f"  metrics of {name}: {url}\n" for name, url in stack.metrics_urls.items())
+          + (f"  TLS: mutual TLS on every hop; clients trust {stack.config.tls.ca} (and may "
+             f"present {stack.config.tls['client'].cert} / .key); removed on exit\n"
+             if stack.config.tls else "")
           + "Ctrl-C stops everything.", flush=True)
     supervisor = stack.supervisor()
     try:

@@ -40,6 +40,14 @@ def test_bad_device_model_or_dtype(module, args, words):
     check_one_line(start(module, "--port", str(free_port()), *args), *words)
 
 
+def test_a_default_lookahead_shape_over_the_node_limit_is_refused_before_serving():
+    """The verifier would serve, then refuse every request naming lookahead without a shape."""
+    check_one_line(start("verifier_service.server", "--port", str(free_port()),
+                         "--lookahead-window", "15", "--lookahead-ngram", "5",
+                         "--max-num-speculative-tokens", "16"),
+                   "--lookahead-window 15", "--max-num-speculative-tokens 16")
+
+
 def test_a_broken_model_directory_is_named(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     check_one_line(start("verifier_service.server", "--port", str(free_port()), "--model",

@@ -14,7 +14,9 @@ from k8s_testlib import CHART, PRESETS, RENDER, objects, preset_objects
 KUBE_VERSIONS = ("1.27.0", "1.37.0")  # Chart.yaml kubeVersion >=1.27; the newest schemas here
 # Custom resources kubernetes-validate has no schema for: their fields are checked by hand.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
-                ("gateway.networking.k8s.io/v1", "HTTPRoute")}
+                ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+                ("cert-manager.io/v1", "Certificate")}
+CERTIFICATE_USAGES = {"digital signature", "key encipherment", "server auth", "client auth"}
 EVERYTHING_ON = {
     "gateway": {"ingress": {"enabled": True, "className": "nginx",
                             "tls": [{"hosts": ["splitspec.example.com"],
@@ -88,6 +90,14 @@ def check_custom(obj: dict) -> None:
         assert spec["selector"]["matchLabels"]
         for ep in spec["endpoints"]:
             assert set(ep) <= {"port", "path", "interval"} and ep["port"] == "metrics"
+    elif obj["kind"] == "Certificate":
+        assert set(spec) <= {"secretName", "commonName", "dnsNames", "duration", "renewBefore",
+                             "privateKey", "usages", "issuerRef"}
+        assert spec["secretName"] and spec["dnsNames"] and set(spec["usages"]) <= \
+            CERTIFICATE_USAGES
+        assert set(spec["issuerRef"]) == {"name", "kind", "group"}
+        assert spec["issuerRef"]["kind"] in ("Issuer", "ClusterIssuer")
+        assert set(spec["privateKey"]) <= {"algorithm", "size", "rotationPolicy", "encoding"}
     else:  # HTTPRoute
         assert set(spec) <= {"parentRefs", "hostnames", "rules"}
         assert all("name" in ref for ref in spec["parentRefs"])

@@ -114,7 +114,7 @@ def prompts(n: int) -> dict[str, list[int]]:
 def pool_of(dns: Dns, members: dict[str, Member] | None = None, **kwargs) -> ProposerPool:
     members = {} if members is None else members
 
-    def factory(address: str) -> Member:
+    def factory(address: str, host: str) -> Member:
         members[address] = Member(address)
         return members[address]
 

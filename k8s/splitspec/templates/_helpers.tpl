@@ -123,6 +123,7 @@ are literal args (--flag / --no-flag): argparse takes no value for them.
 {{- if .Values.metrics.enabled }}
 {{- $own = append $own (dict "flag" "metrics-port" "key" "METRICS_PORT" "value" (int .Values.metrics.ports.gateway)) }}
 {{- end }}
+{{- $own = concat $own (include "splitspec.tlsFlags" (dict "root" . "serve" .Values.tls.frontDoor "peer" "") | fromYamlArray) }}
 {{- include "splitspec.flags" (dict "own" $own "user" $g.flags "where" "gateway.flags") }}
 {{- end }}
 
@@ -140,6 +141,7 @@ are literal args (--flag / --no-flag): argparse takes no value for them.
 {{- if .Values.metrics.enabled }}
 {{- $own = append $own (dict "flag" "metrics-port" "key" "METRICS_PORT" "value" (int .Values.metrics.ports.verifier)) }}
 {{- end }}
+{{- $own = concat $own (include "splitspec.tlsFlags" (dict "root" . "serve" true "peer" (include "splitspec.componentName" (dict "root" . "component" "gateway"))) | fromYamlArray) }}
 {{- include "splitspec.flags" (dict "own" $own "user" $v.flags "where" "verifier.flags") }}
 {{- end }}
 
@@ -158,5 +160,30 @@ are literal args (--flag / --no-flag): argparse takes no value for them.
 {{- if $root.Values.metrics.enabled }}
 {{- $own = append $own (dict "flag" "metrics-port" "key" "METRICS_PORT" "value" (int $root.Values.metrics.ports.proposer)) }}
 {{- end }}
+{{- $own = concat $own (include "splitspec.tlsFlags" (dict "root" $root "serve" true "peer" (include "splitspec.componentName" (dict "root" $root "component" "verifier"))) | fromYamlArray) }}
 {{- include "splitspec.flags" (dict "own" $own "user" $p.flags "where" (printf "proposers.%s.flags" .method)) }}
+{{- end }}
+
+{{/* TLS (docs/deploy.md#tls). A role's secret: (dict "root" $ "role" "verifier") */}}
+{{- define "splitspec.tlsSecret" -}}
+{{- default (printf "%s-%s-tls" (include "splitspec.fullname" .root) .role) (get .root.Values.tls.secrets .role) }}
+{{- end }}
+
+{{/* The chart's TLS flags of a component, from its role's mounted secret: (dict "root" $
+"serve" whether it serves TLS (else it only dials with its certificate) "peer" the identity
+allowed to call it, "" for any) */}}
+{{- define "splitspec.tlsFlags" -}}
+{{- $t := .root.Values.tls }}
+{{- $out := list }}
+{{- if $t.enabled }}
+{{- $cert := ternary "tls-cert" "tls-client-cert" .serve }}
+{{- $key := ternary "tls-key" "tls-client-key" .serve }}
+{{- $out = append $out (dict "flag" $cert "key" ($cert | upper | replace "-" "_") "value" (printf "%s/tls.crt" $t.mountPath)) }}
+{{- $out = append $out (dict "flag" $key "key" ($key | upper | replace "-" "_") "value" (printf "%s/tls.key" $t.mountPath)) }}
+{{- $out = append $out (dict "flag" "tls-ca" "key" "TLS_CA" "value" (printf "%s/ca.crt" $t.mountPath)) }}
+{{- if and $t.restrictPeers .peer }}
+{{- $out = append $out (dict "flag" "tls-allow-peer" "key" "TLS_ALLOW_PEER" "value" .peer) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
 {{- end }}

@@ -8,6 +8,7 @@
   device      cpu | cuda | mlu          count: accelerators per pod
   resources   requests/limits           models: whether the model volume is mounted
   ports       list of {name, port}      metricsPort: 0 for none
+  tlsRole     gateway | verifier | proposer: the secret mounted when tls.enabled
   probes      YAML of the probes        grace: terminationGracePeriodSeconds
   preStop     seconds of preStop sleep  placement: {nodeSelector, tolerations, affinity} */}}
 {{- define "splitspec.podTemplate" -}}
@@ -118,10 +119,21 @@ spec:
           mountPath: {{ $v.models.path }}
           readOnly: true
         {{- end }}
+        {{- if $v.tls.enabled }}
+        - name: tls
+          mountPath: {{ $v.tls.mountPath }}
+          readOnly: true
+        {{- end }}
   volumes:
     - name: tmp
       emptyDir:
         sizeLimit: {{ $v.tmpSizeLimit }}
+    {{- if $v.tls.enabled }}
+    - name: tls
+      secret:
+        secretName: {{ include "splitspec.tlsSecret" (dict "root" $root "role" .tlsRole) }}
+        defaultMode: 0440
+    {{- end }}
     {{- if .models }}
     - name: models
       {{- if eq $v.models.source "pvc" }}
@@ -147,22 +159,39 @@ spec:
   {{- end }}
 {{- end }}
 
-{{/* Native gRPC probes against grpc.health.v1 (SERVING only once the model is loaded and
-warmed up): (dict "port" 50051 "startup" {periodSeconds, failureThreshold}) */}}
+{{/* Probes against grpc.health.v1 (SERVING only once the model is loaded and warmed up):
+(dict "root" $ "port" 50051 "serverName" the name the service's certificate holds "startup"
+{periodSeconds, failureThreshold}). Native gRPC probes speak plaintext only; with tls.enabled
+the port requires a client certificate, so `splitspec-health` checks it from inside the pod,
+presenting the pod's own certificate. */}}
 {{- define "splitspec.grpcProbes" -}}
+{{- $check := include "splitspec.healthCheck" . | trim }}
+{{- $slow := ternary 3 0 .root.Values.tls.enabled -}}
 startupProbe:
-  grpc: {port: {{ int .port }}}
+  {{- $check | nindent 2 }}
   periodSeconds: {{ int .startup.periodSeconds }}
   failureThreshold: {{ int .startup.failureThreshold }}
-  timeoutSeconds: 2
+  timeoutSeconds: {{ add 2 $slow }}
 readinessProbe:
-  grpc: {port: {{ int .port }}}
+  {{- $check | nindent 2 }}
   periodSeconds: 5
   failureThreshold: 2
-  timeoutSeconds: 2
+  timeoutSeconds: {{ add 2 $slow }}
 livenessProbe:
-  grpc: {port: {{ int .port }}}
+  {{- $check | nindent 2 }}
   periodSeconds: 10
   failureThreshold: 6
   timeoutSeconds: 5
+{{- end }}
+
+{{/* One health check of a gRPC port: native, or `splitspec-health` over mutual TLS:
+(dict "root" $ "port" 50051 "serverName" "...") */}}
+{{- define "splitspec.healthCheck" -}}
+{{- $t := .root.Values.tls }}
+{{- if $t.enabled }}
+exec:
+  command: ["splitspec-health", "--port", {{ int .port | toString | quote }}, "--tls-ca", {{ printf "%s/ca.crt" $t.mountPath | quote }}, "--tls-cert", {{ printf "%s/tls.crt" $t.mountPath | quote }}, "--tls-key", {{ printf "%s/tls.key" $t.mountPath | quote }}, "--server-name", {{ .serverName | quote }}]
+{{- else }}
+grpc: {port: {{ int .port }}}
+{{- end }}
 {{- end }}
