@@ -18,7 +18,8 @@ from splitspec.params import LookaheadParams, SpeculationMode, SpeculationReques
 from verifier_service.lookahead import LookaheadMethod, LookaheadShape
 
 ADDRESS = "replica-0"
-COST = ((100, 100.0, 1.0), (100, 800.0, 1.05), (100, 1600.0, 1.1), (100, 6400.0, 6.0))
+COST = tuple(("greedy", *b) for b in ((100, 100.0, 1.0), (100, 800.0, 1.05), (100, 1600.0, 1.1),
+                                     (100, 6400.0, 6.0)))
 MAX_K = 16
 
 
