@@ -13,6 +13,8 @@ import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_sampling as draft_sampling
+import verifier_service.eagle_format as eagle_format
+import verifier_service.eagle_head as eagle_head
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
 from proposer_service.mlp_speculator import SpeculatorNorm
@@ -147,3 +149,59 @@ def subset_logits_one_token_off(monkeypatch) -> None:
     original = vocab_subset.scatter_logits
     monkeypatch.setattr(vocab_subset, "scatter_logits",
                         lambda sub, ids, vocab_size: original(sub, ids.roll(1), vocab_size))
+
+
+def eagle1_fc_reads_hidden_first(monkeypatch) -> None:
+    """An EAGLE-1 head's fc reads [hidden state | token embedding], the format's halves
+    swapped."""
+    monkeypatch.setattr(eagle_head, "eagle1_input", lambda emb, hidden: torch.cat([hidden, emb],
+                                                                                   -1))
+
+
+def eagle_fc_bias_dropped(monkeypatch) -> None:
+    """A head's fc.bias is skipped when loading (as a loader without the bias would)."""
+    original = eagle_format.canonical_names
+    monkeypatch.setattr(eagle_format, "canonical_names",
+                        lambda raw: {k: v for k, v in original(raw).items() if k != "fc_bias"})
+
+
+def eagle3_d2t_read_as_ids(monkeypatch) -> None:
+    """An EAGLE-3 head's d2t read as the target ids themselves instead of offsets."""
+    monkeypatch.setattr(eagle_format.EagleWeights, "draft_to_target",
+                        lambda self: None if self.d2t is None else self.d2t.long().abs())
+
+
+def eagle_drafts_kept_as_target_rows(monkeypatch) -> None:
+    """A drafted chain's rows stay in the head's cache as if the target had computed them: the
+    next advance appends after the head's own guesses instead of replacing them."""
+    original = eagle_head.EagleSequence.chain
+
+    def chain(self, k):
+        out = original(self, k)
+        self.length += max(k - 1, 0)
+        return out
+
+    monkeypatch.setattr(eagle_head.EagleSequence, "chain", chain)
+
+
+def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:
+    """A tree's fed rows attend to every fed row of the levels before, not only to their own
+    ancestors."""
+    original = eagle_head.tree_mask
+    monkeypatch.setattr(eagle_head, "tree_mask", lambda state, base, level:
+                        torch.ones_like(original(state, base, level)))
+
+
+def eagle_scratch_over_the_root(monkeypatch) -> None:
+    """Drafted rows written one column early: the first overwrites the root row's keys."""
+    monkeypatch.setattr(eagle_head.EagleSequence, "scratch_column",
+                        lambda self, depth: self.length + depth - 2)
+
+
+def eagle_q_is_not_the_sampled_one(monkeypatch) -> None:
+    """A sampled EAGLE chain draws from another distribution than the q it reports (sharper
+    unseeded, flatter noise seeded)."""
+    sample, noise = eagle_head.sample, eagle_head.keyed_exponentials
+    monkeypatch.setattr(eagle_head, "sample", lambda probs, keys=None: sample(probs ** 3, keys))
+    monkeypatch.setattr(eagle_head, "keyed_exponentials",
+                        lambda keys, idx: noise(keys, idx) ** 3)
