@@ -205,3 +205,24 @@ def eagle_q_is_not_the_sampled_one(monkeypatch) -> None:
     monkeypatch.setattr(eagle_head, "sample", lambda probs, keys=None: sample(probs ** 3, keys))
     monkeypatch.setattr(eagle_head, "keyed_exponentials",
                         lambda keys, idx: noise(keys, idx) ** 3)
+
+
+def ttt_drafted_rows_without_their_own_keys(monkeypatch) -> None:
+    """EAGLE-3's training-time test lets a drafted row see the root rows' keys only, never its
+    own nor its chain's (drafting does see them)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import eagle_ttt
+
+    original = eagle_ttt.DiagonalAttention.__call__
+
+    def call(self, q, k, v):
+        if not self.keys:
+            return original(self, q, k, v)
+        self.keys.append(k)
+        self.values.append(v)
+        return self.head.attention(q, self.keys[0], self.values[0], self.causal[None, None])
+
+    monkeypatch.setattr(eagle_ttt.DiagonalAttention, "__call__", call)
