@@ -119,7 +119,8 @@ def train(a, log) -> None:
     d2t, t2d, t2d_index = draft_maps(ids, cfg["vocab_size"])
     params = HeadParams(spec, target, ids)
     n_params = sum(p.numel() for p in params.parameters())
-    train_recs = ed.load_records(a.work / "train")
+    train_recs = [r for d in sorted(a.work.glob("train*")) if d.is_dir()
+                  for r in ed.load_records(d)]
     val = ed.load_records(a.work / "val")
     probe = [r for i, r in enumerate(val) if i % 5 == 0]
     log(f"train: {n_params / 1e6:.2f} M parameters, draft vocabulary {len(ids)}, "

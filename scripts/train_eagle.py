@@ -85,24 +85,47 @@ def load_target(a):
 
 # -- stages --------------------------------------------------------------------------------------
 
+ROUNDS = ("main", "code", "docstrings")  # prompt files, answered in this order
+
+
+def prompts_file(a, name: str) -> Path:
+    return a.work / ("prompts.json" if name == "main" else f"prompts-{name}.json")
+
+
+def train_dir(a, name: str) -> Path:
+    return a.work / ("train" if name == "main" else f"train-{name}")
+
+
 def stage_prompts(a) -> None:
+    """--round main: requests for every category; code: another sample of the programming
+    categories alone; docstrings: code requests over the first lines of the standard library's
+    train-split docstrings (scripts/train_real.py's code prompts, no model needed)."""
     if a.family != "real":
         log("prompts: the toy family continues code, no requests to write")
         return
-    if (a.work / "prompts.json").exists() and not a.force_prompts:
-        log(f"prompts: {a.work / 'prompts.json'} exists (--force-prompts writes new ones)")
+    path = prompts_file(a, a.round)
+    if path.exists() and not a.force_prompts:
+        log(f"prompts: {path} exists (--force-prompts writes new ones)")
         return
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(a.target, local_files_only=True)
-    model = load_target(a)
     held = [p["prompt"] for p in heldout_prompts()]
-    reqs = ed.write_requests(model, tok, eagle_topics.CATEGORIES, held, a.per_pair, a.seed,
-                             a.prompts_minutes, log)
+    if a.round == "docstrings":
+        import train_real
+
+        _, code = train_real.build_prompts()
+        reqs = [{"category": "docstring", "kind": "code", "topic": "", "prompt": c}
+                for c in code if not ed.overlaps(c, held)][:a.docstring_prompts]
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(a.target, local_files_only=True)
+        cats = [c for c in eagle_topics.CATEGORIES if a.round == "main" or c.kind == "code"]
+        seed = a.seed + ROUNDS.index(a.round)
+        reqs = ed.write_requests(load_target(a), tok, cats, held, a.per_pair, seed,
+                                 a.prompts_minutes, log)
     a.work.mkdir(parents=True, exist_ok=True)
-    (a.work / "prompts.json").write_text(json.dumps(reqs, indent=1) + "\n")
+    path.write_text(json.dumps(reqs, indent=1) + "\n")
     kinds = {k: sum(r["kind"] == k for r in reqs) for k in ("chat", "code")}
-    log(f"prompts: {len(reqs)} requests saved ({kinds})")
+    log(f"prompts: {len(reqs)} requests saved to {path.name} ({kinds})")
 
 
 def check_no_overlap(items: list[dict]) -> None:
@@ -121,18 +144,22 @@ def stage_data(a) -> None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(a.target, local_files_only=True)
-        train = json.loads((a.work / "prompts.json").read_text())
-        check_no_overlap(train)
         val = [dict(it, part="val") for it in heldout_prompts()]
-        train = ed.sort_by_length([dict(it, part="train") for it in train], tok, a.gen_batch)
-        log(f"data: feature layers {layers}; {len(val)} held-out and {len(train)} training "
-            "requests")
+        log(f"data: feature layers {layers}; {len(val)} held-out requests")
         t0 = time.time()
         ed.answer_prompts(model, tok, val, layers, a.work / "val", a.gen_tokens, a.gen_batch,
                           a.top_k, a.data_minutes, log)
-        left = a.data_minutes - (time.time() - t0) / 60
-        ed.answer_prompts(model, tok, train, layers, a.work / "train", a.gen_tokens,
-                          a.gen_batch, a.top_k, left, log)
+        for name in ROUNDS:
+            if not prompts_file(a, name).exists():
+                continue
+            train = json.loads(prompts_file(a, name).read_text())
+            check_no_overlap(train)
+            train = ed.sort_by_length([dict(it, part="train") for it in train], tok,
+                                      a.gen_batch)
+            log(f"data: {len(train)} training requests of round {name}")
+            left = a.data_minutes - (time.time() - t0) / 60
+            ed.answer_prompts(model, tok, train, layers, train_dir(a, name), a.gen_tokens,
+                              a.gen_batch, a.top_k, left, log)
     else:
         tok = mf.load_tokenizer(a.target)
         train_files, held_files = mf.split_files(mf.CorpusConfig())
@@ -149,6 +176,12 @@ def stage_data(a) -> None:
                             a.top_k, left, log)
 
 
+def load_train(a) -> list[dict]:
+    """Every training round's answers (train/, train-*/)."""
+    return [r for d in sorted(a.work.glob("train*")) if d.is_dir()
+            for r in ed.load_records(d)]
+
+
 def stage_vocab(a) -> None:
     """The draft vocabulary: the target's most frequent answer tokens, enough to cover
     --vocab-coverage of them (at least --vocab-min, a multiple of 1024; the whole vocabulary
@@ -156,7 +189,7 @@ def stage_vocab(a) -> None:
     from collections import Counter
 
     vocab = json.loads((a.target / "config.json").read_text())["vocab_size"]
-    train = ed.load_records(a.work / "train")
+    train = load_train(a)
     counts = Counter(t for r in train for t in r["tokens"][r["prompt_len"]:].tolist())
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
     total, run, n = sum(counts.values()), 0, len(ranked)
@@ -212,6 +245,9 @@ def main(argv=None) -> None:
                    help="prompts: requests sampled per (category, topic) and category weight")
     p.add_argument("--prompts-minutes", type=float, default=40)
     p.add_argument("--force-prompts", action="store_true")
+    p.add_argument("--round", choices=ROUNDS, default="main",
+                   help="prompts: which requests to write (see stage_prompts)")
+    p.add_argument("--docstring-prompts", type=int, default=600)
     p.add_argument("--gen-batch", type=int, default=32)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--top-k", type=int, default=8, help="data: soft labels kept per position")
@@ -222,7 +258,8 @@ def main(argv=None) -> None:
     p.add_argument("--vocab-min", type=int, default=4096)
     p.add_argument("--ttt-steps", type=int, default=4, help="train: drafting steps per record")
     p.add_argument("--ttt-decay", type=float, default=0.8, help="train: weight of step s: decay^s")
-    p.add_argument("--prompt-weight", type=float, default=0.2)
+    p.add_argument("--prompt-weight", type=float, default=0.0,
+                   help="train: weight of rows predicting prompt tokens (0: answer rows only)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=int, default=8, help="train: records per optimiser step")
     p.add_argument("--steps", type=int, default=100000)

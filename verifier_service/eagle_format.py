@@ -326,3 +326,19 @@ def save_eagle3(path: str | Path, spec: EagleSpec, w: EagleWeights, **config_ext
     save_file(out, str(path / WEIGHTS_NAME), metadata={"format": "pt"})
     (path / CONFIG_NAME).write_text(json.dumps(eagle3_config(spec, **config_extra), indent=2)
                                     + "\n")
+
+
+def misfit(spec: EagleSpec, target_config: dict) -> str | None:
+    """Why a head cannot run on a target with this config.json (None: it can): the vocabulary,
+    the hidden size its features have, and (EAGLE-3) three feature layers the target has."""
+    vocab, hidden = target_config.get("vocab_size"), target_config.get("hidden_size")
+    if spec.vocab_size != vocab:
+        return f"the head's vocabulary is {spec.vocab_size} tokens, the target's {vocab}"
+    if spec.target_hidden_size != hidden:
+        return f"the head reads features of width {spec.target_hidden_size}, the target's " \
+               f"hidden size is {hidden}"
+    try:
+        spec.feature_layers(int(target_config.get("num_hidden_layers", 0)))
+    except ValueError as exc:
+        return str(exc)
+    return None

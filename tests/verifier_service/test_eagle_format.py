@@ -319,3 +319,14 @@ def test_malformed_checkpoints_are_refused_by_name(tmp_path, change, match):
     path = write_checkpoint(tmp_path / "bad", cfg, w)
     with pytest.raises(ValueError, match=match):
         load(path)
+
+
+def test_misfit_names_what_does_not_fit(tmp_path):
+    from verifier_service.eagle_format import misfit
+
+    spec, _ = load(case_checkpoint(tmp_path, "eagle3")[3])
+    target = {"vocab_size": VOCAB, "hidden_size": H, "num_hidden_layers": 6}
+    assert misfit(spec, target) is None
+    assert "vocabulary" in misfit(spec, target | {"vocab_size": 100})
+    assert "width" in misfit(spec, target | {"hidden_size": 32})
+    assert "layer" in misfit(spec, target | {"num_hidden_layers": 3})
