@@ -249,38 +249,43 @@ def records_from_batch(batch_meta: list[dict], mask: torch.Tensor, result, stop:
     return out
 
 
+def num_chunks(items: list, batch: int, chunk_batches: int = 4) -> int:
+    return -(-len(items) // (batch * chunk_batches))
+
+
 def answer_prompts(model, tok, items: list[dict], layer_ids: list[int], out_dir: Path,
-                   gen_tokens: int, batch: int, top_k: int, minutes: float, log,
-                   chunk_batches: int = 4) -> None:
+                   gen_tokens: int, batch: int, top_k: int, deadline: float, log,
+                   chunks=None, chunk_batches: int = 4) -> bool:
     """The target answers each item's prompt greedily through its chat template; records are
     saved in chunks of chunk_batches batches under out_dir (a rerun skips saved chunks, so the
-    stage resumes where a cap or a kill stopped it)."""
+    stage resumes where a cap or a kill stopped it). chunks: which chunk indices (None: all).
+    Returns False once the wall clock passed `deadline` (time.time())."""
     tok.padding_side = "left"
     stop = {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
-    texts = [tok.apply_chat_template([{"role": "user", "content": it["prompt"]}], tokenize=False,
-                                     add_generation_prompt=True) for it in items]
     out_dir.mkdir(parents=True, exist_ok=True)
     per_chunk = batch * chunk_batches
-    t0, done_tokens = time.time(), 0
-    for c in range(0, len(items), per_chunk):
-        path = out_dir / f"chunk-{c // per_chunk:04d}.pt"
-        if path.exists():
+    for i in range(num_chunks(items, batch, chunk_batches)) if chunks is None else chunks:
+        path = out_dir / f"chunk-{i:04d}.pt"
+        part = items[i * per_chunk:(i + 1) * per_chunk]
+        if path.exists() or not part:
             continue
-        recs = []
-        for b in range(c, min(c + per_chunk, len(items)), batch):
-            enc = tok(texts[b:b + batch], return_tensors="pt", padding=True,
-                      add_special_tokens=False)
+        if time.time() > deadline:
+            return False
+        t0, recs = time.time(), []
+        for b in range(0, len(part), batch):
+            texts = [tok.apply_chat_template([{"role": "user", "content": it["prompt"]}],
+                                             tokenize=False, add_generation_prompt=True)
+                     for it in part[b:b + batch]]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             res = greedy_with_features(model, enc.input_ids, enc.attention_mask, gen_tokens,
                                        layer_ids, top_k, stop)
-            recs += records_from_batch(items[b:b + batch], enc.attention_mask, res, stop,
-                                       keep_final=items[b].get("part") == "val")
-            done_tokens += res[0].shape[1] - enc.input_ids.shape[1]
+            recs += records_from_batch(part[b:b + batch], enc.attention_mask, res, stop,
+                                       keep_final=part[b].get("part") == "val")
         torch.save(recs, path)
-        log(f"data: {path.name} saved ({c + len(recs)} of {len(items)} answers), "
-            f"{done_tokens / (time.time() - t0):.0f} answer positions/s")
-        if time.time() - t0 > minutes * 60:
-            log(f"data: wall-clock cap of {minutes} min reached (rerun to resume)")
-            return
+        answer = sum(len(r["tokens"]) - r["prompt_len"] for r in recs)
+        log(f"data: {out_dir.name}/{path.name} saved ({len(recs)} answers, {answer} answer "
+            f"tokens, {answer / (time.time() - t0):.1f} tokens/s)")
+    return True
 
 
 def load_records(out_dir: Path, part: str | None = None) -> list[dict]:
@@ -312,17 +317,19 @@ def code_windows(tok, files: list[Path], n: int, length: int, seed: int) -> list
 
 
 def continue_windows(model, windows: list[list[int]], part: str, layer_ids: list[int],
-                     out_dir: Path, gen_tokens: int, batch: int, top_k: int, minutes: float,
+                     out_dir: Path, gen_tokens: int, batch: int, top_k: int, deadline: float,
                      log, chunk_batches: int = 4) -> None:
     """The toy target's greedy continuations of code windows (no stop token: an end of text is
     just a token), saved in resumable chunks like answer_prompts."""
     out_dir.mkdir(parents=True, exist_ok=True)
     per_chunk = batch * chunk_batches
-    t0 = time.time()
     for c in range(0, len(windows), per_chunk):
         path = out_dir / f"chunk-{c // per_chunk:04d}.pt"
         if path.exists():
             continue
+        if time.time() > deadline:
+            log("data: wall-clock cap reached (rerun to resume)")
+            return
         recs = []
         for b in range(c, min(c + per_chunk, len(windows)), batch):
             ids = torch.tensor(windows[b:b + batch])
@@ -332,6 +339,3 @@ def continue_windows(model, windows: list[list[int]], part: str, layer_ids: list
             recs += records_from_batch(meta, mask, res, set(), keep_final=part == "val")
         torch.save(recs, path)
         log(f"data: {out_dir.name}/{path.name} saved ({c + len(recs)} of {len(windows)})")
-        if time.time() - t0 > minutes * 60:
-            log(f"data: wall-clock cap of {minutes} min reached (rerun to resume)")
-            return

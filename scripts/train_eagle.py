@@ -97,35 +97,36 @@ def train_dir(a, name: str) -> Path:
 
 
 def stage_prompts(a) -> None:
-    """--round main: requests for every category; code: another sample of the programming
-    categories alone; docstrings: code requests over the first lines of the standard library's
-    train-split docstrings (scripts/train_real.py's code prompts, no model needed)."""
+    """Every round of training requests not written yet: main (every category), code (another
+    sample of the programming categories alone), docstrings (code requests over the first lines
+    of the standard library's train-split docstrings, scripts/train_real.py's code prompts)."""
     if a.family != "real":
         log("prompts: the toy family continues code, no requests to write")
         return
-    path = prompts_file(a, a.round)
-    if path.exists() and not a.force_prompts:
-        log(f"prompts: {path} exists (--force-prompts writes new ones)")
-        return
     held = [p["prompt"] for p in heldout_prompts()]
-    if a.round == "docstrings":
-        import train_real
+    minutes = {"main": a.prompts_minutes, "code": a.prompts_minutes / 2, "docstrings": 0}
+    for name in ROUNDS:
+        path = prompts_file(a, name)
+        if path.exists() and not a.force_prompts:
+            log(f"prompts: {path.name} exists (--force-prompts writes new ones)")
+            continue
+        if name == "docstrings":
+            import train_real
 
-        _, code = train_real.build_prompts()
-        reqs = [{"category": "docstring", "kind": "code", "topic": "", "prompt": c}
-                for c in code if not ed.overlaps(c, held)][:a.docstring_prompts]
-    else:
-        from transformers import AutoTokenizer
+            _, code = train_real.build_prompts()
+            reqs = [{"category": "docstring", "kind": "code", "topic": "", "prompt": c}
+                    for c in code if not ed.overlaps(c, held)][:a.docstring_prompts]
+        else:
+            from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(a.target, local_files_only=True)
-        cats = [c for c in eagle_topics.CATEGORIES if a.round == "main" or c.kind == "code"]
-        seed = a.seed + ROUNDS.index(a.round)
-        reqs = ed.write_requests(load_target(a), tok, cats, held, a.per_pair, seed,
-                                 a.prompts_minutes, log)
-    a.work.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(reqs, indent=1) + "\n")
-    kinds = {k: sum(r["kind"] == k for r in reqs) for k in ("chat", "code")}
-    log(f"prompts: {len(reqs)} requests saved to {path.name} ({kinds})")
+            tok = AutoTokenizer.from_pretrained(a.target, local_files_only=True)
+            cats = [c for c in eagle_topics.CATEGORIES if name == "main" or c.kind == "code"]
+            reqs = ed.write_requests(load_target(a), tok, cats, held, a.per_pair,
+                                     a.seed + ROUNDS.index(name), minutes[name], log)
+        a.work.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(reqs, indent=1) + "\n")
+        kinds = {k: sum(r["kind"] == k for r in reqs) for k in ("chat", "code")}
+        log(f"prompts: {len(reqs)} requests saved to {path.name} ({kinds})")
 
 
 def check_no_overlap(items: list[dict]) -> None:
@@ -146,34 +147,39 @@ def stage_data(a) -> None:
         tok = AutoTokenizer.from_pretrained(a.target, local_files_only=True)
         val = [dict(it, part="val") for it in heldout_prompts()]
         log(f"data: feature layers {layers}; {len(val)} held-out requests")
-        t0 = time.time()
+        deadline = time.time() + a.data_minutes * 60
         ed.answer_prompts(model, tok, val, layers, a.work / "val", a.gen_tokens, a.gen_batch,
-                          a.top_k, a.data_minutes, log)
+                          a.top_k, deadline, log)
+        rounds = {}
         for name in ROUNDS:
-            if not prompts_file(a, name).exists():
-                continue
-            train = json.loads(prompts_file(a, name).read_text())
-            check_no_overlap(train)
-            train = ed.sort_by_length([dict(it, part="train") for it in train], tok,
-                                      a.gen_batch)
-            log(f"data: {len(train)} training requests of round {name}")
-            left = a.data_minutes - (time.time() - t0) / 60
-            ed.answer_prompts(model, tok, train, layers, train_dir(a, name), a.gen_tokens,
-                              a.gen_batch, a.top_k, left, log)
+            if prompts_file(a, name).exists():
+                items = json.loads(prompts_file(a, name).read_text())
+                check_no_overlap(items)
+                rounds[name] = ed.sort_by_length([dict(it, part="train") for it in items], tok,
+                                                 a.gen_batch)
+                log(f"data: {len(items)} training requests of round {name}")
+        # chunk i of every round before chunk i + 1 of any: a cap leaves each round its share
+        most = max((ed.num_chunks(items, a.gen_batch) for items in rounds.values()), default=0)
+        for i in range(most):
+            for name, items in rounds.items():
+                if not ed.answer_prompts(model, tok, items, layers, train_dir(a, name),
+                                         a.gen_tokens, a.gen_batch, a.top_k, deadline, log,
+                                         chunks=[i]):
+                    log(f"data: wall-clock cap of {a.data_minutes} min reached (rerun to resume)")
+                    return
     else:
         tok = mf.load_tokenizer(a.target)
         train_files, held_files = mf.split_files(mf.CorpusConfig())
         log(f"data: feature layers {layers}; {len(train_files)} train files, "
             f"{len(held_files)} held-out files")
-        t0 = time.time()
+        deadline = time.time() + a.data_minutes * 60
         ed.continue_windows(model, ed.code_windows(tok, held_files, 80, a.toy_prompt_len, 3),
                             "val", layers, a.work / "val", a.gen_tokens, a.gen_batch, a.top_k,
-                            a.data_minutes, log)
-        left = a.data_minutes - (time.time() - t0) / 60
+                            deadline, log)
         ed.continue_windows(model, ed.code_windows(tok, train_files, a.toy_windows,
                                                    a.toy_prompt_len, 4),
                             "train", layers, a.work / "train", a.gen_tokens, a.gen_batch,
-                            a.top_k, left, log)
+                            a.top_k, deadline, log)
 
 
 def load_train(a) -> list[dict]:
@@ -245,8 +251,6 @@ def main(argv=None) -> None:
                    help="prompts: requests sampled per (category, topic) and category weight")
     p.add_argument("--prompts-minutes", type=float, default=40)
     p.add_argument("--force-prompts", action="store_true")
-    p.add_argument("--round", choices=ROUNDS, default="main",
-                   help="prompts: which requests to write (see stage_prompts)")
     p.add_argument("--docstring-prompts", type=int, default=600)
     p.add_argument("--gen-batch", type=int, default=32)
     p.add_argument("--gen-tokens", type=int, default=128)

@@ -13,7 +13,8 @@ A head directory holds a Llama-style `config.json` describing one decoder layer 
   EAGLE-3    midlayer.* (or layers.0.*) with q/k/v_proj over 2H inputs, midlayer.input_layernorm
              (on the token embedding), midlayer.hidden_norm (on the hidden state),
              post_attention_layernorm and mlp; fc.weight [H, 3 * target_hidden_size]; norm.weight;
-             lm_head.weight [draft_vocab_size, H]; d2t [draft_vocab_size] (target id = draft id +
+             lm_head.weight [draft_vocab_size, H] (absent: the target's output head, which needs
+             draft_vocab_size = vocab_size); d2t [draft_vocab_size] (target id = draft id +
              d2t[draft id]); t2d [vocab_size] bool (which target ids the head can say; read for
              checking only). Optional embed_tokens.weight.
 
@@ -235,10 +236,13 @@ def check_shapes(spec: EagleSpec, w: dict[str, torch.Tensor]) -> None:
                      "lm_head": (spec.draft_vocab_size, H), "d2t": (spec.draft_vocab_size,),
                      "t2d": (spec.vocab_size,)})
         fc_in = spec.feature_size if spec.use_aux_hidden_state else None
-        for name in ("input_norm", "hidden_norm", "norm", "lm_head"):
+        for name in ("input_norm", "hidden_norm", "norm"):
             if name not in w:
                 raise ValueError(f"an EAGLE-3 checkpoint needs {name} (midlayer.input_layernorm, "
-                                 "midlayer.hidden_norm, norm, lm_head)")
+                                 "midlayer.hidden_norm, norm)")
+        if "lm_head" not in w and spec.draft_vocab_size != spec.vocab_size:
+            raise ValueError("an EAGLE-3 checkpoint with a draft vocabulary needs lm_head "
+                             "(without one it scores with the target's output head)")
         if spec.draft_vocab_size != spec.vocab_size and "d2t" not in w:
             raise ValueError("d2t is required when draft_vocab_size differs from vocab_size")
     else:

@@ -84,12 +84,12 @@ class EagleHead:
         self.w = EagleWeights(**{name: (t.to(device) if name in ("d2t", "t2d") else put(t))
                                  for name, t in w.tensors().items()})
         self.embed = self.w.embed if self.w.embed is not None else put(target_embed)
-        if spec.version == 3:
+        if spec.version == 3 and self.w.lm_head is not None:
             self.head = self.w.lm_head
             self.ids = self.w.draft_to_target()  # [Vd] target id of each draft id, or None
         else:
             if target_head is None:
-                raise ValueError("an EAGLE-1/2 head scores with the target's output head")
+                raise ValueError("this head scores with the target's output head: pass it")
             head = put(target_head)
             self.head = head if vocab_ids is None else head[vocab_ids.to(device)]
             self.ids = None if vocab_ids is None else vocab_ids.to(device)

@@ -165,7 +165,7 @@ class ReferenceHead:
             self.input_norm = self._norm(t["layers.0.input_layernorm.weight"])
             self.hidden_norm = self._norm(t["layers.0.hidden_norm.weight"])
             self.final_norm = self._norm(t["norm.weight"])
-            self.lm_head = t["lm_head.weight"]
+            self.lm_head = t.get("lm_head.weight", target.lm_head.weight.detach().double())
             self.d2t = t.get("d2t")
         else:
             self.lm_head = target.lm_head.weight.detach().double()

@@ -171,12 +171,16 @@ CASES = {
     "eagle3": (3, {"draft_vocab": 48}, {}),
     "eagle3-norm-before-residual": (3, {"draft_vocab": 48}, {"norm_before_residual": True}),
     "eagle3-full-vocab-embed": (3, {"embed": True}, {}),
+    "eagle3-target-head": (3, {}, {}),
 }
 
 
 def case_checkpoint(tmp_path, name):
     version, wkw, ckw = CASES[name]
     w = random_weights(version, seed=zlib.crc32(name.encode()) % 1000, **wkw)
+    if name == "eagle3-target-head":  # no lm_head: the target's head scores the whole vocabulary
+        for key in ("lm_head.weight", "d2t", "t2d"):
+            w.pop(key)
     draft_vocab = wkw.get("draft_vocab", VOCAB)
     cfg = config(version, draft_vocab, **ckw)
     if version == 3:
@@ -309,6 +313,7 @@ def test_default_feature_layers():
     (lambda cfg, w: cfg.__setitem__("draft_vocab_size", 50), "lm_head: shape"),
     (lambda cfg, w: w.__setitem__("d2t", w["d2t"] + VOCAB), "d2t maps"),
     (lambda cfg, w: w.pop("midlayer.hidden_norm.weight"), "hidden_norm"),
+    (lambda cfg, w: w.pop("lm_head.weight"), "needs lm_head"),
     (lambda cfg, w: cfg.__setitem__("eagle_aux_hidden_state_layer_ids", [1, 2]), "three"),
     (lambda cfg, w: cfg.__setitem__("rope_scaling", {"rope_type": "yarn"}), "rope type"),
 ])
