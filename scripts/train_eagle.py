@@ -189,27 +189,30 @@ def load_train(a) -> list[dict]:
 
 
 def stage_vocab(a) -> None:
-    """The draft vocabulary: the target's most frequent answer tokens, enough to cover
-    --vocab-coverage of them (at least --vocab-min, a multiple of 1024; the whole vocabulary
-    when that is smaller), with the held-out answers' coverage."""
+    """The draft vocabulary (--draft-vocab tokens, the whole vocabulary when that is smaller):
+    the tokens the target says in its training answers, most frequent first (with the counts its
+    other speculators were ranked by, when they exist), then the lowest token ids not counted (a
+    byte-level BPE numbers its merges in the order its corpus made them, so low ids are its
+    common pieces); with the held-out answers' coverage."""
     from collections import Counter
 
     vocab = json.loads((a.target / "config.json").read_text())["vocab_size"]
     train = load_train(a)
     counts = Counter(t for r in train for t in r["tokens"][r["prompt_len"]:].tolist())
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))
-    total, run, n = sum(counts.values()), 0, len(ranked)
-    for i, t in enumerate(ranked):
-        run += counts[t]
-        if run >= a.vocab_coverage * total:
-            n = i + 1
+    own = sum(counts.values())
+    for d in (Path(f"{a.target}-draft"), Path(f"{a.target}-mlp-speculator")):
+        if (d / "token_frequencies.json").exists():
+            freq = json.loads((d / "token_frequencies.json").read_text())
+            counts.update(dict(zip(freq["ranked_ids"], freq["counts"])))
+            log(f"vocab: with {freq['counted_tokens']} counted tokens of {d.name}")
             break
-    n = max(a.vocab_min, -(-n // 1024) * 1024)
-    if n >= vocab:
-        ids = list(range(vocab))
-    else:
-        rest = [t for t in range(vocab) if t not in counts]
-        ids = sorted((ranked + rest)[:n])
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))
+    total = sum(counts.values())
+    n = min(vocab, a.draft_vocab)
+    picked = ranked[:n]
+    seen = set(picked)
+    picked += [t for t in range(vocab) if t not in seen][:n - len(picked)]
+    ids = sorted(picked)
     chosen = set(ids)
     val = ed.load_records(a.work / "val")
     coverage = {}
@@ -218,7 +221,7 @@ def stage_vocab(a) -> None:
         if held:
             coverage[kind] = round(sum(t in chosen for t in held) / len(held), 4)
     info = {"draft_vocab_size": len(ids), "distinct_answer_tokens": len(counts),
-            "answer_tokens": total, "train_coverage": round(
+            "answer_tokens": total, "own_answer_tokens": own, "train_coverage": round(
                 sum(counts[t] for t in chosen if t in counts) / total, 4),
             "heldout_coverage": coverage, "ids": ids}
     (a.work / "vocab.json").write_text(json.dumps(info) + "\n")
@@ -258,8 +261,8 @@ def main(argv=None) -> None:
     p.add_argument("--data-minutes", type=float, default=110)
     p.add_argument("--toy-windows", type=int, default=2048, help="toy data: training windows")
     p.add_argument("--toy-prompt-len", type=int, default=96)
-    p.add_argument("--vocab-coverage", type=float, default=0.99)
-    p.add_argument("--vocab-min", type=int, default=4096)
+    p.add_argument("--draft-vocab", type=int, default=16384,
+                   help="vocab: draft vocabulary size (the whole vocabulary when smaller)")
     p.add_argument("--ttt-steps", type=int, default=4, help="train: drafting steps per record")
     p.add_argument("--ttt-decay", type=float, default=0.8, help="train: weight of step s: decay^s")
     p.add_argument("--prompt-weight", type=float, default=0.0,
