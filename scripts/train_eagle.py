@@ -289,13 +289,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(a.threads)
     if not (a.target / "config.json").exists():
         raise SystemExit(f"{a.target} is missing (make real-model / make models)")
-    for s in a.stages.split(","):
-        if s not in STAGES:
-            p.error(f"unknown stage {s!r}")
-        t0 = time.time()
-        log(f"=== {a.family}: stage {s}")
-        globals()[f"stage_{s}"](a)
-        log(f"=== {a.family}: stage {s} done in {(time.time() - t0) / 60:.1f} min")
+    mf.run_stages(p, a.stages, STAGES, {s: globals()[f"stage_{s}"] for s in STAGES}, a, log,
+                  label=f"{a.family}: ")
 
 
 if __name__ == "__main__":
