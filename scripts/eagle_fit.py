@@ -68,12 +68,28 @@ def draft_maps(ids: list[int], vocab: int) -> tuple[torch.Tensor, torch.Tensor, 
     return ids_t - torch.arange(len(ids)), t2d, index
 
 
+def feature_scale(records: list[dict], n: int = 200) -> torch.Tensor:
+    """1 / RMS of every feature dimension over the answer rows of up to n records [F]. The
+    residual stream carries a few dimensions hundreds of times larger than the rest (and a few
+    rows larger still: the attention sinks, in the prompt); scaling fc's inputs by this gives
+    every input the same effective learning rate, and folds into fc's columns when saved."""
+    sq, count = 0.0, 0
+    for r in records[:n]:
+        f = r["feats"][r["prompt_len"] - 1:].float()
+        sq = sq + f.pow(2).sum(0)
+        count += f.shape[0]
+    return (sq / max(count, 1)).sqrt().clamp(min=1e-3).reciprocal()
+
+
 class HeadParams(torch.nn.Module):
-    """The trainable tensors of an EAGLE-3 head (float32)."""
+    """The trainable tensors of an EAGLE-3 head (float32). fc acts on the features scaled by
+    `scale` (feature_scale); `weights()` gives the head as stored, the scale folded into fc."""
 
     def __init__(self, spec: EagleSpec, target: dict[str, torch.Tensor], ids: list[int],
-                 seed: int = 0):
+                 scale: torch.Tensor | None = None, seed: int = 0):
         super().__init__()
+        self.register_buffer("scale", torch.ones(spec.feature_size) if scale is None
+                             else scale.float())
         g = torch.Generator().manual_seed(seed)
         H, D, inner = spec.hidden_size, spec.head_dim, spec.intermediate_size
 
@@ -93,7 +109,9 @@ class HeadParams(torch.nn.Module):
         self.lm_head = torch.nn.Parameter(target["head"][torch.tensor(ids)].clone())
 
     def weights(self, d2t: torch.Tensor, t2d: torch.Tensor) -> EagleWeights:
-        return EagleWeights(**{n: getattr(self, n) for n in PARAMS}, d2t=d2t, t2d=t2d)
+        w = {n: getattr(self, n) for n in PARAMS}
+        w["fc"] = self.fc * self.scale[None, :]
+        return EagleWeights(**w, d2t=d2t, t2d=t2d)
 
 
 def _kinds(records: list[dict]) -> dict[str, list[dict]]:
@@ -117,10 +135,11 @@ def train(a, log) -> None:
     ids = vocab["ids"]
     spec = head_spec(a, cfg, len(ids))
     d2t, t2d, t2d_index = draft_maps(ids, cfg["vocab_size"])
-    params = HeadParams(spec, target, ids)
-    n_params = sum(p.numel() for p in params.parameters())
     train_recs = [r for d in sorted(a.work.glob("train*")) if d.is_dir()
                   for r in ed.load_records(d)]
+    params = HeadParams(spec, target, ids, feature_scale(train_recs) if a.scale_features
+                        else None)
+    n_params = sum(p.numel() for p in params.parameters())
     val = ed.load_records(a.work / "val")
     probe = [r for i, r in enumerate(val) if i % 5 == 0]
     log(f"train: {n_params / 1e6:.2f} M parameters, draft vocabulary {len(ids)}, "

@@ -268,6 +268,9 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-weight", type=float, default=0.0,
                    help="train: weight of rows predicting prompt tokens (0: answer rows only)")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--scale-features", type=int, default=1,
+                   help="train: fc reads features scaled to unit RMS per dimension (folded into "
+                   "fc when saved); 0: raw")
     p.add_argument("--batch", type=int, default=8, help="train: records per optimiser step")
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--train-minutes", type=float, default=120)

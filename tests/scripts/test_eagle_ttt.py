@@ -130,3 +130,45 @@ def test_the_equivalence_check_fails_without_the_drafted_rows_keys(monkeypatch):
     bug.ttt_drafted_rows_without_their_own_keys(monkeypatch)
     with pytest.raises(AssertionError):
         check_ttt_equals_drafting(head, rec)
+
+
+def test_a_trained_head_saves_and_loads_as_it_trained(tmp_path):
+    """eagle_fit's parameters (feature scaling folded into fc) written by save_eagle3 load back
+    through the verifier's loader and draft the same chain (fp16 weights, float32 compute)."""
+    import eagle_fit
+
+    from verifier_service.eagle_format import save_eagle3
+
+    spec = EagleSpec(3, H, HEADS, KV, HEAD_DIM, INTER, VOCAB, 48, H, aux_layer_ids=(0, 1, 2))
+    g = torch.Generator().manual_seed(5)
+    target = {"embed": torch.randn(VOCAB, H, generator=g) * 0.5,
+              "head": torch.randn(VOCAB, H, generator=g) * 0.5, "norm": torch.ones(H)}
+    ids = sorted(torch.randperm(VOCAB, generator=g)[:48].tolist())
+    d2t, t2d, _ = eagle_fit.draft_maps(ids, VOCAB)
+    scale = torch.rand(3 * H, generator=g) * 10 + 0.01
+    params = eagle_fit.HeadParams(spec, target, ids, scale)
+    with torch.no_grad():
+        for p in params.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+        params.fc.mul_(20)
+    trained = EagleHead(spec, params.weights(d2t, t2d), target["embed"])
+    save_eagle3(tmp_path / "head", spec, params.weights(d2t, t2d))
+    loaded = EagleHead.from_dir(tmp_path / "head", target["embed"])
+    feats = torch.randn(12, 3 * H, generator=g)
+    nxt = torch.randint(0, VOCAB, (12,), generator=g)
+    chains = []
+    for head in (trained, loaded):
+        seq = head.new_sequence(32)
+        with torch.no_grad():
+            seq.advance(feats, nxt)
+            chains.append(seq.chain(3).tolist())
+            torch.testing.assert_close(seq.root_logits.float(), chains_logits(trained, feats, nxt),
+                                       atol=0.05, rtol=0.01)
+    assert chains[0] == chains[1]
+
+
+def chains_logits(head, feats, nxt):
+    seq = head.new_sequence(32)
+    with torch.no_grad():
+        seq.advance(feats, nxt)
+    return seq.root_logits.float()
