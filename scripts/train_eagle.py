@@ -258,7 +258,7 @@ def main(argv=None) -> None:
     p.add_argument("--gen-batch", type=int, default=32)
     p.add_argument("--gen-tokens", type=int, default=128)
     p.add_argument("--top-k", type=int, default=8, help="data: soft labels kept per position")
-    p.add_argument("--data-minutes", type=float, default=110)
+    p.add_argument("--data-minutes", type=float, default=240)
     p.add_argument("--toy-windows", type=int, default=2048, help="toy data: training windows")
     p.add_argument("--toy-prompt-len", type=int, default=96)
     p.add_argument("--draft-vocab", type=int, default=16384,
@@ -271,7 +271,7 @@ def main(argv=None) -> None:
     p.add_argument("--scale-features", type=int, default=1,
                    help="train: fc reads features scaled to unit RMS per dimension (folded into "
                    "fc when saved); 0: raw")
-    p.add_argument("--batch", type=int, default=8, help="train: records per optimiser step")
+    p.add_argument("--batch", type=int, default=4, help="train: records per optimiser step")
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--train-minutes", type=float, default=120)
     p.add_argument("--eval-every", type=int, default=50)
