@@ -130,6 +130,18 @@ models-real: $(STAMP) real-model
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages draft; wait
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages eval
 
+# EAGLE-3 heads on the target's own features, for the real chat model and the toy family
+# (models/smollm2-135m-instruct-eagle, models/target-eagle): the target writes its training
+# requests (real), answers them greedily keeping its features, the draft vocabulary is ranked,
+# the head trained with EAGLE-3's training-time test and measured on held-out prompts (its
+# README.md). Hours on one thread, each stage capped; every stage resumes what a killed run left
+# under runs/eagle-<family>/ (train with --resume). Background-friendly:
+#   nohup make models-eagle > runs/eagle.log 2>&1 &
+.PHONY: models-eagle
+models-eagle: $(STAMP) real-model
+	OMP_NUM_THREADS=1 $(PY) scripts/train_eagle.py --family real
+	OMP_NUM_THREADS=1 $(PY) scripts/train_eagle.py --family toy
+
 # Re-measure models/README.md's figures (held-out loss, acceptance per proposer and position).
 models-eval: $(STAMP)
 	$(PY) scripts/eval_models.py

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from splitspec.modelio import read_weight_files
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 MODEL_TYPE = "mlp_speculator"
@@ -144,18 +146,7 @@ def _int_or(d: dict, name: str, default: int):
 
 def _read_files(path: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint directory, from whichever weight files it has."""
-    from safetensors.torch import load_file
-
-    index = path / "model.safetensors.index.json"
-    if (path / WEIGHTS_NAME).is_file():
-        return load_file(str(path / WEIGHTS_NAME))
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(str(path / shard)).items()}
-    if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise ValueError(f"{path}: no {WEIGHTS_NAME}, model.safetensors.index.json or "
-                     "pytorch_model.bin")
+    return read_weight_files(path, WEIGHTS_NAME)
 
 
 # a per-head tensor name: emb.3.weight -> ("emb", 3, "weight")

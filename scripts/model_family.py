@@ -318,3 +318,19 @@ def greedy_continue(model, prompts, n_new: int):
             out = model(input_ids=toks[-1], past_key_values=out.past_key_values, use_cache=True)
             toks.append(out.logits[:, -1].argmax(-1, keepdim=True))
     return torch.cat([prompts, *toks], 1)
+
+
+def run_stages(parser, names: str, known: tuple[str, ...], stages: dict, a, log,
+               label: str = "") -> None:
+    """Run the comma-separated stages `names` in order (parser.error on an unknown one): each
+    stages[name](a), logged with its wall-clock minutes."""
+    import time
+
+    for s in names.split(","):
+        if s not in known:
+            parser.error(f"unknown stage {s!r}")
+        t0 = time.time()
+        log(f"=== {label}stage {s}")
+        stages[s](a)
+        log(f"=== {label}stage {s} done in {(time.time() - t0) / 60:.1f} min")
+

@@ -651,13 +651,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(a.threads)
     if not (TARGET / "config.json").exists():
         raise SystemExit(f"{TARGET} is missing: run `make real-model` first")
-    for s in a.stages.split(","):
-        if s not in STAGES:
-            p.error(f"unknown stage {s!r}")
-        t0 = time.time()
-        log(f"=== stage {s}")
-        globals()[f"stage_{s}"](a)
-        log(f"=== stage {s} done in {(time.time() - t0) / 60:.1f} min")
+    mf.run_stages(p, a.stages, STAGES, {s: globals()[f"stage_{s}"] for s in STAGES}, a, log)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,27 @@ def _loading(path, what: str, load):
         raise BadModel(f"{path}: cannot load the {what}: {first}") from exc
 
 
+def read_weight_files(path: Path, weights_name: str = "model.safetensors"
+                      ) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory, from whichever weight files it has: one
+    safetensors file, a sharded one (model.safetensors.index.json) or pytorch_model.bin (read
+    with weights_only). ValueError when it has none."""
+    import json
+
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    if (path / weights_name).is_file():
+        return load_file(str(path / weights_name))
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(str(path / shard)).items()}
+    if (path / "pytorch_model.bin").is_file():
+        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise ValueError(f"{path}: no {weights_name}, model.safetensors.index.json or "
+                     "pytorch_model.bin")
+
+
 def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

@@ -13,6 +13,8 @@ import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_sampling as draft_sampling
+import verifier_service.eagle_format as eagle_format
+import verifier_service.eagle_head as eagle_head
 import verifier_service.step_executor as step_executor
 import verifier_service.verify as verify
 from kernels.sampling import keyed_argmax, noise_key
@@ -223,3 +225,79 @@ def certificate_rotation_ignored(monkeypatch) -> None:
     import splitspec.tls as tls
 
     monkeypatch.setattr(tls.TlsFiles, "refresh", lambda self, force=False: False)
+
+def eagle1_fc_reads_hidden_first(monkeypatch) -> None:
+    """An EAGLE-1 head's fc reads [hidden state | token embedding], the format's halves
+    swapped."""
+    monkeypatch.setattr(eagle_head, "eagle1_input", lambda emb, hidden: torch.cat([hidden, emb],
+                                                                                   -1))
+
+
+def eagle_fc_bias_dropped(monkeypatch) -> None:
+    """A head's fc.bias is skipped when loading (as a loader without the bias would)."""
+    original = eagle_format.canonical_names
+    monkeypatch.setattr(eagle_format, "canonical_names",
+                        lambda raw: {k: v for k, v in original(raw).items() if k != "fc_bias"})
+
+
+def eagle3_d2t_read_as_ids(monkeypatch) -> None:
+    """An EAGLE-3 head's d2t read as the target ids themselves instead of offsets."""
+    monkeypatch.setattr(eagle_format.EagleWeights, "draft_to_target",
+                        lambda self: None if self.d2t is None else self.d2t.long().abs())
+
+
+def eagle_drafts_kept_as_target_rows(monkeypatch) -> None:
+    """A drafted chain's rows stay in the head's cache as if the target had computed them: the
+    next advance appends after the head's own guesses instead of replacing them."""
+    original = eagle_head.EagleSequence.chain
+
+    def chain(self, k):
+        out = original(self, k)
+        self.length += max(k - 1, 0)
+        return out
+
+    monkeypatch.setattr(eagle_head.EagleSequence, "chain", chain)
+
+
+def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:
+    """A tree's fed rows attend to every fed row of the levels before, not only to their own
+    ancestors."""
+    original = eagle_head.tree_mask
+    monkeypatch.setattr(eagle_head, "tree_mask", lambda state, base, level:
+                        torch.ones_like(original(state, base, level)))
+
+
+def eagle_scratch_over_the_root(monkeypatch) -> None:
+    """Drafted rows written one column early: the first overwrites the root row's keys."""
+    monkeypatch.setattr(eagle_head.EagleSequence, "scratch_column",
+                        lambda self, depth: self.length + depth - 2)
+
+
+def eagle_q_is_not_the_sampled_one(monkeypatch) -> None:
+    """A sampled EAGLE chain draws from another distribution than the q it reports (sharper
+    unseeded, flatter noise seeded)."""
+    sample, noise = eagle_head.sample, eagle_head.keyed_exponentials
+    monkeypatch.setattr(eagle_head, "sample", lambda probs, keys=None: sample(probs ** 3, keys))
+    monkeypatch.setattr(eagle_head, "keyed_exponentials",
+                        lambda keys, idx: noise(keys, idx) ** 3)
+
+
+def ttt_drafted_rows_without_their_own_keys(monkeypatch) -> None:
+    """EAGLE-3's training-time test lets a drafted row see the root rows' keys only, never its
+    own nor its chain's (drafting does see them)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import eagle_ttt
+
+    original = eagle_ttt.DiagonalAttention.__call__
+
+    def call(self, q, k, v):
+        if not self.keys:
+            return original(self, q, k, v)
+        self.keys.append(k)
+        self.values.append(v)
+        return self.head.attention(q, self.keys[0], self.values[0], self.causal[None, None])
+
+    monkeypatch.setattr(eagle_ttt.DiagonalAttention, "__call__", call)

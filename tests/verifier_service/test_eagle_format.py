@@ -1,0 +1,337 @@
+"""EAGLE-1/2 and EAGLE-3 checkpoints, written here the way the published ones are (a one-layer
+Llama config.json; safetensors or pytorch_model.bin; `layers.0.*` / `midlayer.*` names, an
+optional `model.` prefix), load and draft what each format's definition says:
+
+- semantic cases whose outcome follows from the definition alone (zeroed attention and MLP
+  output projections leave the layer's output equal to its input):
+    EAGLE-1, fc = [0 | I]: the head's state is the target's final state, scored by the target's
+      head: it drafts the token the target just emitted, again and again;
+    EAGLE-1, fc = 0 with a bias: the bias alone decides (fc.bias is part of the format);
+    EAGLE-1 with its own embed_tokens, fc = [I | 0], tied target: it drafts the token its own
+      embedding row stands for;
+    EAGLE-3, feature layers [0, 2, 4] and fc = [I | 0 | 0]: the state is the input of the
+      target's layer 0, the embedding of the token before the one just emitted; an lm_head made
+      of the target's embedding rows for a permuted draft vocabulary drafts that token, mapped
+      back through d2t's offsets;
+- the plain-tensor forward (cached, batched rows) drafts the same chains and EAGLE-2 trees as a
+  reference built from transformers' Llama modules that recomputes everything from scratch;
+- malformed checkpoints are refused with the field named.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+from eagle_testlib import (
+    HEAD_DIM,
+    HEADS,
+    INTER,
+    KV,
+    VOCAB,
+    H,
+    ReferenceHead,
+    config,
+    random_weights,
+    target_features,
+    tiny_target,
+    write_checkpoint,
+)
+
+from verifier_service.eagle_format import load
+from verifier_service.eagle_head import EagleHead
+
+PROMPT = [5, 17, 42, 8, 33, 61, 12, 70, 3, 25]
+FEATURE_LAYERS = [0, 2, 4]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target(seed=1)
+
+
+@pytest.fixture(scope="module")
+def tied_target():
+    return tiny_target(seed=2, tied=True)
+
+
+def head_for(path, model, **kw) -> EagleHead:
+    return EagleHead.from_dir(path, model.model.embed_tokens.weight.detach(),
+                              model.lm_head.weight.detach(), **kw)
+
+
+def rows(model, prompt, version, layers=FEATURE_LAYERS):
+    """(next tokens, features) of every prompt position, and the target's greedy token after
+    the prompt: the sequence is prompt + [emitted]."""
+    final, aux, greedy = target_features(model, prompt, layers if version == 3 else None)
+    emitted = int(greedy[-1])
+    feats = aux if version == 3 else final
+    return prompt[1:] + [emitted], feats, emitted
+
+
+def zero_outputs(w: dict, layer: str) -> dict:
+    w[f"{layer}self_attn.o_proj.weight"].zero_()
+    w[f"{layer}mlp.down_proj.weight"].zero_()
+    return w
+
+
+# --------------------------------------------------------------------------- semantic cases
+
+
+def check_eagle1_redrafts_emitted(path, model, seed=0) -> None:
+    head = head_for(path, model)
+    seq = head.new_sequence(64)
+    nxt, feats, emitted = rows(model, PROMPT, 1)
+    seq.advance(feats, torch.tensor(nxt))
+    assert seq.chain(3).tolist() == [emitted] * 3
+
+
+def eagle1_identity_checkpoint(tmp_path, fmt="safetensors", prefix=""):
+    w = zero_outputs(random_weights(1, seed=3), "layers.0.")
+    w["fc.weight"] = torch.cat([torch.zeros(H, H), torch.eye(H)], 1)
+    return write_checkpoint(tmp_path / f"e1-{fmt}{prefix}", config(1), w, fmt, prefix)
+
+
+@pytest.mark.parametrize("fmt,prefix", [("safetensors", ""), ("bin", ""),
+                                        ("safetensors", "model.")])
+def test_eagle1_with_fc_picking_the_feature_redrafts_the_emitted_token(tmp_path, target, fmt,
+                                                                       prefix):
+    check_eagle1_redrafts_emitted(eagle1_identity_checkpoint(tmp_path, fmt, prefix), target)
+
+
+def check_bias_decides(tmp_path, model) -> None:
+    w = zero_outputs(random_weights(1, seed=4), "layers.0.")
+    w["fc.weight"].zero_()
+    favourite = 57
+    w["fc.bias"] = model.lm_head.weight.detach()[favourite] * 4
+    path = write_checkpoint(tmp_path / "e1-bias", config(1), w)
+    head = head_for(path, model)
+    seq = head.new_sequence(64)
+    nxt, feats, _ = rows(model, PROMPT, 1)
+    seq.advance(feats, torch.tensor(nxt))
+    assert seq.chain(2).tolist() == [favourite] * 2
+
+
+def test_eagle1_fc_bias_is_part_of_the_format(tmp_path, target):
+    check_bias_decides(tmp_path, target)
+
+
+def test_eagle1_own_embedding_is_used(tmp_path, tied_target):
+    perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(9))
+    w = zero_outputs(random_weights(1, seed=5), "layers.0.")
+    w["fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, H)], 1)
+    # the head's row for token t is the target's row for perm[t]; tied: scored by the same rows
+    w["embed_tokens.weight"] = tied_target.model.embed_tokens.weight.detach()[perm].clone()
+    path = write_checkpoint(tmp_path / "e1-embed", config(1), w)
+    head = head_for(path, tied_target)
+    seq = head.new_sequence(64)
+    nxt, feats, emitted = rows(tied_target, PROMPT, 1)
+    seq.advance(feats, torch.tensor(nxt))
+    assert int(seq.chain(1)[0]) == int(perm[emitted])
+
+
+def eagle3_embedding_checkpoint(tmp_path, model, draft_vocab: int):
+    """fc picks the first feature (the input of layer 0: the token embedding); lm_head scores
+    the target's embedding rows of a draft vocabulary that keeps the prompt's tokens."""
+    w = zero_outputs(random_weights(3, seed=6, draft_vocab=draft_vocab), "midlayer.")
+    shuffled = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(4)).tolist()
+    others = [t for t in shuffled if t not in PROMPT][: draft_vocab - len(set(PROMPT))]
+    ids = torch.tensor(sorted(set(PROMPT) | set(others)))
+    w["d2t"] = ids - torch.arange(draft_vocab)
+    t2d = torch.zeros(VOCAB, dtype=torch.bool)
+    t2d[ids] = True
+    w["t2d"] = t2d
+    w["fc.weight"] = torch.cat([torch.eye(H), torch.zeros(H, 2 * H)], 1)
+    w["lm_head.weight"] = model.model.embed_tokens.weight.detach()[ids].clone()
+    for name in ("midlayer.hidden_norm.weight", "norm.weight"):
+        w[name] = torch.ones(H)
+    cfg = config(3, draft_vocab, eagle_aux_hidden_state_layer_ids=FEATURE_LAYERS)
+    return write_checkpoint(tmp_path / "e3-embed", cfg, w)
+
+
+def check_eagle3_drafts_previous_token(path, model) -> None:
+    head = head_for(path, model)
+    seq = head.new_sequence(64)
+    nxt, feats, _ = rows(model, PROMPT, 3)
+    seq.advance(feats, torch.tensor(nxt))
+    assert seq.chain(3).tolist() == [PROMPT[-1]] * 3
+
+
+def test_eagle3_features_are_layer_inputs_and_d2t_offsets(tmp_path, target):
+    check_eagle3_drafts_previous_token(eagle3_embedding_checkpoint(tmp_path, target, 40), target)
+
+
+# --------------------------------------------------------------------------- reference forward
+
+
+CASES = {
+    "eagle1": (1, {}, {}),
+    "eagle1-bias-bin": (1, {"bias": True}, {}),
+    "eagle3": (3, {"draft_vocab": 48}, {}),
+    "eagle3-norm-before-residual": (3, {"draft_vocab": 48}, {"norm_before_residual": True}),
+    "eagle3-full-vocab-embed": (3, {"embed": True}, {}),
+    "eagle3-target-head": (3, {}, {}),
+}
+
+
+def case_checkpoint(tmp_path, name):
+    version, wkw, ckw = CASES[name]
+    w = random_weights(version, seed=zlib.crc32(name.encode()) % 1000, **wkw)
+    if name == "eagle3-target-head":  # no lm_head: the target's head scores the whole vocabulary
+        for key in ("lm_head.weight", "d2t", "t2d"):
+            w.pop(key)
+    draft_vocab = wkw.get("draft_vocab", VOCAB)
+    cfg = config(version, draft_vocab, **ckw)
+    if version == 3:
+        cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": FEATURE_LAYERS,
+                               "use_aux_hidden_state": True}
+    fmt = "bin" if name.endswith("bin") else "safetensors"
+    return version, w, cfg, write_checkpoint(tmp_path / name, cfg, w, fmt)
+
+
+def check_chain_matches_reference(tmp_path, model, name, k=4) -> None:
+    version, w, cfg, path = case_checkpoint(tmp_path, name)
+    ref = ReferenceHead(version, w, model, cfg)
+    head = head_for(path, model, dtype=torch.float64)
+    nxt, feats, _ = rows(model, PROMPT, version)
+    seq = head.new_sequence(8)  # grows as needed
+    seq.advance(feats, torch.tensor(nxt))
+    assert seq.chain(k).tolist() == ref.chain(nxt, feats, k)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_chain_matches_the_reference(tmp_path, target, name):
+    check_chain_matches_reference(tmp_path, target, name)
+
+
+def check_tree_matches_reference(tmp_path, model, name, top_k=3, depth=3, budget=8) -> None:
+    version, w, cfg, path = case_checkpoint(tmp_path, name)
+    ref = ReferenceHead(version, w, model, cfg)
+    head = head_for(path, model, dtype=torch.float64)
+    nxt, feats, _ = rows(model, PROMPT, version)
+    seq = head.new_sequence(64)
+    seq.advance(feats, torch.tensor(nxt))
+    tokens, parents, scores = seq.tree(top_k, depth, budget)
+    want_tokens, want_parents, want_scores = ref.tree(nxt, feats, top_k, depth, budget)
+    assert (tokens.tolist(), parents.tolist()) == (want_tokens, want_parents)
+    torch.testing.assert_close(scores, torch.tensor(want_scores, dtype=scores.dtype),
+                               atol=1e-6, rtol=1e-6)
+    draft = seq.draft_tree(top_k, depth, budget)
+    assert draft.tree_error(budget, top_k) is None and draft.q is None
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_tree_matches_the_reference(tmp_path, target, name):
+    check_tree_matches_reference(tmp_path, target, name)
+
+
+def test_the_root_row_scores_as_the_reference(tmp_path, target):
+    version, w, cfg, path = case_checkpoint(tmp_path, "eagle3")
+    ref = ReferenceHead(version, w, target, cfg)
+    head = head_for(path, target, dtype=torch.float64)
+    nxt, feats, _ = rows(target, PROMPT, version)
+    seq = head.new_sequence(64)
+    seq.advance(feats, torch.tensor(nxt))
+    want = ref.path_logp(nxt, feats, [])
+    torch.testing.assert_close(seq.root_logits.log_softmax(-1), want, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- the head's state
+
+
+def check_advance_replaces_guesses(tmp_path, model, name="eagle3") -> None:
+    """Draft (scratch rows written), then advance with the target's rows of the positions the
+    step kept: the state equals one built from the target's rows alone."""
+    version, w, cfg, path = case_checkpoint(tmp_path, name)
+    head = head_for(path, model, dtype=torch.float64)
+    full = PROMPT + [44, 9, 71, 30, 15]
+    nxt, feats, _ = rows(model, full, version)
+    cut = len(PROMPT)
+    stepwise = head.new_sequence(16)
+    stepwise.advance(feats[:cut], torch.tensor(nxt[:cut]))
+    stepwise.chain(4)
+    stepwise.draft_tree(2, 3, 5)
+    stepwise.advance(feats[cut:cut + 3], torch.tensor(nxt[cut:cut + 3]))
+    stepwise.chain(3)
+    stepwise.advance(feats[cut + 3:], torch.tensor(nxt[cut + 3:]))
+    fresh = head.new_sequence(64)
+    fresh.advance(feats, torch.tensor(nxt))
+    assert stepwise.length == fresh.length == len(full)
+    torch.testing.assert_close(stepwise.root_logits, fresh.root_logits)
+    assert stepwise.chain(4).tolist() == fresh.chain(4).tolist()
+    assert stepwise.draft_tree(3, 3, 7).tokens == fresh.draft_tree(3, 3, 7).tokens
+
+
+def test_advance_replaces_the_heads_own_guesses(tmp_path, target):
+    check_advance_replaces_guesses(tmp_path, target)
+
+
+def test_truncate_rolls_back(tmp_path, target):
+    version, w, cfg, path = case_checkpoint(tmp_path, "eagle1")
+    head = head_for(path, target, dtype=torch.float64)
+    nxt, feats, _ = rows(target, PROMPT, version)
+    seq = head.new_sequence(64)
+    seq.advance(feats, torch.tensor(nxt))
+    want = seq.chain(3).tolist()
+    seq.advance(feats[:2], torch.tensor([1, 2]))  # rows the sequence then rolls back
+    seq.truncate(len(PROMPT) - 1)
+    with pytest.raises(RuntimeError, match="advance"):
+        seq.chain(1)
+    seq.advance(feats[-1:], torch.tensor(nxt[-1:]))
+    assert seq.chain(3).tolist() == want
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_loaded_spec(tmp_path):
+    version, w, cfg, path = case_checkpoint(tmp_path, "eagle3")
+    spec, weights = load(path)
+    assert (spec.version, spec.draft_vocab_size, spec.feature_size) == (3, 48, 3 * H)
+    assert spec.feature_layers(6) == tuple(FEATURE_LAYERS)
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size) == (
+        HEADS, KV, HEAD_DIM, INTER)
+    e1, _ = load(case_checkpoint(tmp_path, "eagle1")[3])
+    assert (e1.version, e1.feature_size, e1.feature_layers(30)) == (1, H, ())
+
+
+def test_default_feature_layers():
+    from verifier_service.eagle_format import EagleSpec
+
+    spec = EagleSpec(3, H, HEADS, KV, HEAD_DIM, INTER, VOCAB, VOCAB, H)
+    assert spec.feature_layers(30) == (2, 15, 27)
+    with pytest.raises(ValueError, match="eagle_aux_hidden_state_layer_ids"):
+        spec.feature_layers(5)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda cfg, w: w.pop("midlayer.mlp.down_proj.weight"), "no down"),
+    (lambda cfg, w: w.__setitem__("layers.1.mlp.up_proj.weight", torch.zeros(1)), "unexpected"),
+    (lambda cfg, w: cfg.__setitem__("num_hidden_layers", 2), "num_hidden_layers"),
+    (lambda cfg, w: cfg.__setitem__("hidden_size", "wide"), "hidden_size"),
+    (lambda cfg, w: cfg.__setitem__("draft_vocab_size", 50), "lm_head: shape"),
+    (lambda cfg, w: w.__setitem__("d2t", w["d2t"] + VOCAB), "d2t maps"),
+    (lambda cfg, w: w.pop("midlayer.hidden_norm.weight"), "hidden_norm"),
+    (lambda cfg, w: w.pop("lm_head.weight"), "needs lm_head"),
+    (lambda cfg, w: cfg.__setitem__("eagle_aux_hidden_state_layer_ids", [1, 2]), "three"),
+    (lambda cfg, w: cfg.__setitem__("rope_scaling", {"rope_type": "yarn"}), "rope type"),
+])
+def test_malformed_checkpoints_are_refused_by_name(tmp_path, change, match):
+    cfg = config(3, 48)
+    w = random_weights(3, seed=8, draft_vocab=48)
+    change(cfg, w)
+    path = write_checkpoint(tmp_path / "bad", cfg, w)
+    with pytest.raises(ValueError, match=match):
+        load(path)
+
+
+def test_misfit_names_what_does_not_fit(tmp_path):
+    from verifier_service.eagle_format import misfit
+
+    spec, _ = load(case_checkpoint(tmp_path, "eagle3")[3])
+    target = {"vocab_size": VOCAB, "hidden_size": H, "num_hidden_layers": 6}
+    assert misfit(spec, target) is None
+    assert "vocabulary" in misfit(spec, target | {"vocab_size": 100})
+    assert "width" in misfit(spec, target | {"hidden_size": 32})
+    assert "layer" in misfit(spec, target | {"num_hidden_layers": 3})

@@ -1,0 +1,384 @@
+"""An EAGLE head on the target's features, as plain tensor code: the one-layer decoder, its
+per-sequence KV cache, and drafting chains and EAGLE-2 trees from it.
+
+The head predicts the token after next from the target's features at a position and the token
+that position produced. Row j of the head (position j) takes
+
+    EAGLE-1/2  x = fc(cat(embed(x_{j+1}), f_j)) (+ fc.bias)   f_j: the target's final-norm hidden
+               one Llama decoder layer over x (no input norm)  state at position j
+               out_j = its output; logits = target_lm_head(out_j)
+    EAGLE-3    h = fc(cat(a_j, b_j, c_j))                      a, b, c: the residual stream
+               x = cat(input_norm(embed(x_{j+1})), hidden_norm(h)),   entering the three feature
+               attention over x (2H wide), residual h (or hidden_norm(h) with norm_before_residual),
+               post-attention norm and MLP; out_j = the layer's output (before `norm`);
+               logits = lm_head(norm(out_j)) over the draft vocabulary, target id = id + d2t[id]
+
+and predicts x_{j+2}. Drafting further feeds the head its own out_j in place of the target's
+features (EAGLE-3's h = out_j, no fc; EAGLE-1's f = out_j through fc again), with the drafted
+token, one position on.
+
+Per sequence (`EagleSequence`) the head keeps its decoder layer's keys and values in one
+preallocated buffer [1, kv_heads, capacity, head_dim]: column j holds row j, for every row whose
+target features are known (`length` of them: every position of the sequence but the last, whose
+token has not been fed to the target yet). A step's drafting writes scratch rows past `length`
+(which the next `advance` overwrites); `advance(features, next_tokens)` writes the target's rows
+for the positions the step kept (the root and the accepted nodes), replacing the head's own
+guesses there, and makes the last of them the root of the next draft.
+
+Host syncs: none inside the per-token loops of `chain` and `tree` (argmax, top-k and gathers stay
+on the device). A chain or tree becomes host lists once, when it is turned into a Draft; a
+sampled chain draws each token with the request's sampling parameters and reads it back once per
+drafted token (the q rows go to the wire as lists anyway).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kernels.eagle_tree import TreeState, first_level, next_level, select
+from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample
+from kernels.sparse_probs import SparseProbs
+from splitspec.params import SamplingParams
+from splitspec.proposal import Draft
+from verifier_service import eagle_format
+from verifier_service.eagle_format import EagleSpec, EagleWeights
+
+
+def eagle1_input(embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """What an EAGLE-1/2 head's fc reads: the token's embedding, then the hidden state."""
+    return torch.cat([embedding, hidden], -1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: computed in float32, scaled by weight in x's dtype."""
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x, w, b)
+
+
+class EagleHead:
+    """A head bound to its target: its weights on the target's device and dtype, the target's
+    token embedding (unless the head has its own) and, for EAGLE-1/2, the target's output head
+    (optionally only the rows `vocab_ids`, a frequency-ranked subset)."""
+
+    def __init__(self, spec: EagleSpec, weights: EagleWeights, target_embed: torch.Tensor,
+                 target_head: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None,
+                 dtype: torch.dtype | None = None):
+        self.spec = spec
+        dtype = dtype or target_embed.dtype
+        device = target_embed.device
+        self.dtype, self.device = dtype, device
+
+        def put(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device=device, dtype=dtype)
+
+        w = weights
+        self.w = EagleWeights(**{name: (t.to(device) if name in ("d2t", "t2d") else put(t))
+                                 for name, t in w.tensors().items()})
+        self.embed = self.w.embed if self.w.embed is not None else put(target_embed)
+        if spec.version == 3 and self.w.lm_head is not None:
+            self.head = self.w.lm_head
+            self.ids = self.w.draft_to_target()  # [Vd] target id of each draft id, or None
+        else:
+            if target_head is None:
+                raise ValueError("this head scores with the target's output head: pass it")
+            head = put(target_head)
+            self.head = head if vocab_ids is None else head[vocab_ids.to(device)]
+            self.ids = None if vocab_ids is None else vocab_ids.to(device)
+        if self.ids is not None and bool((self.ids == torch.arange(
+                len(self.ids), device=device)).all()) and len(self.ids) == spec.vocab_size:
+            self.ids = None  # the identity
+        self.scale = spec.head_dim ** -0.5
+        half = torch.arange(0, spec.head_dim, 2, dtype=torch.float32, device=device)
+        self.inv_freq = 1.0 / (spec.rope_theta ** (half / spec.head_dim))
+
+    @classmethod
+    def from_dir(cls, path: str | Path, target_embed: torch.Tensor,
+                 target_head: torch.Tensor | None = None, **kw) -> "EagleHead":
+        spec, weights = eagle_format.load(path)
+        return cls(spec, weights, target_embed, target_head, **kw)
+
+    # -- the math (plain tensor ops; autograd works through them for training) -------------
+
+    def hidden_from_features(self, feats: torch.Tensor) -> torch.Tensor:
+        """The target's features [..., feature_size] as the layer's hidden input [..., H]:
+        EAGLE-3 fuses the three layers' inputs with fc; EAGLE-1/2 take the final state as is
+        (their fc acts on every row, in `layer`)."""
+        if self.spec.version == 3 and self.spec.use_aux_hidden_state:
+            return _linear(feats.to(self.dtype), self.w.fc, self.w.fc_bias)
+        return feats.to(self.dtype)
+
+    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [..., R, 1, head_dim] at positions pos [..., R] (linear scaling applied)."""
+        freqs = (pos.to(torch.float32) / self.spec.rope_factor)[..., None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), -1)[..., None, :]
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), -1)
+        return x * cos + rot * sin
+
+    def layer(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
+              attend) -> torch.Tensor:
+        """The decoder layer over rows: tokens [B, R] (target ids), hidden [B, R, H] (fused
+        target features or the head's own outputs), positions [B, R]. attend(q [B, Hq, R, D],
+        k [B, Hkv, R, D], v) -> [B, R, Hq * D] is the caller's cache and mask. Returns the
+        layer's output [B, R, H] (what is fed back; EAGLE-3's `norm` comes in `logits`)."""
+        s, w = self.spec, self.w
+        emb = F.embedding(tokens, self.embed).to(self.dtype)
+        if s.version == 3:
+            hn = rms_norm(hidden, w.hidden_norm, s.rms_norm_eps)
+            residual = hn if s.norm_before_residual else hidden
+            x = torch.cat([rms_norm(emb, w.input_norm, s.rms_norm_eps), hn], -1)
+        else:
+            x = _linear(eagle1_input(emb, hidden), w.fc, w.fc_bias)
+            residual = x
+        B, R = tokens.shape
+        q = _linear(x, w.q, w.q_bias).view(B, R, s.num_heads, s.head_dim)
+        k = _linear(x, w.k, w.k_bias).view(B, R, s.num_kv_heads, s.head_dim)
+        v = _linear(x, w.v, w.v_bias).view(B, R, s.num_kv_heads, s.head_dim)
+        cos, sin = self.rope(pos)
+        q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        att = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        x = residual + _linear(att, w.o, w.o_bias)
+        h = rms_norm(x, w.post_norm, s.rms_norm_eps)
+        return x + _linear(F.silu(_linear(h, w.gate, None)) * _linear(h, w.up, None), w.down,
+                           None)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary [..., Vd] from layer outputs [..., H]."""
+        if self.spec.version == 3:
+            out = rms_norm(out, self.w.norm, self.spec.rms_norm_eps)
+        return out @ self.head.T
+
+    def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Target token ids of draft-vocabulary ids (any shape)."""
+        return draft_ids if self.ids is None else self.ids[draft_ids]
+
+    def attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                  mask: torch.Tensor | None) -> torch.Tensor:
+        """SDPA over keys/values [B, Hkv, S, D] with a bool mask [B or 1, 1, R, S] (None: all)
+        -> [B, R, Hq * D]."""
+        groups = self.spec.num_heads // self.spec.num_kv_heads
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale,
+                                             enable_gqa=groups > 1)
+        return att.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+    def new_sequence(self, capacity: int) -> "EagleSequence":
+        return EagleSequence(self, capacity)
+
+
+class EagleSequence:
+    """One sequence's head state: its KV buffer and the root of its next draft."""
+
+    def __init__(self, head: EagleHead, capacity: int):
+        s = head.spec
+        self.head = head
+        self.length = 0  # rows whose target features the cache holds (columns 0..length-1)
+        shape = (1, s.num_kv_heads, max(capacity, 1), s.head_dim)
+        self.keys = torch.zeros(shape, dtype=head.dtype, device=head.device)
+        self.values = torch.zeros(shape, dtype=head.dtype, device=head.device)
+        self.root_out: torch.Tensor | None = None  # [H]: the last row's output
+        self.root_logits: torch.Tensor | None = None  # [Vd]
+        self.root_token: torch.Tensor | None = None  # [] the last row's input token
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
+
+    def _reserve(self, columns: int) -> None:
+        """Room for `columns` columns (doubling: a rare host-side decision, not per token)."""
+        if columns <= self.capacity:
+            return
+        new = max(columns, 2 * self.capacity)
+        grown = []
+        for buf in (self.keys, self.values):
+            g = buf.new_zeros(buf.shape[0], buf.shape[1], new, buf.shape[3])
+            g[:, :, :self.capacity] = buf
+            grown.append(g)
+        self.keys, self.values = grown
+
+    def _write(self, col: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keys/values [1, Hkv, R, D] into columns col..col+R-1 (or the columns of a tensor)."""
+        if isinstance(col, int):
+            self.keys[:, :, col:col + k.shape[2]] = k
+            self.values[:, :, col:col + k.shape[2]] = v
+        else:
+            self.keys.index_copy_(2, col, k)
+            self.values.index_copy_(2, col, v)
+
+    def advance(self, features: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """The target's rows for positions length..length+R-1: features [R, feature_size] (the
+        target's, from its forward, on its device), next_tokens [R] (the token at each position
+        plus one: the tokens the step emitted, or the prompt shifted by one). Their keys and
+        values replace whatever the columns held; the last row becomes the next draft's root."""
+        head = self.head
+        R = features.shape[0]
+        start = self.length
+        self._reserve(start + R)
+        hidden = head.hidden_from_features(features)[None]  # [1, R, H]
+        tokens = next_tokens.to(device=head.device, dtype=torch.long)[None]
+        pos = torch.arange(start, start + R, device=head.device)[None]
+        span = start + R
+        causal = (torch.arange(span, device=head.device)[None, :]
+                  <= pos[0, :, None])[None, None]  # [1, 1, R, span]
+
+        def attend(q, k, v):
+            self._write(start, k, v)
+            return head.attention(q, self.keys[:, :, :span], self.values[:, :, :span], causal)
+
+        out = head.layer(tokens, hidden, pos, attend)[0]  # [R, H]
+        self.length = span
+        self.root_out = out[-1]
+        self.root_token = tokens[0, -1]
+        self.root_logits = head.logits(out[-1])
+
+    def truncate(self, length: int) -> None:
+        """Forget rows from `length` on (a rollback); the root is gone until the next advance."""
+        if length < self.length:
+            self.length = length
+            self.root_out = self.root_logits = self.root_token = None
+
+    def free(self) -> None:
+        self.keys = self.values = torch.zeros(0)
+        self.length = 0
+        self.root_out = self.root_logits = self.root_token = None
+
+    def scratch_column(self, depth: int) -> int:
+        """Where a drafted row `depth` (1-based) levels past the root is written: right after
+        the rows with target features (their columns are never written by drafting)."""
+        return self.length + depth - 1
+
+    def _need_root(self) -> None:
+        if self.root_out is None:
+            raise RuntimeError("no root: advance the sequence with the target's features first")
+
+    # -- chains -------------------------------------------------------------------------------
+
+    def _step(self, token: torch.Tensor, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+        """Feed one drafted token (target id, [1]) with the hidden state that predicted it as
+        scratch row `depth` (1-based) past the root; returns the row's output [H]."""
+        head = self.head
+        col = self.scratch_column(depth)
+        self._reserve(col + 1)
+        pos = torch.full((1, 1), col, device=head.device)
+
+        def attend(q, k, v):
+            self._write(col, k, v)
+            return head.attention(q, self.keys[:, :, :col + 1], self.values[:, :, :col + 1],
+                                  None)
+
+        return head.layer(token.view(1, 1), hidden.view(1, 1, -1), pos, attend)[0, 0]
+
+    def chain(self, k: int) -> torch.Tensor:
+        """A greedy chain of k drafted target ids [k] (on the device): argmax, fed back."""
+        self._need_root()
+        head = self.head
+        out = torch.empty(k, dtype=torch.long, device=head.device)
+        logits, hidden = self.root_logits, self.root_out
+        for i in range(k):
+            tok = head.target_ids(logits.argmax(-1))
+            out[i] = tok
+            if i + 1 < k:
+                hidden = self._step(tok.view(1), hidden, i + 1)
+                logits = head.logits(hidden)
+        return out
+
+    def sampled_chain(self, k: int, params: SamplingParams, first_position: int,
+                      top_k: int = 16) -> Draft:
+        """A chain drawn from the head's own distribution after the request's sampling
+        parameters (temperature, top-k, top-p, min-p), truncated to its top_k tokens: the Draft
+        carries exactly the q each token was drawn from. Seeded requests draw with the keyed
+        noise of the token's position (first_position + i), as the draft proposers do."""
+        self._need_root()
+        head = self.head
+        p = params
+        settings = [torch.tensor([v], dtype=dt) for v, dt in (
+            (p.temperature, torch.float32), (p.top_k, torch.int64), (p.top_p, torch.float32),
+            (p.min_p, torch.float32))]
+        tokens, rows = [], []
+        logits, hidden = self.root_logits, self.root_out
+        for i in range(k):
+            q = apply_sampling_params(logits[None].float(), *settings)  # [1, Vd]
+            vals, idx = q.topk(min(top_k, q.shape[-1]), dim=-1)
+            vals = vals / vals.sum(-1, keepdim=True)
+            key = None if p.seed is None else noise_key(p.seed, first_position + i)
+            ids = head.target_ids(idx[0])  # [K]
+            pick = sample(vals) if key is None else _keyed_pick(vals, ids, key)
+            tok = ids[pick[0]]
+            keep = vals[0] > 0
+            tokens.append(int(tok))
+            rows.append((ids[keep].tolist(), vals[0][keep].tolist()))
+            if i + 1 < k:
+                hidden = self._step(tok.view(1), hidden, i + 1)
+                logits = head.logits(hidden)
+        return Draft("", tokens, q=SparseProbs.from_rows(rows))
+
+    # -- EAGLE-2 trees ------------------------------------------------------------------------
+
+    def tree(self, top_k: int, depth: int, budget: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """An EAGLE-2 dynamic tree: expand the top_k frontier by cumulative log-probability for
+        `depth` levels, keep the `budget` best candidates. Returns (target ids [n], parents [n],
+        each node's cumulative log-probability [n]) on the device, topological, siblings best
+        first (n = min(budget, candidates))."""
+        self._need_root()
+        head = self.head
+        k = top_k
+        state = TreeState(k, depth, head.device)
+        toks = head.target_ids(first_level(state, self.root_logits.float().log_softmax(-1)))
+        hidden = self.root_out.expand(k, -1)  # [k, H]: each frontier node's predictor
+        base = self.scratch_column(1)
+        self._reserve(base + depth * k)
+        for level in range(2, depth + 1):
+            # feed level - 1's frontier: k rows at one position, each seeing the committed rows
+            # and its own ancestors among the fed rows
+            cols = base + (level - 2) * k + torch.arange(k, device=head.device)
+            span = base + (level - 1) * k
+            pos = torch.full((1, k), base + level - 2, device=head.device)
+            mask = tree_mask(state, base, level)  # [1, 1, k, span]
+
+            def attend(q, kk, vv, cols=cols, span=span, mask=mask):
+                self._write(cols, kk, vv)
+                return head.attention(q, self.keys[:, :, :span], self.values[:, :, :span], mask)
+
+            out = head.layer(toks[None], hidden[None], pos, attend)[0]  # [k, H]
+            logp = head.logits(out).float().log_softmax(-1)  # [k, Vd]
+            draft_toks, rows = next_level(state, level, logp)
+            toks = head.target_ids(draft_toks)
+            hidden = out[rows]
+        kept, parents = select(state.scores, state.parents, budget)
+        return head.target_ids(state.tokens[kept]), parents, state.scores[kept]
+
+    def draft_tree(self, top_k: int, depth: int, budget: int) -> Draft:
+        """`tree` as a Draft (deterministic nodes: no q); the one host read of the tree."""
+        tokens, parents, _ = self.tree(top_k, depth, budget)
+        return Draft("", tokens.tolist(), parents=parents.tolist())
+
+
+def tree_mask(state: TreeState, base: int, level: int) -> torch.Tensor:
+    """Which columns level - 1's frontier rows see when fed: every committed column (before
+    `base`) and, among the fed rows, each row's own ancestors and itself. [1, 1, k, span]."""
+    k = state.top_k
+    span = base + (level - 1) * k
+    seen = torch.ones(k, span, dtype=torch.bool, device=state.ancestors.device)
+    seen[:, base:] = state.ancestors[:, :(level - 1) * k]
+    return seen[None, None]
+
+
+def _keyed_pick(vals: torch.Tensor, ids: torch.Tensor, key: int) -> torch.Tensor:
+    """The keyed exponential race over q's support, noise at the target ids (as the verifier
+    keys its own choice): [1] position into vals' row."""
+    noise = keyed_exponentials([key], ids[None])
+    return (vals / noise).argmax(-1)
+
