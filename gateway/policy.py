@@ -180,7 +180,8 @@ class SpeculationPolicy:
             return tuple((m, asked_branches) for m in methods)
         b = min(self.config.auto_branches, max_branches)
         trees = tuple((m, b) for m in methods if b > 1 and m in METHODS
-                      and METHODS[m].kind is Kind.PROPOSER)
+                      and (METHODS[m].kind is Kind.PROPOSER
+                           or METHODS[m].capabilities.token_trees))
         return tuple((m, 1) for m in methods) + trees
 
     def _stale(self, candidates: tuple[Candidate, ...], greedy: bool) -> Candidate | None:

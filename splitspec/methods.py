@@ -47,6 +47,9 @@ class Capabilities:
     # One state across all sequences and verifiers it serves (e.g. an index of past outputs):
     # what a proposer in its own service can offer and an in-process one cannot.
     cross_request: bool = False
+    # An in-target method whose drafts branch as a request's num_branches asks (token trees
+    # the policy may weigh); proposers always do, lookahead shapes its own.
+    token_trees: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,18 @@ def _same_tokenizer(target: Path, model: Path) -> bool:
     return ((model / "config.json").is_file() and tok.is_file()
             and (model / "tokenizer.json").is_file()
             and (model / "tokenizer.json").read_bytes() == tok.read_bytes())
+
+
+def _eagle_fits(target: Path, model: Path) -> bool:
+    """A head's config.json names the target's vocabulary and reads features of its width
+    (verifier_service/eagle_format.py checks the rest when it loads)."""
+    try:
+        tcfg = json.loads((target / "config.json").read_text())
+        hcfg = json.loads((model / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    width = hcfg.get("target_hidden_size") or hcfg.get("hidden_size")
+    return (hcfg.get("vocab_size"), width) == (tcfg.get("vocab_size"), tcfg.get("hidden_size"))
 
 
 def _speculator_fits(target: Path, model: Path) -> bool:
@@ -101,6 +116,10 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec("lookahead", "lookahead decoding: a Jacobi window and an n-gram pool inside the "
                "target's own forward, no draft model", "verifier_service.lookahead:LookaheadMethod",
                Capabilities(), kind=Kind.IN_TARGET),
+    MethodSpec("eagle", "EAGLE heads on the target's own features, inside the verifier: chains "
+               "and EAGLE-2 dynamic trees", "verifier_service.eagle:EagleMethod",
+               Capabilities(sampled_drafts=True, needs_model=True, token_trees=True),
+               model_dir="eagle", fits=_eagle_fits, kind=Kind.IN_TARGET),
 )}
 
 

@@ -45,6 +45,15 @@ def learned_models(tiny_target_dir, tmp_path_factory) -> tuple[str, str, str]:
 
 
 @pytest.fixture(scope="session")
+def learned_eagle_head(learned_models, tmp_path_factory) -> str:
+    """tiny_proposer_models.make_trained_eagle_head for the learned models' target (a few
+    seconds of training), built once per run, only read."""
+    from tiny_proposer_models import make_trained_eagle_head
+
+    return str(make_trained_eagle_head(learned_models[0], tmp_path_factory.mktemp("eagle")))
+
+
+@pytest.fixture(scope="session")
 def noisy_draft_dir(tiny_target_dir, tmp_path_factory) -> str:
     """tiny_proposer_models.make_noisy_draft of the tiny target, built once per run, only read."""
     from tiny_proposer_models import make_noisy_draft

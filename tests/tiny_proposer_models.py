@@ -139,3 +139,62 @@ def make_models(target_model_dir: str, root: Path) -> tuple[str, str, str]:
     draft = make_noisy_draft(target, root / "draft", noise=0.02)
     spec = make_trained_mlp_speculator(target, root / "mlp-speculator", n_predict=4)
     return str(target), str(draft), str(spec)
+
+
+def make_trained_eagle_head(target_dir: str | Path, out: Path, steps: int = 40,
+                            seed: int = 0) -> Path:
+    """An EAGLE-3 head fitted for a few seconds to the target's own greedy continuations, with
+    the training code of `make models-eagle` (scripts/eagle_fit.py, eagle_ttt.py: two steps of
+    the training-time test) on features taken from a plain forward (the inputs of layers 0, 1
+    and 1 of the 2-layer target). Its drafts are accepted only where the verifier hands it the
+    target's features of the right rows: an end-to-end check a random head cannot give."""
+    import sys
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import eagle_fit
+    import eagle_ttt
+
+    from verifier_service.eagle_format import save_eagle3
+    from verifier_service.eagle_head import EagleHead
+
+    layers = [0, 1, 1]
+    tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
+                                                  dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randint(2, tc.vocab_size, (16, 4), generator=gen)  # [B, 4] random prompts
+    with torch.no_grad():
+        seqs = target.generate(start, attention_mask=torch.ones_like(start), max_new_tokens=28,
+                               do_sample=False, pad_token_id=0, eos_token_id=None)  # [B, L]
+        out_hf = target(seqs, output_hidden_states=True)
+    feats = torch.cat([out_hf.hidden_states[i] for i in layers], -1)  # [B, L, 3H]
+    top = out_hf.logits.float().log_softmax(-1).topk(8, dim=-1)
+    records = [{"feats": feats[b, :-1], "tokens": seqs[b], "prompt_len": start.shape[1],
+                "top_ids": top.indices[b], "top_logp": top.values[b]}
+               for b in range(seqs.shape[0])]
+    cfg = tc.to_dict()
+    spec = eagle_fit.head_spec(SimpleNamespace(layers=layers), cfg, tc.vocab_size)
+    ids = list(range(tc.vocab_size))
+    d2t, t2d, t2d_index = eagle_fit.draft_maps(ids, tc.vocab_size)
+    w = {k: v.float() for k, v in target.state_dict().items()}
+    embed = w["model.embed_tokens.weight"]
+    params = eagle_fit.HeadParams(spec, {"embed": embed, "head": w.get("lm_head.weight", embed),
+                                         "norm": w["model.norm.weight"]}, ids, seed=seed)
+    opt = torch.optim.AdamW(params.parameters(), lr=3e-3)
+    torch.manual_seed(seed)
+    for _ in range(steps):
+        head = EagleHead(spec, params.weights(d2t, t2d), embed)
+        loss, weight = 0.0, 0.0
+        for rec in records:
+            l_, w_, _ = eagle_ttt.ttt_loss(head, rec, 2, t2d_index, 0.8, 0.1)
+            loss, weight = loss + l_, weight + w_
+        opt.zero_grad()
+        (loss / weight).backward()
+        opt.step()
+    save_eagle3(out, spec, params.weights(d2t, t2d))
+    return out

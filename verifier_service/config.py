@@ -28,6 +28,8 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     )
     default_num_speculative_tokens: int = option(4, "k used when a request does not set one")
     max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
+    eagle: str = option("", "an EAGLE-1/2 or EAGLE-3 head for this target (a directory as "
+                        "published): serves the in-target method eagle (empty: not served)")
     lookahead_window: int = option(3, "lookahead decoding: W, guesses per Jacobi level")
     lookahead_ngram: int = option(3, "lookahead decoding: N, n-gram size (N - 1 window levels)")
     lookahead_guesses: int = option(2, "lookahead decoding: G, pool n-grams verified per step")

@@ -16,9 +16,11 @@ from splitspec.tls_certs import StackCertificates
 
 
 def sibling_proposer_models(model: str | Path) -> dict[str, str]:
-    """Per model-backed method, its model directory found next to the target, when it fits
-    (cheap file checks; the verifier still checks Info)."""
-    found = {name: find_model(spec, model) for name, spec in proposer_methods().items()}
+    """Per model-backed method (proposers and in-target ones, e.g. an EAGLE head), its model
+    directory found next to the target, when it fits (cheap file checks; the verifier still
+    checks Info, and loads an in-target method's model itself)."""
+    found = {name: find_model(spec, model) for name, spec in METHODS.items()
+             if spec.capabilities.needs_model}
     return {name: path for name, path in found.items() if path}
 
 
@@ -58,6 +60,9 @@ class StackConfig:
     # presents its role's, checks its peers against the CA and serves only the role that calls
     # it; the gateway's front doors serve HTTPS / TLS with its certificate. None: plaintext.
     tls: StackCertificates | None = None
+    # In-target methods backed by a model (an EAGLE head): method -> its directory, passed to
+    # every verifier as --METHOD DIR. Missing: the verifiers do not serve the method.
+    in_target_models: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def with_free_ports(cls, models: dict[str, str] | None = None,
@@ -73,6 +78,9 @@ class StackConfig:
         names = [m for m in (methods if methods is not None else METHODS)
                  if m in proposer_methods()]
         kwargs.setdefault("metrics_port", None)
+        kwargs.setdefault("in_target_models", {
+            m: d for m, d in models.items() if m in METHODS and m not in proposer_methods()
+            and (methods is None or m in methods)})
         verifier_ports = [free_port() for _ in range(kwargs.get("verifier_replicas", 1))]
         return cls(http_port=free_port(), grpc_port=free_port(), verifier_port=verifier_ports[0],
                    verifier_ports=verifier_ports,

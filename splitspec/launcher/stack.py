@@ -50,6 +50,7 @@ class Stack:
                 "--port", str(port), "--device", c.device,
                 *(a for m, svc in self.proposers.items()
                   for a in ("--proposer", f"{m}={c.host}:{svc.port}")),
+                *(a for m, d in c.in_target_models.items() for a in (f"--{m}", d)),
                 *c.verifier_args], port, log(name)))
         self.verifier = self.verifiers[0]
         self.gateway = Service("gateway", [

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from splitspec.launcher.config import ProposerLaunch, StackConfig, sibling_proposer_models
 from splitspec.launcher.stack import Stack
-from splitspec.methods import proposer_methods
+from splitspec.methods import in_target_methods, proposer_methods
 from splitspec.tls_certs import LOCAL_HOSTS, StackCertificates, write_stack_certificates
 
 
@@ -88,6 +88,14 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                             f"else {spec.model_dir}/ next to the target, if it fits)")
             up.add_argument(f"--{name}-device", default=None,
                             help="its device (default: --device)")
+    for name, spec in in_target_methods().items():  # in-target methods backed by a model
+        if spec.capabilities.needs_model:
+            up.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True,
+                            help=f"serve {name} in the verifiers ({spec.summary}) when its "
+                            "model is found")
+            up.add_argument(f"--{name}-model", default=None,
+                            help=f"its model directory (default: TARGET-{spec.model_dir}/, "
+                            f"else {spec.model_dir}/ next to the target, if it fits)")
     up.set_defaults(run=lambda args: run(args, up))
 
 
@@ -106,7 +114,15 @@ def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None)
                                         [*(["--device", device] if device else []),
                                          *shlex.split(args.proposer_args),
                                          *shlex.split(getattr(args, f"{opt}_args"))])
+    in_target = {}
+    for name, spec in in_target_methods().items():
+        opt = name.replace("-", "_")
+        if spec.capabilities.needs_model and getattr(args, opt):
+            model = getattr(args, f"{opt}_model") or found.get(name)
+            if model:
+                in_target[name] = model
     return StackConfig(
+        in_target_models=in_target,
         model=args.model, host=args.host, http_port=args.http_port,
         grpc_port=args.grpc_port, verifier_port=args.verifier_port, device=args.device,
         log_dir=args.log_dir, proposers=launches, metrics_port=args.metrics_port, tls=tls,

@@ -46,14 +46,16 @@ def replica_client(replicas):
 
 
 @pytest.fixture(scope="package")
-def learned_stack(learned_models, tmp_path_factory):
+def learned_stack(learned_models, learned_eagle_head, tmp_path_factory):
     """The sharpened tiny target with every proposer, the learned ones included (see
-    learned_testlib), drafting ahead pinned on: every losslessness test runs with drafting ahead
-    (auto could turn it off on a busy machine, where it takes cores from the verifier). A test that
-    kills one of its services restarts it before it ends."""
+    learned_testlib), and an EAGLE head in its verifier, drafting ahead pinned on: every
+    losslessness test runs with drafting ahead (auto could turn it off on a busy machine, where
+    it takes cores from the verifier). A test that kills one of its services restarts it before
+    it ends."""
     from learned_testlib import learned_stack_config
 
     target, draft, spec = learned_models
     with Stack(learned_stack_config(target, draft, spec, tmp_path_factory.mktemp("learned-logs"),
-                                    verifier_args=["--draft-ahead", "on"])) as s:
+                                    verifier_args=["--draft-ahead", "on"],
+                                    eagle=learned_eagle_head)) as s:
         yield s

@@ -18,14 +18,15 @@ from splitspec.launcher import Stack, StackConfig
 
 
 def learned_stack_config(target: str, draft: str | None, spec: str | None, log_dir: Path,
-                         timeout_ms: float = 5000.0, **kwargs) -> StackConfig:
+                         timeout_ms: float = 5000.0, eagle: str | None = None,
+                         **kwargs) -> StackConfig:
     """One torch thread per process; a generous per-step deadline (2 shared cores), so that
     acceptance does not depend on the machine's load."""
     verifier_args = ["--threads", "1", "--proposer-timeout-ms", str(timeout_ms),
                      "--proposer-reconnect-s", "0.5", *kwargs.pop("verifier_args", [])]
     return StackConfig.with_free_ports(
         model=target, device="cpu", log_dir=log_dir, verifier_args=verifier_args,
-        models={"draft": draft, "mlp": spec},
+        models={"draft": draft, "mlp": spec, **({"eagle": eagle} if eagle else {})},
         proposer_args={"draft": ["--threads", "1"], "mlp": ["--threads", "1"]}, **kwargs)
 
 

@@ -47,7 +47,7 @@ def ahead_hits(stack, method: str) -> int:
     return sum(m.ahead_hits for m in stats.methods if m.method == method)
 
 
-@pytest.mark.parametrize("method", ["draft", "mlp"])
+@pytest.mark.parametrize("method", ["draft", "mlp", "eagle"])
 @pytest.mark.parametrize("k, branches", [(1, 1), (4, 1), (8, 1), (6, 2)])
 def test_greedy_equals_speculation_off(stack, client, baseline, method, k, branches):
     """Drafting ahead is on by default: the draft proposer drafts ahead while the verifier verifies,
@@ -178,10 +178,12 @@ SAMPLED_PLANS = {
     "mlp-k4": [("mlp", 4)],  # the test speculator has 4 heads
     "suffix-k8": [("suffix", 8)],
     "lookahead-k8": [("lookahead", 8)],  # in-target: a tree of pool candidates and the window
-    "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8)],
+    "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8),
+              ("eagle", 4)],
     # token trees (method, k, children per node): deterministic siblings (n-gram, suffix) and
     # sampled ones (the draft's second guesses, the MLP's top-k per head) in one batch
-    "trees": [("ngram", 6, 3), ("draft", 8, 2), ("mlp", 4, 2), ("suffix", 6, 3)],
+    "trees": [("ngram", 6, 3), ("draft", 8, 2), ("mlp", 4, 2), ("suffix", 6, 3),
+              ("eagle", 6, 2)],
 }
 
 

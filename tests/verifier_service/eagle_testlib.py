@@ -293,3 +293,46 @@ def eagle3_sequence(prompt: list[int], draft_vocab: int = 48, seed: int = 21):
     seq = head.new_sequence(64)
     seq.advance(aux, torch.tensor(prompt[1:] + [int(greedy[-1])]))
     return seq
+
+
+def head_for_target(path: Path, target_dir: str, version: int, seed: int = 0,
+                    aux_layer_ids: list[int] | None = None) -> Path:
+    """A random head fitted to a target directory's shapes (its hidden size and vocabulary;
+    the head's own layer as wide as the target), written as published: EAGLE-3 with the whole
+    vocabulary as its draft vocabulary (d2t zero, t2d all set) and explicit feature layers."""
+    t = json.loads((Path(target_dir) / "config.json").read_text())
+    h, vocab = t["hidden_size"], t["vocab_size"]
+    heads = t["num_attention_heads"]
+    kv = t.get("num_key_value_heads") or heads
+    head_dim = t.get("head_dim") or h // heads
+    inter = 2 * h
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, s=0.15):
+        return torch.randn(*shape, generator=g) * s
+
+    att_in = 2 * h if version == 3 else h
+    layer = "midlayer." if version == 3 else "layers.0."
+    w = {f"{layer}self_attn.q_proj.weight": r(heads * head_dim, att_in),
+         f"{layer}self_attn.k_proj.weight": r(kv * head_dim, att_in),
+         f"{layer}self_attn.v_proj.weight": r(kv * head_dim, att_in),
+         f"{layer}self_attn.o_proj.weight": r(h, heads * head_dim),
+         f"{layer}post_attention_layernorm.weight": 1 + r(h, s=0.1),
+         f"{layer}mlp.gate_proj.weight": r(inter, h),
+         f"{layer}mlp.up_proj.weight": r(inter, h),
+         f"{layer}mlp.down_proj.weight": r(h, inter)}
+    cfg = config(version, vocab, hidden_size=h, intermediate_size=inter,
+                 num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+                 vocab_size=vocab)
+    if version == 3:
+        w |= {"midlayer.input_layernorm.weight": 1 + r(h, s=0.1),
+              "midlayer.hidden_norm.weight": 1 + r(h, s=0.1),
+              "fc.weight": r(h, 3 * h, s=0.1), "norm.weight": 1 + r(h, s=0.1),
+              "lm_head.weight": r(vocab, h, s=0.3),
+              "d2t": torch.zeros(vocab, dtype=torch.long),
+              "t2d": torch.ones(vocab, dtype=torch.bool)}
+        cfg |= {"target_hidden_size": h, "draft_vocab_size": vocab,
+                "eagle_aux_hidden_state_layer_ids": aux_layer_ids or [0, 1, 1]}
+    else:
+        w["fc.weight"] = r(h, 2 * h, s=0.1)
+    return write_checkpoint(path, cfg, w)

@@ -1,0 +1,139 @@
+"""EAGLE as an in-target method (registry name `eagle`): a head on the target's own features
+drafts inside the verifier, with no proposer process and no wire.
+
+Served when the verifier is given a head (`--eagle DIR`: an EAGLE-1/2 or EAGLE-3 checkpoint as
+published, verifier_service/eagle_format.py; `splitspec up` passes the one it finds next to the
+target). At start-up the head is bound to the target (`bind`): its token embedding and, for
+heads without their own, its output head; and the runner is told which features every step must
+compute for every fed row (EAGLE-3: the residual-stream inputs of three layers; EAGLE-1/2: the
+final-norm hidden state: ModelRunner.feature_layers). Per sequence (`EagleState`):
+
+    prefill chunk cached      prefilled(features, p): the head's rows p .. p + n - 1 from the
+                              target's features there and the tokens after them (the prompt)
+    a step verified           observe(outcome): the kept rows' features (the step's uncached
+                              tokens, then the accepted path) with the tokens after them (the
+                              last one: the step's recovered or bonus token) replace whatever
+                              the head had guessed there; the last row is the next draft's root
+    a step wants k tokens     propose: from the root, a chain (greedy: argmax fed back; sampled:
+                              drawn from the head's own distribution after the request's sampling
+                              parameters, sent with that q) or, for a plan allowing num_branches
+                              > 1, an EAGLE-2 dynamic tree: the top-num_branches frontier grown
+                              by cumulative log-probability, the k best nodes kept (deterministic
+                              nodes: one-hot to the tree sampler)
+    finished, preempted       free (a re-admitted sequence starts afresh from its prefill)
+
+The head's own layer runs eagerly on the target's device (verifier_service/eagle_head.py: its
+drafting loops read nothing back until the draft is handed over, once).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence as Seq
+
+import torch
+
+from splitspec.params import SamplingParams, SpeculationPlan
+from splitspec.proposal import Draft
+from verifier_service import eagle_format
+from verifier_service.eagle_head import EagleHead, EagleSequence
+from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
+
+log = logging.getLogger(__name__)
+
+MAX_TREE_DEPTH = 6  # levels an EAGLE-2 tree grows at most (its nodes: the plan's k)
+DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tokens
+
+
+class EagleMethod(InTargetMethod):
+    def __init__(self, path: str):
+        self.path = path
+        self.head: EagleHead | None = None
+        self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0}
+        self.sequences = 0
+
+    @classmethod
+    def from_verifier(cls, vocab_size: int, config=None) -> "EagleMethod | None":
+        path = getattr(config, "eagle", "") if config is not None else ""
+        return cls(path) if path else None
+
+    def bind(self, runner) -> None:
+        """Load the head onto the target (ValueError with one line when it does not fit)."""
+        spec, weights = eagle_format.load(self.path)
+        why = eagle_format.misfit(spec, runner.config.to_dict())
+        if why is None and not runner.lean:
+            why = "the target runs the transformers forward, which computes no features"
+        if why is not None:
+            raise ValueError(f"--eagle {self.path}: {why}")
+        lean = runner._lean
+        self.head = EagleHead(spec, weights, lean.embed, lean.head.weight)
+        runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
+        log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
+                 f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers
+                 else "final hidden state")
+
+    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams,
+              plan: SpeculationPlan) -> "EagleState":
+        self.sequences += 1
+        return EagleState(self, request_id, tokens, sampling, plan)
+
+    def stats(self) -> dict[str, float]:
+        return {**self.counters, "sequences": float(self.sequences)}
+
+
+class EagleState(InTargetState):
+    features = True
+
+    def __init__(self, method: EagleMethod, request_id: str, tokens: Seq[int],
+                 sampling: SamplingParams, plan: SpeculationPlan):
+        self.method = method
+        self.request_id = request_id
+        self.tokens = list(tokens)  # the sequence's history as the state knows it
+        self.sampling = sampling
+        self.branches = plan.num_branches
+        self.seq: EagleSequence | None = method.head.new_sequence(len(tokens) + 256)
+
+    def _advance(self, features: torch.Tensor, position: int, next_tokens: list[int]) -> None:
+        if self.seq is None or not len(next_tokens):
+            return
+        if position != self.seq.length:  # rows the head never saw, or seen twice: start over
+            self.seq.truncate(min(position, self.seq.length))
+            if position != self.seq.length:
+                return
+        self.seq.advance(features, torch.tensor(next_tokens))
+
+    def prefilled(self, features, position: int) -> None:
+        n = features.shape[0]
+        self._advance(features, position, self.tokens[position + 1:position + 1 + n])
+
+    def observe(self, outcome: StepOutcome) -> None:
+        features, p = outcome.features, outcome.position
+        if features is not None:
+            accepted = outcome.emitted[:outcome.num_accepted]
+            # row j's next token: the fed rows' tokens one on, then the step's extra token
+            rows = self.tokens[p:] + accepted
+            nxt = (rows[1:] + outcome.emitted[outcome.num_accepted:][:1])[:features.shape[0]]
+            self._advance(features, p, nxt)
+        self.tokens.extend(outcome.emitted)
+
+    def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft":
+        if self.seq is None or k <= 0:
+            return []
+        if self.seq.root_out is None:
+            self.method.counters["root_missing_total"] += 1
+            return []
+        self.method.counters["drafted_tokens_total"] += k
+        if self.branches > 1:
+            draft = self.seq.draft_tree(self.branches, min(k, MAX_TREE_DEPTH), k)
+        elif self.sampling.greedy:
+            return self.seq.chain(k).tolist()
+        else:
+            draft = self.seq.sampled_chain(k, self.sampling, len(tokens), DRAFT_TOP_K)
+        draft.seq_id = self.request_id
+        return draft
+
+    def free(self) -> None:
+        if self.seq is not None:
+            self.seq.free()
+            self.seq = None
+            self.method.sequences -= 1
