@@ -47,24 +47,28 @@ def card(a, out: Path, ev: dict) -> str:
     layers = tr["feature_layers"]
     vocab = tr["vocab"]
     tree = ev["tree"]
+    weighting = ("rows predicting prompt tokens weigh " f"{tr['prompt_weight']}"
+                 if tr["prompt_weight"] else "answer rows only")
+    scaling = (" fc is trained on the features scaled to unit RMS per dimension (the scale is "
+               "folded into the stored fc)." if tr.get("scale_features") else "")
     return f"""# EAGLE-3 head for {name}
 
-A one-layer EAGLE-3 draft head on the target's own features, fitted to {name} (`{how}`) for
-splitspec's in-target `eagle` method. Stored in the EAGLE-3 format (`config.json`: a one-layer
-Llama config with `draft_vocab_size`; `model.safetensors`: `midlayer.*`, `fc`, `norm`,
-`lm_head`, `d2t`, `t2d`), fp16, {tr['params'] / 1e6:.1f} M parameters. Written by
-`scripts/train_eagle.py --family {a.family}` (`make models-eagle`); every number below is in
-`training.json` and `eval.json`.
+A one-layer EAGLE-3 draft head on the target's own features, fitted to {name}
+(`{how}`) for splitspec's in-target `eagle` method. Stored in the EAGLE-3 format
+(`config.json`: a one-layer Llama config with `draft_vocab_size`; `model.safetensors`:
+`midlayer.*`, `fc`, `norm`, `lm_head`, `d2t`, `t2d`), fp16, {tr['params'] / 1e6:.1f} M
+parameters. Written by `scripts/train_eagle.py --family {a.family}` (`make models-eagle`); every
+number below is in `training.json` and `eval.json`.
 
-- features: the residual stream entering the target's layers {layers} (hidden
-  {spec['target_hidden_size']} each, concatenated: fc is {spec['hidden_size']} x
-  {spec['target_hidden_size'] * 3})
+- features: the residual stream entering the target's layers {layers}, hidden
+  {spec['target_hidden_size']} each, concatenated (fc: {spec['target_hidden_size'] * 3} ->
+  {spec['hidden_size']})
 - decoder layer: hidden {spec['hidden_size']}, {spec['num_heads']} query and
   {spec['num_kv_heads']} key/value heads of {spec['head_dim']}, MLP {spec['intermediate_size']}
-- draft vocabulary: {spec['draft_vocab_size']} of {spec['vocab_size']} tokens (the target's most
-  frequent answer tokens; they cover {vocab['train_coverage']:.3f} of its training answers and
+- draft vocabulary: {spec['draft_vocab_size']} of {spec['vocab_size']} tokens (the tokens the
+  target says in its answers, most frequent first, then the lowest ids); they cover
   {', '.join(f"{k} {v:.3f}" for k, v in vocab['heldout_coverage'].items())} of the held-out
-  ones); `d2t` maps a draft id to the target's (target id = draft id + d2t[draft id])
+  answers' tokens; target id = draft id + d2t[draft id]
 
 ## Training
 
@@ -73,9 +77,8 @@ position (`runs/eagle-{a.family}/`, not shipped). {tr['steps']} AdamW steps of {
 answers (lr {tr['lr']}, warm-up then cosine), {tr['train_minutes']:.0f} minutes on one CPU
 thread, {tr['answer_tokens_seen']} answer tokens seen. Loss: EAGLE-3's training-time test over
 {tr['ttt_steps']} drafting steps (step s feeds the head its own outputs of step s - 1, weighted
-{tr['ttt_decay']}^s), soft cross entropy against the target's top-8 next-token distribution;
-prompt positions weigh {tr['prompt_weight']}. lm_head and norm start from the target's output
-head rows and final norm.
+{tr['ttt_decay']}^s), soft cross entropy against the target's top-8 next-token distribution,
+{weighting}. lm_head and norm start from the target's output head rows and final norm.{scaling}
 
 ## Held-out greedy acceptance per position (chains)
 

@@ -207,6 +207,7 @@ def train(a, log) -> None:
         "answer_tokens_seen": seen, "train_answers": len(train_recs), "heldout_answers": len(val),
         "spec": asdict(spec), "feature_layers": list(spec.feature_layers(cfg["num_hidden_layers"])),
         "ttt_steps": a.ttt_steps, "ttt_decay": a.ttt_decay, "prompt_weight": a.prompt_weight,
+        "scale_features": bool(a.scale_features),
         "lr": a.lr, "batch": a.batch, "vocab": {k: v for k, v in vocab.items() if k != "ids"},
         "history": history}, indent=2) + "\n")
     log(f"train: head written to {out}")

@@ -19,7 +19,8 @@ A head directory holds a Llama-style `config.json` describing one decoder layer 
              checking only). Optional embed_tokens.weight.
 
 Config fields read: hidden_size, num_attention_heads, num_key_value_heads, head_dim,
-intermediate_size, rms_norm_eps, rope_theta / rope_parameters (default rope or a linear factor),
+intermediate_size, rms_norm_eps, rope_theta / rope_parameters / rope_scaling (default, linear or
+llama3 rope: `rope_inv_freq`),
 vocab_size, draft_vocab_size, target_hidden_size, norm_before_residual, attention_bias,
 eagle_config.use_aux_hidden_state, and the feature layers eagle_aux_hidden_state_layer_ids (top
 level, as vLLM reads it, or inside eagle_config, as SGLang does). The ids name the layers whose
@@ -33,6 +34,7 @@ field or tensor.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -61,7 +63,9 @@ class EagleSpec:
     target_hidden_size: int
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    rope_factor: float = 1.0  # linear position scaling
+    # (name, value) pairs of the config's rope scaling: rope_type "linear" (factor) or "llama3"
+    # (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings); (): none
+    rope_scaling: tuple[tuple[str, object], ...] = ()
     norm_before_residual: bool = False
     use_aux_hidden_state: bool = True
     aux_layer_ids: tuple[int, ...] | None = None  # None: the default 2, L // 2, L - 3
@@ -170,15 +174,45 @@ def _need_int(cfg: dict, name: str, default=None) -> int:
     return value
 
 
-def _rope(cfg: dict) -> tuple[float, float]:
+_ROPE_KEYS = {"linear": ("factor",),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")}
+
+
+def _rope(cfg: dict) -> tuple[float, tuple]:
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     theta = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind == "default":
-        return theta, 1.0
+        return theta, ()
+    if kind not in _ROPE_KEYS:
+        raise ValueError(f"config.json: rope type {kind!r} is not supported (default, linear, "
+                         "llama3)")
+    missing = [k for k in _ROPE_KEYS[kind] if k not in rope]
+    if missing:
+        raise ValueError(f"config.json: {kind} rope scaling needs {missing[0]}")
+    return theta, (("rope_type", kind), *((k, float(rope[k])) for k in _ROPE_KEYS[kind]))
+
+
+def rope_inv_freq(spec: EagleSpec) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2] for the spec's theta and scaling: linear divides
+    them by the factor (positions / factor); llama3 divides the low frequencies (wavelength above
+    original_max / low_freq_factor) by the factor, keeps the high ones (wavelength below
+    original_max / high_freq_factor) and blends linearly in the wavelength's inverse between."""
+    half = torch.arange(0, spec.head_dim, 2, dtype=torch.float32)
+    inv = 1.0 / (spec.rope_theta ** (half / spec.head_dim))
+    scaling = dict(spec.rope_scaling)
+    kind = scaling.get("rope_type")
     if kind == "linear":
-        return theta, float(rope["factor"])
-    raise ValueError(f"config.json: rope type {kind!r} is not supported (default or linear)")
+        return inv / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], \
+            scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        blend = ((old / wavelen - low) / (high - low)).clamp(0.0, 1.0)  # 0: low, 1: high freq
+        return (1 - blend) * inv / factor + blend * inv
+    return inv
 
 
 def spec_from(cfg: dict, w: dict[str, torch.Tensor]) -> EagleSpec:
@@ -204,13 +238,13 @@ def spec_from(cfg: dict, w: dict[str, torch.Tensor]) -> EagleSpec:
         raise ValueError(f"config.json: eagle_aux_hidden_state_layer_ids must list three layer "
                          f"ids, not {ids!r}")
     vocab = _need_int(cfg, "vocab_size")
-    theta, factor = _rope(cfg)
+    theta, scaling = _rope(cfg)
     spec = EagleSpec(
         version=version, hidden_size=H, num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
         intermediate_size=_need_int(cfg, "intermediate_size"), vocab_size=vocab,
         draft_vocab_size=(_need_int(cfg, "draft_vocab_size", vocab) if version == 3 else vocab),
         target_hidden_size=_need_int(cfg, "target_hidden_size", H),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=theta, rope_factor=factor,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), rope_theta=theta, rope_scaling=scaling,
         norm_before_residual=bool(cfg.get("norm_before_residual", False)),
         use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
         aux_layer_ids=tuple(ids) if ids is not None else None,
@@ -291,6 +325,8 @@ def eagle3_config(spec: EagleSpec, **extra) -> dict:
         "norm_before_residual": spec.norm_before_residual, "torch_dtype": "float16",
         "eagle_config": {"use_aux_hidden_state": spec.use_aux_hidden_state},
     }
+    if spec.rope_scaling:
+        cfg["rope_scaling"] = dict(spec.rope_scaling)
     if spec.aux_layer_ids is not None:
         cfg["eagle_aux_hidden_state_layer_ids"] = list(spec.aux_layer_ids)
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = list(spec.aux_layer_ids)

@@ -97,8 +97,7 @@ class EagleHead:
                 len(self.ids), device=device)).all()) and len(self.ids) == spec.vocab_size:
             self.ids = None  # the identity
         self.scale = spec.head_dim ** -0.5
-        half = torch.arange(0, spec.head_dim, 2, dtype=torch.float32, device=device)
-        self.inv_freq = 1.0 / (spec.rope_theta ** (half / spec.head_dim))
+        self.inv_freq = eagle_format.rope_inv_freq(spec).to(device)
 
     @classmethod
     def from_dir(cls, path: str | Path, target_embed: torch.Tensor,
@@ -117,8 +116,9 @@ class EagleHead:
         return feats.to(self.dtype)
 
     def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [..., R, 1, head_dim] at positions pos [..., R] (linear scaling applied)."""
-        freqs = (pos.to(torch.float32) / self.spec.rope_factor)[..., None] * self.inv_freq
+        """cos, sin [..., R, 1, head_dim] at positions pos [..., R] (the spec's scaling is in
+        inv_freq)."""
+        freqs = pos.to(torch.float32)[..., None] * self.inv_freq
         emb = torch.cat((freqs, freqs), -1)[..., None, :]
         return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
 

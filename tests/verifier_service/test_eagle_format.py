@@ -335,3 +335,27 @@ def test_misfit_names_what_does_not_fit(tmp_path):
     assert "vocabulary" in misfit(spec, target | {"vocab_size": 100})
     assert "width" in misfit(spec, target | {"hidden_size": 32})
     assert "layer" in misfit(spec, target | {"num_hidden_layers": 3})
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+])
+def test_scaled_rope_is_transformers_rope(tmp_path, scaling):
+    """Published EAGLE-3 heads of Llama 3.1 targets carry llama3 rope scaling: the head rotates
+    with transformers' own frequencies for it (and for a linear factor)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from verifier_service.eagle_format import rope_inv_freq
+
+    cfg = config(3, 48, rope_theta=50000.0, rope_scaling=scaling)
+    path = write_checkpoint(tmp_path / "rope", cfg, random_weights(3, seed=2, draft_vocab=48))
+    spec, _ = load(path)
+    hf = LlamaConfig(hidden_size=H, num_attention_heads=HEADS, head_dim=HEAD_DIM,
+                     max_position_embeddings=4096,
+                     rope_parameters={"rope_theta": 50000.0, **scaling})
+    want, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](hf, "cpu")
+    torch.testing.assert_close(rope_inv_freq(spec), want.float())
+    assert dict(spec.rope_scaling)["rope_type"] == scaling["rope_type"]
