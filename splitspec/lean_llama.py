@@ -188,6 +188,11 @@ class LeanDecoder:
         return (cos.index_select(0, flat).view(shape)[:, None],
                 sin.index_select(0, flat).view(shape)[:, None])
 
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, S] -> embeddings [B, S, H]. A tensor-parallel rank replaces this with its
+        vocabulary shard's lookup (splitspec/tensor_parallel.py)."""
+        return F.embedding(ids, self.embed)
+
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None
                ) -> torch.Tensor:
         """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
@@ -195,7 +200,7 @@ class LeanDecoder:
         positions). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE applied) ->
         attention output [B, S, Hq * D]: the caller's cache and mask."""
         b, s = ids.shape
-        x = F.embedding(ids, self.embed)  # [B, S, H]
+        x = self.embed_tokens(ids)  # [B, S, H]
         cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D], sin signed
         half, heads = self.head_dim // 2, (self.n_heads, self.n_kv)
         for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):

@@ -181,3 +181,17 @@ def greedy_verification_reads_back(monkeypatch) -> None:
         return tokens, num_accepted
 
     monkeypatch.setattr(step_executor, "greedy_chain_verify", verify)
+
+
+def tp_vocab_rows_off_by_one(monkeypatch) -> None:
+    """A tensor-parallel rank's vocabulary shard (embedding and head rows) starts one row late:
+    every rank looks up, and scores, its neighbour's tokens."""
+    import splitspec.tensor_parallel as tp
+
+    original = tp._vocab_rows
+
+    def shifted(weight, group):
+        rows, start = original(weight.roll(-1, 0), group)
+        return rows, start
+
+    monkeypatch.setattr(tp, "_vocab_rows", shifted)
