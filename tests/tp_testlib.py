@@ -44,7 +44,7 @@ def tiny_family(model_type: str, out, **overrides) -> str:
 
 class _Exchange:
     def __init__(self, size: int):
-        self.barrier = threading.Barrier(size)
+        self.barrier = threading.Barrier(size, timeout=60)  # a rank that stopped early: no hang
         self.slots: list = [None] * size
 
     def __call__(self, rank: int, x: torch.Tensor) -> list[torch.Tensor]:
@@ -56,7 +56,8 @@ class _Exchange:
 
 
 class ThreadGroup:
-    """A TPGroup stand-in for one thread-rank (collectives only)."""
+    """A TPGroup stand-in for one thread-rank: the forward's collectives and the host
+    broadcast, each counted."""
 
     def __init__(self, rank: int, size: int, exchange: _Exchange):
         self.rank, self.size, self.device = rank, size, torch.device("cpu")
@@ -79,6 +80,12 @@ class ThreadGroup:
         self.counts["all_gather"] += 1
         return torch.stack(self._exchange(self.rank, x.clone()))
 
+    def broadcast(self, t: torch.Tensor) -> None:
+        self.counts["broadcast"] += 1
+        sent = self._exchange(self.rank, t.clone())[0]
+        assert sent.shape == t.shape, f"rank {self.rank} expects {t.shape}, got {sent.shape}"
+        t.copy_(sent)
+
 
 class ThreadRanks:
     """N thread-ranks: run(fn) calls fn(rank, group) on each, concurrently; returns the results
@@ -91,7 +98,13 @@ class ThreadRanks:
 
     def run(self, fn) -> list:
         futures = [self._pool.submit(fn, r, g) for r, g in enumerate(self.groups)]
-        return [f.result(timeout=120) for f in futures]
+        errors = [f.exception(timeout=180) for f in futures]
+        first = next((e for e in errors if not isinstance(e, (type(None),
+                                                              threading.BrokenBarrierError))),
+                     next((e for e in errors if e is not None), None))
+        if first is not None:  # the rank that failed first, not the ones left waiting for it
+            raise first
+        return [f.result() for f in futures]
 
 
 class TPServe:
@@ -172,3 +185,39 @@ def teacher_forced_argmax(engine, token_ids: list[int]) -> list[int]:
         return engine._executor.submit(step).result()  # on the model thread, as steps run
     finally:
         kv.release(table)
+
+
+def serve_in_threads(model_dir: str, make_inputs, size: int = 2, **overrides):
+    """A tensor-parallel verifier whose ranks are threads of this process (ThreadRanks): rank 0
+    builds the engine and serves make_inputs(engine) (then tells the others to stop), the others
+    follow it (verifier_service/tp_worker.follow). Returns (outputs, rank 0's engine, rank 0's
+    group, the steps each other rank ran)."""
+    from engine_testlib import run_all
+    from proposer_testlib import InProcessProposerClient
+
+    from proposer_service.ngram import NgramProposer
+    from verifier_service.config import VerifierConfig
+    from verifier_service.server import build_engine, build_runner
+    from verifier_service.step_executor import StepExecutor
+    from verifier_service.tp_broadcast import PlanReceiver
+    from verifier_service.tp_worker import follow
+
+    config = VerifierConfig(model=model_dir, threads=1, tensor_parallel_size=size,
+                            warmup=False, **overrides)
+    loading = threading.Lock()  # transformers' loading is not thread-safe (default dtype)
+
+    def rank(r, group):
+        if r == 0:
+            with loading:
+                engine = build_engine(config, {"ngram": InProcessProposerClient(
+                    NgramProposer())}, group=group)[0]
+            try:
+                return asyncio.run(run_all(engine, make_inputs(engine))), engine, group
+            finally:
+                engine.executor.broadcast.stop()
+        with loading:
+            runner, _, _ = build_runner(config, group)
+        return follow(PlanReceiver(group), runner.kv, StepExecutor.for_config(runner, config))
+
+    results = ThreadRanks(size).run(rank)
+    return (*results[0], results[1:])
