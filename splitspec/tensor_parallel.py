@@ -107,13 +107,9 @@ def _collective(op, *args, **kwargs) -> None:
     try:
         op(*args, **kwargs)
     except RuntimeError as exc:  # a peer's connection closed, or the wait timed out
-        raise RankLost(f"verifier: a tensor-parallel rank is gone ({_first_line(exc)}); the "
-                       "request was not finished") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        log.error("a collective failed: %s", exc)
+        raise RankLost("verifier: a tensor-parallel rank is gone; the request was not "
+                       "finished") from exc
 
 
 def init_group(rank: int, size: int, device: torch.device, address: str,

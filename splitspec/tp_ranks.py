@@ -44,7 +44,7 @@ class RankProcesses:
                 for sentinel in multiprocessing.connection.wait(list(by_sentinel)):
                     rank = by_sentinel.pop(sentinel)
                     proc = self.procs[rank]
-                    proc.join(0)
+                    proc.join(1.0)  # reaped: its exit code is known
                     if not self._stopping:
                         on_exit(rank, proc.exitcode)
 

@@ -47,6 +47,8 @@ class Stack:
                 "--port", str(port), "--device", c.device,
                 *(a for m, svc in self.proposers.items()
                   for a in ("--proposer", f"{m}={c.host}:{svc.port}")),
+                *(["--tensor-parallel-size", str(c.tensor_parallel_size)]
+                  if c.tensor_parallel_size > 1 else []),
                 *c.verifier_args], port, log(name)))
         self.verifier = self.verifiers[0]
         self.gateway = Service("gateway", [
