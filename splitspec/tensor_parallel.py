@@ -96,6 +96,15 @@ class TPGroup:
         self.counts["broadcast"] += 1
         _collective(dist.broadcast, t, 0, group=self.host_group)
 
+    def broadcast_object(self, obj=None):
+        """Rank 0's picklable obj (the others pass None), returned on every rank."""
+        import torch.distributed as dist
+
+        self.counts["broadcast_object"] += 1
+        box = [obj]
+        _collective(dist.broadcast_object_list, box, 0, group=self.host_group)
+        return box[0]
+
     def close(self) -> None:
         import torch.distributed as dist
 

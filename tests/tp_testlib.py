@@ -197,8 +197,9 @@ def serve_in_threads(model_dir: str, make_inputs, size: int = 2, **overrides):
 
     from proposer_service.ngram import NgramProposer
     from verifier_service.config import VerifierConfig
-    from verifier_service.server import build_engine, build_runner
+    from verifier_service.server import build_engine
     from verifier_service.step_executor import StepExecutor
+    from verifier_service.target import build_runner
     from verifier_service.tp_broadcast import PlanReceiver
     from verifier_service.tp_worker import follow
 

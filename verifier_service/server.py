@@ -13,10 +13,8 @@ import time
 from typing import Sequence
 
 import grpc
-import torch
 
 from protos import verifier_pb2, verifier_pb2_grpc
-from splitspec.device import resolve_device, resolve_dtype
 from splitspec.grpc_server import (
     add_health_and_reflection,
     listen,
@@ -25,23 +23,20 @@ from splitspec.grpc_server import (
     mark_serving,
 )
 from splitspec.lifecycle import run_service, until_stopped
-from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
+from splitspec.modelio import load_tokenizer, model_name, tokenizer_fingerprint
 from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig
 from splitspec.tensor_parallel import RankLost, TPGroup
 from splitspec.tp_ranks import exit_now
 from verifier_service.config import VerifierConfig
 from verifier_service.engine import Engine
-from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
-from verifier_service.model_runner import ModelRunner
-from verifier_service.paged_attention import ATTENTION_NAME
-from verifier_service.paged_attention import register as register_paged_attention
 from verifier_service.proposer_addresses import split_target
 from verifier_service.proposer_client import GrpcProposerClient, ProposerClient, ProposerMismatch
 from verifier_service.proposer_pool import ProposerPool
 from verifier_service.servicer import VerifierServicer
+from verifier_service.target import build_runner
 from verifier_service.telemetry import SERVICE_NAME as TELEMETRY_NAME
 from verifier_service.telemetry import VerifierTelemetry
-from verifier_service.tp_broadcast import JournaledKVCache, PlanBroadcast
+from verifier_service.tp_broadcast import PlanBroadcast
 from verifier_service.tp_worker import serve_node, start_group
 from verifier_service.warmup import warm_up
 
@@ -83,28 +78,6 @@ def eos_ids(tokenizer, model) -> set[int]:
         elif v:
             ids.update(v)
     return ids
-
-
-def build_runner(config: VerifierConfig, group: TPGroup | None = None):
-    """Load the target onto this process's device (a tensor-parallel rank: its shard, with the
-    KV cache of its KV heads); returns (runner, model, dtype). Every rank builds the same."""
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    device = group.device if group is not None else resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    register_paged_attention()
-    tp = group.size if group is not None else 1
-    # a sharded target is read on the host and only each rank's shard goes to its device
-    model = load_causal_lm(config.model, torch.device("cpu") if tp > 1 else device, dtype,
-                           config.trust_remote_code, attn_implementation=ATTENTION_NAME)
-    kv_cls = JournaledKVCache if tp > 1 and group.leader else PagedKVCache
-    kv = kv_cls(KVCacheSpec.for_model(model.config, dtype, config.block_size,
-                                      config.kv_cache_memory_mb << 20, config.num_kv_blocks,
-                                      tensor_parallel_size=tp), device)
-    max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
-    runner = ModelRunner(model, device, kv, linear=config.linear, max_model_len=max_len,
-                         tensor_parallel=group)
-    return runner, model, dtype
 
 
 def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | None = None,

@@ -28,6 +28,7 @@ from splitspec.tensor_parallel import RankLost, TPGroup, check_shardable, init_g
 from splitspec.tp_ranks import RankProcesses, enter_rank, exit_now, start_ranks
 from verifier_service.config import VerifierConfig
 from verifier_service.step_executor import StepExecutor
+from verifier_service.target import build_runner
 from verifier_service.tp_broadcast import CAPTURE, STOP, PlanReceiver, replay_journal
 
 log = logging.getLogger("splitspec.verifier")
@@ -113,8 +114,6 @@ def run_rank(config: VerifierConfig, rank: int) -> None:
     try:
         group = init_group(rank, layout.size, _device(config, rank, layout),
                            config.tensor_parallel_address)
-        from verifier_service.server import build_runner
-
         runner, _, _ = build_runner(config, group)
         executor = StepExecutor.for_config(runner, config)
         steps = follow(PlanReceiver(group), runner.kv, executor)
