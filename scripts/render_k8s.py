@@ -20,7 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "k8s" / "splitspec"
 MANIFESTS = REPO / "k8s" / "manifests"
-PRESETS = ("cpu", "cuda", "mlu")
+PRESETS = ("cpu", "cuda", "mlu", "cuda-multihost")
 RELEASE = "splitspec"
 HEADER = ("# Rendered from k8s/splitspec with presets/{preset}.yaml by `make k8s-render`.\n"
           "# Do not edit: change the chart and render again (a test fails when these are stale).\n")

@@ -9,7 +9,10 @@
   resources   requests/limits           models: whether the model volume is mounted
   ports       list of {name, port}      metricsPort: 0 for none
   probes      YAML of the probes        grace: terminationGracePeriodSeconds
-  preStop     seconds of preStop sleep  placement: {nodeSelector, tolerations, affinity} */}}
+  preStop     seconds of preStop sleep  placement: {nodeSelector, tolerations, affinity}
+  extraArgs   (optional) literal args after the flags, expanded by the kubelet from variables
+              the pod gets at run time (a LeaderWorkerSet's LWS_*)
+  shm         (optional) size of a memory-backed /dev/shm (tensor parallelism's collectives) */}}
 {{- define "splitspec.podTemplate" -}}
 {{- $root := .root }}
 {{- $v := $root.Values -}}
@@ -62,6 +65,9 @@ spec:
       command: [{{ .command | quote }}]
       args:
         {{- include "splitspec.flagArgs" .flags | trim | nindent 8 }}
+        {{- range .extraArgs }}
+        - {{ . | quote }}
+        {{- end }}
       envFrom:
         - configMapRef:
             name: {{ .name }}
@@ -90,6 +96,7 @@ spec:
         - name: OTEL_RESOURCE_ATTRIBUTES
           value: {{ join "," $attrs | quote }}
         {{- end }}
+      {{- if or .ports (and $v.metrics.enabled .metricsPort) }}
       ports:
         {{- range .ports }}
         - name: {{ .name }}
@@ -101,7 +108,10 @@ spec:
           containerPort: {{ int .metricsPort }}
           protocol: TCP
         {{- end }}
-      {{- .probes | nindent 6 }}
+      {{- end }}
+      {{- with .probes }}
+      {{- . | nindent 6 }}
+      {{- end }}
       lifecycle:
         preStop:
           exec:
@@ -113,6 +123,10 @@ spec:
       volumeMounts:
         - name: tmp
           mountPath: /tmp
+        {{- if .shm }}
+        - name: dshm
+          mountPath: /dev/shm
+        {{- end }}
         {{- if .models }}
         - name: models
           mountPath: {{ $v.models.path }}
@@ -122,6 +136,12 @@ spec:
     - name: tmp
       emptyDir:
         sizeLimit: {{ $v.tmpSizeLimit }}
+    {{- if .shm }}
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ .shm }}
+    {{- end }}
     {{- if .models }}
     - name: models
       {{- if eq $v.models.source "pvc" }}
