@@ -32,6 +32,10 @@ def proposer_class(method: str) -> type[Proposer]:
 
 
 def build_proposer(config: ProposerConfig) -> Proposer:
+    if config.tensor_parallel_size > 1:  # the draft split over devices: this is rank 0
+        from proposer_service.tp_draft import start
+
+        return start(config)
     return proposer_class(config.method).from_config(config)
 
 
@@ -56,6 +60,8 @@ async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None
     telemetry.start()
     await until_stopped()
     await server.stop(grace=2.0)
+    if hasattr(proposer, "stop"):  # tensor parallel: the other ranks exit too
+        proposer.stop()
     telemetry.close()
 
 

@@ -20,7 +20,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "k8s" / "splitspec"
 MANIFESTS = REPO / "k8s" / "manifests"
-PRESETS = ("cpu", "cuda", "mlu")
+PRESETS = ("cpu", "cuda", "mlu", "cuda-multihost")
 # Rendered directories: each preset alone, and cpu with the TLS overlay (presets/tls.yaml)
 RENDERED = {**{p: (p,) for p in PRESETS}, "cpu-tls": ("cpu", "tls")}
 RELEASE = "splitspec"

@@ -54,6 +54,32 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
                         ) from None
 
 
+def rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """The device of one tensor-parallel rank on this host: accelerator `local_rank` (one
+    process per device), or the CPU for every rank."""
+    if device.type in ("cuda", "mlu"):
+        return torch.device(device.type, local_rank)
+    return device
+
+
+# torch.distributed's backend for the collectives of a device's tensors: NCCL on CUDA,
+# Cambricon's CNCL (registered by torch_mlu) on an MLU, gloo on the CPU
+_COLLECTIVES = {"cuda": "nccl", "mlu": "cncl", "cpu": "gloo"}
+
+
+def collective_backend(device: torch.device) -> str:
+    try:
+        return _COLLECTIVES[device.type]
+    except KeyError:
+        raise BadOption(f"no collective backend for device {device}") from None
+
+
+def set_current(device: torch.device) -> None:
+    """Make `device` this process's current accelerator (collectives and graphs use it)."""
+    if device.type in ("cuda", "mlu") and device.index is not None:
+        _backend(device).set_device(device)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -188,6 +188,11 @@ class LeanDecoder:
         return (cos.index_select(0, flat).view(shape)[:, None],
                 sin.index_select(0, flat).view(shape)[:, None])
 
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [N] -> embeddings [N, H]. A tensor-parallel rank replaces this with its
+        vocabulary shard's lookup (splitspec/tensor_parallel.py)."""
+        return F.embedding(ids, self.embed)
+
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None,
                capture: tuple[int, ...] = (), captured: list | None = None) -> torch.Tensor:
         """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
@@ -198,7 +203,7 @@ class LeanDecoder:
         order given (what heads on the target's features read, e.g. EAGLE-3's three layers)."""
         b, s = ids.shape
         # the residual stream as rows [B * S, H]: every product and norm takes it as it is
-        x = F.embedding(ids.reshape(-1), self.embed)  # [B * S, H]
+        x = self.embed_tokens(ids.reshape(-1))  # [B * S, H]
         cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D], sin signed
         half, heads = self.head_dim // 2, (self.n_heads, self.n_kv)
         taken = {}

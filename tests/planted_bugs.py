@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 import kernels.lookahead as lookahead
@@ -301,3 +302,49 @@ def ttt_drafted_rows_without_their_own_keys(monkeypatch) -> None:
         return self.head.attention(q, self.keys[0], self.values[0], self.causal[None, None])
 
     monkeypatch.setattr(eagle_ttt.DiagonalAttention, "__call__", call)
+
+
+def tp_vocab_rows_off_by_one(monkeypatch) -> None:
+    """A tensor-parallel rank's vocabulary shard (embedding and head rows) starts one row late:
+    every rank looks up, and scores, its neighbour's tokens."""
+    import splitspec.tensor_parallel as tp
+
+    original = tp._vocab_rows
+
+    def shifted(weight, group):
+        rows, start = original(weight.roll(-1, 0), group)
+        return rows, start
+
+    monkeypatch.setattr(tp, "_vocab_rows", shifted)
+
+
+def tp_follower_drops_moves(monkeypatch) -> None:
+    """The other ranks of a tensor-parallel verifier skip rank 0's kept-row moves: after a tree
+    or lookahead step their KV cache shards hold rows rank 0's no longer does."""
+    import verifier_service.tp_broadcast as tpb
+    import verifier_service.tp_worker as worker
+
+    def zero_only(kv, journal):
+        at, kept = 0, []
+        while at < len(journal):
+            op, n = int(journal[at]), int(journal[at + 1])
+            width = 2 + (n if op == tpb.ZERO else 2 * n)
+            if op == tpb.ZERO:
+                kept.append(journal[at:at + width])
+            at += width
+        if kept:
+            tpb.replay_journal(kv, np.concatenate(kept))
+
+    monkeypatch.setattr(worker, "replay_journal", zero_only)
+
+
+def tp_journal_sent_apart(monkeypatch) -> None:
+    """Rank 0 sends each step's cache journal in a broadcast of its own before the plan."""
+    import verifier_service.tp_broadcast as tpb
+
+    def step(self, plan):
+        self.steps += 1
+        self._channel.send(tpb.encode(0, None, self.kv.take_journal()))
+        self._channel.send(tpb.encode(tpb.STEP, plan, np.zeros(0, dtype=np.int64)))
+
+    monkeypatch.setattr(tpb.PlanBroadcast, "step", step)

@@ -70,6 +70,17 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     graphs: str = option("auto", "capture decode steps as device graphs (auto: where the "
                          "device supports them)", choices=("auto", "off"),
                          aliases=("--cuda-graphs",))
+    # Tensor parallelism (verifier_service/tp_worker.py): the target's weights and KV heads
+    # split over N devices, one process per device, started by the verifier itself.
+    tensor_parallel_size: int = option(
+        1, "devices the target is split over (tensor parallel; the KV head count must be a "
+        "multiple); the verifier starts one process per device")
+    tensor_parallel_nodes: int = option(
+        1, "hosts the tensor-parallel ranks span, size / nodes ranks each (docs/deploy.md)")
+    tensor_parallel_node_rank: int = option(
+        0, "this host's place among --tensor-parallel-nodes (0: the host that serves gRPC)")
+    tensor_parallel_address: str = option(
+        "", "HOST:PORT where rank 0 meets the other ranks (default: a free local port)")
     # On SIGTERM: NOT_SERVING at once, new requests refused, running ones get this long to end.
     shutdown_grace_s: float = option(2.0, "seconds running requests may take to end on SIGTERM")
     log_level: str = option("INFO", "logging level")

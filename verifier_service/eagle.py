@@ -63,6 +63,9 @@ class EagleMethod(InTargetMethod):
         why = eagle_format.misfit(spec, runner.config.to_dict())
         if why is None and not runner.lean:
             why = "the target runs the transformers forward, which computes no features"
+        if why is None and runner.tensor_parallel_size > 1:
+            why = ("the target is split over tensor-parallel ranks, whose embedding and head "
+                   "shards the head cannot read on rank 0 alone")
         if why is not None:
             raise ValueError(f"--eagle {self.path}: {why}")
         lean = runner._lean

@@ -144,6 +144,14 @@ class Engine:
                                         "within the grace period"))
         return len(left)
 
+    def fail_all(self, exc: BaseException) -> int:
+        """Fail every request in flight with exc (the engine cannot step any more: a
+        tensor-parallel rank is gone); returns how many."""
+        left = [s for s in self._by_id.values() if not s.finished]
+        for seq in left:
+            self._fail(seq, exc)
+        return len(left)
+
     async def generate(self, inp: GenerationInput) -> AsyncIterator[StepOutput]:
         """Stream a request's outputs; leaving early (client gone) aborts it."""
         seq = self.add_request(inp)

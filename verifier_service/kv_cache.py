@@ -72,11 +72,13 @@ class KVCacheSpec:
 
     @classmethod
     def for_model(cls, config, dtype: torch.dtype, block_size: int, memory_bytes: int,
-                  num_blocks: int = 0) -> "KVCacheSpec":
-        """Blocks from a memory budget, unless num_blocks is given explicitly."""
+                  num_blocks: int = 0, tensor_parallel_size: int = 1) -> "KVCacheSpec":
+        """Blocks from a memory budget, unless num_blocks is given explicitly. Under tensor
+        parallelism (splitspec/tensor_parallel.py) a rank holds its share of the KV heads, and
+        the budget is each rank's: the same blocks (same ids) on every rank."""
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        kv_heads = (getattr(config, "num_key_value_heads", None) or heads) // tensor_parallel_size
         spec = cls(config.num_hidden_layers, kv_heads, head_dim, dtype, block_size, 1)
         n = num_blocks or max(1, memory_bytes // (spec.bytes_per_token * block_size))
         return cls(spec.num_layers, kv_heads, head_dim, dtype, block_size, int(n))
@@ -144,11 +146,15 @@ class PagedKVCache:
             moved = [(i, r) for i, r in enumerate(rows) if r != i]
             src = self.slots(table, start, start + rows[-1] + 1)[[r for _, r in moved]]
             dst = self.slots(table, start, start + n)[[i for i, _ in moved]]
-            src, dst = (self._on_device(x) for x in (src, dst))
-            # gather first, then write: a destination may be another kept row's source
-            self.k.index_copy_(1, dst, self.k.index_select(1, src))
-            self.v.index_copy_(1, dst, self.v.index_select(1, src))
+            self._move(src, dst)
         self.truncate(table, start + n)
+
+    def _move(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the slots src into the slots dst in K and V (host index tensors)."""
+        src, dst = (self._on_device(x) for x in (src, dst))
+        # gather first, then write: a destination may be another kept row's source
+        self.k.index_copy_(1, dst, self.k.index_select(1, src))
+        self.v.index_copy_(1, dst, self.v.index_select(1, src))
 
     def _zero(self, blocks: list[int]) -> None:
         """Zero the slots of `blocks` in K and V (no wait on the device)."""

@@ -19,6 +19,7 @@ import torch
 from kernels.layout import StepLayout
 from kernels.linear import pack_linears
 from splitspec.lean_llama import LeanDecoder
+from splitspec.tensor_parallel import check_shardable, release_weights, shard_decoder
 from verifier_service.kv_cache import BlockTable, PagedKVCache
 from verifier_service.paged_attention import ATTENTION_NAME, PagedBatch, paged_attention_forward
 from verifier_service.step_plan import StepPlan, plan_step
@@ -26,9 +27,12 @@ from verifier_service.step_plan import StepPlan, plan_step
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, kv: PagedKVCache, linear: str = "auto",
-                 max_model_len: int | None = None):
+                 max_model_len: int | None = None, tensor_parallel=None):
         """max_model_len: the longest context served (default: the model's own); RoPE tables
-        and a bucket's block tables are sized for it."""
+        and a bucket's block tables are sized for it. tensor_parallel: this process's rank of a
+        group (splitspec/tensor_parallel.py) to shard the lean forward over; `kv` then holds
+        this rank's KV heads, and `model` may sit anywhere (its weights are released once
+        sharded onto `device`)."""
         if model.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"load the model with attn_implementation={ATTENTION_NAME!r}")
         self.model = model
@@ -53,14 +57,21 @@ class ModelRunner:
         # paged attention function: the transformers forward's per-call machinery is ~10% of a
         # batch-1 step of a small model. Other architectures keep the transformers forward.
         # `linear` picks the matmul kernels (kernels/linear.py): packed once, batch invariant.
-        self._lean = (LeanDecoder(model, linear, max_positions=self.max_model_len)
+        tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
+        self.tensor_parallel_size = tp.size if tp is not None else 1
+        self._lean = (LeanDecoder(model, "dense" if tp else linear,
+                                  max_positions=self.max_model_len)
                       if LeanDecoder.supports(model) else None)
+        if tp is not None:
+            check_shardable(model.config, tp.size)  # the lean forward, whole KV heads per rank
+            shard_decoder(self._lean, tp, linear)
+            release_weights(model)
         if self._lean is not None:
             self._head, self.linear = self._lean.head, self._lean.linear
         else:
             self.linear = pack_linears(model, linear)
             self._head = model.get_output_embeddings()
-        self.vocab_size = self._head.weight.shape[0]
+        self.vocab_size = getattr(self._head, "vocab_size", None) or self._head.weight.shape[0]
         self._layer_refs = [SimpleNamespace(layer_idx=i)
                             for i in range(model.config.num_hidden_layers)]
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from typing import Sequence
 
 import grpc
-import torch
 
 from protos import verifier_pb2, verifier_pb2_grpc
-from splitspec.device import resolve_device, resolve_dtype
 from splitspec.grpc_server import (
     add_health_and_reflection,
     listen,
@@ -24,22 +23,23 @@ from splitspec.grpc_server import (
     mark_serving,
 )
 from splitspec.lifecycle import run_service, until_stopped
-from splitspec.modelio import load_causal_lm, load_tokenizer, model_name, tokenizer_fingerprint
+from splitspec.modelio import load_tokenizer, model_name, tokenizer_fingerprint
 from splitspec.telemetry.config import VERIFIER_METRICS_PORT, TelemetryConfig
+from splitspec.tensor_parallel import RankLost, TPGroup
 from splitspec.tls import client_tls, server_tls
+from splitspec.tp_ranks import exit_now
 from verifier_service.config import VerifierConfig
 from verifier_service.config_check import check_config
 from verifier_service.engine import Engine
-from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
-from verifier_service.model_runner import ModelRunner
-from verifier_service.paged_attention import ATTENTION_NAME
-from verifier_service.paged_attention import register as register_paged_attention
 from verifier_service.proposer_addresses import split_target
 from verifier_service.proposer_client import GrpcProposerClient, ProposerClient, ProposerMismatch
 from verifier_service.proposer_pool import ProposerPool
 from verifier_service.servicer import VerifierServicer
+from verifier_service.target import build_runner
 from verifier_service.telemetry import SERVICE_NAME as TELEMETRY_NAME
 from verifier_service.telemetry import VerifierTelemetry
+from verifier_service.tp_broadcast import PlanBroadcast
+from verifier_service.tp_worker import serve_node, start_group
 from verifier_service.warmup import warm_up
 
 log = logging.getLogger("splitspec.verifier")
@@ -86,37 +86,63 @@ def eos_ids(tokenizer, model) -> set[int]:
 
 
 def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | None = None,
-                 observers: Sequence = ()):
-    """Load the target and tokenizer; returns (engine, fingerprint, device, dtype)."""
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
+                 observers: Sequence = (), group: TPGroup | None = None):
+    """Load the target and tokenizer; returns (engine, fingerprint, device, dtype). With a
+    tensor-parallel group this is rank 0: each step's plan is broadcast to the other ranks."""
     tokenizer = load_tokenizer(config.model, config.trust_remote_code)
-    register_paged_attention()
-    model = load_causal_lm(config.model, device, dtype, config.trust_remote_code,
-                           attn_implementation=ATTENTION_NAME)
-    kv = PagedKVCache(KVCacheSpec.for_model(model.config, dtype, config.block_size,
-                                            config.kv_cache_memory_mb << 20,
-                                            config.num_kv_blocks), device)
-    max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
-    runner = ModelRunner(model, device, kv, linear=config.linear, max_model_len=max_len)
+    runner, model, dtype = build_runner(config, group)
     fingerprint = tokenizer_fingerprint(tokenizer)
     if proposers is None:
         proposers = proposer_pools(config, runner.vocab_size, fingerprint)
-    engine = Engine(config, runner, tokenizer, proposers, eos_ids(tokenizer, model), max_len,
-                    observers=observers)
-    return engine, fingerprint, device, dtype
+    engine = Engine(config, runner, tokenizer, proposers, eos_ids(tokenizer, model),
+                    runner.max_model_len, observers=observers)
+    if group is not None and group.size > 1:
+        engine.executor.broadcast = PlanBroadcast(group, runner.kv)
+    return engine, fingerprint, runner.device, dtype
+
+
+class _RankLoss:
+    """Rank 0's answer to another tensor-parallel rank exiting: while starting, exit at once
+    (nothing to fail); once serving, `event` is set: every request in flight fails with
+    UNAVAILABLE and the verifier exits non-zero, for its supervisor to restart the group."""
+
+    def __init__(self):
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.event = asyncio.Event()
+        self.why = ""
+
+    def __call__(self, rank: int, code: int | None) -> None:  # a watcher thread
+        self.why = f"tensor-parallel rank {rank} exited with code {code}"
+        if self.loop is None:
+            exit_now(1, f"verifier: {self.why} while starting")
+        self.loop.call_soon_threadsafe(self.event.set)
+
+
+async def _until_stopped_or(event: asyncio.Event) -> None:
+    stop = asyncio.ensure_future(until_stopped())
+    lost = asyncio.ensure_future(event.wait())
+    await asyncio.wait({stop, lost}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (stop, lost):
+        task.cancel()
 
 
 async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     check_config(config)  # an inconsistent configuration is refused before the model loads
+    if config.tensor_parallel_node_rank > 0:  # a host of further ranks: no gRPC here
+        sys.exit(await asyncio.to_thread(serve_node, config))
     tls = server_tls(config, "verifier")  # and certificates that cannot serve
     # metrics and spans observe the engine; tracing interceptors must exist before any channel
     telemetry = VerifierTelemetry(config.host, config.served_model_name or model_name(config.model),
                                   telemetry_config)
     started = time.perf_counter()
-    engine, fingerprint, device, dtype = build_engine(config, observers=telemetry.observers)
+    loss, group, ranks = _RankLoss(), None, None
+    if config.tensor_parallel_size > 1 or config.tensor_parallel_nodes > 1:
+        try:
+            group, ranks = start_group(config, loss)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    engine, fingerprint, device, dtype = build_engine(config, observers=telemetry.observers,
+                                                      group=group)
     loaded = time.perf_counter() - started
     telemetry.bind(engine)
     for client in engine.proposers.values():
@@ -144,10 +170,18 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()
     kv = engine.runner.kv
-    log.info("verifier serving %s on %s%s (%s, %s); KV cache: %d blocks of %d tokens; ready "
+    log.info("verifier serving %s on %s%s (%s, %s%s); KV cache: %d blocks of %d tokens; ready "
              "in %.1f s (model %.1f s)", name, address, " (TLS)" if tls else "", device, dtype,
-             kv.num_blocks, kv.block_size, time.perf_counter() - started, loaded)
-    await until_stopped()
+             f", tensor parallel over {group.size} ranks" if group else "", kv.num_blocks,
+             kv.block_size, time.perf_counter() - started, loaded)
+    loss.loop = asyncio.get_running_loop()
+    await _until_stopped_or(loss.event)
+    if loss.event.is_set():
+        await mark_not_serving(health, [SERVICE_NAME])
+        failed = engine.fail_all(RankLost(f"verifier: {loss.why}; the request was not "
+                                          "finished"))
+        await server.stop(grace=1.0)
+        exit_now(1, f"verifier: {loss.why}: {failed} requests failed; exiting")
     # Drain: health NOT_SERVING first (gateways watching it stop routing here), then new calls
     # are refused with UNAVAILABLE (a gateway retries them elsewhere), the requests in flight
     # get the grace period, and what is still running just before it ends is failed with
@@ -162,7 +196,12 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
         log.warning("grace period over: %d requests handed back unfinished", cut)
     await server.stop(grace=handback)  # sooner: nothing left but streams such as WatchStats
     await stopping
+    if group is not None:  # the other ranks stop after the last step
+        await engine.on_model_thread(engine.executor.broadcast.stop)
     await engine.shutdown()
+    if group is not None:
+        ranks.stop()
+        group.close()
     for client in engine.proposers.values():
         await client.close()
     telemetry.close()

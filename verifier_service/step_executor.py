@@ -113,6 +113,9 @@ class StepExecutor:
         self._turn = 0
         self._fetch = dev.HostFetch(self.device)
         self._logged: set = set()
+        # tensor parallel, rank 0 (verifier_service/tp_broadcast.py): every plan, and every
+        # capture, is sent to the other ranks first; they run the same body on their shards
+        self.broadcast = None
 
     @classmethod
     def for_config(cls, runner, config) -> "StepExecutor":
@@ -144,15 +147,14 @@ class StepExecutor:
     def execute(self, plan: StepPlan) -> StepTensors:
         """Launch the step (replay its bucket's graph, or run the body eagerly); returns its
         device tensors without waiting for them."""
-        graph = self._graphs.get(plan.bucket) if plan.bucket is not None else None
+        if self.broadcast is not None:
+            self.broadcast.step(plan)
         real = plan.layout.num_tokens
         self.stats.bucket_steps += plan.bucket is not None
-        if graph is not None:
-            self._static[:plan.host.numel()].copy_(plan.host, non_blocking=True)
-            graph.graph.replay()
+        if plan.bucket in self._graphs:
             self.stats.captured_steps += 1
             self.stats.captured_tokens += real
-            return graph.out
+            return self.launch(plan)
         reason = self._eager_reason(plan)
         self.stats.eager_steps[reason] += 1
         self.stats.eager_tokens[reason] += real
@@ -161,6 +163,17 @@ class StepExecutor:
             log.warning("step ran eagerly on %s (%s): %d sequences, %d rows%s", self.device,
                         reason, plan.layout.num_seqs, plan.num_tokens,
                         f", bucket {plan.bucket}" if plan.bucket else "")
+        return self.launch(plan)
+
+    def launch(self, plan: StepPlan) -> StepTensors:
+        """Replay the plan's bucket graph, or run the body eagerly over its arrays, counting
+        nothing: what execute() runs, and what the other ranks of a tensor-parallel verifier
+        run for the plans rank 0 sends them (verifier_service/tp_worker.py)."""
+        graph = self._graphs.get(plan.bucket) if plan.bucket is not None else None
+        if graph is not None:
+            self._static[:plan.host.numel()].copy_(plan.host, non_blocking=True)
+            graph.graph.replay()
+            return graph.out
         flat = (plan.host if self.device.type == "cpu"
                 else plan.host.to(self.device, non_blocking=True))
         return self.body(plan.fields.views(flat), plan)
@@ -208,6 +221,8 @@ class StepExecutor:
                 log.warning("the target has no lean forward: no step is captured "
                             "(every step runs eagerly)")
             return
+        if self.broadcast is not None:
+            self.broadcast.capture()
         device = self.device
         start = time.perf_counter()
         before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0

@@ -48,6 +48,8 @@ class StackConfig:
     # verifier_ports[1:] when given, else the next ports no other service has.
     verifier_replicas: int = 1
     verifier_ports: list[int] = field(default_factory=list)
+    # Each verifier splits its target over this many devices (--tensor-parallel-size).
+    tensor_parallel_size: int = 1
     startup_timeout_s: float = 180.0
     # Per method; each gets --device `device` and --dtype auto unless its args say otherwise.
     # Methods missing here are not started; model-backed ones also need a model.

@@ -51,6 +51,8 @@ class Stack:
                 *(a for m, svc in self.proposers.items()
                   for a in ("--proposer", f"{m}={c.host}:{svc.port}")),
                 *(a for m, d in c.in_target_models.items() for a in (f"--{m}", d)),
+                *(["--tensor-parallel-size", str(c.tensor_parallel_size)]
+                  if c.tensor_parallel_size > 1 else []),
                 *c.verifier_args], port, log(name)))
         self.verifier = self.verifiers[0]
         self.gateway = Service("gateway", [

@@ -1,7 +1,8 @@
 """Start the whole stack locally: proposer(s), verifier and gateway as separate processes.
 
     splitspec up [--model DIR] [--http-port 8000] [--no-draft] [--no-mlp]
-                 [--verifier-replicas N] [--verifier-args '--max-waiting 64'] ...
+                 [--verifier-replicas N] [--tensor-parallel-size N]
+                 [--verifier-args '--max-waiting 64'] ...
 
 One proposer process per method of the registry (splitspec/methods.py), each added to the
 verifier's --proposer list. Methods without a model (n-gram) always run; a model-backed method
@@ -16,7 +17,9 @@ front doors serve HTTPS and gRPC over TLS with its certificate; clients trust th
 
 --verifier-replicas N starts N verifiers, all sharing the proposers, behind the one gateway:
 the first on --verifier-port, the others on the next ports that no other service has (the
-defaults never collide; a port given to two services is refused). Any service flag passes
+defaults never collide; a port given to two services is refused). --tensor-parallel-size N
+splits each verifier's target over N devices (N processes per verifier; on accelerators, give
+each replica a host of its own). Any service flag passes
 through: --gateway-args, --verifier-args, --proposer-args (every proposer) and --METHOD-args
 take a quoted flag list.
 
@@ -59,6 +62,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                     "no other service has")
     up.add_argument("--verifier-replicas", type=int, default=d.verifier_replicas,
                     help="verifiers behind the gateway, sharing the proposers")
+    up.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size,
+                    help="devices each verifier splits the target over (it starts one process "
+                    "per device; docs/deploy.md: replicas or tensor parallelism)")
     flags = "a quoted list of flags, e.g. '--max-waiting 64 --max-num-seqs 16'"
     up.add_argument("--gateway-args", default="", help=f"passed to the gateway: {flags}")
     up.add_argument("--verifier-args", default="", help=f"passed to every verifier: {flags}")
@@ -127,6 +133,7 @@ def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None)
         grpc_port=args.grpc_port, verifier_port=args.verifier_port, device=args.device,
         log_dir=args.log_dir, proposers=launches, metrics_port=args.metrics_port, tls=tls,
         verifier_replicas=args.verifier_replicas,
+        tensor_parallel_size=args.tensor_parallel_size,
         verifier_args=shlex.split(args.verifier_args),
         gateway_args=["--resume-wait-s", str(args.resume_wait_s),
                       *shlex.split(args.gateway_args)])
@@ -136,6 +143,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Start the stack, print where it serves, supervise it until SIGINT or SIGTERM."""
     if args.verifier_replicas < 1:
         parser.error("--verifier-replicas must be at least 1")
+    if args.tensor_parallel_size < 1:
+        parser.error("--tensor-parallel-size must be at least 1")
     certs_dir = Path(tempfile.mkdtemp(prefix="splitspec-tls-")) if args.tls else None
     try:
         tls = (write_stack_certificates(certs_dir, [*LOCAL_HOSTS, args.host])
@@ -165,7 +174,9 @@ def _run(args: argparse.Namespace, stack: Stack) -> None:
         print(f"splitspec: {exc}", file=sys.stderr)
         sys.exit(1)
     print(f"splitspec is serving {args.model} (proposers: {', '.join(stack.proposers)}; "
-          f"verifier replicas: {len(stack.verifiers)})\n"
+          f"verifier replicas: {len(stack.verifiers)}"
+          + (f", each over {args.tensor_parallel_size} tensor-parallel ranks"
+             if args.tensor_parallel_size > 1 else "") + ")\n"
           f"  REST (OpenAI-compatible): {stack.url}\n"
           f"  gRPC (splitspec.v1.Generation): {args.host}:{args.grpc_port}\n"
           + "".join(f"  metrics of {name}: {url}\n" for name, url in stack.metrics_urls.items())

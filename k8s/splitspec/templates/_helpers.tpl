@@ -137,6 +137,12 @@ are literal args (--flag / --no-flag): argparse takes no value for them.
 {{- $own = append $own (dict "flag" "proposer" "key" (printf "PROPOSER_%s" ($method | upper)) "value" (printf "%s=%s:%d" $method $name (int $pool.port))) }}
 {{- end }}
 {{- end }}
+{{- if gt (int $v.tensorParallelSize) 1 }}
+{{- $own = append $own (dict "flag" "tensor-parallel-size" "key" "TENSOR_PARALLEL_SIZE" "value" (int $v.tensorParallelSize)) }}
+{{- end }}
+{{- if $v.leaderWorkerSet.enabled }}
+{{- $own = append $own (dict "flag" "tensor-parallel-nodes" "key" "TENSOR_PARALLEL_NODES" "value" (int $v.leaderWorkerSet.hosts)) }}
+{{- end }}
 {{- $own = append $own (dict "flag" "shutdown-grace-s" "key" "SHUTDOWN_GRACE_S" "value" (int $v.shutdownGraceSeconds)) }}
 {{- if .Values.metrics.enabled }}
 {{- $own = append $own (dict "flag" "metrics-port" "key" "METRICS_PORT" "value" (int .Values.metrics.ports.verifier)) }}

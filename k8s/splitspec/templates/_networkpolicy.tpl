@@ -27,3 +27,11 @@
     {{- end }}
 {{- end }}
 {{- end }}
+{{/* The ranks of a verifier group over several hosts reach each other on any port (the
+rendezvous port, then the collectives' own connections): (dict "root" $ "key" "from" | "to") */}}
+{{- define "splitspec.verifierRanks" -}}
+- {{ .key }}:
+    - podSelector:
+        matchLabels:
+          {{- include "splitspec.selectorLabels" (dict "root" .root "component" "verifier") | nindent 10 }}
+{{- end }}

@@ -10,7 +10,10 @@
   ports       list of {name, port}      metricsPort: 0 for none
   tlsRole     gateway | verifier | proposer: the secret mounted when tls.enabled
   probes      YAML of the probes        grace: terminationGracePeriodSeconds
-  preStop     seconds of preStop sleep  placement: {nodeSelector, tolerations, affinity} */}}
+  preStop     seconds of preStop sleep  placement: {nodeSelector, tolerations, affinity}
+  extraArgs   (optional) literal args after the flags, expanded by the kubelet from variables
+              the pod gets at run time (a LeaderWorkerSet's LWS_*)
+  shm         (optional) size of a memory-backed /dev/shm (tensor parallelism's collectives) */}}
 {{- define "splitspec.podTemplate" -}}
 {{- $root := .root }}
 {{- $v := $root.Values -}}
@@ -63,6 +66,9 @@ spec:
       command: [{{ .command | quote }}]
       args:
         {{- include "splitspec.flagArgs" .flags | trim | nindent 8 }}
+        {{- range .extraArgs }}
+        - {{ . | quote }}
+        {{- end }}
       envFrom:
         - configMapRef:
             name: {{ .name }}
@@ -91,6 +97,7 @@ spec:
         - name: OTEL_RESOURCE_ATTRIBUTES
           value: {{ join "," $attrs | quote }}
         {{- end }}
+      {{- if or .ports (and $v.metrics.enabled .metricsPort) }}
       ports:
         {{- range .ports }}
         - name: {{ .name }}
@@ -102,7 +109,10 @@ spec:
           containerPort: {{ int .metricsPort }}
           protocol: TCP
         {{- end }}
-      {{- .probes | nindent 6 }}
+      {{- end }}
+      {{- with .probes }}
+      {{- . | nindent 6 }}
+      {{- end }}
       lifecycle:
         preStop:
           exec:
@@ -114,6 +124,10 @@ spec:
       volumeMounts:
         - name: tmp
           mountPath: /tmp
+        {{- if .shm }}
+        - name: dshm
+          mountPath: /dev/shm
+        {{- end }}
         {{- if .models }}
         - name: models
           mountPath: {{ $v.models.path }}
@@ -133,6 +147,12 @@ spec:
       secret:
         secretName: {{ include "splitspec.tlsSecret" (dict "root" $root "role" .tlsRole) }}
         defaultMode: 0440
+    {{- end }}
+    {{- if .shm }}
+    - name: dshm
+      emptyDir:
+        medium: Memory
+        sizeLimit: {{ .shm }}
     {{- end }}
     {{- if .models }}
     - name: models
