@@ -234,6 +234,20 @@ def main() -> None:
                    and torch.cuda.is_available() else args.device)
     lines += [f"| device | {device_name}, {args.dtype} |", ""]
 
+    def save() -> None:  # after every section: a run cut short keeps what it measured
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("\n".join(lines) + "\n")
+        print(f"[{time.strftime('%H:%M:%S')}] {args.out}: section written", flush=True)
+
+    # first: one engine in this process, captured and stepped under the sync debug mode (a
+    # capture that fails shows here, with its traceback, before the stack starts)
+    try:
+        lines += ["## Hidden syncs", ""] + sync_check(args) + [""]
+    except Exception:  # noqa: BLE001 - reported, the rest still runs
+        import traceback
+
+        lines += ["## Hidden syncs", "", "```", traceback.format_exc().rstrip(), "```", ""]
+    save()
     t0 = time.perf_counter()
     with Stack(stack_config(args, models, max(conc), "main")) as stack:
         up = time.perf_counter() - t0
@@ -246,6 +260,7 @@ def main() -> None:
         lines += ["## First requests after SERVING (speculation off)", "",
                   "| request | tok/s |", "|---:|---:|"]
         lines += [f"| {i + 1} | {tok_s([r]):.1f} |" for i, r in enumerate(first)] + [""]
+        save()
         served = sorted(stack.proposers)
         cfgs = configs(served, args.quick)
         passes: list[dict[Config, list]] = []
@@ -274,14 +289,17 @@ def main() -> None:
                     best is None or statistics.mean(ratios) > best[1]):
                 best = (c, statistics.mean(ratios))
         lines += [""]
+        save()
         lines += ["## Concurrency (aggregate tok/s)", "",
                   "| configuration | " + " | ".join(f"{n} clients" for n in conc) + " |",
                   "|---|" + "---:|" * len(conc)]
         for c in [off] + ([best[0]] if best else []) + [Config("splitspec", "auto", 0.0)]:
             speeds = [concurrent_tok_s(client, c, prompts, n, args.max_tokens) for n in conc]
             lines.append(f"| {c.label} | " + " | ".join(f"{s:.0f}" for s in speeds) + " |")
+            save()
         lines += ["", "## How steps ran (verifier metrics over the whole run)", ""]
         lines += executor_lines(client) + [""]
+        save()
         client.close()
     hf = HfBaselines(args.model, models.get("draft"), args.device, args.dtype)
     lines += ["## Hugging Face generate on the same device (eager, dynamic cache)", "",
@@ -293,7 +311,7 @@ def main() -> None:
         hf.run(cfg, prompts[0], 8)
         runs = [hf.run(cfg, p, args.max_tokens) for p in prompts]
         lines.append(f"| {cfg.label} | {tok_s(runs):.1f} |")
-    lines += ["", "## Hidden syncs", ""] + sync_check(args) + [""]
+    lines += [""]
     write_markdown(args.out, lines)
 
 
