@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from splitspec.config import DEFAULT_MODEL
 from splitspec.launcher.ports import replica_ports
 from splitspec.methods import METHODS, find_model, proposer_methods
 from splitspec.net import free_port
 from splitspec.telemetry.config import GATEWAY_METRICS_PORT
-from splitspec.tls_certs import StackCertificates
+
+if TYPE_CHECKING:  # cryptography is imported only where certificates are made
+    from splitspec.tls_certs import StackCertificates
 
 
 def sibling_proposer_models(model: str | Path) -> dict[str, str]:

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -19,7 +20,9 @@ from splitspec.lifecycle import LAUNCHER_PID_ENV
 from splitspec.methods import METHODS, HiddenState
 from splitspec.net import wait_for_port
 from splitspec.telemetry.config import stack_metrics_ports
-from splitspec.tls_certs import StackCertificates, role_identity
+
+if TYPE_CHECKING:  # cryptography is imported only where certificates are made
+    from splitspec.tls_certs import StackCertificates
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,6 +82,8 @@ class Stack:
         """Mutual TLS on every hop: each service its role's certificate and the CA; verifiers
         serve only the gateway, proposers only verifiers (flags passed by hand come after these:
         a file given again wins, a --tls-allow-peer adds an identity)."""
+        from splitspec.tls_certs import role_identity
+
         def flags(role: str, caller: str | None) -> list[str]:
             return ["--tls-cert", str(certs[role].cert), "--tls-key", str(certs[role].key),
                     "--tls-ca", str(certs.ca),

@@ -40,11 +40,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from splitspec.launcher.config import ProposerLaunch, StackConfig, sibling_proposer_models
 from splitspec.launcher.stack import Stack
 from splitspec.methods import in_target_methods, proposer_methods
-from splitspec.tls_certs import LOCAL_HOSTS, StackCertificates, write_stack_certificates
+
+if TYPE_CHECKING:  # cryptography is imported only where certificates are made
+    from splitspec.tls_certs import StackCertificates
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
@@ -147,6 +150,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--tensor-parallel-size must be at least 1")
     certs_dir = Path(tempfile.mkdtemp(prefix="splitspec-tls-")) if args.tls else None
     try:
+        from splitspec.tls_certs import LOCAL_HOSTS, write_stack_certificates
+
         tls = (write_stack_certificates(certs_dir, [*LOCAL_HOSTS, args.host])
                if certs_dir else None)
         stack = Stack(stack_config(args, tls))
