@@ -31,6 +31,7 @@ from kernels.rejection import greedy_verify, rejection_sample
 from kernels.sampling import SamplingTensors
 from kernels.sparse_probs import SparseProbs
 from kernels.tree_rejection import TreeResult, tree_rejection_sample
+from splitspec.device import to_device
 from splitspec.proposal import Draft
 from verifier_service.scheduler import Scheduled
 from verifier_service.step_executor import StepExecutor
@@ -230,12 +231,12 @@ def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Schedu
             tokens = logits.argmax(dim=-1)  # [S]
             return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
         draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
-        return greedy_verify(logits, draft_ids.to(logits.device), layout)
+        return greedy_verify(logits, to_device(draft_ids, logits.device), layout)
     probs = _target_probs(logits, layout, params)
     device = logits.device
     draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
     return rejection_sample(
-        probs, draft_ids.to(device), layout, draft_distribution(drafts, device),
+        probs, to_device(draft_ids, device), layout, draft_distribution(drafts, device),
         torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
         [p.seed for p in params])
 
@@ -247,9 +248,10 @@ def _sample_trees(logits: torch.Tensor, layout: StepLayout, params, drafts) -> T
     draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
     greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
     if bool(greedy.all()):  # argmax of the logits is the argmax of the one-hot p
-        return tree_rejection_sample(logits, draft_ids.to(device), None, layout, None,
+        return tree_rejection_sample(logits, to_device(draft_ids, device), None, layout, None,
                                      greedy)
-    return tree_rejection_sample(_target_probs(logits, layout, params), draft_ids.to(device),
+    return tree_rejection_sample(_target_probs(logits, layout, params),
+                                 to_device(draft_ids, device),
                                  None, layout,
                                  draft_distribution(drafts, device), greedy,
                                  [p.seed for p in params])
