@@ -153,20 +153,20 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
 @needs_triton
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_triton_equals_reference(name, monkeypatch):
-    from triton_testlib import interpreted_module
+    from triton_testlib import kernel_module, on
 
-    mod = interpreted_module(monkeypatch, "kernels.triton_paged_attention")
+    mod, device = kernel_module(monkeypatch, "kernels.triton_paged_attention")
     case = _case(hash(name) % 1000, **CASES[name])
-    got = mod.paged_attention_triton(**case)
+    got = mod.paged_attention_triton(**on(device, case)).cpu()
     torch.testing.assert_close(got, paged_attention_reference(**case), rtol=1e-4, atol=1e-4)
 
 
 @needs_triton
 def test_triton_long_context_crosses_chunks(monkeypatch):
-    from triton_testlib import interpreted_module
+    from triton_testlib import kernel_module, on
 
-    mod = interpreted_module(monkeypatch, "kernels.triton_paged_attention")
+    mod, device = kernel_module(monkeypatch, "kernels.triton_paged_attention")
     case = _case(3, lens_q=[2, 1], starts=[70, 33], d=64, hq=2, hkv=1)
     assert math.ceil(72 / 32) > 1  # more than one BLOCK_N chunk
-    torch.testing.assert_close(mod.paged_attention_triton(**case),
+    torch.testing.assert_close(mod.paged_attention_triton(**on(device, case)).cpu(),
                                paged_attention_reference(**case), rtol=1e-4, atol=1e-4)

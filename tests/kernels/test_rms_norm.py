@@ -21,13 +21,13 @@ def test_float32_is_torch_rms_norm():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hidden", [64, 100])
 def test_triton_equals_reference(monkeypatch, dtype, hidden):
-    from triton_testlib import interpreted_module
+    from triton_testlib import kernel_module
 
-    mod = interpreted_module(monkeypatch, "kernels.triton_rms_norm")
+    mod, device = kernel_module(monkeypatch, "kernels.triton_rms_norm")
     g = torch.Generator().manual_seed(hidden)
     x = (torch.randn(2, 7, hidden, generator=g) * 3).to(dtype)
     w = (torch.rand(hidden, generator=g) + 0.5).to(dtype)
-    got = mod.rms_norm_triton(x, w, 1e-5)
+    got = mod.rms_norm_triton(x.to(device), w.to(device), 1e-5).cpu()
     ref = rms_norm_reference(x, w, 1e-5)
     assert got.dtype == dtype and got.shape == x.shape
     # The same two roundings; the float32 sum's order may move the last bit of a few values.
