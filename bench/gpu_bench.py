@@ -47,6 +47,7 @@ from compare_bench import Config, HfBaselines, SplitspecClient, machine_facts  #
 from spec_bench import held_out_prompts  # noqa: E402
 
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
+from splitspec.methods import METHODS  # noqa: E402
 
 KS = (3, 5, 8)
 TREES = {"ngram": 3, "draft": 2, "mlp": 2}
@@ -78,8 +79,11 @@ def configs(served: list[str], quick: bool) -> list[Config]:
 def stack_config(args, models, max_num_seqs: int, log_name: str) -> StackConfig:
     k_max = max(lookahead_nodes(s) for s in SHAPES)
     dtype = ["--dtype", args.dtype]
+    # suffix is left out: a host-side index the bench restarts before each of its runs (a
+    # cross-request method must not have seen the prompt), seconds each; `make bench` has it
+    methods = [m for m in METHODS if m != "suffix"]
     return StackConfig.with_free_ports(
-        model=args.model, device=args.device, models=models,
+        model=args.model, device=args.device, models=models, methods=methods,
         proposer_args={m: dtype for m in ("draft", "mlp")},
         log_dir=ROOT / "bench/out/gpu-logs" / log_name,
         verifier_args=["--proposer-timeout-ms", "2000", "--max-num-seqs", str(max_num_seqs),
