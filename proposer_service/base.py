@@ -62,6 +62,9 @@ class Proposer(abc.ABC):
     # the size of the target's hidden state a proposer conditions on (0: none): the warm-up's
     # dummy input
     warm_hidden_size: int = 0
+    # further history lengths drafted greedily at warm-up (a draft model on an accelerator: its
+    # prefill kernels specialize on the length, compiled at first use)
+    warm_lengths: tuple[int, ...] = ()
 
     def warm_up(self) -> None:
         """Draft for a short dummy history, greedy and sampled, chains and trees, in a session
@@ -84,6 +87,10 @@ class Proposer(abc.ABC):
             for n, (sampling, branch) in enumerate(plans):
                 session.propose([SequenceStep(f"warmup-{n}", history, len(history), k, True,
                                               sampling, hidden, max_branch=branch)])
+            for n in self.warm_lengths:
+                longer = [i % vocab for i in range(3, 3 + n)]
+                session.propose([SequenceStep(f"warmup-len-{n}", longer, len(longer), k, True,
+                                              SamplingParams(temperature=0.0), hidden)])
         finally:
             session.close()
 

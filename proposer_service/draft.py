@@ -61,6 +61,8 @@ class DraftModelProposer(Proposer):
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
         self.device = device
+        if device.type != "cpu":
+            self.warm_lengths = (16, 48, 130)
         # The draft's forward: plain tensor ops where the architecture allows
         # (splitspec/lean_llama.py), else the transformers forward.
         supported = LeanDecoder.supports(model)

@@ -7,7 +7,8 @@ clients' requests.
     2. samplers the chain and tree rejection samplers (greedy, sampled and seeded rows, one-hot
                 and sparse q) and the log-probability scorer run once on small inputs on the
                 target's device (their Triton variants compile where they run);
-    3. requests short generations through the engine: a prompt's prefill, plain decoding,
+    3. requests short generations through the engine: a prompt's prefill (on an accelerator
+                at several lengths), plain decoding,
                 lookahead's token trees greedy and sampled (the in-target method every verifier
                 serves), so the decode path of every shape a request starts with has run.
 
@@ -67,6 +68,17 @@ def _requests(engine) -> list[GenerationInput]:
                                StoppingCriteria(max_tokens=tokens, ignore_eos=True), plan)
 
     out = [one(SamplingParams(temperature=0.0), SpeculationPlan(), 2)]
+    if engine.runner.device.type != "cpu":
+        # eager prefills at more lengths: Triton specializes integer arguments (a multiple of
+        # 16, or not) and the first prefill of a shape plans its kernels; nothing compiles on a
+        # CPU. The first requests after start on an H200 ran at 0.1x steady speed (first of
+        # each new prompt length) with one 8-token prefill warmed.
+        for n in (16, 48, 130):
+            out.append(GenerationInput(f"warmup-{uuid.uuid4().hex}",
+                                       tuple(i % vocab for i in range(3, 3 + n)),
+                                       SamplingParams(temperature=0.0),
+                                       StoppingCriteria(max_tokens=2, ignore_eos=True),
+                                       SpeculationPlan()))
     if served.serves("lookahead") and k > 0:
         for sampling in (SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)):
             out.append(one(sampling, SpeculationPlan("lookahead", k), 4))
