@@ -330,8 +330,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None,
                     help="markdown report (default: bench/reports/soak.md in long mode)")
     args = ap.parse_args(argv)
-    quick = dict(streams=6, duration_s=35.0, max_requests=200, unique=12, max_tokens=48,
-                 kill_interval_s=4.0, draft=False)
+    quick = dict(streams=6, duration_s=22.0, max_requests=200, unique=8, max_tokens=48,
+                 kill_interval_s=3.0, draft=False)
     full = dict(streams=12, duration_s=300.0, max_requests=5000, unique=40, max_tokens=96,
                 kill_interval_s=8.0, draft=True)
     for key, value in (quick if args.short else full).items():
