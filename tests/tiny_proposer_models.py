@@ -78,6 +78,26 @@ def make_mlp_speculator(target_dir: str | Path, out: Path, n_predict: int = 4,
     return out
 
 
+PROMPT_LEN = 4  # tokens of the random prompts the fitted test speculators continue
+
+
+def greedy_continuations(target_dir: str | Path, seed: int, batch: int, new_tokens: int):
+    """(config, target model, sequences [batch, PROMPT_LEN + new_tokens]): the target's
+    greedy continuations of random prompts, what the fitted test speculators learn from."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
+                                                  dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randint(2, tc.vocab_size, (batch, PROMPT_LEN), generator=gen)
+    with torch.no_grad():
+        seqs = target.generate(start, attention_mask=torch.ones_like(start),
+                               max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                               eos_token_id=None)  # [B, L]
+    return tc, target, seqs
+
+
 def make_trained_mlp_speculator(target_dir: str | Path, out: Path, n_predict: int = 4,
                                 steps: int = 60, seed: int = 0) -> Path:
     """A speculator fitted for a few seconds to the target's own greedy continuations.
@@ -87,25 +107,18 @@ def make_trained_mlp_speculator(target_dir: str | Path, out: Path, n_predict: in
     if the verifier hands over the state of the right position: an end-to-end check of the
     hidden-state contract that a random speculator cannot give.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 
-    tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
-                                                  dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    start = torch.randint(2, tc.vocab_size, (32, 4), generator=gen)  # [B, 4] random prompts
+    tc, target, seqs = greedy_continuations(target_dir, seed, 32, 40)
     with torch.no_grad():
-        seqs = target.generate(start, attention_mask=torch.ones_like(start), max_new_tokens=40,
-                               do_sample=False, pad_token_id=0, eos_token_id=None)  # [B, L]
         hidden = target.model(seqs).last_hidden_state  # [B, L, H], after the final norm
     torch.manual_seed(seed)
     spec = MLPSpeculator(MLPSpeculatorConfig(emb_dim=tc.hidden_size, vocab_size=tc.vocab_size,
                                              n_predict=n_predict,
                                              target_model=str(Path(target_dir).resolve())))
     opt = torch.optim.AdamW(spec.parameters(), lr=3e-3)
-    lo, hi = start.shape[1], seqs.shape[1] - n_predict - 1
+    lo, hi = PROMPT_LEN, seqs.shape[1] - n_predict - 1
     for _ in range(steps):
         loss = sum(spec.training_losses(hidden[:, lo:hi], seqs, lo, hi))
         opt.zero_grad()
@@ -151,7 +164,6 @@ def make_trained_eagle_head(target_dir: str | Path, out: Path, steps: int = 40,
     import sys
     from types import SimpleNamespace
 
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     scripts = str(Path(__file__).resolve().parent.parent / "scripts")
     if scripts not in sys.path:
@@ -163,18 +175,12 @@ def make_trained_eagle_head(target_dir: str | Path, out: Path, steps: int = 40,
     from verifier_service.eagle_head import EagleHead
 
     layers = [0, 1, 1]
-    tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True,
-                                                  dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(seed)
-    start = torch.randint(2, tc.vocab_size, (16, 4), generator=gen)  # [B, 4] random prompts
+    tc, target, seqs = greedy_continuations(target_dir, seed, 16, 28)
     with torch.no_grad():
-        seqs = target.generate(start, attention_mask=torch.ones_like(start), max_new_tokens=28,
-                               do_sample=False, pad_token_id=0, eos_token_id=None)  # [B, L]
         out_hf = target(seqs, output_hidden_states=True)
     feats = torch.cat([out_hf.hidden_states[i] for i in layers], -1)  # [B, L, 3H]
     top = out_hf.logits.float().log_softmax(-1).topk(8, dim=-1)
-    records = [{"feats": feats[b, :-1], "tokens": seqs[b], "prompt_len": start.shape[1],
+    records = [{"feats": feats[b, :-1], "tokens": seqs[b], "prompt_len": PROMPT_LEN,
                 "top_ids": top.indices[b], "top_logp": top.values[b]}
                for b in range(seqs.shape[0])]
     cfg = tc.to_dict()

@@ -58,6 +58,22 @@ def target_features(model, ids: list[int], layer_ids=None) -> tuple[torch.Tensor
     return final, aux, model.lm_head(final).argmax(-1)
 
 
+def decoder_layer(r, version: int, h: int, heads: int, kv: int, head_dim: int,
+                  inter: int) -> dict[str, torch.Tensor]:
+    """The head's decoder layer under its published names (EAGLE-1: layers.0.*, EAGLE-3:
+    midlayer.* with q/k/v over 2H), drawn by r(*shape, s=scale); no input norm."""
+    att_in = 2 * h if version == 3 else h
+    layer = "midlayer." if version == 3 else "layers.0."
+    return {f"{layer}self_attn.q_proj.weight": r(heads * head_dim, att_in),
+            f"{layer}self_attn.k_proj.weight": r(kv * head_dim, att_in),
+            f"{layer}self_attn.v_proj.weight": r(kv * head_dim, att_in),
+            f"{layer}self_attn.o_proj.weight": r(h, heads * head_dim),
+            f"{layer}post_attention_layernorm.weight": 1 + r(h, s=0.1),
+            f"{layer}mlp.gate_proj.weight": r(inter, h),
+            f"{layer}mlp.up_proj.weight": r(inter, h),
+            f"{layer}mlp.down_proj.weight": r(h, inter)}
+
+
 def random_weights(version: int, seed: int, draft_vocab: int = VOCAB, bias: bool = False,
                    embed: bool = False, target_hidden: int = H) -> dict[str, torch.Tensor]:
     """Tensors under the published names (EAGLE-1: layers.0.*; EAGLE-3: midlayer.*)."""
@@ -66,17 +82,8 @@ def random_weights(version: int, seed: int, draft_vocab: int = VOCAB, bias: bool
     def r(*shape, s=0.15):
         return torch.randn(*shape, generator=g) * s
 
-    att_in = 2 * H if version == 3 else H
-    layer = "midlayer." if version == 3 else "layers.0."
-    w = {f"{layer}self_attn.q_proj.weight": r(HEADS * HEAD_DIM, att_in),
-         f"{layer}self_attn.k_proj.weight": r(KV * HEAD_DIM, att_in),
-         f"{layer}self_attn.v_proj.weight": r(KV * HEAD_DIM, att_in),
-         f"{layer}self_attn.o_proj.weight": r(H, HEADS * HEAD_DIM),
-         f"{layer}post_attention_layernorm.weight": 1 + r(H, s=0.1),
-         f"{layer}mlp.gate_proj.weight": r(INTER, H),
-         f"{layer}mlp.up_proj.weight": r(INTER, H),
-         f"{layer}mlp.down_proj.weight": r(H, INTER),
-         f"{layer}input_layernorm.weight": 1 + r(H, s=0.1)}
+    w = decoder_layer(r, version, H, HEADS, KV, HEAD_DIM, INTER)
+    w[f"{'midlayer.' if version == 3 else 'layers.0.'}input_layernorm.weight"] = 1 + r(H, s=0.1)
     if version == 3:
         w |= {"midlayer.hidden_norm.weight": 1 + r(H, s=0.1),
               "fc.weight": r(H, 3 * target_hidden, s=0.1), "norm.weight": 1 + r(H, s=0.1),
@@ -311,16 +318,7 @@ def head_for_target(path: Path, target_dir: str, version: int, seed: int = 0,
     def r(*shape, s=0.15):
         return torch.randn(*shape, generator=g) * s
 
-    att_in = 2 * h if version == 3 else h
-    layer = "midlayer." if version == 3 else "layers.0."
-    w = {f"{layer}self_attn.q_proj.weight": r(heads * head_dim, att_in),
-         f"{layer}self_attn.k_proj.weight": r(kv * head_dim, att_in),
-         f"{layer}self_attn.v_proj.weight": r(kv * head_dim, att_in),
-         f"{layer}self_attn.o_proj.weight": r(h, heads * head_dim),
-         f"{layer}post_attention_layernorm.weight": 1 + r(h, s=0.1),
-         f"{layer}mlp.gate_proj.weight": r(inter, h),
-         f"{layer}mlp.up_proj.weight": r(inter, h),
-         f"{layer}mlp.down_proj.weight": r(h, inter)}
+    w = decoder_layer(r, version, h, heads, kv, head_dim, inter)
     cfg = config(version, vocab, hidden_size=h, intermediate_size=inter,
                  num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
                  vocab_size=vocab)
