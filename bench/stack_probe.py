@@ -2,8 +2,10 @@
 
 Per request (requests run one at a time, so the deltas are the request's own):
     steps, step_s       verifier engine steps and their time (splitspec_engine_step_seconds)
-    round_trip_s        time the verifier waited for the method's drafts (round trip)
-    proposer_s          time the proposer spent answering (splitspec_proposer_propose_seconds)
+    round_trip_s        time the verifier waited for the method's drafts (round trip; an
+                        in-target method: its drafting inside the step)
+    proposer_s          time the proposer spent answering (splitspec_proposer_propose_seconds;
+                        an in-target method: round_trip_s, it has no network)
     hits, misses        drafting-ahead outcomes (splitspec_spec_decode_ahead_total)
 The split of a step: propose = proposer_s, network = round_trip_s - proposer_s (gRPC,
 serialization, queueing), verify = step_s - round_trip_s (target forward, sampling, apply);
@@ -44,8 +46,10 @@ class StackProbe:
             out["round_trip_s"] = get("verifier",
                                       "splitspec_spec_decode_proposer_round_trip_seconds_sum",
                                       method=method)
-            out["proposer_s"] = get(f"proposer-{method}", "splitspec_proposer_propose_seconds_sum",
-                                    method=method)
+            out["proposer_s"] = (
+                get(f"proposer-{method}", "splitspec_proposer_propose_seconds_sum", method=method)
+                if f"proposer-{method}" in after
+                else out["round_trip_s"])  # in-target: its drafting in the step, no network
             out["hits"] = get("verifier", "splitspec_spec_decode_ahead_total", method=method,
                               outcome="hit")
             out["misses"] = get("verifier", "splitspec_spec_decode_ahead_total",

@@ -98,7 +98,14 @@ class DraftCollector:
         stats.steps += 1
         out: dict[SequenceState, Draft] = {}
         wanted = {s.seq: s.k for s in group}
-        for seq, proposed in self.in_target.propose(group).items():
+        start = time.perf_counter()
+        proposals = self.in_target.propose(group)
+        # its drafting runs inside the step, before the forward: priced like a proposer's
+        # answer time (an EAGLE head's k forwards cost a share of a target step)
+        ms.round_trip_s = time.perf_counter() - start
+        if wanted:
+            stats.add_round_trip(max(wanted.values()), ms.round_trip_s)
+        for seq, proposed in proposals.items():
             k = wanted[seq]
             _count_ask(stats, seq, k)
             draft = (proposed if isinstance(proposed, Draft)

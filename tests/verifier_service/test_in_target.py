@@ -97,6 +97,9 @@ def test_fixed_chain_alone_equals_speculation_off(target_model_dir, baseline, fi
     assert method.admitted == method.freed == 1 and engine.drafts.in_target.num_states == 0
     assert [o.num_accepted for o in method.outcomes][0] == 4  # told each step's outcome
     assert all(o.emitted[:o.num_accepted] == o.draft[:o.num_accepted] for o in method.outcomes)
+    # its drafting time, inside the step, is recorded as its answer time (what auto prices)
+    trips = engine.stats.method(NAME).round_trips
+    assert set(trips) == {4} and 0 < trips[4][0] <= len(method.outcomes) and trips[4][1] > 0
     assert drained(engine)
 
 
