@@ -58,7 +58,7 @@ from splitspec.methods import METHODS, Kind  # noqa: E402
 
 # text a cross-request method drafts for from the request's own repetitions (an empty index)
 RECONNECT_PROMPT = "red green blue, red green blue, red green blue, red green blue, red green"
-DEFAULT_K = {"ngram": 7, "draft": 5, "mlp": 7, "suffix": 7, "lookahead": 8}
+DEFAULT_K = {"ngram": 7, "draft": 5, "mlp": 7, "suffix": 7, "lookahead": 8, "eagle": 6}
 
 
 @dataclass

@@ -50,7 +50,7 @@ from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # no
 from splitspec.methods import METHODS  # noqa: E402
 
 KS = (3, 5, 8)
-TREES = {"ngram": 3, "draft": 2, "mlp": 2}
+TREES = {"ngram": 3, "draft": 2, "mlp": 2, "eagle": 4}
 SHAPES = ((3, 3, 2), (5, 3, 5), (8, 4, 8))  # lookahead (W, N, G)
 
 
@@ -63,7 +63,7 @@ def lookahead_nodes(shape: tuple[int, int, int]) -> int:
 def configs(served: list[str], quick: bool) -> list[Config]:
     ks = (KS[0],) if quick else KS
     out = [Config("splitspec", "off", 0.0)]
-    for m in ("ngram", "draft", "mlp", "suffix"):
+    for m in ("ngram", "draft", "mlp", "suffix", "eagle"):
         if m in served:
             out += [Config("splitspec", m, 0.0, k) for k in ks]
     for m, b in TREES.items():
@@ -265,7 +265,7 @@ def main() -> None:
                   "| request | tok/s |", "|---:|---:|"]
         lines += [f"| {i + 1} | {tok_s([r]):.1f} |" for i, r in enumerate(first)] + [""]
         save()
-        served = sorted(stack.proposers)
+        served = sorted([*stack.proposers, *stack.config.in_target_models])  # eagle: a head
         cfgs = configs(served, args.quick)
         passes: list[dict[Config, list]] = []
         for _ in range(args.passes):
