@@ -174,7 +174,8 @@ def sampled_off(client, sampled_prompt) -> list:
 # (method, k) of each request of a sample, cycled: one method and k, or a batch mixing all of them
 SAMPLED_PLANS = {
     "ngram-k8": [("ngram", 8)],
-    "draft-k8": [("draft", 8)],
+    # the draft's sampled chains (k 8 and 2, drafting ahead on) are in "mixed", its sampled
+    # second guesses in "trees": a sample of its own added 70 s to the suite and nothing else
     "mlp-k4": [("mlp", 4)],  # the test speculator has 4 heads
     "suffix-k8": [("suffix", 8)],
     "lookahead-k8": [("lookahead", 8)],  # in-target: a tree of pool candidates and the window
