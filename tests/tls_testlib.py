@@ -6,6 +6,7 @@ generated descriptors, and one call of any of them with any credentials."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
 import socket
@@ -159,14 +160,23 @@ async def call(address: str, rpc: Rpc, client: Client,
         kind = ("stream" if rpc.client_streaming else "unary") + "_" + (
             "stream" if rpc.server_streaming else "unary")
         multicallable = getattr(channel, kind)(rpc.method)
-        request = iter([b""]) if rpc.client_streaming else b""
         try:
-            if rpc.server_streaming:
-                stream = multicallable(request, timeout=timeout_s)
-                await stream.read()
-                stream.cancel()
+            if rpc.client_streaming:
+                # written by hand, not from an iterator: a refusal that ends the call while the
+                # iterator is still being sent would surface as the client's own INTERNAL
+                ongoing = multicallable(timeout=timeout_s)
+                with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError,
+                                         asyncio.InvalidStateError):
+                    await ongoing.write(b"")
+                    await ongoing.done_writing()
             else:
-                await multicallable(request, timeout=timeout_s)
+                ongoing = multicallable(b"", timeout=timeout_s)
+            if rpc.server_streaming:
+                if await ongoing.read() is grpc.aio.EOF:
+                    return await ongoing.code()
+                ongoing.cancel()
+            else:
+                await ongoing
         except grpc.aio.AioRpcError as exc:
             return exc.code()
         return grpc.StatusCode.OK
