@@ -56,9 +56,11 @@ def test_the_fixed_cache_loop_drafts_what_the_eager_loop_drafts(proposer):
 def test_an_iteration_never_reads_the_device():
     from transformers import AutoModelForCausalLM
 
+    from splitspec.launcher import REPO_ROOT
     from splitspec.lean_llama import LeanDecoder
 
-    model = AutoModelForCausalLM.from_pretrained("models/draft", dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(REPO_ROOT / "models" / "draft",
+                                                 dtype=torch.float32)
     lean = LeanDecoder(model.to("meta"), "dense")
     graphs = DraftGraphs(lean, torch.device("meta"), 64, 2, 4, capture=False)
     graphs.iteration(2, 2)  # values do not exist on meta: a read back would raise
