@@ -13,8 +13,13 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
           Only for weights that are all exactly fp16 values (a checkpoint stored in fp16 and
           loaded as fp32): the products use the very same numbers and read half the bytes.
   auto    fp16 where every weight of the model is fp16-exact, else onednn, on a CPU float32
-          model; dense on accelerators and other dtypes. A packed kernel is chosen only where
-          it is batch invariant on this CPU (probed once, see below).
+          model; dense on accelerators and other dtypes. For a model whose rows must not depend
+          on their batch (the target: a verified row must see a decode row's numbers) a packed
+          kernel is chosen only where it is batch invariant on this CPU (probed once, see
+          below). Drafters (proposers, heads on the target's features) need no such thing: a
+          draft only decides how many tokens a step keeps, never which, so for them
+          (`invariant=False`) auto takes fp16 wherever the weights allow, the kernel that reads
+          the fewest bytes (a drafting step reads every weight for one or a few rows).
 
 Unlike dense, the packed kernels are batch invariant on the CPUs they were built for: a row's
 result does not depend on how many other rows share the call (tests/kernels/test_linear.py), so
@@ -78,9 +83,10 @@ def fp16_exact(weight: torch.Tensor) -> bool:
     return bool(torch.equal(weight.to(torch.float16).to(weight.dtype), weight))
 
 
-def resolve(backend: str, weights: Iterable[torch.Tensor]) -> str:
+def resolve(backend: str, weights: Iterable[torch.Tensor], invariant: bool = True) -> str:
     """The backend a model runs with: `backend` itself if it is not auto; for auto, see the
-    module docstring. A packed backend that cannot run here raises ValueError."""
+    module docstring (invariant: whether a row's result must not depend on its batch). A packed
+    backend that cannot run here raises ValueError."""
     if backend not in BACKENDS:
         raise ValueError(f"linear backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     weights = list(weights)
@@ -88,9 +94,11 @@ def resolve(backend: str, weights: Iterable[torch.Tensor]) -> str:
     if backend == "auto":
         if not cpu_fp32:
             return "dense"
-        if batch_invariant("fp16") and all(fp16_exact(w) for w in weights):
+        fp16_ok = batch_invariant("fp16") if invariant else available("fp16")
+        if fp16_ok and all(fp16_exact(w) for w in weights):
             return "fp16"
-        return "onednn" if batch_invariant("onednn") else "dense"
+        onednn_ok = batch_invariant("onednn") if invariant else available("onednn")
+        return "onednn" if onednn_ok else "dense"
     if backend != "dense" and not (cpu_fp32 and available(backend)):
         raise ValueError(f"linear backend {backend!r} needs float32 weights on a CPU that has it")
     return backend
@@ -158,11 +166,12 @@ class _PackedModule(torch.nn.Module):
         return self.packed(x)
 
 
-def pack_linears(module: torch.nn.Module, backend: str) -> str:
+def pack_linears(module: torch.nn.Module, backend: str, invariant: bool = True) -> str:
     """Replace every nn.Linear inside `module` (for inference) by one running on `backend`,
-    resolved over all their weights, in place; returns the backend chosen (dense: untouched)."""
+    resolved over all their weights (see resolve), in place; returns the backend chosen
+    (dense: untouched)."""
     linears = [(name, m) for name, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
-    chosen = resolve(backend, [m.weight for _, m in linears])
+    chosen = resolve(backend, [m.weight for _, m in linears], invariant)
     if chosen == "dense":
         return chosen
     for name, m in linears:

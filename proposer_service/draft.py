@@ -69,7 +69,9 @@ class DraftModelProposer(Proposer):
         if vocab_subset is not None and not supported:
             raise ValueError("a vocabulary subset needs a Llama-family draft (the lean forward); "
                              "pass --vocab-subset 0")
-        self.lean = LeanDecoder(model, linear, vocab_subset) if supported else None
+        # drafts need no batch-invariant numbers (kernels/linear.py): auto reads fewest bytes
+        self.lean = (LeanDecoder(model, linear, vocab_subset, invariant=False) if supported
+                     else None)
         self.vocab_size = vocab_size
         self.fingerprint = tokenizer_fingerprint
         self.model_name = model_name

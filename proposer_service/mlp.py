@@ -113,7 +113,7 @@ class MlpSpeculatorProposer(Proposer):
                  vocab_subset: torch.Tensor | None = None):
         """vocab_subset: token ids its heads score (kernels/vocab_subset.py), None for all."""
         # its projections and heads run on packed weights (kernels/linear.py)
-        self.linear = pack_linears(model, linear)
+        self.linear = pack_linears(model, linear, invariant=False)  # drafts: fewest bytes
         if vocab_subset is not None:
             model.restrict_vocab(vocab_subset, self.linear)
         self.model = model

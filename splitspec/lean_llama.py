@@ -57,13 +57,14 @@ def _fused(projections, backend: str) -> PackedLinear:
 
 class LeanDecoder:
     def __init__(self, model, linear: str = "dense", vocab_subset: torch.Tensor | None = None,
-                 max_positions: int | None = None):
+                 max_positions: int | None = None, invariant: bool = True):
         """linear: the matmul backend of every projection and the head (kernels/linear.py;
         "auto" picks the fastest exact one for the weights' device and values). vocab_subset:
         token ids the head scores (kernels/vocab_subset.py; the others' logits are -inf), or
-        None for the whole vocabulary. max_positions: the positions RoPE's tables cover (default:
-        the model's max_position_embeddings), computed once on the weights' device so that a
-        forward never reads a position back to the host."""
+        None for the whole vocabulary. invariant: whether "auto" must keep each row's numbers
+        independent of its batch (drafters need not). max_positions: the positions RoPE's
+        tables cover (default: the model's max_position_embeddings), computed once on the
+        weights' device so that a forward never reads a position back to the host."""
         cfg = model.config
         inner = model.get_decoder()
         self.eps = cfg.rms_norm_eps
@@ -84,7 +85,7 @@ class LeanDecoder:
                          for p in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                                    layer.self_attn.v_proj, layer.self_attn.o_proj,
                                    layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
-        self.linear = resolve(linear, mats)
+        self.linear = resolve(linear, mats, invariant)
         self.head = (PackedLinear(head, None, self.linear) if vocab_subset is None
                      else SubsetHead(head, vocab_subset, self.linear))
         # q, k, v as one product and gate, up as another: fewer, wider matmuls per layer; the

@@ -46,8 +46,9 @@ DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tok
 
 
 class EagleMethod(InTargetMethod):
-    def __init__(self, path: str):
+    def __init__(self, path: str, linear: str = "auto"):
         self.path = path
+        self.linear = linear  # the head's matmul kernels (kernels/linear.py), as the target's
         self.head: EagleHead | None = None
         self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0}
         self.sequences = 0
@@ -55,7 +56,7 @@ class EagleMethod(InTargetMethod):
     @classmethod
     def from_verifier(cls, vocab_size: int, config=None) -> "EagleMethod | None":
         path = getattr(config, "eagle", "") if config is not None else ""
-        return cls(path) if path else None
+        return cls(path, getattr(config, "linear", "auto")) if path else None
 
     def bind(self, runner) -> None:
         """Load the head onto the target (ValueError with one line when it does not fit)."""
@@ -69,7 +70,7 @@ class EagleMethod(InTargetMethod):
         if why is not None:
             raise ValueError(f"--eagle {self.path}: {why}")
         lean = runner._lean
-        self.head = EagleHead(spec, weights, lean.embed, lean.head.weight)
+        self.head = EagleHead(spec, weights, lean.embed, lean.head.weight, linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
         log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
                  f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers

@@ -25,6 +25,12 @@ token has not been fed to the target yet). A step's drafting writes scratch rows
 for the positions the step kept (the root and the accepted nodes), replacing the head's own
 guesses there, and makes the last of them the root of the next draft.
 
+Products: q|k|v and gate|up run as one fused product each; a head built for drafting
+(`linear="auto"`) packs every product once for the device's skinniest matmul (kernels/linear.py:
+on a CPU fp16-exact weights read as fp16, half the bytes of a step that streams every weight for
+one or a few rows; drafts need no batch-invariant numbers). RoPE's cos/sin come from a table
+grown by doubling. The default, dense, keeps autograd for training.
+
 Host syncs: none inside the per-token loops of `chain` and `tree` (argmax, top-k and gathers stay
 on the device). A chain or tree becomes host lists once, when it is turned into a Draft; a
 sampled chain draws each token with the request's sampling parameters and reads it back once per
@@ -35,10 +41,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from kernels.eagle_tree import TreeState, first_level, next_level, select
+from kernels.linear import PackedLinear, resolve
 from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample
 from kernels.sparse_probs import SparseProbs
 from splitspec.params import SamplingParams
@@ -54,14 +63,29 @@ def eagle1_input(embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm: computed in float32, scaled by weight in x's dtype."""
+    if x.dtype == torch.float32 and not (x.requires_grad or weight.requires_grad):
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused op
     dtype = x.dtype
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    return F.linear(x, w, b)
+def _fused_bias(weights: list[torch.Tensor], biases: list[torch.Tensor | None]
+                ) -> torch.Tensor | None:
+    """The biases of products fused side by side (zeros where one has none), None if none has."""
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b if b is not None else w.new_zeros(w.shape[0])
+                      for w, b in zip(weights, biases)])
+
+
+def _product(weight: torch.Tensor, bias: torch.Tensor | None, backend: str):
+    """x -> x @ weight.T + bias: F.linear for dense (autograd flows to the weights), else the
+    weight packed once (kernels/linear.py)."""
+    if backend == "dense":
+        return functools.partial(F.linear, weight=weight, bias=bias)
+    return PackedLinear(weight, bias, backend)
 
 
 class EagleHead:
@@ -71,7 +95,9 @@ class EagleHead:
 
     def __init__(self, spec: EagleSpec, weights: EagleWeights, target_embed: torch.Tensor,
                  target_head: torch.Tensor | None = None, vocab_ids: torch.Tensor | None = None,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, linear: str = "dense"):
+        """linear: the products' matmul backend (kernels/linear.py): dense (training: autograd
+        reaches the weights) or, for drafting, auto / onednn / fp16, packed once."""
         self.spec = spec
         dtype = dtype or target_embed.dtype
         device = target_embed.device
@@ -98,6 +124,20 @@ class EagleHead:
             self.ids = None  # the identity
         self.scale = spec.head_dim ** -0.5
         self.inv_freq = eagle_format.rope_inv_freq(spec).to(device)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [N, D]
+        # the products: q|k|v and gate|up fused, each packed once for `linear`
+        s, w = spec, self.w
+        qkv = [w.q, w.k, w.v]
+        mats = {"qkv": (torch.cat(qkv), _fused_bias(qkv, [w.q_bias, w.k_bias, w.v_bias])),
+                "o": (w.o, w.o_bias), "gate_up": (torch.cat([w.gate, w.up]), None),
+                "down": (w.down, None), "logits": (self.head, None)}
+        if w.fc is not None:
+            mats["fc"] = (w.fc, w.fc_bias)
+        self.linear = linear if linear == "dense" else resolve(
+            linear, [m for m, _ in mats.values()], invariant=False)
+        self.proj = {name: _product(m, b, self.linear) for name, (m, b) in mats.items()}
+        self.split_qkv = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim,
+                          s.num_kv_heads * s.head_dim)
 
     @classmethod
     def from_dir(cls, path: str | Path, target_embed: torch.Tensor,
@@ -112,15 +152,25 @@ class EagleHead:
         EAGLE-3 fuses the three layers' inputs with fc; EAGLE-1/2 take the final state as is
         (their fc acts on every row, in `layer`)."""
         if self.spec.version == 3 and self.spec.use_aux_hidden_state:
-            return _linear(feats.to(self.dtype), self.w.fc, self.w.fc_bias)
+            return self.proj["fc"](feats.to(self.dtype))
         return feats.to(self.dtype)
 
-    def rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, pos: torch.Tensor, upto: int | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [..., R, 1, head_dim] at positions pos [..., R] (the spec's scaling is in
-        inv_freq)."""
-        freqs = pos.to(torch.float32)[..., None] * self.inv_freq
-        emb = torch.cat((freqs, freqs), -1)[..., None, :]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        inv_freq). upto: a bound the caller knows on the host (every position < upto): the
+        values are gathered from a table, the same numbers as computed from pos."""
+        if upto is None:
+            freqs = pos.to(torch.float32)[..., None] * self.inv_freq
+            emb = torch.cat((freqs, freqs), -1)[..., None, :]
+            return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        if self._rope_table is None or self._rope_table[0].shape[0] < upto:
+            n = max(upto, 2 * (0 if self._rope_table is None else self._rope_table[0].shape[0]),
+                    256)
+            self._rope_table = tuple(t[:, 0] for t in self.rope(
+                torch.arange(n, device=self.inv_freq.device)))
+        cos, sin = self._rope_table
+        return cos[pos][..., None, :], sin[pos][..., None, :]
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -129,10 +179,11 @@ class EagleHead:
         return x * cos + rot * sin
 
     def layer(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
-              attend) -> torch.Tensor:
+              attend, upto: int | None = None) -> torch.Tensor:
         """The decoder layer over rows: tokens [B, R] (target ids), hidden [B, R, H] (fused
         target features or the head's own outputs), positions [B, R]. attend(q [B, Hq, R, D],
-        k [B, Hkv, R, D], v) -> [B, R, Hq * D] is the caller's cache and mask. Returns the
+        k [B, Hkv, R, D], v) -> [B, R, Hq * D] is the caller's cache and mask; upto: a host
+        bound on the positions (RoPE from the table, see `rope`). Returns the
         layer's output [B, R, H] (what is fed back; EAGLE-3's `norm` comes in `logits`)."""
         s, w = self.spec, self.w
         emb = F.embedding(tokens, self.embed).to(self.dtype)
@@ -141,25 +192,26 @@ class EagleHead:
             residual = hn if s.norm_before_residual else hidden
             x = torch.cat([rms_norm(emb, w.input_norm, s.rms_norm_eps), hn], -1)
         else:
-            x = _linear(eagle1_input(emb, hidden), w.fc, w.fc_bias)
+            x = self.proj["fc"](eagle1_input(emb, hidden))
             residual = x
         B, R = tokens.shape
-        q = _linear(x, w.q, w.q_bias).view(B, R, s.num_heads, s.head_dim)
-        k = _linear(x, w.k, w.k_bias).view(B, R, s.num_kv_heads, s.head_dim)
-        v = _linear(x, w.v, w.v_bias).view(B, R, s.num_kv_heads, s.head_dim)
-        cos, sin = self.rope(pos)
+        q, k, v = self.proj["qkv"](x).split(self.split_qkv, -1)
+        q = q.reshape(B, R, s.num_heads, s.head_dim)
+        k = k.reshape(B, R, s.num_kv_heads, s.head_dim)
+        v = v.reshape(B, R, s.num_kv_heads, s.head_dim)
+        cos, sin = self.rope(pos, upto)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         att = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        x = residual + _linear(att, w.o, w.o_bias)
+        x = residual + self.proj["o"](att)
         h = rms_norm(x, w.post_norm, s.rms_norm_eps)
-        return x + _linear(F.silu(_linear(h, w.gate, None)) * _linear(h, w.up, None), w.down,
-                           None)
+        g, u = self.proj["gate_up"](h).chunk(2, -1)
+        return x + self.proj["down"](F.silu(g) * u)
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         """Logits over the draft vocabulary [..., Vd] from layer outputs [..., H]."""
         if self.spec.version == 3:
             out = rms_norm(out, self.w.norm, self.spec.rms_norm_eps)
-        return out @ self.head.T
+        return self.proj["logits"](out)
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Target token ids of draft-vocabulary ids (any shape)."""
@@ -237,7 +289,7 @@ class EagleSequence:
             self._write(start, k, v)
             return head.attention(q, self.keys[:, :, :span], self.values[:, :, :span], causal)
 
-        out = head.layer(tokens, hidden, pos, attend)[0]  # [R, H]
+        out = head.layer(tokens, hidden, pos, attend, span)[0]  # [R, H]
         self.length = span
         self.root_out = out[-1]
         self.root_token = tokens[0, -1]
@@ -278,7 +330,7 @@ class EagleSequence:
             return head.attention(q, self.keys[:, :, :col + 1], self.values[:, :, :col + 1],
                                   None)
 
-        return head.layer(token.view(1, 1), hidden.view(1, 1, -1), pos, attend)[0, 0]
+        return head.layer(token.view(1, 1), hidden.view(1, 1, -1), pos, attend, col + 1)[0, 0]
 
     def chain(self, k: int) -> torch.Tensor:
         """A greedy chain of k drafted target ids [k] (on the device): argmax, fed back."""
@@ -352,7 +404,7 @@ class EagleSequence:
                 self._write(cols, kk, vv)
                 return head.attention(q, self.keys[:, :, :span], self.values[:, :, :span], mask)
 
-            out = head.layer(toks[None], hidden[None], pos, attend)[0]  # [k, H]
+            out = head.layer(toks[None], hidden[None], pos, attend, span)[0]  # [k, H]
             logp = head.logits(out).float().log_softmax(-1)  # [k, Vd]
             draft_toks, rows = next_level(state, level, logp)
             toks = head.target_ids(draft_toks)

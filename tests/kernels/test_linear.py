@@ -70,6 +70,19 @@ def test_auto_packs_fp16_only_when_every_weight_is_an_fp16_value():
         PackedLinear(inexact[-1], None, "fp16")
 
 
+def test_auto_for_drafters_reads_fp16_weights_as_fp16_even_when_not_batch_invariant(monkeypatch):
+    """A drafter's rows need not be batch invariant: auto takes the fp16 kernel for fp16-exact
+    weights wherever it runs, where the target's auto (invariant) would skip it."""
+    exact, inexact = [_fp16_valued(8, 8)], [torch.randn(8, 8)]
+    monkeypatch.setattr("kernels.linear.batch_invariant", lambda backend: False)
+    assert resolve("auto", exact) == "dense"  # the target's rule
+    if available("fp16"):
+        assert resolve("auto", exact, invariant=False) == "fp16"
+    if available("onednn"):
+        assert resolve("auto", inexact, invariant=False) == "onednn"
+    assert resolve("dense", exact, invariant=False) == "dense"
+
+
 def test_auto_never_picks_a_kernel_that_changes_a_row_with_its_batch(monkeypatch):
     """The probe sees a kernel whose row depends on the rows beside it, and auto then skips it."""
     exact = [_fp16_valued(8, 8)]

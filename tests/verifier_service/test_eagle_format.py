@@ -39,6 +39,7 @@ from eagle_testlib import (
     write_checkpoint,
 )
 
+from kernels.linear import available
 from verifier_service.eagle_format import load
 from verifier_service.eagle_head import EagleHead
 
@@ -224,6 +225,28 @@ def check_tree_matches_reference(tmp_path, model, name, top_k=3, depth=3, budget
 @pytest.mark.parametrize("name", ["eagle1", "eagle3"])
 def test_tree_matches_the_reference(tmp_path, target, name):
     check_tree_matches_reference(tmp_path, target, name)
+
+
+@pytest.mark.parametrize("backend", [b for b in ("onednn", "fp16") if available(b)])
+def test_a_head_packed_for_drafting_drafts_what_the_dense_head_drafts(tmp_path, target, backend):
+    """linear: the serving head's products packed once (fused q|k|v and gate|up, RoPE from a
+    table) compute the training head's function: the same chains and trees, logits close."""
+    version, w, cfg, _ = case_checkpoint(tmp_path, "eagle3")
+    w = {k: v.half().float() if v.is_floating_point() else v for k, v in w.items()}
+    path = write_checkpoint(tmp_path / "fp16-valued", cfg, w, "safetensors")
+    nxt, feats, _ = rows(target, PROMPT, version)
+    seqs = []
+    for linear in ("dense", backend):
+        head = head_for(path, target, dtype=torch.float32, linear=linear)
+        assert head.linear == linear
+        seq = head.new_sequence(8)
+        seq.advance(feats.float(), torch.tensor(nxt))
+        seqs.append(seq)
+    dense, packed = seqs
+    torch.testing.assert_close(packed.root_logits, dense.root_logits, atol=1e-3, rtol=1e-3)
+    assert packed.chain(5).tolist() == dense.chain(5).tolist()
+    assert [t.tolist() for t in packed.tree(3, 3, 8)[:2]] == \
+        [t.tolist() for t in dense.tree(3, 3, 8)[:2]]
 
 
 def test_the_root_row_scores_as_the_reference(tmp_path, target):
