@@ -39,9 +39,8 @@ drafted token (the q rows go to the wire as lists anyway).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import functools
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
