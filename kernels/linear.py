@@ -11,7 +11,12 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
           forward of the target costs 1.2x a 1-row one, and a 1-row one ~0.65x of dense.
   fp16    FBGEMM-packed fp16 weights with fp32 activations and fp32 accumulation (CPU, float32).
           Only for weights that are all exactly fp16 values (a checkpoint stored in fp16 and
-          loaded as fp32): the products use the very same numbers and read half the bytes.
+          loaded as fp32): the products use the very same numbers and read half the bytes. Its
+          micro-kernel takes rows in blocks (6 on AVX2) and treats a remainder block with other
+          code, so a row's bits depend on the row count; padded with zero rows to a whole number
+          of blocks (the block probed once, `fp16_row_block`) every row goes through the one
+          full-block kernel, whose rows are independent of each other. On the 2-core development
+          machine the target's products for one row, padded to 6, cost 0.4-0.5x oneDNN's.
   auto    fp16 where every weight of the model is fp16-exact, else onednn, on a CPU float32
           model; dense on accelerators and other dtypes. For a model whose rows must not depend
           on their batch (the target: a verified row must see a decode row's numbers) a packed
@@ -24,9 +29,9 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
 Unlike dense, the packed kernels are batch invariant on the CPUs they were built for: a row's
 result does not depend on how many other rows share the call (tests/kernels/test_linear.py), so
 a token verified in a 6-row step sees the same numbers as in a 1-row decode. That is a property
-of the CPU's code path, not of the library: FBGEMM's fp16 kernel on some AMD EPYC parts gives a
-row other bits when it shares the call with another row. `batch_invariant` probes it once and
-`auto` skips a kernel that fails; naming such a kernel explicitly still runs it.
+of the CPU's code path, not of the library (FBGEMM's fp16 kernel is invariant only padded to
+its row block, above). `batch_invariant` probes it once and `auto` skips a kernel that fails;
+naming such a kernel explicitly still runs it.
 """
 
 from __future__ import annotations
@@ -40,6 +45,55 @@ import torch.nn.functional as F
 
 BACKENDS = ("auto", "dense", "onednn", "fp16")
 _BATCH_HINT = 8  # oneDNN picks its blocking for about this many rows; any count is accepted
+_ROW_BLOCKS = (1, 2, 3, 4, 6, 8, 12, 14, 16)  # FBGEMM fp16 micro-kernel heights tried
+
+
+def _pack_fp16(weight: torch.Tensor):
+    # torch marks the FBGEMM fp16 entry points deprecated (pinned torch keeps them): say nothing
+    for name in ("fbgemm_pack_gemm_matrix_fp16", "fbgemm_linear_fp16_weight_fp32_activation"):
+        warnings.filterwarnings("ignore", message=f"{name} is deprecated")
+    return torch.fbgemm_pack_gemm_matrix_fp16(weight)
+
+
+def _fp16_rows(packed, x: torch.Tensor, block: int) -> torch.Tensor:
+    """FBGEMM's fp16 product of rows x [M, K], zero rows padding M to a multiple of block."""
+    m = x.shape[0]
+    pad = -m % block
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    y = torch.fbgemm_linear_fp16_weight_fp32_activation(x, packed, None)
+    return y[:m] if pad else y
+
+
+@functools.lru_cache(maxsize=None)
+def fp16_row_block() -> int | None:
+    """The row block padding FBGEMM's fp16 product to which makes every row's bits independent
+    of the rest of the call on this CPU (its micro-kernel's height), None when no block tried
+    does (or the kernel is missing). Probed once on a fixed fp16-exact weight: rows alone
+    against the same rows in calls of several sizes and offsets."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return None
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for out, inner in ((160, 512), (48, 1376)):  # a short and a long reduction
+        w = torch.randn(out, inner, generator=g).to(torch.float16).to(torch.float32)
+        cases.append((w, torch.randn(40, inner, generator=g)))
+    try:
+        with torch.inference_mode():
+            packed = [(_pack_fp16(w), x) for w, x in cases]
+            for block in _ROW_BLOCKS:
+                if all(_invariant_padded(p, x, block) for p, x in packed):
+                    return block
+    except RuntimeError:
+        return None
+    return None
+
+
+def _invariant_padded(packed, x: torch.Tensor, block: int) -> bool:
+    alone = torch.cat([_fp16_rows(packed, x[i:i + 1], block) for i in range(x.shape[0])])
+    return all(torch.equal(_fp16_rows(packed, x[start:start + rows], block),
+                           alone[start:start + rows])
+               for rows in range(2, 25) for start in (0, 5))
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,7 +161,7 @@ def resolve(backend: str, weights: Iterable[torch.Tensor], invariant: bool = Tru
 class PackedLinear:
     """y = x @ weight.T + bias, with the weight packed once for `backend` (see resolve)."""
 
-    __slots__ = ("backend", "weight", "bias", "_packed")
+    __slots__ = ("backend", "weight", "bias", "_packed", "_block")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, backend: str):
         if backend not in BACKENDS[1:]:
@@ -117,16 +171,12 @@ class PackedLinear:
         self.backend = backend
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach()
+        self._block = (fp16_row_block() or 1) if backend == "fp16" else 1
         with torch.inference_mode():
             if backend == "onednn":
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _BATCH_HINT)
             elif backend == "fp16":
-                # torch marks the FBGEMM fp16 entry points deprecated (pinned torch keeps them);
-                # say nothing per call
-                for name in ("fbgemm_pack_gemm_matrix_fp16",
-                             "fbgemm_linear_fp16_weight_fp32_activation"):
-                    warnings.filterwarnings("ignore", message=f"{name} is deprecated")
-                self._packed = torch.fbgemm_pack_gemm_matrix_fp16(self.weight)
+                self._packed = _pack_fp16(self.weight)
             else:
                 self._packed = self.weight
 
@@ -141,7 +191,9 @@ class PackedLinear:
         if self.backend == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")
         else:
-            y = torch.fbgemm_linear_fp16_weight_fp32_activation(rows, self._packed, self.bias)
+            y = _fp16_rows(self._packed, rows, self._block)
+            if self.bias is not None:
+                y = y + self.bias
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 

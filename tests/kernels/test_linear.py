@@ -58,6 +58,28 @@ def test_a_row_gets_the_same_bits_whatever_shares_its_call(backend):
         assert torch.equal(lin(x[:rows]), alone[:rows]), rows
 
 
+def test_fp16_row_block_is_refused_when_no_padding_makes_rows_independent(monkeypatch):
+    """The probe behind the fp16 kernel's invariance: a kernel whose rows see how many rows
+    share the call, however padded, gets no block (and auto then never picks fp16)."""
+    import kernels.linear as lin
+
+    real = lin._fp16_rows
+
+    def batch_dependent(packed, x, block):
+        return real(packed, x, block) + 1e-3 * (x.shape[0] > 1)
+
+    monkeypatch.setattr(lin, "_fp16_rows", batch_dependent)
+    lin.fp16_row_block.cache_clear()
+    lin.batch_invariant.cache_clear()
+    try:
+        assert lin.fp16_row_block() is None
+        assert not lin.batch_invariant("fp16")
+    finally:
+        monkeypatch.undo()
+        lin.fp16_row_block.cache_clear()
+        lin.batch_invariant.cache_clear()
+
+
 def test_auto_packs_fp16_only_when_every_weight_is_an_fp16_value():
     exact = [_fp16_valued(8, 8), _fp16_valued(16, 8, seed=2)]
     inexact = exact + [torch.randn(8, 8)]
