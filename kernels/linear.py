@@ -12,11 +12,11 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
   fp16    FBGEMM-packed fp16 weights with fp32 activations and fp32 accumulation (CPU, float32).
           Only for weights that are all exactly fp16 values (a checkpoint stored in fp16 and
           loaded as fp32): the products use the very same numbers and read half the bytes. Its
-          micro-kernel takes rows in blocks (6 on AVX2) and treats a remainder block with other
-          code, so a row's bits depend on the row count; padded with zero rows to a whole number
-          of blocks (the block probed once, `fp16_row_block`) every row goes through the one
-          full-block kernel, whose rows are independent of each other. On the 2-core development
-          machine the target's products for one row, padded to 6, cost 0.4-0.5x oneDNN's.
+          micro-kernel takes rows in blocks and treats a remainder with other code, so a row's
+          bits depend on the row count; padded with zero rows to a whole number of blocks (the
+          block probed once, `fp16_row_block`: 3 on the AMD EPYC development parts) every row of
+          every call gets the bits it gets alone. There the target's products for one row cost
+          0.3-0.5x oneDNN's (3.6 against 10.7 ms for the toy family's step).
   auto    fp16 where every weight of the model is fp16-exact, else onednn, on a CPU float32
           model; dense on accelerators and other dtypes. For a model whose rows must not depend
           on their batch (the target: a verified row must see a decode row's numbers) a packed
