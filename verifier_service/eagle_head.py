@@ -39,6 +39,7 @@ drafted token (the q rows go to the wire as lists anyway).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -53,6 +54,10 @@ from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
 from verifier_service.eagle_format import EagleSpec, EagleWeights
+
+# The weights that only the products read: a packed head keeps them in `proj` alone.
+_PRODUCT_FIELDS = ("q", "k", "v", "o", "gate", "up", "down", "fc", "lm_head")
+_RELEASED = torch.empty(0)  # stands for a weight a packed head let go
 
 
 def eagle1_input(embedding: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -135,6 +140,11 @@ class EagleHead:
         self.linear = linear if linear == "dense" else resolve(
             linear, [m for m, _ in mats.values()], invariant=False)
         self.proj = {name: _product(m, b, self.linear) for name, (m, b) in mats.items()}
+        if self.linear != "dense":  # the packed copies are what runs: let the loaded ones go
+            # (the real model's head held ~30 MB twice); the norms and maps stay in self.w
+            self.w = dataclasses.replace(self.w, **{f: _RELEASED for f in _PRODUCT_FIELDS
+                                                    if getattr(self.w, f) is not None})
+            self.head = _RELEASED
         self.split_qkv = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim,
                           s.num_kv_heads * s.head_dim)
 

@@ -239,6 +239,9 @@ def test_a_head_packed_for_drafting_drafts_what_the_dense_head_drafts(tmp_path, 
     for linear in ("dense", backend):
         head = head_for(path, target, dtype=torch.float32, linear=linear)
         assert head.linear == linear
+        # a packed head keeps its products once: the loaded weights are let go
+        held = sum(t.numel() for t in head.w.tensors().values() if t.dim() == 2)
+        assert (held == 0) == (linear != "dense"), (linear, held)
         seq = head.new_sequence(8)
         seq.advance(feats.float(), torch.tensor(nxt))
         seqs.append(seq)
