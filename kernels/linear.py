@@ -159,11 +159,15 @@ def resolve(backend: str, weights: Iterable[torch.Tensor], invariant: bool = Tru
 
 
 class PackedLinear:
-    """y = x @ weight.T + bias, with the weight packed once for `backend` (see resolve)."""
+    """y = x @ weight.T + bias, with the weight packed once for `backend` (see resolve).
+    invariant: whether each row must get the bits it gets alone (the target's products); fp16
+    pads the rows to its probed block for that, two more operators per product that a drafter,
+    which needs no such thing, skips."""
 
     __slots__ = ("backend", "weight", "bias", "_packed", "_block")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, backend: str):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, backend: str,
+                 invariant: bool = True):
         if backend not in BACKENDS[1:]:
             raise ValueError(f"unknown linear backend {backend!r}")
         if backend == "fp16" and not fp16_exact(weight):
@@ -171,7 +175,7 @@ class PackedLinear:
         self.backend = backend
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach()
-        self._block = (fp16_row_block() or 1) if backend == "fp16" else 1
+        self._block = (fp16_row_block() or 1) if backend == "fp16" and invariant else 1
         with torch.inference_mode():
             if backend == "onednn":
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _BATCH_HINT)
@@ -229,5 +233,5 @@ def pack_linears(module: torch.nn.Module, backend: str, invariant: bool = True) 
     for name, m in linears:
         parent, _, attr = name.rpartition(".")
         owner = module.get_submodule(parent) if parent else module
-        setattr(owner, attr, _PackedModule(PackedLinear(m.weight, m.bias, chosen)))
+        setattr(owner, attr, _PackedModule(PackedLinear(m.weight, m.bias, chosen, invariant)))
     return chosen

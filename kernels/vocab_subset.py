@@ -43,14 +43,17 @@ def scatter_logits(sub: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> tor
 
 class SubsetHead:
     """Logits over the whole vocabulary from a head computed on the rows `ids` of `weight`
-    [V, H] only (packed once for `backend`, kernels/linear.py); -inf elsewhere."""
+    [V, H] only (packed once for `backend`, kernels/linear.py); -inf elsewhere. A drafter's
+    head: its rows need not be batch invariant (PackedLinear's `invariant`)."""
 
     __slots__ = ("ids", "vocab_size", "linear")
 
-    def __init__(self, weight: torch.Tensor, ids: torch.Tensor, backend: str):
+    def __init__(self, weight: torch.Tensor, ids: torch.Tensor, backend: str,
+                 invariant: bool = False):
         self.vocab_size = weight.shape[0]
         self.ids = ids.to(weight.device)
-        self.linear = PackedLinear(weight.detach().index_select(0, self.ids), None, backend)
+        self.linear = PackedLinear(weight.detach().index_select(0, self.ids), None, backend,
+                                   invariant)
 
     @property
     def weight(self) -> torch.Tensor:

@@ -32,7 +32,7 @@ SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 
 
 @torch.no_grad()
-def _fused(projections, backend: str) -> PackedLinear:
+def _fused(projections, backend: str, invariant: bool = True) -> PackedLinear:
     """One linear computing the projections' outputs side by side (biases zero where absent).
 
     The projections' own weights become views of the fused matrix, so fusing holds no second
@@ -52,7 +52,7 @@ def _fused(projections, backend: str) -> PackedLinear:
     if any(b is not None for b in biases):
         bias = torch.cat([b if b is not None else p.weight.new_zeros(p.weight.shape[0])
                           for b, p in zip(biases, projections)])
-    return PackedLinear(weight, bias, backend)
+    return PackedLinear(weight, bias, backend, invariant)
 
 
 class LeanDecoder:
@@ -86,8 +86,8 @@ class LeanDecoder:
                                    layer.self_attn.v_proj, layer.self_attn.o_proj,
                                    layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
         self.linear = resolve(linear, mats, invariant)
-        self.head = (PackedLinear(head, None, self.linear) if vocab_subset is None
-                     else SubsetHead(head, vocab_subset, self.linear))
+        self.head = (PackedLinear(head, None, self.linear, invariant) if vocab_subset is None
+                     else SubsetHead(head, vocab_subset, self.linear, invariant))
         # q, k, v as one product and gate, up as another: fewer, wider matmuls per layer; the
         # product splits into queries and keys (rotated together) and values
         self.split_qk_v = ((self.n_heads + self.n_kv) * self.head_dim, self.n_kv * self.head_dim)
@@ -95,11 +95,11 @@ class LeanDecoder:
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
             self.layers.append((layer.input_layernorm.weight,
-                                _fused((a.q_proj, a.k_proj, a.v_proj), self.linear),
-                                _fused((a.o_proj,), self.linear),
+                                _fused((a.q_proj, a.k_proj, a.v_proj), self.linear, invariant),
+                                _fused((a.o_proj,), self.linear, invariant),
                                 layer.post_attention_layernorm.weight,
-                                _fused((m.gate_proj, m.up_proj), self.linear),
-                                _fused((m.down_proj,), self.linear)))
+                                _fused((m.gate_proj, m.up_proj), self.linear, invariant),
+                                _fused((m.down_proj,), self.linear, invariant)))
 
     @staticmethod
     def supports(model) -> bool:

@@ -86,10 +86,10 @@ def _fused_bias(weights: list[torch.Tensor], biases: list[torch.Tensor | None]
 
 def _product(weight: torch.Tensor, bias: torch.Tensor | None, backend: str):
     """x -> x @ weight.T + bias: F.linear for dense (autograd flows to the weights), else the
-    weight packed once (kernels/linear.py)."""
+    weight packed once (kernels/linear.py; a drafter's rows need not be batch invariant)."""
     if backend == "dense":
         return functools.partial(F.linear, weight=weight, bias=bias)
-    return PackedLinear(weight, bias, backend)
+    return PackedLinear(weight, bias, backend, invariant=False)
 
 
 class EagleHead:

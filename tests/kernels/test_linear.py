@@ -25,11 +25,12 @@ def _fp16_valued(*shape, seed=0):
 @pytest.mark.parametrize("backend", ["dense", *PACKED])
 @pytest.mark.parametrize("rows", [1, 2, 6, 9, 150])
 @pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_computes_the_dense_product(backend, rows, bias):
+@pytest.mark.parametrize("invariant", [True, False])  # the target's products, a drafter's
+def test_packed_linear_computes_the_dense_product(backend, rows, bias, invariant):
     w = _fp16_valued(96, 64)
     b = _fp16_valued(96, seed=1) if bias else None
     x = torch.randn(rows, 64)
-    got = PackedLinear(w, b, backend)(x)
+    got = PackedLinear(w, b, backend, invariant)(x)
     torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
