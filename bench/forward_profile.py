@@ -1,7 +1,9 @@
 """Where the verifier's forward spends its time, for the comparison report: the target's paged
 forward (verifier_service.model_runner) in this process, one decode row and one verification of
-k + 1 rows over a cached prompt, timed per matmul backend (kernels/linear.py), with the torch
-profiler's top operators for the backend the verifier runs by default.
+k + 1 rows over a cached prompt, timed per matmul backend (kernels/linear.py); the default
+backend's cost for every row count up to 13 (the shape of the curve a verification pays: on
+a CPU it climbs in steps, one more pass over the weights per micro-kernel tile of rows, see
+docs/performance.md); and the torch profiler's top operators for the default backend.
 
     python bench/forward_profile.py            # prints the markdown section
 """
@@ -58,6 +60,21 @@ def _best_ms(fn, repeats: int = 30, rounds: int = 5) -> float:
     return best * 1000
 
 
+def rows_sweep(runner, context: int, max_rows: int = 13, rounds: int = 15) -> list[float]:
+    """Median ms of a forward of 1..max_rows rows after `context` cached tokens, the row counts
+    interleaved round by round so that drift on a shared machine hits all of them alike."""
+    steps = [_steps(runner, context, rows) for rows in range(1, max_rows + 1)]
+    for fn in steps:
+        fn()
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(rounds):
+        for fn, out in zip(steps, times):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return [sorted(t)[len(t) // 2] * 1000 for t in times]
+
+
 def profile_section(model_dir: str = str(ROOT / DEFAULT_MODEL), k: int = 5,
                     context: int = 150) -> list[str]:
     """Markdown lines: forward time by backend (best of 5 rounds of 30), and the top operators
@@ -85,6 +102,13 @@ def profile_section(model_dir: str = str(ROOT / DEFAULT_MODEL), k: int = 5,
         name = f"{backend} (auto's choice)" if runner is default else backend
         lines.append(f"| {name} | {one:.2f} | {many:.2f} | {many / one:.2f}x |")
     if default is not None:  # the verifier's default: --linear auto
+        sweep = rows_sweep(default, context)
+        lines += ["", f"Forward ms by rows with `--linear auto` ({default.linear}), median of 15 "
+                      "rounds, rows interleaved:", "",
+                  "| rows | " + " | ".join(str(r) for r in range(1, len(sweep) + 1)) + " |",
+                  "|---|" + "---:|" * len(sweep),
+                  "| ms | " + " | ".join(f"{t:.1f}" for t in sweep) + " |",
+                  "| / 1 row | " + " | ".join(f"{t / sweep[0]:.2f}" for t in sweep) + " |"]
         step = _steps(default, context, k + 1)
         for _ in range(5):
             step()
