@@ -170,6 +170,7 @@ class VerifierPool:
                         ) -> AsyncIterator[common_pb2.GenerateResponse]:
         progress = StreamProgress(request)
         failed: set[Replica] = set()
+        first: grpc.aio.AioRpcError | None = None  # why the stream broke: the error to report
         last: grpc.aio.AioRpcError | None = None
         resuming = False  # output was sent and its replica went away: count the continuation
         for _ in range(MAX_ATTEMPTS):
@@ -188,7 +189,7 @@ class VerifierPool:
             except grpc.aio.AioRpcError as exc:
                 if not resumable(exc):
                     raise from_rpc_error(exc) from None
-                last = exc
+                first, last = first or exc, exc
                 failed.add(replica)
                 progress.resumes += 1
                 if progress.output_ids:
@@ -199,7 +200,12 @@ class VerifierPool:
             finally:
                 replica.in_flight -= 1
                 call.cancel()
-        raise Unavailable(f"no verifier reachable: {last.details() if last else 'none'}")
+        # the first failure says why (a replica's own status, e.g. a lost tensor-parallel
+        # rank); later tries of a replica that is gone only say that it refused to connect
+        why = first.details() if first else "none"
+        if last is not None and last is not first and last.details() != why:
+            why += f" (then: {last.details()})"
+        raise Unavailable(f"no verifier reachable: {why}")
 
     async def close(self) -> None:
         for replica in self.replicas:
