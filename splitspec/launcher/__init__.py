@@ -6,7 +6,7 @@ per service, and keeps it running.
     config.py      StackConfig: which services run, on which ports, with which flags
     ports.py       default ports that never collide; a port given to two services refused
     service.py     one service process, and its gRPC health check
-    stack.py       Stack: the processes, started in dependency order and stopped together
+    stack.py       Stack: the processes, started in dependency tiers and stopped together
     supervisor.py  restarts a service that exits, with backoff
 
 An app on top of the services, not part of what they share: it starts them by module path and

@@ -73,3 +73,14 @@ def test_in_target_methods_named_for_a_stack_start_no_process_and_unknown_ones_a
     assert list(config.proposers) == ["ngram"]  # every verifier serves lookahead itself
     with pytest.raises(ValueError, match="no-such-method"):
         StackConfig.with_free_ports(methods=["no-such-method"])
+
+
+@pytest.mark.parametrize("flags", [["--verifier-replicas", "2"],
+                                   ["--no-draft", "--no-mlp", "--no-suffix"]])
+def test_services_start_in_tiers_each_after_what_it_dials(target_model_dir, flags):
+    """Start-up order: every proposer, then every verifier replica (each dials the proposers),
+    then the gateway (it dials the verifiers); each service exactly once."""
+    s = stack(*flags, model=target_model_dir)
+    tiers = s.tiers()
+    assert [svc.name for t in tiers for svc in t] == [svc.name for svc in s.services]
+    assert tiers == [list(s.proposers.values()), s.verifiers, [s.gateway]]
