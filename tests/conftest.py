@@ -34,6 +34,28 @@ def tiny_target_dir() -> str:
     return TINY_TARGET
 
 
+def built_once(tmp_path_factory, name: str, build):
+    """build(directory) -> result, run once per test run: under pytest-xdist the workers share
+    the run's base directory, so the first worker builds (the others wait on a file lock) and
+    the rest read what it wrote (build must be deterministic and return only paths under its
+    directory). Without workers, this process's temporary directory."""
+    import json
+
+    from filelock import FileLock
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    root = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    done = root / f"{name}.json"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            out = root / name
+            out.mkdir(exist_ok=True)  # a worker whose build failed may have left it
+            done.write_text(json.dumps(build(out)))
+    got = json.loads(done.read_text())
+    return tuple(got) if isinstance(got, list) else got
+
+
 @pytest.fixture(scope="session")
 def learned_models(tiny_target_dir, tmp_path_factory) -> tuple[str, str, str]:
     """(target, draft, speculator) from tiny_proposer_models.make_models, side by side in one
@@ -41,7 +63,8 @@ def learned_models(tiny_target_dir, tmp_path_factory) -> tuple[str, str, str]:
     engine and integration tests with learned proposers share it."""
     from tiny_proposer_models import make_models
 
-    return make_models(tiny_target_dir, tmp_path_factory.mktemp("learned-models"))
+    return built_once(tmp_path_factory, "learned-models",
+                      lambda out: make_models(tiny_target_dir, out))
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +73,8 @@ def learned_eagle_head(learned_models, tmp_path_factory) -> str:
     seconds of training), built once per run, only read."""
     from tiny_proposer_models import make_trained_eagle_head
 
-    return str(make_trained_eagle_head(learned_models[0], tmp_path_factory.mktemp("eagle")))
+    return built_once(tmp_path_factory, "eagle",
+                      lambda out: str(make_trained_eagle_head(learned_models[0], out)))
 
 
 @pytest.fixture(scope="session")
@@ -58,4 +82,5 @@ def noisy_draft_dir(tiny_target_dir, tmp_path_factory) -> str:
     """tiny_proposer_models.make_noisy_draft of the tiny target, built once per run, only read."""
     from tiny_proposer_models import make_noisy_draft
 
-    return str(make_noisy_draft(tiny_target_dir, tmp_path_factory.mktemp("noisy-draft")))
+    return built_once(tmp_path_factory, "noisy-draft",
+                      lambda out: str(make_noisy_draft(tiny_target_dir, out)))
