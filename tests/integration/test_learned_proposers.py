@@ -177,7 +177,8 @@ SAMPLED_PLANS = {
     # the draft's sampled chains (k 8 and 2, drafting ahead on) are in "mixed", its sampled
     # second guesses in "trees": a sample of its own added 70 s to the suite and nothing else
     "mlp-k4": [("mlp", 4)],  # the test speculator has 4 heads
-    "suffix-k8": [("suffix", 8)],
+    # suffix drafts reach the sampler as n-gram's do (deterministic: one-hot q); its chains are
+    # in "mixed" and its trees in "trees", and a sample of its own cost 17 s of the suite
     "lookahead-k8": [("lookahead", 8)],  # in-target: a tree of pool candidates and the window
     "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8),
               ("eagle", 4)],
