@@ -12,6 +12,7 @@ assumption and the per-step overheads cost.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from pathlib import Path
 
 
@@ -197,6 +198,30 @@ def plots(rows, out_dir: Path, stem: str) -> list[str]:
     return files
 
 
+def auto_choices(results: dict, temperature: float) -> str:
+    """The gateway's decisions for the `auto` runs at one temperature (from each request's
+    usage.speculation), most frequent first, and the mean draft tokens per step that followed."""
+    picks: Counter = Counter()
+    drafted = steps = 0
+    for cfg, runs in results.items():
+        if cfg.system != "splitspec" or cfg.name != "auto" or cfg.temperature != temperature:
+            continue
+        for run in runs:
+            spec = getattr(run.usage, "speculation", None)
+            if spec is None:
+                continue
+            key = (f"{spec.method} k={spec.num_speculative_tokens}"
+                   + (f" b={spec.num_branches}" if spec.num_branches > 1 else "")
+                   if spec.method else "off")
+            picks[f"{key} ({spec.policy_reason or '-'})"] += 1
+            drafted += sum(spec.step_draft_tokens)
+            steps += len(spec.step_draft_tokens)
+    if not picks:
+        return ""
+    return (", ".join(f"{k}: {n}" for k, n in picks.most_common())
+            + (f"; {drafted / steps:.2f} draft tokens per step" if steps else ""))
+
+
 def write_report(out: Path, results: dict, facts: dict, args, ks: dict,
                  profile: list[str] = ()) -> None:
     """profile: markdown lines of bench/forward_profile.py, added before the plots."""
@@ -247,6 +272,11 @@ def write_report(out: Path, results: dict, facts: dict, args, ks: dict,
             if s:
                 lines.append(f"| {r['label']} | {int(r['probe']['steps'])} | {s['verify']:.2f} | "
                              f"{s['propose']:.2f} | {s['network']:.2f} | {s['other']:.2f} |")
+        chose = auto_choices(results, t)
+        if chose:
+            lines += ["", "What `auto` chose (method, k, children per node, the policy's reason: "
+                      "requests; its verifier then adapts k per step, mean drafted per step "
+                      "after):", "", "- " + chose]
         lines += ["", f"Targets (temperature {t:g}):", "", "| target | measured | goal | |",
                   "|---|---|---|---|", *target_lines(rows, t), ""]
     lines += ["## Greedy output identical to speculation off", "", "| configuration | identical |",
