@@ -26,7 +26,8 @@ In auto, each proposer method is a candidate twice: as chains and as token trees
 `auto_branches` children per node (capped by the verifier's --max-num-branches), each priced
 from its own measured acceptance (a tree of k nodes forwards k rows and gains its accepted
 depth), so that trees are chosen only where they measured better; a request that gives
-num_branches keeps it. In-target methods own their shape and are chains here.
+num_branches keeps it. In-target methods own their shape and are chains here; lookahead is
+weighed and run at no fewer nodes than its window (its acceptance is measured with it).
 Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
 flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
 counted beyond them (other gateways, direct clients). The
@@ -60,6 +61,7 @@ from splitspec.params import (
     SpeculationPlan,
     SpeculationRequest,
     check_lookahead_fits,
+    lookahead_window_nodes,
 )
 from splitspec.wire import lookahead_from_pb
 
@@ -142,14 +144,17 @@ class SpeculationPolicy:
             raise unfit  # what the request itself asks exceeds this deployment's limit
         if unfit is not None:  # the verifier's default shape would be refused: never chosen
             methods = tuple(m for m in methods if m != LOOKAHEAD)
+        floors = _lookahead_floor(req, info, k_max) if LOOKAHEAD in methods else {}
         if not methods:
             return Decision(plan(), "no_proposer", mode)
         if mode is SpeculationMode.ON:  # its method (or the first served)
             chosen = (req.method or methods[0], req.num_branches or 1)
             if fixed_k is not None:
                 return Decision(plan(chosen, fixed_k), "requested_on", mode)
-            _, k, _ = self._choose((chosen,), greedy, load, k_max, None, allow_off=False)
-            return Decision(plan(chosen, k, k_min=1), "requested_on", mode)
+            _, k, _ = self._choose((chosen,), greedy, load, k_max, None, allow_off=False,
+                                   floors=floors)
+            return Decision(plan(chosen, k, k_min=max(1, floors.get(chosen[0], 1))),
+                            "requested_on", mode)
         if req.method is not None and req.method not in methods:
             return Decision(plan(), "no_proposer", mode)  # auto's only method cannot run
         candidates = self._candidates((req.method,) if req.method else methods,
@@ -160,17 +165,21 @@ class SpeculationPolicy:
         every = self.config.explore_every
         stale = self._stale(candidates, greedy)
         if every and stale and self.auto_decisions % every == 0:
-            chosen, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False)
-            return Decision(plan(chosen, k, k_min=1 if fixed_k is None else None),
-                            "exploration", mode)
+            chosen, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False,
+                                        floors=floors)
+            return Decision(plan(chosen, k, k_min=max(1, floors.get(chosen[0], 1))
+                                 if fixed_k is None else None), "exploration", mode)
         if req.num_branches is None:  # trees compete once measured; until then they explore
             candidates = tuple((m, b) for m, b in candidates if b == 1 or self.estimates
                                .acceptance_of(m, greedy, b).tried >= self.config.stale_tried)
         chosen, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
-                                         allow_off=True)
+                                         allow_off=True, floors=floors)
         if chosen is None:
             return Decision(plan(), reason, mode)
-        return Decision(plan(chosen, k, k_min=0 if fixed_k is None else None), reason, mode)
+        # the verifier re-decides k per step from k_min up (0: it may pause); lookahead keeps
+        # its window (its floor): without it, it is not the method that was priced
+        return Decision(plan(chosen, k, k_min=floors.get(chosen[0], 0)
+                             if fixed_k is None else None), reason, mode)
 
     def _candidates(self, methods: tuple[str, ...], asked_branches: int | None,
                     max_branches: int) -> tuple[Candidate, ...]:
@@ -191,7 +200,9 @@ class SpeculationPolicy:
         return weights[0][1] if weights and weights[0][0] < self.config.stale_tried else None
 
     def _choose(self, candidates: tuple[Candidate, ...], greedy: bool, load: Load, k_max: int,
-                fixed_k: int | None, allow_off: bool) -> tuple[Candidate | None, int, str]:
+                fixed_k: int | None, allow_off: bool, floors: dict[str, int] | None = None
+                ) -> tuple[Candidate | None, int, str]:
+        """floors: method -> the smallest k it runs as measured (`_lookahead_floor`)."""
         est = self.estimates
         # plain decoding's steps and each candidate's own kind of step (trees cost more)
         cost = (est.cost(load.address, step_kind(greedy)) if load.address
@@ -202,17 +213,33 @@ class SpeculationPolicy:
             est.acceptance_of(m, greedy, b),
             est.round_trip(load.address, m) if load.address else RoundTrip(),
             est.draft_limit(load.address, m)) for m, b in candidates}
+        k_floor = {c: (floors or {})[c[0]] for c in candidates if c[0] in (floors or {})}
         if fixed_k is None:
             c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off,
-                       costs=costs)
+                       costs=costs, k_floor=k_floor)
             return c.method, c.k, c.reason
         best = max(candidates, key=lambda c: (batch_goodput(models[c], fixed_k, load.batch,
                                                             costs.get(c, cost)), c))
         if allow_off:  # auto with an explicit k: that k, or off
-            c = choose({best: models[best]}, load.batch, cost, k_max, True, costs=costs)
+            c = choose({best: models[best]}, load.batch, cost, k_max, True, costs=costs,
+                       k_floor=k_floor)
             if c.method is None:
                 return None, 0, c.reason
         return best, fixed_k, "goodput"
+
+
+def _lookahead_floor(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
+                     k_max: int) -> dict[str, int]:
+    """{lookahead: its window's draft nodes} for the shape the verifier would run (the
+    request's fields over the verifier's defaults): a step feeds the window only when k holds
+    it, and lookahead's acceptance is measured with it (its pool is fed by the window), so
+    auto prices and runs it at no smaller k. Empty when the shape is unknown."""
+    asked = req.lookahead or LookaheadParams()
+    if info.HasField("lookahead_default"):
+        asked = asked.over(lookahead_from_pb(info.lookahead_default))
+    if asked.window is None or asked.ngram is None:
+        return {}
+    return {LOOKAHEAD: min(lookahead_window_nodes(asked.window, asked.ngram), k_max)}
 
 
 def _lookahead_unfit(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,

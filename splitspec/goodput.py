@@ -455,26 +455,31 @@ def best_k(model: MethodModel, batch: int, cost: StepCost, k_max: int,
 
 def choose(models: Mapping[Hashable, MethodModel], batch: int, cost: StepCost, k_max: int,
            allow_off: bool = True, margin: float = SPECULATION_MARGIN,
-           costs: Mapping[Hashable, StepCost] | None = None) -> Choice:
+           costs: Mapping[Hashable, StepCost] | None = None,
+           k_floor: Mapping[Hashable, int] | None = None) -> Choice:
     """The (method, k) with the highest goodput for a batch of `batch` sequences, or off when
     no method beats plain decoding by `margin` (never off when allow_off is False). `cost` is
     plain decoding's step cost and every method's unless `costs` gives the method its own (a
-    kind of step that costs more: trees, StepCosts).
+    kind of step that costs more: trees, StepCosts). `k_floor` gives a method the smallest k
+    it runs as measured (lookahead: its window's nodes; below them it drafts without the
+    window, a different method than the one its acceptance was measured on).
 
     Why off: `low_acceptance` when the best method would not pay even in a batch of one (the
     cheapest case for speculation), else `compute_bound` (the batch makes drafts too dear)."""
     off = batch_goodput(None, 0, batch, cost)
-    costs = costs or {}
+    costs, k_floor = costs or {}, k_floor or {}
     best: Choice | None = None
     for method in sorted(models):
-        k, g = best_k(models[method], batch, costs.get(method, cost), k_max)
+        k, g = best_k(models[method], batch, costs.get(method, cost), k_max,
+                      min(max(k_floor.get(method, 1), 1), k_max))
         if best is None or g > best.goodput * (1 + 1e-9):
             best = Choice(method, k, g, "goodput")
     if best is None:
         return Choice(None, 0, off, "no_proposer")
     if not allow_off or best.goodput > off * (1 + margin):
         return best
-    _, alone = best_k(models[best.method], 1, costs.get(best.method, cost), k_max)
+    _, alone = best_k(models[best.method], 1, costs.get(best.method, cost), k_max,
+                      min(max(k_floor.get(best.method, 1), 1), k_max))
     pays_alone = alone > batch_goodput(None, 0, 1, cost) * (1 + margin)
     return Choice(None, 0, off, "compute_bound" if pays_alone else "low_acceptance")
 

@@ -285,3 +285,22 @@ def test_tree_counts_travel_from_the_verifier_s_stats_to_the_estimates():
     est.observe(ADDRESS, snap)
     assert est.acceptance_of("ngram", True, 3).accepted == 25
     assert est.acceptance_of("ngram", True).accepted == 0  # chains are kept apart
+
+
+def test_auto_prices_and_runs_lookahead_with_its_window_never_below_it():
+    """Lookahead's acceptance is measured with its Jacobi window (which feeds its pool), and a
+    step feeds the window only when k holds it (W x (N - 1) nodes): auto weighs lookahead at
+    that many nodes or more, and the plan keeps the verifier's per-step k there too."""
+    info = verifier_pb2.VerifierInfo()
+    info.CopyFrom(INFO)
+    info.proposers.append(verifier_pb2.ProposerStatus(method="lookahead"))
+    info.lookahead_default.CopyFrom(common_pb2.LookaheadConfig(window=3, ngram=3, guesses=2))
+    snap = snapshot(greedy={"mlp": (100, 1000), "ngram": (100, 1000)})
+    good = MethodSnapshot(Acceptance(900, 1000, 100, 100), Acceptance(), ())
+    snap = dataclasses.replace(snap, methods={**snap.methods, "lookahead": good})
+    d = policy(snap).decide(AUTO, info, True, load())
+    assert (d.plan.method, d.reason) == ("lookahead", "goodput")
+    assert d.plan.k >= 6 and d.plan.k_min == 6, d.plan  # 3 x (3 - 1) window nodes
+    on = policy(snap).decide(SpeculationRequest(mode=SpeculationMode.ON, method="lookahead"),
+                             info, True, load())
+    assert on.plan.k >= 6 and on.plan.k_min == 6, on.plan
