@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None,
                     help="markdown report (default: bench/reports/soak.md in long mode)")
     args = ap.parse_args(argv)
-    quick = dict(streams=6, duration_s=22.0, max_requests=200, unique=8, max_tokens=48,
+    quick = dict(streams=6, duration_s=15.0, max_requests=200, unique=8, max_tokens=48,
                  kill_interval_s=3.0, draft=False)
     full = dict(streams=12, duration_s=300.0, max_requests=5000, unique=40, max_tokens=96,
                 kill_interval_s=8.0, draft=True)

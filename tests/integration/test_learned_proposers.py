@@ -184,7 +184,9 @@ SAMPLED_PLANS = {
               ("eagle", 4)],
     # token trees (method, k, children per node): deterministic siblings (n-gram, suffix) and
     # sampled ones (the draft's second guesses, the MLP's top-k per head) in one batch
-    "trees": [("ngram", 6, 3), ("draft", 8, 2), ("mlp", 4, 2), ("suffix", 6, 3),
+    # (the draft's trees at k 5: its k 8 chains are in "mixed", and each tree node of its
+    # second guesses is one more draft forward)
+    "trees": [("ngram", 6, 3), ("draft", 5, 2), ("mlp", 4, 2), ("suffix", 6, 3),
               ("eagle", 6, 2)],
 }
 
