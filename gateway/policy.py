@@ -213,7 +213,8 @@ class SpeculationPolicy:
             est.acceptance_of(m, greedy, b),
             est.round_trip(load.address, m) if load.address else RoundTrip(),
             est.draft_limit(load.address, m)) for m, b in candidates}
-        k_floor = {c: (floors or {})[c[0]] for c in candidates if c[0] in (floors or {})}
+        floors = floors or {}
+        k_floor = {c: floors[c[0]] for c in candidates if c[0] in floors}
         if fixed_k is None:
             c = choose(models, load.batch, cost, max(k_max, 1), allow_off=allow_off,
                        costs=costs, k_floor=k_floor)
@@ -228,29 +229,34 @@ class SpeculationPolicy:
         return best, fixed_k, "goodput"
 
 
-def _lookahead_floor(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
-                     k_max: int) -> dict[str, int]:
-    """{lookahead: its window's draft nodes} for the shape the verifier would run (the
-    request's fields over the verifier's defaults): a step feeds the window only when k holds
-    it, and lookahead's acceptance is measured with it (its pool is fed by the window), so
-    auto prices and runs it at no smaller k. Empty when the shape is unknown."""
+def _lookahead_shape(req: SpeculationRequest, info: verifier_pb2.VerifierInfo
+                     ) -> LookaheadParams | None:
+    """The lookahead shape the verifier would run for this request: the request's fields over
+    the verifier's defaults; None when a verifier that predates reporting its defaults leaves
+    it unknown."""
     asked = req.lookahead or LookaheadParams()
     if info.HasField("lookahead_default"):
         asked = asked.over(lookahead_from_pb(info.lookahead_default))
-    if asked.window is None or asked.ngram is None:
+    return None if asked.window is None or asked.ngram is None else asked
+
+
+def _lookahead_floor(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
+                     k_max: int) -> dict[str, int]:
+    """{lookahead: its window's draft nodes} for the shape it would run: a step feeds the
+    window only when k holds it, and lookahead's acceptance is measured with it (its pool is
+    fed by the window), so auto prices and runs it at no smaller k. Empty when unknown."""
+    shape = _lookahead_shape(req, info)
+    if shape is None:
         return {}
-    return {LOOKAHEAD: min(lookahead_window_nodes(asked.window, asked.ngram), k_max)}
+    return {LOOKAHEAD: min(lookahead_window_nodes(shape.window, shape.ngram), k_max)}
 
 
 def _lookahead_unfit(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
                     k_max: int) -> InvalidArgument | None:
-    """Why the verifier would refuse lookahead for this request (the shape it would run, the
-    request's fields over the verifier's defaults, has a window above its node limit); None
-    when it fits, or when a verifier that predates reporting its defaults leaves it unknown."""
-    asked = req.lookahead or LookaheadParams()
-    if info.HasField("lookahead_default"):
-        asked = asked.over(lookahead_from_pb(info.lookahead_default))
-    if asked.window is None or asked.ngram is None:
+    """Why the verifier would refuse lookahead for this request (the shape it would run has a
+    window above its node limit); None when it fits, or when the shape is unknown."""
+    asked = _lookahead_shape(req, info)
+    if asked is None:
         return None
     try:
         check_lookahead_fits(asked, k_max)
