@@ -141,7 +141,10 @@ class EagleHead:
             linear, [m for m, _ in mats.values()], invariant=False)
         self.proj = {name: _product(m, b, self.linear) for name, (m, b) in mats.items()}
         if self.linear != "dense":  # the packed copies are what runs: let the loaded ones go
-            # (the real model's head held ~30 MB twice); the norms and maps stay in self.w
+            # (the norms and maps stay in self.w). This frees the q, k, v, gate and up weights
+            # that fusing copied (10.9 MiB of fp32 for the real model's head); a PackedLinear
+            # still keeps the fp32 weight it packed (`weight`), so o, down, fc and lm_head
+            # (44.5 MiB there) stay held until PackedLinear lets go of it too
             self.w = dataclasses.replace(self.w, **{f: _RELEASED for f in _PRODUCT_FIELDS
                                                     if getattr(self.w, f) is not None})
             self.head = _RELEASED
