@@ -16,7 +16,7 @@ speculator; the real model too when its directory is there and `--real` is given
   * three passes over the same prompts (batch 1, greedy): speculation off, every method at
     k 3/5/8, token trees, lookahead at three shapes and auto; per pass tokens/s and the ratio
     to off, with their spread over the passes (coefficient of variation), tokens per step and
-    the step time split (verify, propose, round trip);
+    the step time split (verify, propose, network ms per step);
   * Hugging Face `generate` on the same device and dtype (eager, dynamic cache, no compile):
     plain, assisted by the draft, prompt lookup;
   * concurrency 16 and 64 (the verifier's --max-num-seqs raised to match): off, the best
@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import write_markdown  # noqa: E402
+from bench_report import split_ms, summarize  # noqa: E402
 from compare_bench import Config, HfBaselines, SplitspecClient, machine_facts  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 
@@ -112,6 +113,42 @@ def tokens_per_step(runs) -> float:
     steps = sum(r.usage.speculation.steps for r in runs if r.usage is not None)
     tokens = sum(len(r.tokens) for r in runs)
     return tokens / steps if steps else float("nan")
+
+
+def step_split(cfg: Config, runs) -> str:
+    """Mean verify / propose / network ms per step over runs (the verifier's and proposers'
+    metrics; bench_report.split_ms)."""
+    split = split_ms(summarize(cfg, runs))
+    if split is None:
+        return "-"
+    return " / ".join(f"{split[k]:.2f}" for k in ("verify", "propose", "network"))
+
+
+def hf_lines(args, models, prompts, off_tok_s: float, passes) -> list[str]:
+    """HF generate plain / assisted (the draft) / prompt lookup on the same device and dtype,
+    with splitspec off (mean of the passes) and the draft's best k against them."""
+    hf = HfBaselines(args.model, models.get("draft"), args.device, args.dtype)
+    lines = ["## Hugging Face generate on the same device (eager, dynamic cache)", "",
+             "| configuration | tok/s | splitspec against it |", "|---|---:|---|"]
+    drafts = [c for c in passes[0] if c.name == "draft" and c.branches == 1]
+    draft_best = max(drafts, key=lambda c: statistics.mean(tok_s(p[c]) for p in passes),
+                     default=None)
+    for name in ("plain", "assisted", "prompt_lookup"):
+        if name == "assisted" and hf.draft is None:
+            continue
+        cfg = Config("hf", name, 0.0)
+        hf.run(cfg, prompts[0], 8)
+        speed = tok_s([hf.run(cfg, p, args.max_tokens) for p in prompts])
+        if name == "plain":
+            versus = f"off {off_tok_s / speed:.2f}x"
+        elif name == "assisted" and draft_best is not None:
+            mine = statistics.mean(tok_s(p[draft_best]) for p in passes)
+            versus = f"{draft_best.label} {mine / speed:.2f}x"
+        else:
+            versus = "-"
+        lines.append(f"| {cfg.label} | {speed:.1f} | {versus} |")
+    del hf
+    return lines + [""]
 
 
 def cv(values: list[float]) -> float:
@@ -278,7 +315,8 @@ def main() -> None:
         lines += [f"## Batch 1, greedy: {args.passes} passes over {len(prompts)} prompts x "
                   f"{args.max_tokens} tokens", "",
                   "| configuration | tok/s per pass | CV | x off per pass | ratio spread | "
-                  "tokens / step | identical to off |", "|---|---|---:|---|---:|---:|---|"]
+                  "tokens / step | verify / propose / network ms per step | identical to off |",
+                  "|---|---|---:|---|---:|---:|---|---|"]
         best = None
         for c in cfgs:
             speeds = [tok_s(p[c]) for p in passes]
@@ -288,11 +326,16 @@ def main() -> None:
             lines.append(f"| {c.label} | {' / '.join(f'{s:.1f}' for s in speeds)} | "
                          f"{cv(speeds):.1%} | {' / '.join(f'{r:.2f}' for r in ratios)} | "
                          f"{spread:.1%} | {tokens_per_step(passes[-1][c]):.2f} | "
+                         f"{step_split(c, [r for p in passes for r in p[c]])} | "
                          f"{'yes' if same else 'NO'} |")
             if c.name not in ("off", "auto", "lookahead") and (
                     best is None or statistics.mean(ratios) > best[1]):
                 best = (c, statistics.mean(ratios))
         lines += [""]
+        save()
+        # Hugging Face in this process while the stack idles (its GPU memory stays held)
+        lines += hf_lines(args, models, prompts, off_tok_s=statistics.mean(
+            tok_s(p[off]) for p in passes), passes=passes)
         save()
         lines += ["## Concurrency (aggregate tok/s)", "",
                   "| configuration | " + " | ".join(f"{n} clients" for n in conc) + " |",
@@ -305,17 +348,6 @@ def main() -> None:
         lines += executor_lines(client) + [""]
         save()
         client.close()
-    hf = HfBaselines(args.model, models.get("draft"), args.device, args.dtype)
-    lines += ["## Hugging Face generate on the same device (eager, dynamic cache)", "",
-              "| configuration | tok/s |", "|---|---:|"]
-    for name in ("plain", "assisted", "prompt_lookup"):
-        if name == "assisted" and hf.draft is None:
-            continue
-        cfg = Config("hf", name, 0.0)
-        hf.run(cfg, prompts[0], 8)
-        runs = [hf.run(cfg, p, args.max_tokens) for p in prompts]
-        lines.append(f"| {cfg.label} | {tok_s(runs):.1f} |")
-    lines += [""]
     write_markdown(args.out, lines)
 
 

@@ -31,6 +31,26 @@ async def _next(requests):
         return None
 
 
+class SlowMessages:
+    """Step messages that took long enough to miss a verifier's deadline, said in the log with
+    where the time went: the first few, then every hundredth."""
+
+    THRESHOLD_S = 0.25
+
+    def __init__(self, method: str):
+        self.method, self.count = method, 0
+
+    def check(self, n: int, settle_s: float, propose_s: float) -> None:
+        if settle_s + propose_s < self.THRESHOLD_S:
+            return
+        self.count += 1
+        if self.count <= 3 or self.count % 100 == 0:
+            log.warning("%s: a step message for %d sequence(s) took %.0f ms (waiting for the "
+                        "drafting ahead %.0f ms, proposing %.0f ms); %d slow so far", self.method,
+                        n, 1000 * (settle_s + propose_s), 1000 * settle_s, 1000 * propose_s,
+                        self.count)
+
+
 class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
     def __init__(self, proposer: Proposer, metrics: ProposerMetrics | None = None,
                  tracer: ProposerTracer | None = None):
@@ -38,6 +58,7 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
         self._metrics = metrics
         self._tracer = tracer
         self._description = proposer.describe()
+        self._slow = SlowMessages(self._description.method)
 
     async def Propose(self, request_iterator, context):
         # One session per stream: a verifier's sequences live as long as its stream.
@@ -72,9 +93,11 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
                 steps = checked_steps([step_from_pb(s) for s in request.sequences],
                                       self._description)
                 await ahead.settle(steps)  # the outcome arrived: hit, or cancel and draft afresh
+                settled = time.perf_counter()
                 session.release(list(request.released))
                 # Proposing may run a model: keep the event loop free for other streams.
                 drafts = await asyncio.to_thread(session.propose, steps)
+                self._slow.check(len(steps), settled - start, time.perf_counter() - settled)
                 if metrics is not None:
                     metrics.released += len(request.released)
                     if steps:

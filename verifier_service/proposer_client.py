@@ -91,6 +91,15 @@ class ProposerClient(abc.ABC):
     @abc.abstractmethod
     async def propose(self, steps: list[SequenceStep], timeout_s: float) -> list[Draft] | None: ...
 
+    def _missed(self, timeout_s: float, n: int) -> None:
+        """A step that got no answer before its deadline: said in the log, the first ones and
+        then every hundredth (each costs a step's speculation and its whole deadline)."""
+        self.missed_deadlines += 1
+        if self.missed_deadlines <= 3 or self.missed_deadlines % 100 == 0:
+            log.warning("%s proposer at %s sent no draft for %d sequence(s) within the %.0f ms "
+                        "deadline (%d missed steps so far)", self.method, self._address, n,
+                        1000 * timeout_s, self.missed_deadlines)
+
     async def flush_released(self) -> None:
         """Send queued releases even when no sequence of this proposer runs this step."""
 
@@ -116,6 +125,7 @@ class GrpcProposerClient(ProposerClient):
         self._step_ids = itertools.count(1)
         self._last_attempt = -float("inf")
         self.late_answers = 0
+        self.missed_deadlines = 0
 
     @property
     def address(self) -> str:
@@ -238,10 +248,20 @@ class GrpcProposerClient(ProposerClient):
                                           max(deadline - time.monotonic(), 1e-3))
         except asyncio.TimeoutError:
             self._pending.pop(step_id, None)
+            self._missed(timeout_s, len(steps))
             return None
         if resp is None:
             return None
         return [draft_from_pb(d) for d in resp.drafts]
+
+    def _missed(self, timeout_s: float, n: int) -> None:
+        """A step that got no answer before its deadline: said in the log, the first ones and
+        then every hundredth (each costs a step's speculation and its whole deadline)."""
+        self.missed_deadlines += 1
+        if self.missed_deadlines <= 3 or self.missed_deadlines % 100 == 0:
+            log.warning("%s proposer at %s sent no draft for %d sequence(s) within the %.0f ms "
+                        "deadline (%d missed steps so far)", self.method, self._address, n,
+                        1000 * timeout_s, self.missed_deadlines)
 
     async def flush_released(self) -> None:
         if not self._released or self._call is None:
