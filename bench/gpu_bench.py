@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import write_markdown  # noqa: E402
-from bench_report import split_ms, summarize  # noqa: E402
+from bench_report import auto_choices, split_ms, summarize  # noqa: E402
 from compare_bench import Config, HfBaselines, SplitspecClient, machine_facts  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 
@@ -126,29 +126,83 @@ def step_split(cfg: Config, runs) -> str:
 
 def hf_lines(args, models, prompts, off_tok_s: float, passes) -> list[str]:
     """HF generate plain / assisted (the draft) / prompt lookup on the same device and dtype,
-    with splitspec off (mean of the passes) and the draft's best k against them."""
+    with splitspec off (mean of the passes) and the draft's best k against them. On CUDA
+    twice: with torch's default attention backends, and with cuDNN's SDPA taken out as the
+    services run (splitspec.device.shape_stable_attention); splitspec is set against the
+    faster of the two."""
+    import torch
+
     hf = HfBaselines(args.model, models.get("draft"), args.device, args.dtype)
     lines = ["## Hugging Face generate on the same device (eager, dynamic cache)", "",
-             "| configuration | tok/s | splitspec against it |", "|---|---:|---|"]
+             "| configuration | attention backends | tok/s | splitspec against it |",
+             "|---|---|---:|---|"]
     drafts = [c for c in passes[0] if c.name == "draft" and c.branches == 1]
     draft_best = max(drafts, key=lambda c: statistics.mean(tok_s(p[c]) for p in passes),
                      default=None)
-    for name in ("plain", "assisted", "prompt_lookup"):
-        if name == "assisted" and hf.draft is None:
-            continue
-        cfg = Config("hf", name, 0.0)
-        hf.run(cfg, prompts[0], 8)
-        speed = tok_s([hf.run(cfg, p, args.max_tokens) for p in prompts])
-        if name == "plain":
-            versus = f"off {off_tok_s / speed:.2f}x"
-        elif name == "assisted" and draft_best is not None:
-            mine = statistics.mean(tok_s(p[draft_best]) for p in passes)
-            versus = f"{draft_best.label} {mine / speed:.2f}x"
-        else:
-            versus = "-"
-        lines.append(f"| {cfg.label} | {speed:.1f} | {versus} |")
+    cudnn = torch.backends.cuda.cudnn_sdp_enabled()
+    settings = ((True, "torch default"), (False, "cuDNN SDPA off")) if args.device == "cuda" \
+        else ((cudnn, "torch default"),)
+    try:
+        for name in ("plain", "assisted", "prompt_lookup"):
+            if name == "assisted" and hf.draft is None:
+                continue
+            cfg = Config("hf", name, 0.0)
+            speeds = {}
+            for enabled, label in settings:
+                torch.backends.cuda.enable_cudnn_sdp(enabled)
+                hf.run(cfg, prompts[0], 8)
+                speeds[label] = tok_s([hf.run(cfg, p, args.max_tokens) for p in prompts])
+            best = max(speeds.values())
+            if name == "plain":
+                versus = f"off {off_tok_s / best:.2f}x"
+            elif name == "assisted" and draft_best is not None:
+                mine = statistics.mean(tok_s(p[draft_best]) for p in passes)
+                versus = f"{draft_best.label} {mine / best:.2f}x"
+            else:
+                versus = "-"
+            for label, speed in speeds.items():
+                lines.append(f"| {cfg.label} | {label} | {speed:.1f} | "
+                             f"{versus if speed == best else ''} |")
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
     del hf
     return lines + [""]
+
+
+def sdpa_lines(args) -> list[str]:
+    """Masked SDPA at new key lengths (the shapes an EAGLE head's or an eager draft's step
+    makes, bf16, one query row), with cuDNN's SDPA allowed and taken out: the first call of
+    each length, ms (CUDA only)."""
+    import torch
+    import torch.nn.functional as F
+
+    if args.device != "cuda" or not torch.cuda.is_available():
+        return []
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    out = ["## Masked attention at new lengths (first call of each, ms)", "",
+           "| backends | query rows | key lengths | median ms | max ms |",
+           "|---|---:|---|---:|---:|"]
+    try:
+        base = 300
+        for enabled, label in ((True, "cuDNN allowed"), (False, "cuDNN off")):
+            torch.backends.cuda.enable_cudnn_sdp(enabled)
+            for rows in (1, 4):
+                times = []
+                for n in range(base, base + 12):
+                    q = torch.randn(1, 8, rows, 64, device="cuda", dtype=torch.bfloat16)
+                    k = torch.randn(1, 8, n, 64, device="cuda", dtype=torch.bfloat16)
+                    mask = torch.ones(1, 1, rows, n, device="cuda", dtype=torch.bool)
+                    torch.cuda.synchronize()
+                    t = time.perf_counter()
+                    F.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+                    torch.cuda.synchronize()
+                    times.append(1000 * (time.perf_counter() - t))
+                out.append(f"| {label} | {rows} | {base}..{base + 11} | "
+                           f"{statistics.median(times):.2f} | {max(times):.2f} |")
+                base += 12
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+    return out + [""]
 
 
 def cv(values: list[float]) -> float:
@@ -156,13 +210,13 @@ def cv(values: list[float]) -> float:
 
 
 def concurrent_tok_s(client: SplitspecClient, cfg: Config, prompts: list[str], n: int,
-                     max_tokens: int) -> float:
-    """n requests at once (prompts cycled), aggregate tokens/s."""
+                     max_tokens: int) -> tuple[float, list]:
+    """n requests at once (prompts cycled): aggregate tokens/s, and the runs."""
     jobs = [prompts[i % len(prompts)] for i in range(n)]
     start = time.perf_counter()
     with cf.ThreadPoolExecutor(n) as pool:
         runs = list(pool.map(lambda p: client.run(cfg, p, max_tokens), jobs))
-    return sum(len(r.tokens) for r in runs) / (time.perf_counter() - start)
+    return sum(len(r.tokens) for r in runs) / (time.perf_counter() - start), runs
 
 
 def executor_lines(client: SplitspecClient) -> list[str]:
@@ -288,6 +342,7 @@ def main() -> None:
         import traceback
 
         lines += ["## Hidden syncs", "", "```", traceback.format_exc().rstrip(), "```", ""]
+    lines += sdpa_lines(args)
     save()
     t0 = time.perf_counter()
     with Stack(stack_config(args, models, max(conc), "main")) as stack:
@@ -295,7 +350,7 @@ def main() -> None:
         client = SplitspecClient(stack)
         lines += ["## Start-up", ""] + startup_lines(stack, up) + [""]
         # the first requests after SERVING, nothing run before them
-        off = Config("splitspec", "off", 0.0)
+        off, auto = Config("splitspec", "off", 0.0), Config("splitspec", "auto", 0.0)
         first = [client.run(off, prompts[i % len(prompts)], args.max_tokens)
                  for i in range(10 if not args.quick else 3)]
         lines += ["## First requests after SERVING (speculation off)", "",
@@ -340,10 +395,16 @@ def main() -> None:
         lines += ["## Concurrency (aggregate tok/s)", "",
                   "| configuration | " + " | ".join(f"{n} clients" for n in conc) + " |",
                   "|---|" + "---:|" * len(conc)]
-        for c in [off] + ([best[0]] if best else []) + [Config("splitspec", "auto", 0.0)]:
-            speeds = [concurrent_tok_s(client, c, prompts, n, args.max_tokens) for n in conc]
-            lines.append(f"| {c.label} | " + " | ".join(f"{s:.0f}" for s in speeds) + " |")
+        chosen = [f"- batch 1 passes: {auto_choices({auto: passes[-1][auto]}, 0.0)}"]
+        for c in [off] + ([best[0]] if best else []) + [auto]:
+            measured = [concurrent_tok_s(client, c, prompts, n, args.max_tokens) for n in conc]
+            lines.append(f"| {c.label} | " + " | ".join(f"{s:.0f}" for s, _ in measured) + " |")
+            if c == auto:
+                chosen += [f"- {n} clients: {auto_choices({auto: runs}, 0.0)}"
+                           for n, (_, runs) in zip(conc, measured)]
             save()
+        lines += ["", "What `auto` chose (requests per choice, the policy's reason):", ""]
+        lines += chosen
         lines += ["", "## How steps ran (verifier metrics over the whole run)", ""]
         lines += executor_lines(client) + [""]
         save()

@@ -22,7 +22,10 @@ import triton.language as tl
 __all__ = ["paged_attention_triton"]
 
 
-@triton.jit
+# Integers that change from step to step are not specialized on (Triton compiles a variant per
+# value that is 1 or a multiple of 16): the rows per sequence and the block table's width would
+# otherwise compile new variants while serving, a fraction of a second each.
+@triton.jit(do_not_specialize=["stride_bt", "MAX_Q"])
 def _paged_attention_kernel(
     q_ptr, stride_qt, stride_qh,  # query [T, Hq, D]
     k_ptr, v_ptr, stride_ks, stride_kh,  # caches [slots, Hkv, D] (same strides)

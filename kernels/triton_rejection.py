@@ -30,7 +30,9 @@ __all__ = ["rejection_sample_triton"]
 _Q_ONE_HOT, _Q_DENSE, _Q_SPARSE = 0, 1, 2
 
 
-@triton.jit
+# the draft length and the output's row stride change per step: no variant per value (see
+# kernels/triton_paged_attention.py)
+@triton.jit(do_not_specialize=["stride_o", "MAX_K", "K_SPARSE"])
 def _rejection_kernel(
     target_ptr,
     stride_t,  # target_probs [T, V]

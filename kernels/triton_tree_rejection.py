@@ -63,7 +63,10 @@ def _q_chunk(q_ptr, stride_q, q_idx_ptr, stride_qi, node, tok, offs, koffs, K_SP
     return q
 
 
-@triton.jit
+# the tree's depth, width and the outputs' row strides change per step: no variant per value
+# (see kernels/triton_paged_attention.py)
+@triton.jit(do_not_specialize=["stride_o", "stride_n", "MAX_DEPTH", "MAX_CHILDREN",
+                               "K_SPARSE"])
 def _tree_kernel(
     target_ptr, stride_t,  # target_probs [T, V]
     draft_ids_ptr,  # [D]

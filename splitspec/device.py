@@ -38,9 +38,23 @@ def resolve_device(name: str = "auto") -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise DeviceUnavailable("--device cuda asked for, but torch sees no CUDA device")
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as exc:
         raise BadOption(f"--device {name!r}: {exc}") from None
+    if device.type == "cuda":
+        shape_stable_attention()
+    return device
+
+
+def shape_stable_attention() -> None:
+    """Take cuDNN out of scaled_dot_product_attention's backends (process-wide). torch sends
+    a masked SDPA to cuDNN first on recent GPUs, and cuDNN builds an execution plan for every
+    new shape: tens to hundreds of milliseconds each. Serving changes shapes every step (a
+    prefill's length, an EAGLE head's or an eager draft's growing keys), so each new length
+    paid that: on an H100 the first pass of EAGLE ran at 0.01-0.08x speculation off and its
+    repeats (same lengths, plans cached) at 0.2-0.4x. Flash and memory-efficient attention
+    serve these shapes with nothing to build."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

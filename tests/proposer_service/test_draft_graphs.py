@@ -66,3 +66,15 @@ def test_an_iteration_never_reads_the_device():
     graphs.iteration(2, 2)  # values do not exist on meta: a read back would raise
     graphs.iteration(2, 1)
     assert graphs.tokens.device.type == "meta"
+
+
+def test_a_proposer_whose_loop_is_captured_does_not_offer_drafting_ahead(proposer,
+                                                                         monkeypatch):
+    """Drafting ahead runs the eager loop: beside a replayed proposal it costs more than it
+    hides, so the description offers it only where drafting is eager (here, the CPU)."""
+    assert proposer.graphs is None and proposer.describe().drafts_ahead
+    graphs = DraftGraphs(proposer.lean, torch.device("cpu"), 64, 1, 4, capture=False)
+    monkeypatch.setattr(proposer, "graphs", graphs)
+    assert proposer.describe().drafts_ahead  # nothing captured: still eager
+    monkeypatch.setattr(graphs, "_graphs", {(1, 1): object()})
+    assert not proposer.describe().drafts_ahead

@@ -28,3 +28,18 @@ def test_dtypes():
 def test_generators_are_per_request_and_reproducible():
     a, b = make_generator(torch.device("cpu"), 5), make_generator(torch.device("cpu"), 5)
     assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+
+
+def test_a_cuda_device_takes_cudnn_out_of_attention(monkeypatch):
+    """cuDNN's SDPA builds a plan per new shape (serving's shapes change every step): every
+    service that resolves a CUDA device runs attention without it; the CPU is left alone."""
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        resolve_device("cpu")
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        assert resolve_device("cuda") == torch.device("cuda")
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
