@@ -53,7 +53,7 @@ from splitspec.goodput import (
     default_step_cost,
     step_kind,
 )
-from splitspec.methods import METHODS, Kind
+from splitspec.methods import METHODS, Kind, step_kind_of
 from splitspec.params import (
     LOOKAHEAD,
     LookaheadParams,
@@ -207,8 +207,9 @@ class SpeculationPolicy:
         # plain decoding's steps and each candidate's own kind of step (trees cost more)
         cost = (est.cost(load.address, step_kind(greedy)) if load.address
                 else default_step_cost())
-        costs = {(m, b): est.cost(load.address, step_kind(greedy, b))
-                 for m, b in candidates if b > 1 and load.address}
+        kinds = {(m, b): step_kind_of(m, greedy, b) for m, b in candidates}
+        costs = {c: est.cost(load.address, kind) for c, kind in kinds.items()
+                 if kind == "tree" and load.address}
         models = {(m, b): MethodModel.from_acceptance(
             est.acceptance_of(m, greedy, b),
             est.round_trip(load.address, m) if load.address else RoundTrip(),

@@ -28,8 +28,8 @@ from splitspec.goodput import (
     StepCosts,
     fit_step_costs,
     marginal_goodput,
-    step_kind,
 )
+from splitspec.methods import step_kind_of
 from verifier_service.engine_stats import EngineStats
 from verifier_service.sequence import SequenceState
 
@@ -131,7 +131,8 @@ class AdaptiveK:
         others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
         sharing = max(batch.candidates.get(plan.method, 0), 1)
         model = self.model(seq)
-        cost = self.step_cost(step_kind(seq.inp.sampling.greedy, plan.num_branches))
+        cost = self.step_cost(step_kind_of(plan.method, seq.inp.sampling.greedy,
+                                           plan.num_branches))
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
         best_k, best = 0, -1.0
         for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):

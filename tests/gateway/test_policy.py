@@ -304,3 +304,25 @@ def test_auto_prices_and_runs_lookahead_with_its_window_never_below_it():
     on = policy(snap).decide(SpeculationRequest(mode=SpeculationMode.ON, method="lookahead"),
                              info, True, load())
     assert on.plan.k >= 6 and on.plan.k_min == 6, on.plan
+
+
+def test_auto_prices_lookahead_with_the_tree_steps_it_runs():
+    """Lookahead's drafts are always trees (its window and guesses), so its steps run the tree
+    sampler: auto prices it with the tree steps' measured cost even as a chain candidate. With
+    tree steps as cheap as chains it takes lookahead; at 5x their cost it does not."""
+    info = verifier_pb2.VerifierInfo()
+    info.CopyFrom(INFO)
+    info.proposers.append(verifier_pb2.ProposerStatus(method="lookahead"))
+    info.lookahead_default.CopyFrom(common_pb2.LookaheadConfig(window=3, ngram=3, guesses=2))
+    snap = snapshot(greedy={"mlp": (100, 1000), "ngram": (100, 1000)})
+    good = MethodSnapshot(Acceptance(600, 1000, 400, 400), Acceptance(), ())
+    snap = dataclasses.replace(snap, methods={**snap.methods, "lookahead": good})
+
+    def with_tree_cost(factor: float) -> ReplicaSnapshot:
+        trees = tuple(("tree", n, t, s * factor) for _, n, t, s in COST)
+        return dataclasses.replace(snap, step_cost=COST + trees)
+
+    cheap = policy(with_tree_cost(1.0)).decide(AUTO, info, True, load())
+    assert cheap.plan.method == "lookahead", cheap
+    dear = policy(with_tree_cost(5.0)).decide(AUTO, info, True, load())
+    assert dear.plan.method != "lookahead", dear
