@@ -101,8 +101,11 @@ class DraftCollector:
         start = time.perf_counter()
         proposals = self.in_target.propose(group)
         # its drafting runs inside the step, before the forward: priced like a proposer's
-        # answer time (an EAGLE head's k forwards cost a share of a target step)
-        ms.round_trip_s = time.perf_counter() - start
+        # answer time (an EAGLE head's k forwards cost a share of a target step), together with
+        # what its states spent learning from the last verified step (the head's layer over the
+        # kept rows): work the method alone costs a step
+        ms.round_trip_s = (time.perf_counter() - start
+                           + self.in_target.take_observe_seconds(method))
         if wanted:
             stats.add_round_trip(max(wanted.values()), ms.round_trip_s)
         for seq, proposed in proposals.items():

@@ -276,9 +276,11 @@ class Engine:
             self.stats.step_seconds_total += time.perf_counter() - start
         if step is not None:
             step.seconds = time.perf_counter() - start
+            # in-target methods' own learning from the step is priced with their drafting
+            observed = self.drafts.in_target.take_step_observe_seconds()
             if not step.prefill_tokens:  # the cost model is about decoding steps
-                self.stats.add_step_cost(step.num_tokens, step.seconds - step.draft_seconds,
-                                         step.kind)
+                self.stats.add_step_cost(step.num_tokens,
+                                         step.seconds - step.draft_seconds - observed, step.kind)
             for method, ms in step.per_method.items():  # what drafting ahead costs, per token
                 self.drafts.ahead_policy.record(method, ms.ahead, step.seconds,
                                            ms.accepted_tokens + ms.drafts)

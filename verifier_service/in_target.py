@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import time
 from dataclasses import dataclass, field
 from typing import Sequence as Seq
 
@@ -126,6 +127,10 @@ class InTargetDrafts:
     def __init__(self, methods: dict[str, InTargetMethod]):
         self.methods = methods
         self._states: dict[SequenceState, InTargetState] = {}
+        # seconds the states spent learning from verified steps (observe), per method, not yet
+        # taken into its drafting cost; and the whole of it since the last step's account
+        self._observe_s: dict[str, float] = {}
+        self.step_observe_s = 0.0
 
     @classmethod
     def from_registry(cls, vocab_size: int, config=None, runner=None) -> "InTargetDrafts":
@@ -188,7 +193,22 @@ class InTargetDrafts:
     def observe(self, seq: SequenceState, outcome: StepOutcome) -> None:
         state = self._states.get(seq)
         if state is not None:
+            start = time.perf_counter()
             state.observe(outcome)
+            spent = time.perf_counter() - start
+            method = seq.inp.speculation.method
+            self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
+            self.step_observe_s += spent
+
+    def take_observe_seconds(self, method: str) -> float:
+        """What `method`'s states spent in observe since last asked: work of the method's own
+        (an EAGLE head's layer over the kept rows), priced with its drafting, not the step's."""
+        return self._observe_s.pop(method, 0.0)
+
+    def take_step_observe_seconds(self) -> float:
+        """Every method's observe seconds since last asked (out of a step's measured cost)."""
+        spent, self.step_observe_s = self.step_observe_s, 0.0
+        return spent
 
     def free(self, seq: SequenceState) -> None:
         state = self._states.pop(seq, None)

@@ -103,6 +103,38 @@ def test_fixed_chain_alone_equals_speculation_off(target_model_dir, baseline, fi
     assert drained(engine)
 
 
+
+def test_what_a_method_spends_learning_from_a_step_is_priced_as_its_own(
+        target_model_dir, baseline, fixed_chain, monkeypatch):
+    """An in-target state's observe (an EAGLE head's layer over the kept rows) runs inside the
+    step, after the forward: it is the method's cost, priced with its drafting (what auto and
+    the adaptive k read), and kept out of the step-cost curve every method's rows are priced
+    by."""
+    slow = 0.2
+    observe = _FixedState.observe
+
+    def slow_observe(self, outcome):
+        import time
+
+        time.sleep(slow)
+        observe(self, outcome)
+
+    monkeypatch.setattr(_FixedState, "observe", slow_observe)
+    prompt = PROMPTS[0]
+    fixed_chain.chain = baseline[prompt][:4]
+    engine = make_engine(target_model_dir, proposers={})
+    (res,) = asyncio.run(run_all(engine, [request(engine, "a", prompt, max_tokens=12,
+                                                  method=NAME, k=4)]))
+    assert res[0] == baseline[prompt][:12]
+    n, seconds = engine.stats.method(NAME).round_trips[4]
+    # each ask after the first carries the observe of the step before it
+    assert seconds >= slow * (n - 1) * 0.9, (n, seconds)
+    decoding = [b for b in engine.stats.step_cost if b.steps]
+    per_step = sum(b.seconds_total for b in decoding) / sum(b.steps for b in decoding)
+    assert per_step < slow / 2, per_step  # the target's step alone
+    assert drained(engine)
+
+
 def test_fixed_chain_batched_with_proposer_backed_and_plain_sequences(
         target_model_dir, baseline, fixed_chain):
     fixed_chain.chain = baseline[PROMPTS[2]][:3]
