@@ -91,15 +91,6 @@ class ProposerClient(abc.ABC):
     @abc.abstractmethod
     async def propose(self, steps: list[SequenceStep], timeout_s: float) -> list[Draft] | None: ...
 
-    def _missed(self, timeout_s: float, n: int) -> None:
-        """A step that got no answer before its deadline: said in the log, the first ones and
-        then every hundredth (each costs a step's speculation and its whole deadline)."""
-        self.missed_deadlines += 1
-        if self.missed_deadlines <= 3 or self.missed_deadlines % 100 == 0:
-            log.warning("%s proposer at %s sent no draft for %d sequence(s) within the %.0f ms "
-                        "deadline (%d missed steps so far)", self.method, self._address, n,
-                        1000 * timeout_s, self.missed_deadlines)
-
     async def flush_released(self) -> None:
         """Send queued releases even when no sequence of this proposer runs this step."""
 

@@ -287,17 +287,22 @@ def test_tree_counts_travel_from_the_verifier_s_stats_to_the_estimates():
     assert est.acceptance_of("ngram", True).accepted == 0  # chains are kept apart
 
 
-def test_auto_prices_and_runs_lookahead_with_its_window_never_below_it():
-    """Lookahead's acceptance is measured with its Jacobi window (which feeds its pool), and a
-    step feeds the window only when k holds it (W x (N - 1) nodes): auto weighs lookahead at
-    that many nodes or more, and the plan keeps the verifier's per-step k there too."""
+def _with_lookahead(greedy: Acceptance) -> tuple[verifier_pb2.VerifierInfo, ReplicaSnapshot]:
+    """A replica serving lookahead (window 3, n-gram 3, 2 guesses) with the given greedy
+    acceptance, beside weak n-gram and MLP proposers."""
     info = verifier_pb2.VerifierInfo()
     info.CopyFrom(INFO)
     info.proposers.append(verifier_pb2.ProposerStatus(method="lookahead"))
     info.lookahead_default.CopyFrom(common_pb2.LookaheadConfig(window=3, ngram=3, guesses=2))
     snap = snapshot(greedy={"mlp": (100, 1000), "ngram": (100, 1000)})
-    good = MethodSnapshot(Acceptance(900, 1000, 100, 100), Acceptance(), ())
-    snap = dataclasses.replace(snap, methods={**snap.methods, "lookahead": good})
+    good = MethodSnapshot(greedy, Acceptance(), ())
+    return info, dataclasses.replace(snap, methods={**snap.methods, "lookahead": good})
+
+def test_auto_prices_and_runs_lookahead_with_its_window_never_below_it():
+    """Lookahead's acceptance is measured with its Jacobi window (which feeds its pool), and a
+    step feeds the window only when k holds it (W x (N - 1) nodes): auto weighs lookahead at
+    that many nodes or more, and the plan keeps the verifier's per-step k there too."""
+    info, snap = _with_lookahead(Acceptance(900, 1000, 100, 100))
     d = policy(snap).decide(AUTO, info, True, load())
     assert (d.plan.method, d.reason) == ("lookahead", "goodput")
     assert d.plan.k >= 6 and d.plan.k_min == 6, d.plan  # 3 x (3 - 1) window nodes
@@ -310,13 +315,7 @@ def test_auto_prices_lookahead_with_the_tree_steps_it_runs():
     """Lookahead's drafts are always trees (its window and guesses), so its steps run the tree
     sampler: auto prices it with the tree steps' measured cost even as a chain candidate. With
     tree steps as cheap as chains it takes lookahead; at 5x their cost it does not."""
-    info = verifier_pb2.VerifierInfo()
-    info.CopyFrom(INFO)
-    info.proposers.append(verifier_pb2.ProposerStatus(method="lookahead"))
-    info.lookahead_default.CopyFrom(common_pb2.LookaheadConfig(window=3, ngram=3, guesses=2))
-    snap = snapshot(greedy={"mlp": (100, 1000), "ngram": (100, 1000)})
-    good = MethodSnapshot(Acceptance(600, 1000, 400, 400), Acceptance(), ())
-    snap = dataclasses.replace(snap, methods={**snap.methods, "lookahead": good})
+    info, snap = _with_lookahead(Acceptance(600, 1000, 400, 400))
 
     def with_tree_cost(factor: float) -> ReplicaSnapshot:
         trees = tuple(("tree", n, t, s * factor) for _, n, t, s in COST)
