@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from splitspec.goodput import step_kind
+
 
 class HiddenState(str, enum.Enum):
     NONE = "none"
@@ -159,8 +161,6 @@ def step_kind_of(method: str | None, greedy: bool, branches: int = 1) -> str:
     method whose drafts are always trees runs tree steps whatever its num_branches says. On a
     GPU a tree step (its sampler run after the captured forward) cost lookahead 3.8-6.4 ms
     against 2.0-2.4 ms for a chain: priced as a chain, auto chose it at 0.38-0.51x off."""
-    from splitspec.goodput import step_kind
-
     spec = METHODS.get(method or "")
     trees = spec is not None and spec.capabilities.always_trees
     return step_kind(greedy, max(branches, 2) if trees else branches)
