@@ -29,7 +29,9 @@ had their first j tokens accepted (a token gained). A proposer does not always d
 is asked for (prompt lookup and suffix decoding stop where their match ends), and its long
 drafts are not its average ones (a long suffix match is a confident one): the geometric model
 above prices neither. The measured shares, shrunk towards that model while a position has
-little data, are what a step asking for k tokens forwards and gains (`MethodModel.positions`).
+little data, are what a step asking for k tokens forwards and gains (`MethodModel.positions`),
+and its time is the step time taken over the rows its draft really has, none to k, each with
+its measured share, not the step time at their mean (`MethodModel.step_seconds`).
 """
 
 from __future__ import annotations
@@ -250,18 +252,69 @@ class MethodModel:
         """Tokens the verifier forwards for it: the last token plus the draft when there is one."""
         return 1.0 + self._sums(k)[0]
 
+    def step_seconds(self, k_max: int, cost: "StepCost", others_tokens: float = 0.0
+                     ) -> list[float]:
+        """Per k in 0 .. k_max: the expected time of a step in which it asks for k tokens and
+        the rest of the batch forwards `others_tokens`, over how many rows its draft has: none
+        (1 - rows_1), exactly j (rows_j - rows_j+1) or all it drafts (rows_n), each share
+        measured (per_position). A step's cost is not linear in its rows (on a CPU the matrix
+        kernels work in tiles of rows: 6 rows cost about what 1 does, 7 a third more), and a
+        proposer that drafts either nothing or all it is asked for (prompt lookup) forwards
+        each of them, never its mean: priced at the mean, its 8-token drafts looked as cheap
+        as 6 rows while a third of its steps paid for 9."""
+        rows = [r for r, _ in self.per_position(k_max)]
+        at = [cost(others_tokens + 1.0 + j) for j in range(len(rows) + 1)]
+        out, fewer, reach = [at[0]], 0.0, 1.0  # fewer: the steps stopping before row j
+        for j, r in enumerate(rows, 1):
+            r = min(r, reach)  # a share of drafts reaching row j never exceeds row j - 1's
+            fewer += (reach - r) * at[j - 1]
+            out.append(fewer + r * at[j])
+            reach = r
+        out += [out[-1]] * (k_max + 1 - len(out))  # asked beyond what it drafts
+        return out
+
     def for_request(self, acceptance: float, hit_rate: float) -> "MethodModel":
         """The model of one request of this method whose own (shrunk) acceptance and hit rate
-        are given: the measured positions scaled by its hit rate and by its acceptance to the
-        power of the position, relative to the method's."""
+        are given: the measured rows scaled by its hit rate relative to the method's, and the
+        measured acceptance of each position given the ones before it moved by its acceptance
+        relative to the method's, as odds (`shift_odds`).
+
+        Odds keep a probability a probability: a request a little better than its method
+        accepts each position a little more often, never surely. Scaling the positions' gains by
+        (own / method)^j instead would price a request at 0.8 against a method at 0.65 as
+        accepting every token of an 8-token draft (1.23^8 = 5.3 times the measured gain, capped
+        only by the rows), so every step would ask for the most tokens it may. Where the
+        positions are geometric (position j accepted with the method's acceptance given the
+        ones before it) both give the request's own acceptance per position."""
         h = hit_rate / self.hit_rate if self.hit_rate > 0 else 1.0
-        a = acceptance / self.acceptance if self.acceptance > 0 else 1.0
-        positions = []
-        for j, (rows, gain) in enumerate(self.positions, 1):
+        positions, theirs, mine = [], 1.0, 1.0
+        for rows, gain in self.positions:
+            # the share of drafts forwarding this position whose tokens up to it are accepted
+            accepted = min(gain / rows, 1.0) if rows > 0 else 0.0
+            given = accepted / theirs if theirs > 0 else 0.0  # accepted, given the ones before
+            mine *= shift_odds(given, self.acceptance, acceptance)
+            theirs = accepted
             rows = min(rows * h, 1.0)
-            positions.append((rows, min(gain * h * a ** j, rows)))
+            positions.append((rows, rows * min(mine, 1.0)))
         return dataclasses.replace(self, acceptance=acceptance, hit_rate=hit_rate,
                                    positions=tuple(positions))
+
+
+def shift_odds(p: float, reference: float, target: float) -> float:
+    """p with its odds multiplied by those of target over those of reference: p itself when
+    target == reference, target when p == reference, 0 or 1 when target is; p unchanged
+    where it is no probability below 1 (a conditional share above 1, long drafts being
+    confident ones)."""
+    if p >= 1.0 or p <= 0.0:
+        return p
+    eps = 1e-9
+    reference = min(max(reference, eps), 1.0 - eps)
+    if target >= 1.0:
+        return 1.0
+    if target <= 0.0:
+        return 0.0
+    odds = p / (1.0 - p) * (target / (1.0 - target)) / (reference / (1.0 - reference))
+    return odds / (1.0 + odds)
 
 
 def draft_limit(longest_draft: int, largest_asked: int, drafts: float,
@@ -418,18 +471,23 @@ def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost)
     batch = max(batch, 1)
     if k <= 0 or model is None:
         return batch / cost(batch)
-    return batch * model.expected(k) / (cost(batch * model.tokens(k)) + model.round_trip(k))
+    # one sequence's rows as they come, the others' at their mean (they average out)
+    seconds = model.step_seconds(k, cost, (batch - 1) * model.tokens(k))[k]
+    return batch * model.expected(k) / (seconds + model.round_trip(k))
 
 
 def marginal_goodput(model: MethodModel, k: int, cost: StepCost, others_tokens: float,
-                     others_expected: float, wait_s: float) -> float:
+                     others_expected: float, wait_s: float,
+                     seconds: list[float] | None = None) -> float:
     """Tokens per second of one step when one sequence asks for k draft tokens and the rest of
     the batch forwards `others_tokens` and emits `others_expected` tokens. `wait_s` is what its
-    draft adds to the step's wait (0 when its proposer is asked anyway)."""
+    draft adds to the step's wait (0 when its proposer is asked anyway). `seconds`: the
+    model's step_seconds for these others up to k or beyond (when weighing every k)."""
     if k <= 0:
         return (others_expected + 1.0) / cost(others_tokens + 1.0)
-    return (others_expected + model.expected(k)) / (cost(others_tokens + model.tokens(k))
-                                                     + wait_s)
+    if seconds is None:
+        seconds = model.step_seconds(k, cost, others_tokens)
+    return (others_expected + model.expected(k)) / (seconds[k] + wait_s)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_sampling as draft_sampling
+import splitspec.goodput as goodput
 import verifier_service.eagle_format as eagle_format
 import verifier_service.eagle_head as eagle_head
 import verifier_service.step_executor as step_executor
@@ -348,3 +349,27 @@ def tp_journal_sent_apart(monkeypatch) -> None:
         self._channel.send(tpb.encode(tpb.STEP, plan, np.zeros(0, dtype=np.int64)))
 
     monkeypatch.setattr(tpb.PlanBroadcast, "step", step)
+
+
+def request_scales_gains_by_a_power(monkeypatch) -> None:
+    """A request's positions priced as its method's gains times (own / method acceptance)^j,
+    capped by the rows: a request a little better than its method accepts every deep token."""
+    def powered(self, acceptance, hit_rate):
+        h = hit_rate / self.hit_rate if self.hit_rate > 0 else 1.0
+        a = acceptance / self.acceptance if self.acceptance > 0 else 1.0
+        positions = []
+        for j, (rows, gain) in enumerate(self.positions, 1):
+            rows = min(rows * h, 1.0)
+            positions.append((rows, min(gain * h * a ** j, rows)))
+        return dataclasses.replace(self, acceptance=acceptance, hit_rate=hit_rate,
+                                   positions=tuple(positions))
+
+    monkeypatch.setattr(goodput.MethodModel, "for_request", powered)
+
+
+def step_priced_at_mean_rows(monkeypatch) -> None:
+    """A step priced at the cost of its mean rows, whatever rows its drafts really have."""
+    def at_mean(self, k_max, cost, others_tokens=0.0):
+        return [cost(others_tokens + (self.tokens(k) if k else 1.0)) for k in range(k_max + 1)]
+
+    monkeypatch.setattr(goodput.MethodModel, "step_seconds", at_mean)

@@ -135,13 +135,14 @@ class AdaptiveK:
                                            plan.num_branches))
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
         best_k, best = 0, -1.0
+        seconds = model.step_seconds(self.k_max, cost, others_tokens)  # every k at once
         for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):
             # Its proposer is waited for anyway when others ask it (their k: about as large).
             # When none did last step, the wait is shared by every sequence planned with the
             # method: each alone would find the whole round trip too dear, and all of them
             # would stay paused where drafting together pays.
             wait = 0.0 if others_drafting > 0 else model.round_trip(k) / sharing
-            g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait)
+            g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait, seconds)
             if g > best * (1 + 1e-9):
                 best_k, best = k, g
         seq.paused_steps = 0 if best_k else seq.paused_steps + 1

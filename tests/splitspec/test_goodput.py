@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import planted_bugs as bug
 import pytest
 
 from splitspec.goodput import (
@@ -12,6 +13,7 @@ from splitspec.goodput import (
     RoundTrip,
     StepCost,
     batch_goodput,
+    best_k,
     choose,
     decay_factor,
     draft_limit,
@@ -20,6 +22,7 @@ from splitspec.goodput import (
     fit_step_cost,
     fit_step_costs,
     marginal_goodput,
+    shift_odds,
     tried_positions,
 )
 
@@ -204,6 +207,70 @@ def test_a_requests_own_rates_scale_its_methods_positions():
     assert mine.positions == (pytest.approx((0.4, 0.1)), pytest.approx((0.2, 0.0125)))
     # a better request never gains more at a position than it forwards there
     assert all(g <= r for r, g in method.for_request(1.0, 1.0).positions)
+
+
+def check_request_gains_fall_with_depth() -> None:
+    """Accepting position j + 1 takes accepting position j, so a request's gain falls with
+    depth, also when it accepts more than its method and the method's deep positions are
+    confident ones (n-gram and suffix drafts: a long match goes on being right)."""
+    confident = tuple((1.0, 0.6 * 0.9 ** j) for j in range(8))  # 0.6, then 0.9 given the last
+    method = MethodModel(0.65, 1.0, positions=confident)
+    mine = method.for_request(acceptance=0.75, hit_rate=1.0)
+    gains = [g for _, g in mine.positions]
+    assert all(deeper < g for g, deeper in zip(gains, gains[1:])), gains
+    # and it is priced as the better request it is, at every position
+    assert all(m > t for (_, m), (_, t) in zip(mine.positions, method.positions))
+    # a worse one as the worse
+    worse = method.for_request(acceptance=0.5, hit_rate=1.0)
+    assert all(w < t for (_, w), (_, t) in zip(worse.positions, method.positions))
+
+
+def test_a_request_better_than_its_method_gains_less_at_each_deeper_position():
+    check_request_gains_fall_with_depth()
+
+
+def test_the_depth_check_catches_gains_scaled_by_a_power_of_the_ratio(monkeypatch):
+    """(0.75 / 0.65)^8 = 3.1: the old scaling priced the 8th token as likelier than the 1st."""
+    bug.request_scales_gains_by_a_power(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_request_gains_fall_with_depth()
+
+
+def test_shift_odds():
+    assert shift_odds(0.9, 0.65, 0.65) == pytest.approx(0.9)
+    assert shift_odds(0.65, 0.65, 0.75) == pytest.approx(0.75)
+    assert shift_odds(0.9, 0.65, 1.0) == 1.0 and shift_odds(0.9, 0.65, 0.0) == 0.0
+    assert shift_odds(1.2, 0.65, 0.3) == 1.2  # a share above 1 is left as it is
+    assert 0.9 < shift_odds(0.9, 0.65, 0.75) < 1.0
+
+
+# On a CPU the matrix kernels work in tiles of 6 rows: up to 6 rows cost about one, 7 a lot more.
+TILES_OF_6 = StepCost((1.0, 6.0, 7.0, 9.0), (0.012, 0.0125, 0.016, 0.0165), 0.0005)
+
+
+def check_all_or_nothing_drafts_are_priced_by_their_rows() -> None:
+    """Prompt lookup drafts all it is asked for or nothing (here 64% / 36% of steps). Asked for
+    8 it forwards 9 rows or 1, never its mean of 6: its step costs what 9 rows cost on 64% of
+    the steps, and the k that fills the tile (5: 6 rows) is the one that pays."""
+    lookup = MethodModel(0.6, 0.64, FAST,
+                         positions=tuple((0.64, 0.64 * 0.45 * 0.8 ** j) for j in range(8)))
+    seconds = lookup.step_seconds(8, TILES_OF_6)
+    assert seconds[0] == TILES_OF_6(1)
+    assert seconds[5] == pytest.approx(0.36 * TILES_OF_6(1) + 0.64 * TILES_OF_6(6))
+    assert seconds[8] == pytest.approx(0.36 * TILES_OF_6(1) + 0.64 * TILES_OF_6(9))
+    assert best_k(lookup, 1, TILES_OF_6, 8)[0] == 5
+    per_k = [marginal_goodput(lookup, k, TILES_OF_6, 0.0, 0.0, FAST(k)) for k in range(9)]
+    assert max(range(9), key=per_k.__getitem__) == 5
+
+
+def test_all_or_nothing_drafts_are_priced_by_their_rows():
+    check_all_or_nothing_drafts_are_priced_by_their_rows()
+
+
+def test_the_rows_check_catches_steps_priced_at_their_mean_rows(monkeypatch):
+    bug.step_priced_at_mean_rows(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_all_or_nothing_drafts_are_priced_by_their_rows()
 
 
 def test_round_trip_fit():
