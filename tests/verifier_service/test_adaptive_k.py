@@ -173,3 +173,19 @@ def test_the_gateway_reads_the_counts_the_verifier_models_from():
     assert (wire.greedy, wire.sampled, wire.round_trips, wire.longest_draft) == (
         mine.greedy, mine.sampled, mine.round_trips, mine.longest_draft)
     assert mine.greedy == Acceptance(6, 8, 3, 0, (3, 3, 3, 1), (3, 3, 3, 1), (3, 2, 1))
+
+
+def test_the_curve_and_models_are_refitted_every_sixteenth_of_the_steps(engine):
+    """Refitting costs host time every step while one step barely moves the fit: it happens
+    once REFIT_SHARE of the steps so far were added (every step at first)."""
+    adaptive, stats = engine.adaptive, engine.stats
+    stats.steps = 320  # refit every 20 steps
+    adaptive.begin_step()
+    curve, model = adaptive.step_cost(), adaptive.method_model("ngram", True)
+    stats.steps += 19
+    adaptive.begin_step()
+    assert adaptive.step_cost() is curve and adaptive.method_model("ngram", True) is model
+    stats.steps += 1
+    adaptive.begin_step()
+    assert adaptive.step_cost() is not curve
+    assert adaptive.method_model("ngram", True) is not model
