@@ -87,7 +87,9 @@ def check_padding_changes_nothing_real(model):
     other[fed] = False
     trash = _runner(model).kv.trash_block
     other[trash * BS:(trash + 1) * BS] = False
-    assert torch.equal(k1[:, other], before[:, other])
+    # compared as bits: slots never written hold whatever the allocation held, NaN patterns
+    # included, which torch.equal calls unequal to themselves
+    assert torch.equal(k1[:, other].view(torch.uint8), before[:, other].view(torch.uint8))
 
 
 def test_padding_rows_change_no_real_row_or_slot(model):
