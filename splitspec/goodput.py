@@ -465,15 +465,20 @@ def _isotonic(values: list[tuple[float, float]]) -> list[float]:
     return [y for y, _, c in blocks for _ in range(int(c))]
 
 
-def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost) -> float:
+def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost,
+                  seconds: list[float] | None = None) -> float:
     """Tokens per second of a batch of `batch` sequences that all ask for k-token drafts
-    (k = 0 or no model: plain decoding, no proposer to wait for)."""
+    (k = 0 or no model: plain decoding, no proposer to wait for). One sequence's step is
+    priced over the rows its draft really has (`step_seconds`, given up to k or beyond when
+    weighing every k); a batch's at its mean rows, which its sequences' drafts average out."""
     batch = max(batch, 1)
     if k <= 0 or model is None:
         return batch / cost(batch)
-    # one sequence's rows as they come, the others' at their mean (they average out)
-    seconds = model.step_seconds(k, cost, (batch - 1) * model.tokens(k))[k]
-    return batch * model.expected(k) / (seconds + model.round_trip(k))
+    if batch > 1:
+        step = cost(batch * model.tokens(k))
+    else:
+        step = (seconds or model.step_seconds(k, cost))[k]
+    return batch * model.expected(k) / (step + model.round_trip(k))
 
 
 def marginal_goodput(model: MethodModel, k: int, cost: StepCost, others_tokens: float,
@@ -503,9 +508,10 @@ def best_k(model: MethodModel, batch: int, cost: StepCost, k_max: int,
            k_min: int = 1) -> tuple[int, float]:
     """The k in [k_min, k_max] (k_min >= 1) with the highest batch goodput, and that goodput;
     ties go to the smaller k."""
-    best = (k_min, batch_goodput(model, k_min, batch, cost))
+    seconds = model.step_seconds(k_max, cost) if batch <= 1 else None  # every k at once
+    best = (k_min, batch_goodput(model, k_min, batch, cost, seconds))
     for k in range(k_min + 1, k_max + 1):
-        g = batch_goodput(model, k, batch, cost)
+        g = batch_goodput(model, k, batch, cost, seconds)
         if g > best[1] * (1 + 1e-9):
             best = (k, g)
     return best
