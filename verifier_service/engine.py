@@ -21,6 +21,7 @@ A proposer that is late, gone or wrong costs only speculation: its sequences dec
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import logging
 import time
@@ -88,7 +89,8 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
         self._task: asyncio.Task | None = None
-        self.draining = False  # set by drain(): new requests are refused with UNAVAILABLE
+        # set by drain() and fail_all(): new requests are refused with it (UNAVAILABLE)
+        self.refusal: Unavailable | None = None
 
     # -- public API ------------------------------------------------------------------------
 
@@ -134,7 +136,7 @@ class Engine:
         """Stop admitting; let the requests in flight finish for up to grace_s seconds, then
         fail the rest with UNAVAILABLE (a gateway resumes them on another replica). Returns
         how many had to be failed."""
-        self.draining = True
+        self.refusal = Unavailable("verifier: draining before shutdown; retry on another replica")
         deadline = time.monotonic() + grace_s
         while self._by_id and time.monotonic() < deadline:
             await asyncio.sleep(poll_s)
@@ -144,9 +146,12 @@ class Engine:
                                         "within the grace period"))
         return len(left)
 
-    def fail_all(self, exc: BaseException) -> int:
+    def fail_all(self, exc: Unavailable) -> int:
         """Fail every request in flight with exc (the engine cannot step any more: a
-        tensor-parallel rank is gone); returns how many."""
+        tensor-parallel rank is gone) and refuse new ones with it, so that a gateway's retry
+        landing before the server stops is told why too (not left to be cancelled); returns
+        how many."""
+        self.refusal = exc
         left = [s for s in self._by_id.values() if not s.finished]
         for seq in left:
             self._fail(seq, exc)
@@ -168,8 +173,8 @@ class Engine:
                 self.abort(seq.request_id)
 
     def add_request(self, inp: GenerationInput) -> SequenceState:
-        if self.draining:
-            raise Unavailable("verifier: draining before shutdown; retry on another replica")
+        if self.refusal is not None:
+            raise copy.copy(self.refusal)  # a fresh traceback per refused request
         if not inp.prompt_token_ids:
             raise InvalidArgument("prompt", "must not be empty")
         vocab = self.runner.vocab_size

@@ -15,6 +15,7 @@ from proposer_service.ngram import NgramProposer
 from splitspec.errors import InvalidArgument, ResourceExhausted
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft, ProposerDescription
+from splitspec.tensor_parallel import RankLost
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +178,29 @@ def test_abort_and_validation_errors(target_model_dir):
 
     asyncio.run(scenario())
 
+
+def test_an_engine_that_cannot_step_fails_what_it_holds_and_refuses_new_requests_with_why(
+        target_model_dir):
+    """A lost tensor-parallel rank: the requests in flight fail with its reason, and so does a
+    request arriving after (a gateway's retry before the server stops), not admitted to wait
+    for a step that never comes."""
+    engine = make_engine(target_model_dir)
+
+    async def scenario():
+        engine.start()
+        gen = engine.generate(request(engine, "held", PROMPTS[0], max_tokens=400))
+        await gen.__anext__()
+        assert engine.fail_all(RankLost("verifier: tensor-parallel rank 1 exited")) == 1
+        with pytest.raises(RankLost, match="rank 1 exited"):
+            async for _ in gen:
+                pass
+        for attempt in range(2):
+            with pytest.raises(RankLost, match="rank 1 exited"):
+                engine.add_request(request(engine, f"retry{attempt}", PROMPTS[1]))
+        assert engine.num_in_flight == 0
+        await engine.shutdown()
+
+    asyncio.run(scenario())
 
 def test_stop_strings_and_stop_tokens(target_model_dir, baseline):
     engine = make_engine(target_model_dir)
