@@ -16,6 +16,7 @@ import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_sampling as draft_sampling
 import splitspec.goodput as goodput
 import verifier_service.eagle_format as eagle_format
+import verifier_service.eagle_graphs as eagle_graphs
 import verifier_service.eagle_head as eagle_head
 import verifier_service.step_executor as step_executor
 import verifier_service.verify as verify
@@ -267,6 +268,12 @@ def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:
     original = eagle_head.tree_mask
     monkeypatch.setattr(eagle_head, "tree_mask", lambda state, base, level:
                         torch.ones_like(original(state, base, level)))
+
+
+def eagle_graph_row_blind_to_itself(monkeypatch) -> None:
+    """The captured chain's fed row sees the columns before its own, not its own keys."""
+    monkeypatch.setattr(eagle_graphs, "visible_columns",
+                        lambda columns, col: (columns < col)[None, None, None])
 
 
 def eagle_scratch_over_the_root(monkeypatch) -> None:

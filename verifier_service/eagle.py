@@ -22,8 +22,10 @@ final-norm hidden state: ModelRunner.feature_layers). Per sequence (`EagleState`
                               nodes: one-hot to the tree sampler)
     finished, preempted       free (a re-admitted sequence starts afresh from its prefill)
 
-The head's own layer runs eagerly on the target's device (verifier_service/eagle_head.py: its
-drafting loops read nothing back until the draft is handed over, once).
+The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
+loops read nothing back until the draft is handed over, once). Where the device captures graphs,
+a greedy chain replays one captured iteration per drafted token (verifier_service/eagle_graphs.py);
+sampled chains, trees and the advance run eagerly. The stats count chains drafted each way.
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ from typing import Sequence as Seq
 
 import torch
 
+from splitspec.device import supports_graphs
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
+from verifier_service.eagle_graphs import EagleChainGraphs
 from verifier_service.eagle_head import EagleHead, EagleSequence
 from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
 
@@ -46,17 +50,25 @@ DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tok
 
 
 class EagleMethod(InTargetMethod):
-    def __init__(self, path: str, linear: str = "auto"):
+    def __init__(self, path: str, linear: str = "auto", max_k: int = 16, graphs: bool = True):
         self.path = path
         self.linear = linear  # the head's matmul kernels (kernels/linear.py), as the target's
+        self.max_k = max_k  # the longest chain a request may ask for
+        self.capture = graphs  # --graphs: capture where the device can
         self.head: EagleHead | None = None
-        self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0}
+        self.graphs: EagleChainGraphs | None = None  # greedy chains as a device graph
+        self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0,
+                         "graph_chains_total": 0.0, "eager_chains_total": 0.0}
         self.sequences = 0
 
     @classmethod
     def from_verifier(cls, vocab_size: int, config=None) -> "EagleMethod | None":
         path = getattr(config, "eagle", "") if config is not None else ""
-        return cls(path, getattr(config, "linear", "auto")) if path else None
+        if not path:
+            return None
+        return cls(path, getattr(config, "linear", "auto"),
+                   getattr(config, "max_num_speculative_tokens", 16),
+                   getattr(config, "graphs", "auto") != "off")
 
     def bind(self, runner) -> None:
         """Load the head onto the target (ValueError with one line when it does not fit)."""
@@ -72,6 +84,9 @@ class EagleMethod(InTargetMethod):
         lean = runner._lean
         self.head = EagleHead(spec, weights, lean.embed, lean.head.weight, linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
+        if self.capture and supports_graphs(runner.device):
+            self.graphs = EagleChainGraphs(self.head, runner.max_model_len, self.max_k)
+            self.graphs.capture()
         log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
                  f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers
                  else "final hidden state")
@@ -130,6 +145,11 @@ class EagleState(InTargetState):
         if self.branches > 1:
             draft = self.seq.draft_tree(self.branches, min(k, MAX_TREE_DEPTH), k)
         elif self.sampling.greedy:
+            graphs = self.method.graphs
+            if graphs is not None and graphs.captured and graphs.serves(self.seq, k):
+                self.method.counters["graph_chains_total"] += 1
+                return graphs.chain(self.seq, k)
+            self.method.counters["eager_chains_total"] += 1
             return self.seq.chain(k).tolist()
         else:
             draft = self.seq.sampled_chain(k, self.sampling, len(tokens), DRAFT_TOP_K)

@@ -351,8 +351,10 @@ class EagleSequence:
         out = torch.empty(k, dtype=torch.long, device=head.device)
         logits, hidden = self.root_logits, self.root_out
         for i in range(k):
-            tok = head.target_ids(logits.argmax(-1))
-            out[i] = tok
+            # [1], not a 0-d index: indexing the draft vocabulary's ids by a 0-d tensor reads it
+            # back to the host (a sync per token on an accelerator)
+            tok = head.target_ids(logits.argmax(-1, keepdim=True))
+            out[i:i + 1] = tok
             if i + 1 < k:
                 hidden = self._step(tok.view(1), hidden, i + 1)
                 logits = head.logits(hidden)

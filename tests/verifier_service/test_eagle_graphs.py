@@ -1,0 +1,110 @@
+"""The EAGLE chain over static buffers (verifier_service/eagle_graphs.py), run eagerly here as
+it runs before capture: the same tokens as the head's own chain at every k and root, nothing
+read back inside the iteration a graph records, and chains past its capacity left to the eager
+loop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import planted_bugs as bug
+import pytest
+import torch
+from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target
+from engine_testlib import drained, make_engine, request_ids, run_all
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from verifier_service.eagle_graphs import EagleChainGraphs
+
+PROMPTS = [PROMPT_TOKENS, PROMPT_TOKENS[::-1], [7, 7, 7, 9, 11], PROMPT_TOKENS[3:] * 3]
+
+
+def check_static_chains_match(max_k: int = 7) -> None:
+    for prompt in PROMPTS:
+        seq = eagle3_sequence(prompt)
+        graphs = EagleChainGraphs(seq.head, capacity=64, max_k=max_k, capture=False)
+        for k in range(1, max_k + 1):
+            assert graphs.serves(seq, k)
+            eager = seq.chain(k).tolist()
+            assert graphs.chain(seq, k) == eager, (prompt, k)
+
+
+def test_the_static_chain_drafts_what_the_heads_chain_drafts():
+    check_static_chains_match()
+
+
+def test_a_fed_row_blind_to_its_own_keys_fails_the_comparison(monkeypatch):
+    bug.eagle_graph_row_blind_to_itself(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_static_chains_match()
+
+
+class _NoHostReads(TorchDispatchMode):
+    """Fails on every operator that hands a tensor's value to the host (.item(), int(),
+    bool()) or whose output shape depends on values: what a captured graph cannot hold."""
+
+    FORBIDDEN = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "item")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if any(name.startswith(f) for f in self.FORBIDDEN):
+            raise AssertionError(f"host read inside the captured iteration: {func}")
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_iteration_reads_nothing_back(monkeypatch):
+    seq = eagle3_sequence(PROMPT_TOKENS)
+    graphs = EagleChainGraphs(seq.head, capacity=64, max_k=4, capture=False)
+    graphs.chain(seq, 4)  # the buffers hold a real root
+
+    def no_list(self):
+        raise AssertionError("tolist inside the captured iteration")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", no_list)
+    with _NoHostReads():
+        graphs.iteration()
+    with pytest.raises(AssertionError, match="host read"), _NoHostReads():
+        int(graphs.col)  # the mode itself catches a read
+
+
+def test_chains_past_the_capacity_are_left_to_the_eager_loop():
+    seq = eagle3_sequence(PROMPT_TOKENS)  # 10 columns with target features
+    graphs = EagleChainGraphs(seq.head, capacity=12, max_k=8, capture=False)
+    assert graphs.serves(seq, 3)  # writes columns 10 and 11
+    assert not graphs.serves(seq, 4)  # column 12 is past the capacity
+    assert not graphs.serves(seq, 9) and not graphs.serves(seq, 0)
+    assert not EagleChainGraphs(seq.head, 64, 8).captured  # no graphs on this device
+
+
+def test_the_heads_own_loops_read_nothing_back_until_the_draft_is_handed_over():
+    """As eagle_head.py promises for its eager chain and tree (an indexing of the draft
+    vocabulary by a 0-d tensor was such a read, once per drafted token)."""
+    seq = eagle3_sequence(PROMPT_TOKENS)
+    with _NoHostReads():
+        seq.chain(5)
+        seq.tree(3, 4, 8)
+
+
+@pytest.mark.parametrize("version", [3, 1])
+def test_greedy_output_through_the_static_chain_equals_speculation_off(
+        monkeypatch, tiny_target_dir, tmp_path, version):
+    """The engine's wiring: a captured chain (its iteration run eagerly here) serves greedy
+    chain requests, batched with a plain one, and the output is speculation off's."""
+    head = str(head_for_target(tmp_path, tiny_target_dir, version))
+    prompts = [PROMPT_TOKENS * 2, [100, 200, 300, 7, 9, 11] * 3, list(range(40, 70))]
+
+    def serve(engine, inputs):
+        return [t for t, _, _ in asyncio.run(run_all(engine, inputs))]
+
+    off = serve(make_engine(tiny_target_dir, proposers={}),
+                [request_ids(f"o{i}", p, max_tokens=24) for i, p in enumerate(prompts)])
+    engine = make_engine(tiny_target_dir, proposers={}, eagle=head)
+    method = engine.drafts.in_target.methods["eagle"]
+    method.graphs = EagleChainGraphs(method.head, capacity=128, max_k=8, capture=False)
+    monkeypatch.setattr(EagleChainGraphs, "captured", property(lambda self: True))
+    on = serve(engine, [request_ids("a", prompts[0], max_tokens=24, method="eagle", k=4),
+                        request_ids("b", prompts[1], max_tokens=24, method="eagle", k=6),
+                        request_ids("plain", prompts[2], max_tokens=24)])
+    assert on == off
+    assert method.counters["graph_chains_total"] > 0 and method.counters["eager_chains_total"] == 0
+    assert drained(engine)
