@@ -237,48 +237,72 @@ def executor_lines(client: SplitspecClient) -> list[str]:
         d = dict(labels)
         if d.get("mode") == "eager":
             lines.append(f"- eager steps, reason {d.get('reason')}: {v:.0f}")
+    chains = {name: v for (name, labels), v in scraped.items()
+              if name in ("splitspec_in_target_graph_chains_total",
+                          "splitspec_in_target_eager_chains_total")}
+    if chains:
+        lines.append(f"- EAGLE greedy chains replayed as graphs: "
+                     f"{chains.get('splitspec_in_target_graph_chains_total', 0):.0f}, eager: "
+                     f"{chains.get('splitspec_in_target_eager_chains_total', 0):.0f}")
     return lines
 
 
 def sync_check(args) -> list[str]:
     """Decode steps of an in-process engine under the sync debug mode "error" (CUDA only): a
-    plain request (captured buckets) and a lookahead one (trees: the eager tree sampler after
-    the graph). Any hidden sync inside a step fails it, and is reported."""
+    plain request (captured buckets), a lookahead one (trees: the eager tree sampler after
+    the graph) and, where the model has a head next to it, a greedy EAGLE chain (the head's
+    drafting and its advance over the kept rows checked too). Any hidden sync inside a step
+    fails it, and is reported with where it happened."""
     import torch
 
     if args.device != "cuda" or not torch.cuda.is_available():
         return ["- not run: needs a CUDA device (a GPU-only figure)"]
     import asyncio
 
+    import verifier_service.eagle as eagle_module
     import verifier_service.engine as engine_module
     from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria
     from verifier_service.config import VerifierConfig
     from verifier_service.server import build_engine
     from verifier_service.warmup import warm_up
 
+    head = Path(f"{args.model}-eagle")
+    eagle = str(head) if (head / "config.json").exists() else ""
     engine, *_ = build_engine(VerifierConfig(model=args.model, device="cuda", dtype=args.dtype,
-                                             max_num_seqs=4, max_num_speculative_tokens=8), {})
+                                             max_num_seqs=4, max_num_speculative_tokens=8,
+                                             eagle=eagle), {})
     original, checked, failures = engine_module.verify_step, [0], []
+    hooks = {name: getattr(eagle_module.EagleState, name) for name in ("propose", "observe")}
+
+    def checking(fn, where):
+        def run(*a, **kw):
+            before = torch.cuda.get_sync_debug_mode()  # nested: the step's own check stays on
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return fn(*a, **kw)
+            except RuntimeError as exc:
+                failures.append(f"{where}: {str(exc).splitlines()[0]}")
+                raise
+            finally:
+                torch.cuda.set_sync_debug_mode(before)
+        return run
 
     def strict(executor, batch, *rest):
-        decode = all(s.num_new == 1 for s in batch)
-        if decode:
+        if all(s.num_new == 1 for s in batch):  # decode steps
             checked[0] += 1
-            torch.cuda.set_sync_debug_mode("error")
-        try:
-            return original(executor, batch, *rest)
-        except RuntimeError as exc:
-            failures.append(str(exc).splitlines()[0])
-            raise
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+            return checking(original, "step")(executor, batch, *rest)
+        return original(executor, batch, *rest)
 
     async def run():
         engine.start()
         await warm_up(engine)
         engine_module.verify_step = strict
+        for name, fn in hooks.items():
+            setattr(eagle_module.EagleState, name, checking(fn, f"eagle {name}"))
+        plans = [SpeculationPlan(), SpeculationPlan("lookahead", 8)]
+        plans += [SpeculationPlan("eagle", 5)] if eagle else []
         try:
-            for plan in (SpeculationPlan(), SpeculationPlan("lookahead", 8)):
+            for plan in plans:
                 inp = GenerationInput(f"sync-{plan.method}", tuple(range(3, 40)),
                                       SamplingParams(temperature=0.0),
                                       StoppingCriteria(max_tokens=24, ignore_eos=True), plan)
@@ -289,13 +313,20 @@ def sync_check(args) -> list[str]:
                     pass
         finally:
             engine_module.verify_step = original
+            for name, fn in hooks.items():
+                setattr(eagle_module.EagleState, name, fn)
             await engine.shutdown()
 
     asyncio.run(run())
     stats = engine.executor.stats
     verdict = ("none found" if not failures else f"FAILED ({len(failures)}): {failures[0]}")
-    return [f"- {checked[0]} decode steps ({stats.captured_steps} graph replays) run under "
-            f"torch.cuda.set_sync_debug_mode('error'): hidden syncs {verdict}"]
+    chains = ""
+    if eagle:
+        c = engine.drafts.in_target.methods["eagle"].counters
+        chains = (f"; EAGLE greedy chains replayed as graphs {c['graph_chains_total']:.0f}, "
+                  f"eager {c['eager_chains_total']:.0f}")
+    return [f"- {checked[0]} decode steps ({stats.captured_steps} graph replays{chains}) run "
+            f"under torch.cuda.set_sync_debug_mode('error'): hidden syncs {verdict}"]
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from typing import Sequence as Seq
 
 import torch
 
-from splitspec.device import supports_graphs
+from splitspec.device import supports_graphs, to_device
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
@@ -119,7 +119,8 @@ class EagleState(InTargetState):
             self.seq.truncate(min(position, self.seq.length))
             if position != self.seq.length:
                 return
-        self.seq.advance(features, torch.tensor(next_tokens))
+        # the tokens to the device without the host waiting for its queue
+        self.seq.advance(features, to_device(torch.tensor(next_tokens), features.device))
 
     def prefilled(self, features, position: int) -> None:
         n = features.shape[0]
