@@ -237,13 +237,15 @@ def executor_lines(client: SplitspecClient) -> list[str]:
         d = dict(labels)
         if d.get("mode") == "eager":
             lines.append(f"- eager steps, reason {d.get('reason')}: {v:.0f}")
-    chains = {name: v for (name, labels), v in scraped.items()
-              if name in ("splitspec_in_target_graph_chains_total",
-                          "splitspec_in_target_eager_chains_total")}
-    if chains:
-        lines.append(f"- EAGLE greedy chains replayed as graphs: "
-                     f"{chains.get('splitspec_in_target_graph_chains_total', 0):.0f}, eager: "
-                     f"{chains.get('splitspec_in_target_eager_chains_total', 0):.0f}")
+    head = {name.removeprefix("splitspec_in_target_").removesuffix("_total"): v
+            for (name, labels), v in scraped.items()
+            if re.fullmatch(r"splitspec_in_target_(graph|eager)_(chains|advances)_total", name)}
+    for what in ("chains", "advances"):
+        if f"graph_{what}" in head or f"eager_{what}" in head:
+            kind = "greedy chains" if what == "chains" else "advances over kept rows"
+            lines.append(f"- EAGLE {kind} replayed as graphs: "
+                         f"{head.get(f'graph_{what}', 0):.0f}, eager: "
+                         f"{head.get(f'eager_{what}', 0):.0f}")
     return lines
 
 
@@ -323,8 +325,9 @@ def sync_check(args) -> list[str]:
     chains = ""
     if eagle:
         c = engine.drafts.in_target.methods["eagle"].counters
-        chains = (f"; EAGLE greedy chains replayed as graphs {c['graph_chains_total']:.0f}, "
-                  f"eager {c['eager_chains_total']:.0f}")
+        chains = (f"; EAGLE chains replayed as graphs {c['graph_chains_total']:.0f}, eager "
+                  f"{c['eager_chains_total']:.0f}, advances {c['graph_advances_total']:.0f} "
+                  f"and {c['eager_advances_total']:.0f}")
     return [f"- {checked[0]} decode steps ({stats.captured_steps} graph replays{chains}) run "
             f"under torch.cuda.set_sync_debug_mode('error'): hidden syncs {verdict}"]
 

@@ -276,6 +276,12 @@ def eagle_graph_row_blind_to_itself(monkeypatch) -> None:
                         lambda columns, col: (columns < col)[None, None, None])
 
 
+def eagle_graph_advance_rows_see_later_rows(monkeypatch) -> None:
+    """The captured advance's rows see every row fed with them, not only those before."""
+    monkeypatch.setattr(eagle_graphs, "causal_columns", lambda columns, pos: (
+        columns[None, :] <= pos[-1]).expand(len(pos), -1)[None, None])
+
+
 def eagle_scratch_over_the_root(monkeypatch) -> None:
     """Drafted rows written one column early: the first overwrites the root row's keys."""
     monkeypatch.setattr(eagle_head.EagleSequence, "scratch_column",

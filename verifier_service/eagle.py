@@ -24,8 +24,9 @@ final-norm hidden state: ModelRunner.feature_layers). Per sequence (`EagleState`
 
 The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
 loops read nothing back until the draft is handed over, once). Where the device captures graphs,
-a greedy chain replays one captured iteration per drafted token (verifier_service/eagle_graphs.py);
-sampled chains, trees and the advance run eagerly. The stats count chains drafted each way.
+a greedy chain replays one captured iteration per drafted token and the advance over a step's
+kept rows one captured width (verifier_service/eagle_graphs.py); sampled chains, trees and wide
+prefill chunks run eagerly. The stats count chains and advances run each way.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from splitspec.device import supports_graphs, to_device
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
-from verifier_service.eagle_graphs import EagleChainGraphs
+from verifier_service.eagle_graphs import EagleGraphs
 from verifier_service.eagle_head import EagleHead, EagleSequence
 from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
 
@@ -56,9 +57,10 @@ class EagleMethod(InTargetMethod):
         self.max_k = max_k  # the longest chain a request may ask for
         self.capture = graphs  # --graphs: capture where the device can
         self.head: EagleHead | None = None
-        self.graphs: EagleChainGraphs | None = None  # greedy chains as a device graph
+        self.graphs: EagleGraphs | None = None  # greedy chains and advances as device graphs
         self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0,
-                         "graph_chains_total": 0.0, "eager_chains_total": 0.0}
+                         "graph_chains_total": 0.0, "eager_chains_total": 0.0,
+                         "graph_advances_total": 0.0, "eager_advances_total": 0.0}
         self.sequences = 0
 
     @classmethod
@@ -85,7 +87,7 @@ class EagleMethod(InTargetMethod):
         self.head = EagleHead(spec, weights, lean.embed, lean.head.weight, linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
         if self.capture and supports_graphs(runner.device):
-            self.graphs = EagleChainGraphs(self.head, runner.max_model_len, self.max_k)
+            self.graphs = EagleGraphs(self.head, runner.max_model_len, self.max_k)
             self.graphs.capture()
         log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
                  f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers
@@ -120,7 +122,15 @@ class EagleState(InTargetState):
             if position != self.seq.length:
                 return
         # the tokens to the device without the host waiting for its queue
-        self.seq.advance(features, to_device(torch.tensor(next_tokens), features.device))
+        tokens = to_device(torch.tensor(next_tokens), features.device)
+        graphs, rows = self.method.graphs, features.shape[0]
+        if graphs is not None and graphs.captured_advance(rows) and \
+                graphs.serves_advance(self.seq, rows):
+            self.method.counters["graph_advances_total"] += 1
+            graphs.advance(self.seq, features, tokens)
+        else:
+            self.method.counters["eager_advances_total"] += 1
+            self.seq.advance(features, tokens)
 
     def prefilled(self, features, position: int) -> None:
         n = features.shape[0]

@@ -1,28 +1,37 @@
-"""Greedy EAGLE chains replayed as device graphs: the head's drafting loop over static buffers.
+"""The EAGLE head's greedy drafting and its advance, replayed as device graphs over static buffers.
 
-On an accelerator one drafted token of the head is some forty eager launches (embedding, two
-norms, the fused products, RoPE, attention, the MLP, the logits, the argmax): measured on an
-H100, 1.2-1.5 ms a token beside a 1.3 ms captured target step. Here one drafted token is one
-replay. The buffers, for one sequence at a time:
+On an accelerator one row of the head is some forty eager launches (embedding, two norms, the
+fused products, RoPE, attention, the MLP, the logits, the argmax): measured on an H100, 1.2-1.5
+ms a drafted token beside a 1.3 ms captured target step, and as much again for the advance over
+each step's kept rows. Here each is one replay. The buffers, for one sequence at a time:
 
     keys, values  [1, kv_heads, capacity, head_dim]: the sequence's rows with target features
-                  (copied in, device to device, before the replays) and the chain's scratch rows
+                  (copied in, device to device, before the replays) and the rows being written
     hidden, logits  the predictor of the next token: the root's output and logits, then each
                   fed token's
     col, j        the column the next fed token is written at (its position), the output index
     tokens        [max_k]: the drafted target ids
+    feats, next_ids, start, last   an advance's input: up to `widths[-1]` rows of the target's
+                  features and the tokens after them (padded), the first row's column, the
+                  index of the last real row
 
-and one iteration (what the graph records) takes the argmax of `logits` as token j, feeds it at
-column `col` with `hidden` (keys and values written there, attention over the capacity masked
-to the columns up to `col`), leaves the output and its logits in `hidden` and `logits`, and
-moves `col` and `j` on. A chain of k is one copy in, k - 1 replays, one argmax, one copy out:
-the same tokens `EagleSequence.chain` drafts (what the tests compare, on the CPU, where the
-iteration runs eagerly). The sequence's own buffer is not written: its scratch rows are
-overwritten by the next `advance` anyway.
+The chain iteration (one graph) takes the argmax of `logits` as token j, feeds it at column
+`col` with `hidden` (keys and values written there, attention over the capacity masked to the
+columns up to `col`), leaves the output and its logits in `hidden` and `logits`, and moves
+`col` and `j` on. A chain of k is one copy in, k - 1 replays, one argmax, one copy out: the
+tokens `EagleSequence.chain` drafts. The sequence's own buffer is not written: its scratch rows
+are overwritten by the next advance anyway.
 
-Sampled chains and trees keep the eager loops (their parameters and shapes vary per step). The
-graph reads the head's RoPE table: it is grown to the capacity before capture and kept here, so
-a later growth by eager drafting cannot free what the graph reads.
+The advance (one graph per width bucket) feeds the kept rows at columns start .. start + W - 1
+(each row sees the columns up to its own; padding rows write columns past the real ones, which
+nothing reads), and leaves the last real row's output and logits in `hidden` and `logits`; the
+new columns and that root are copied out into the sequence (`EagleSequence.advance`'s effect).
+
+On the CPU both run eagerly over the same buffers (what the tests compare with the head's own
+loops); the verifier uses them only where they are captured. Sampled chains, trees and prefill
+chunks wider than the widest bucket keep the eager code. The graphs read the head's RoPE table:
+it is grown to the capacity before capture and kept here, so a later growth by eager code
+cannot free what the graphs read.
 """
 
 from __future__ import annotations
@@ -38,10 +47,11 @@ from verifier_service.eagle_head import EagleHead, EagleSequence
 log = logging.getLogger(__name__)
 
 
-class EagleChainGraphs:
+class EagleGraphs:
     def __init__(self, head: EagleHead, capacity: int, max_k: int, capture: bool = True):
         """capacity: columns (positions) a sequence may reach and draft from here (longer
-        ones draft eagerly); max_k: drafted tokens per chain at most."""
+        ones draft eagerly); max_k: drafted tokens per chain at most (an advance keeps up to
+        1 + max_k rows: the widths are powers of two up to that)."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
         self.capacity, self.max_k = capacity, max_k
@@ -57,20 +67,41 @@ class EagleChainGraphs:
         self.j = torch.zeros(1, dtype=torch.long, device=device)
         self.tokens = torch.zeros(max_k, dtype=torch.long, device=device)
         self.columns = torch.arange(capacity, device=device)
+        self.widths = _powers(1 + max_k)
+        w = self.widths[-1]
+        self.feats = torch.zeros(w, s.feature_size, dtype=head.dtype, device=device)
+        self.next_ids = torch.zeros(w, dtype=torch.long, device=device)
+        self.start = torch.zeros(1, dtype=torch.long, device=device)
+        self.last = torch.zeros(1, dtype=torch.long, device=device)
         self.graph = None
+        self.advance_graphs: dict[int, object] = {}
         self._pool = None
         self._rope = None  # the RoPE table the graph reads (kept alive here)
         self.fetch = dev.HostFetch(device)
 
     @property
     def captured(self) -> bool:
+        """Whether greedy chains replay a graph here."""
         return self.graph is not None
+
+    def captured_advance(self, rows: int) -> bool:
+        """Whether an advance by `rows` rows replays a graph here."""
+        return self.width(rows) in self.advance_graphs if rows <= self.widths[-1] else False
 
     def serves(self, seq: EagleSequence, k: int) -> bool:
         """Whether a greedy chain of k from this sequence's root runs here: every column it
         writes (length .. length + k - 2) fits the capacity."""
         return 0 < k <= self.max_k and seq.root_out is not None and \
             seq.length + k - 1 <= self.capacity
+
+    def serves_advance(self, seq: EagleSequence, rows: int) -> bool:
+        """Whether an advance by `rows` rows runs here: a width holds them and every column its
+        bucket writes fits the capacity."""
+        return 0 < rows <= self.widths[-1] and \
+            seq.length + self.width(rows) <= self.capacity
+
+    def width(self, rows: int) -> int:
+        return next(w for w in self.widths if w >= rows)
 
     # -- one iteration (what the graph records) --------------------------------------------------
 
@@ -93,16 +124,43 @@ class EagleChainGraphs:
         self.col.add_(1)
         self.j.add_(1)
 
+    def advance_rows(self, width: int) -> None:
+        """The target's rows feats[:width] at columns start .. start + width - 1; the output
+        and logits of row `last` into hidden and logits."""
+        head = self.head
+        pos = self.start + self.columns[:width]  # [W]
+        mask = causal_columns(self.columns, pos)
+
+        def attend(q, k, v):
+            self.keys.index_copy_(2, pos, k)
+            self.values.index_copy_(2, pos, v)
+            return head.attention(q, self.keys, self.values, mask)
+
+        hidden = head.hidden_from_features(self.feats[:width])[None]  # [1, W, H]
+        out = head.layer(self.next_ids[:width][None], hidden, pos[None], attend,
+                         self.capacity)[0]
+        root = out.index_select(0, self.last)[0]
+        self.hidden.copy_(root)
+        self.logits.copy_(head.logits(root))
+
     def _run(self) -> None:
         if self.graph is not None:
             self.graph.replay()
         else:
             self.iteration()
 
+    def _run_advance(self, width: int) -> None:
+        graph = self.advance_graphs.get(width)
+        if graph is not None:
+            graph.replay()
+        else:
+            self.advance_rows(width)
+
     # -- capture ---------------------------------------------------------------------------------
 
     def capture(self) -> None:
-        """The iteration as one graph (start-up); where that fails, chains draft eagerly."""
+        """The chain iteration and the advance at every width, one graph each, in one pool
+        (start-up); a shape whose capture fails runs eagerly, logged."""
         if not self.capture_wanted:
             return
         start, device, head = time.perf_counter(), self.device, self.head
@@ -110,28 +168,39 @@ class EagleChainGraphs:
         self._rope = head._rope_table
         self._pool = dev.graph_pool(device)
         stream = dev.new_stream(device)
+        self.graph = self._capture_one(stream, self.iteration, "the chain iteration")
+        for width in reversed(self.widths):
+            graph = self._capture_one(stream, lambda w=width: self.advance_rows(w),
+                                      f"the advance over {width} rows")
+            if graph is not None:
+                self.advance_graphs[width] = graph
+        dev.synchronize(device)
+        log.info("captured the EAGLE chain iteration (%s) and %d advance widths of %s "
+                 "(capacity %d, k up to %d) in %.2f s",
+                 "yes" if self.graph is not None else "no", len(self.advance_graphs),
+                 list(self.widths), self.capacity, self.max_k, time.perf_counter() - start)
+
+    def _capture_one(self, stream, body, what: str):
+        device = self.device
         try:
             stream.wait_stream(dev.current_stream(device))
             with torch.inference_mode(), dev.use_stream(device, stream):
                 for _ in range(2):
                     self._reset()
-                    self.iteration()
+                    body()
             dev.current_stream(device).wait_stream(stream)
             self._reset()
             graph = dev.new_graph(device)
             with torch.inference_mode(), dev.capture(device, graph, self._pool, stream):
-                self.iteration()
-            self.graph = graph
-        except Exception:  # noqa: BLE001 - chains draft eagerly, logged
-            log.exception("capturing the EAGLE chain iteration failed; chains draft eagerly")
-        dev.synchronize(device)
-        if self.graph is not None:
-            log.info("captured the EAGLE chain iteration (capacity %d, k up to %d) in %.2f s",
-                     self.capacity, self.max_k, time.perf_counter() - start)
+                body()
+            return graph
+        except Exception:  # noqa: BLE001 - that shape runs eagerly, logged
+            log.exception("capturing %s of the EAGLE head failed; it runs eagerly", what)
+            return None
 
     def _reset(self) -> None:
-        self.col.zero_()
-        self.j.zero_()
+        for t in (self.col, self.j, self.start, self.last):
+            t.zero_()
 
     # -- a chain ---------------------------------------------------------------------------------
 
@@ -152,6 +221,44 @@ class EagleChainGraphs:
         self.tokens.index_copy_(0, self.j, last)
         (tokens,), _ = self.fetch([self.tokens[:k]])
         return tokens.tolist()
+
+
+    @torch.inference_mode()
+    def advance(self, seq: EagleSequence, features: torch.Tensor,
+                next_tokens: torch.Tensor) -> None:
+        """EagleSequence.advance over the static buffers (serves_advance() must hold): the
+        sequence's new columns, its length and its root as the eager advance leaves them."""
+        rows, n = features.shape[0], seq.length
+        width = self.width(rows)
+        seq._reserve(n + rows)
+        self.keys[:, :, :n].copy_(seq.keys[:, :, :n])
+        self.values[:, :, :n].copy_(seq.values[:, :, :n])
+        self.feats[:rows].copy_(features)
+        self.next_ids[:rows].copy_(next_tokens)
+        self.start.fill_(n)
+        self.last.fill_(rows - 1)
+        self._run_advance(width)
+        seq.keys[:, :, n:n + rows].copy_(self.keys[:, :, n:n + rows])
+        seq.values[:, :, n:n + rows].copy_(self.values[:, :, n:n + rows])
+        seq.length = n + rows
+        seq.root_out = self.hidden.clone()
+        seq.root_logits = self.logits.clone()
+        seq.root_token = self.next_ids[rows - 1].clone()
+
+
+def causal_columns(columns: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """What rows fed at columns `pos` [W] see: each, every column up to its own.
+    [1, 1, W, C]"""
+    return (columns[None, :] <= pos[:, None])[None, None]
+
+
+def _powers(top: int) -> tuple[int, ...]:
+    """1, 2, 4 ... and `top` itself last."""
+    out, n = [], 1
+    while n < top:
+        out.append(n)
+        n *= 2
+    return (*out, top)
 
 
 def visible_columns(columns: torch.Tensor, col: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""The EAGLE chain over static buffers (verifier_service/eagle_graphs.py), run eagerly here as
-it runs before capture: the same tokens as the head's own chain at every k and root, nothing
-read back inside the iteration a graph records, and chains past its capacity left to the eager
-loop."""
+"""The EAGLE head's chain and advance over static buffers (verifier_service/eagle_graphs.py),
+run eagerly here as they run before capture: the same tokens as the head's own chain at every k
+and root, the same cache and root as its own advance at every width (padding rows included),
+nothing read back inside what a graph records, and shapes past the buffers left to the eager
+code."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target
 from engine_testlib import drained, make_engine, request_ids, run_all
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from verifier_service.eagle_graphs import EagleChainGraphs
+from verifier_service.eagle_graphs import EagleGraphs
 
 PROMPTS = [PROMPT_TOKENS, PROMPT_TOKENS[::-1], [7, 7, 7, 9, 11], PROMPT_TOKENS[3:] * 3]
 
@@ -22,7 +23,7 @@ PROMPTS = [PROMPT_TOKENS, PROMPT_TOKENS[::-1], [7, 7, 7, 9, 11], PROMPT_TOKENS[3
 def check_static_chains_match(max_k: int = 7) -> None:
     for prompt in PROMPTS:
         seq = eagle3_sequence(prompt)
-        graphs = EagleChainGraphs(seq.head, capacity=64, max_k=max_k, capture=False)
+        graphs = EagleGraphs(seq.head, capacity=64, max_k=max_k, capture=False)
         for k in range(1, max_k + 1):
             assert graphs.serves(seq, k)
             eager = seq.chain(k).tolist()
@@ -39,6 +40,37 @@ def test_a_fed_row_blind_to_its_own_keys_fails_the_comparison(monkeypatch):
         check_static_chains_match()
 
 
+ADVANCES = [3, 1, 9, 2, 5, 4]  # rows kept per step: every width of max_k 8, padded or not
+
+
+def check_static_advance_matches() -> None:
+    eager, static = eagle3_sequence(PROMPT_TOKENS), eagle3_sequence(PROMPT_TOKENS)
+    graphs = EagleGraphs(static.head, capacity=64, max_k=8, capture=False)
+    g = torch.Generator().manual_seed(3)
+    for rows in ADVANCES:
+        feats = torch.randn(rows, static.head.spec.feature_size, generator=g)
+        tokens = torch.randint(0, 96, (rows,), generator=g)
+        assert graphs.serves_advance(static, rows)
+        eager.advance(feats, tokens)
+        graphs.advance(static, feats, tokens)
+        n = eager.length
+        assert static.length == n
+        torch.testing.assert_close(static.keys[:, :, :n], eager.keys[:, :, :n])
+        torch.testing.assert_close(static.values[:, :, :n], eager.values[:, :, :n])
+        torch.testing.assert_close(static.root_logits, eager.root_logits)
+        assert int(static.root_token) == int(eager.root_token)
+        assert static.chain(5).tolist() == eager.chain(5).tolist()
+
+
+def test_the_static_advance_leaves_what_the_heads_advance_leaves():
+    check_static_advance_matches()
+
+
+def test_advanced_rows_seeing_later_rows_fail_the_comparison(monkeypatch):
+    bug.eagle_graph_advance_rows_see_later_rows(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_static_advance_matches()
+
 class _NoHostReads(TorchDispatchMode):
     """Fails on every operator that hands a tensor's value to the host (.item(), int(),
     bool()) or whose output shape depends on values: what a captured graph cannot hold."""
@@ -54,26 +86,34 @@ class _NoHostReads(TorchDispatchMode):
 
 def test_the_iteration_reads_nothing_back(monkeypatch):
     seq = eagle3_sequence(PROMPT_TOKENS)
-    graphs = EagleChainGraphs(seq.head, capacity=64, max_k=4, capture=False)
+    graphs = EagleGraphs(seq.head, capacity=64, max_k=4, capture=False)
     graphs.chain(seq, 4)  # the buffers hold a real root
 
     def no_list(self):
         raise AssertionError("tolist inside the captured iteration")
 
     monkeypatch.setattr(torch.Tensor, "tolist", no_list)
+    graphs.advance(seq, torch.randn(3, seq.head.spec.feature_size), torch.tensor([4, 5, 6]))
     with _NoHostReads():
         graphs.iteration()
+        graphs.advance_rows(4)
     with pytest.raises(AssertionError, match="host read"), _NoHostReads():
         int(graphs.col)  # the mode itself catches a read
 
 
-def test_chains_past_the_capacity_are_left_to_the_eager_loop():
+def test_shapes_past_the_buffers_are_left_to_the_eager_code():
     seq = eagle3_sequence(PROMPT_TOKENS)  # 10 columns with target features
-    graphs = EagleChainGraphs(seq.head, capacity=12, max_k=8, capture=False)
+    graphs = EagleGraphs(seq.head, capacity=12, max_k=8, capture=False)
     assert graphs.serves(seq, 3)  # writes columns 10 and 11
     assert not graphs.serves(seq, 4)  # column 12 is past the capacity
     assert not graphs.serves(seq, 9) and not graphs.serves(seq, 0)
-    assert not EagleChainGraphs(seq.head, 64, 8).captured  # no graphs on this device
+    assert graphs.widths == (1, 2, 4, 8, 9)
+    assert graphs.serves_advance(seq, 2)  # width 2: columns 10, 11
+    assert not graphs.serves_advance(seq, 3)  # width 4 would write columns 12, 13
+    wide = EagleGraphs(seq.head, capacity=64, max_k=8, capture=False)
+    assert wide.serves_advance(seq, 9) and not wide.serves_advance(seq, 10)  # a prefill chunk
+    assert not EagleGraphs(seq.head, 64, 8).captured  # no graphs on this device
+    assert not EagleGraphs(seq.head, 64, 8).captured_advance(1)
 
 
 def test_the_heads_own_loops_read_nothing_back_until_the_draft_is_handed_over():
@@ -88,8 +128,8 @@ def test_the_heads_own_loops_read_nothing_back_until_the_draft_is_handed_over():
 @pytest.mark.parametrize("version", [3, 1])
 def test_greedy_output_through_the_static_chain_equals_speculation_off(
         monkeypatch, tiny_target_dir, tmp_path, version):
-    """The engine's wiring: a captured chain (its iteration run eagerly here) serves greedy
-    chain requests, batched with a plain one, and the output is speculation off's."""
+    """The engine's wiring: captured chains and advances (run eagerly here) serve greedy chain
+    requests, batched with a plain one, and the output is speculation off's."""
     head = str(head_for_target(tmp_path, tiny_target_dir, version))
     prompts = [PROMPT_TOKENS * 2, [100, 200, 300, 7, 9, 11] * 3, list(range(40, 70))]
 
@@ -100,11 +140,15 @@ def test_greedy_output_through_the_static_chain_equals_speculation_off(
                 [request_ids(f"o{i}", p, max_tokens=24) for i, p in enumerate(prompts)])
     engine = make_engine(tiny_target_dir, proposers={}, eagle=head)
     method = engine.drafts.in_target.methods["eagle"]
-    method.graphs = EagleChainGraphs(method.head, capacity=128, max_k=8, capture=False)
-    monkeypatch.setattr(EagleChainGraphs, "captured", property(lambda self: True))
+    method.graphs = EagleGraphs(method.head, capacity=128, max_k=8, capture=False)
+    monkeypatch.setattr(EagleGraphs, "captured", property(lambda self: True))
+    monkeypatch.setattr(EagleGraphs, "captured_advance", lambda self, rows: True)
     on = serve(engine, [request_ids("a", prompts[0], max_tokens=24, method="eagle", k=4),
                         request_ids("b", prompts[1], max_tokens=24, method="eagle", k=6),
                         request_ids("plain", prompts[2], max_tokens=24)])
     assert on == off
-    assert method.counters["graph_chains_total"] > 0 and method.counters["eager_chains_total"] == 0
+    c = method.counters
+    assert c["graph_chains_total"] > 0 and c["eager_chains_total"] == 0
+    # the kept rows of every step through the graph; the prompts' prefill (wider) eagerly
+    assert c["graph_advances_total"] > 0 and c["eager_advances_total"] == 2
     assert drained(engine)
