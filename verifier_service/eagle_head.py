@@ -31,10 +31,10 @@ on a CPU fp16-exact weights read as fp16, half the bytes of a step that streams 
 one or a few rows; drafts need no batch-invariant numbers). RoPE's cos/sin come from a table
 grown by doubling. The default, dense, keeps autograd for training.
 
-Host syncs: none inside the per-token loops of `chain` and `tree` (argmax, top-k and gathers stay
-on the device). A chain or tree becomes host lists once, when it is turned into a Draft; a
-sampled chain draws each token with the request's sampling parameters and reads it back once per
-drafted token (the q rows go to the wire as lists anyway).
+Host syncs: none inside the per-token loops of `chain`, `tree` and `sampled_chain` (argmax,
+top-k, draws and gathers stay on the device). A chain or tree becomes host lists once, when it is
+turned into a Draft; a sampled chain reads its tokens and their q rows back in one copy at the
+end.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from kernels.eagle_tree import TreeState, first_level, next_level, select
 from kernels.linear import PackedLinear, resolve
 from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample
 from kernels.sparse_probs import SparseProbs
+from splitspec.device import HostFetch
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
@@ -127,6 +128,7 @@ class EagleHead:
                 len(self.ids), device=device)).all()) and len(self.ids) == spec.vocab_size:
             self.ids = None  # the identity
         self.scale = spec.head_dim ** -0.5
+        self.fetch = HostFetch(device)  # a draft's one read back (sampled chains)
         self.inv_freq = eagle_format.rope_inv_freq(spec).to(device)
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [N, D]
         # the products: q|k|v and gate|up fused, each packed once for `linear`
@@ -360,6 +362,7 @@ class EagleSequence:
                 logits = head.logits(hidden)
         return out
 
+    @torch.no_grad()
     def sampled_chain(self, k: int, params: SamplingParams, first_position: int,
                       top_k: int = 16) -> Draft:
         """A chain drawn from the head's own distribution after the request's sampling
@@ -372,7 +375,7 @@ class EagleSequence:
         settings = [torch.tensor([v], dtype=dt) for v, dt in (
             (p.temperature, torch.float32), (p.top_k, torch.int64), (p.top_p, torch.float32),
             (p.min_p, torch.float32))]
-        tokens, rows = [], []
+        toks, id_rows, val_rows = [], [], []
         logits, hidden = self.root_logits, self.root_out
         for i in range(k):
             q = apply_sampling_params(logits[None].float(), *settings)  # [1, Vd]
@@ -380,15 +383,19 @@ class EagleSequence:
             vals = vals / vals.sum(-1, keepdim=True)
             key = None if p.seed is None else noise_key(p.seed, first_position + i)
             ids = head.target_ids(idx[0])  # [K]
-            pick = sample(vals) if key is None else _keyed_pick(vals, ids, key)
-            tok = ids[pick[0]]
-            keep = vals[0] > 0
-            tokens.append(int(tok))
-            rows.append((ids[keep].tolist(), vals[0][keep].tolist()))
+            pick = sample(vals) if key is None else _keyed_pick(vals, ids, key)  # [1]
+            tok = ids.index_select(0, pick)  # [1]: a gather, no read
+            toks.append(tok)
+            id_rows.append(ids)
+            val_rows.append(vals[0])
             if i + 1 < k:
-                hidden = self._step(tok.view(1), hidden, i + 1)
+                hidden = self._step(tok, hidden, i + 1)
                 logits = head.logits(hidden)
-        return Draft("", tokens, q=SparseProbs.from_rows(rows))
+        (tokens, ids), (vals,) = head.fetch([torch.cat(toks), torch.stack(id_rows)],
+                                            [torch.stack(val_rows)])
+        keep = vals > 0  # the q rows as sent: each token's support, its probabilities
+        rows = [(ids[i][keep[i]].tolist(), vals[i][keep[i]].tolist()) for i in range(k)]
+        return Draft("", tokens.tolist(), q=SparseProbs.from_rows(rows))
 
     # -- EAGLE-2 trees ------------------------------------------------------------------------
 
