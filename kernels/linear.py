@@ -188,6 +188,13 @@ class PackedLinear:
     def out_features(self) -> int:
         return self.weight.shape[0]
 
+    def release_weight(self) -> None:
+        """Let go of the weight a packed product no longer reads (its packed copy computes):
+        `weight` becomes a meta tensor of the same shape and dtype, so its shape still answers
+        and a read of its values fails loudly. Dense products compute with it: kept."""
+        if self.backend != "dense":
+            self.weight = torch.empty(self.weight.shape, dtype=self.weight.dtype, device="meta")
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "dense":
             return F.linear(x, self.weight, self.bias)

@@ -15,6 +15,7 @@ from proposer_service.config import ProposerConfig
 from proposer_service.servicer import ProposerServicer
 from proposer_service.telemetry import ProposerTelemetry, service_name
 from protos import proposer_pb2, proposer_pb2_grpc
+from splitspec.device import trim_host_heap
 from splitspec.grpc_server import add_health_and_reflection, listen, make_server, mark_serving
 from splitspec.lifecycle import run_service, until_stopped
 from splitspec.methods import METHODS
@@ -41,6 +42,7 @@ def build_proposer(config: ProposerConfig) -> Proposer:
 
 async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     proposer = build_proposer(config)
+    trim_host_heap()  # the load's temporaries, out of RSS
     started = time.perf_counter()
     proposer.warm_up()
     log.info("warm-up took %.2f s", time.perf_counter() - started)

@@ -6,6 +6,7 @@ vendor extension at import time.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 
@@ -129,6 +130,17 @@ _GRAPH_CLASS = {"cuda": "CUDAGraph", "mlu": "MLUGraph"}
 
 def _backend(device: torch.device):
     return getattr(torch, device.type)
+
+
+def trim_host_heap() -> None:
+    """Give the host heap's free pages back to the OS (glibc's malloc_trim; nothing elsewhere).
+    Loading weights leaves its temporaries (file buffers, dtype conversions) and the copies a
+    packed model let go of free inside the heap but counted in the process's RSS: on the real
+    model on a CPU 370 MiB of the first and 400 MiB of the second."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def supports_graphs(device: torch.device) -> bool:

@@ -101,6 +101,21 @@ class LeanDecoder:
                                 _fused((m.gate_proj, m.up_proj), self.linear, invariant),
                                 _fused((m.down_proj,), self.linear, invariant)))
 
+    def release_dense(self, model) -> None:
+        """Once the products are packed (a CPU's kernels: their own copies compute), let go of
+        the float32 weights of every layer's projections: the packed products' and the model's
+        own (moved to the meta device). The embedding, the norms and the output head stay (a
+        tied head is the embedding; an EAGLE-1/2 head scores with the target's head). Not for
+        a decoder still to be sharded over tensor-parallel ranks, which reads them."""
+        if self.linear == "dense":
+            return  # the products compute with these very weights
+        for _, qkv, o_proj, _, gate_up, down in self.layers:
+            for product in (qkv, o_proj, gate_up, down):
+                product.release_weight()
+        for layer in model.get_decoder().layers:
+            layer.self_attn.to("meta")
+            layer.mlp.to("meta")
+
     @staticmethod
     def supports(model) -> bool:
         cfg = model.config

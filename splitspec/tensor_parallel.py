@@ -321,12 +321,14 @@ def release_weights(model) -> None:
 def weight_bytes(lean) -> int:
     """Bytes of the weights a (possibly sharded) LeanDecoder computes with: embedding, norms,
     every product's weight and bias, the head; each tensor counted once (a tied head is the
-    embedding). Packed copies of the CPU's matmul kernels are not counted."""
-    seen: dict[int, int] = {}
+    embedding). Packed copies of the CPU's matmul kernels are not counted; a weight a packed
+    product let go of (a meta tensor, LeanDecoder.release_dense) counts as its shape says."""
+    seen: dict[object, int] = {}
 
     def add(t):
         if t is not None:
-            seen[t.data_ptr()] = t.numel() * t.element_size()
+            key = ("released", id(t)) if t.device.type == "meta" else t.data_ptr()
+            seen[key] = t.numel() * t.element_size()
 
     def add_linear(lin):
         lin = getattr(lin, "linear", lin)  # RowParallel

@@ -143,13 +143,13 @@ class EagleHead:
             linear, [m for m, _ in mats.values()], invariant=False)
         self.proj = {name: _product(m, b, self.linear) for name, (m, b) in mats.items()}
         if self.linear != "dense":  # the packed copies are what runs: let the loaded ones go
-            # (the norms and maps stay in self.w). This frees the q, k, v, gate and up weights
-            # that fusing copied (10.9 MiB of fp32 for the real model's head); a PackedLinear
-            # still keeps the fp32 weight it packed (`weight`), so o, down, fc and lm_head
-            # (44.5 MiB there) stay held until PackedLinear lets go of it too
+            # (the norms and maps stay in self.w): the fp32 weights of every product, 55 MiB
+            # for the real model's head (a target's head it scores with stays the target's)
             self.w = dataclasses.replace(self.w, **{f: _RELEASED for f in _PRODUCT_FIELDS
                                                     if getattr(self.w, f) is not None})
             self.head = _RELEASED
+            for product in self.proj.values():
+                product.release_weight()
         self.split_qkv = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim,
                           s.num_kv_heads * s.head_dim)
 

@@ -15,6 +15,7 @@ from typing import Sequence
 import grpc
 
 from protos import verifier_pb2, verifier_pb2_grpc
+from splitspec.device import trim_host_heap
 from splitspec.grpc_server import (
     add_health_and_reflection,
     listen,
@@ -98,6 +99,7 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
                     runner.max_model_len, observers=observers)
     if group is not None and group.size > 1:
         engine.executor.broadcast = PlanBroadcast(group, runner.kv)
+    trim_host_heap()  # the load's temporaries and the released float32 copies, out of RSS
     return engine, fingerprint, runner.device, dtype
 
 

@@ -81,3 +81,49 @@ def test_block_accounting_reserve_truncate_release():
     assert slots == [a.blocks[0] * 4 + 3, a.blocks[1] * 4, a.blocks[1] * 4 + 1]
     kv.release(a)
     assert kv.num_free_blocks == 5
+
+
+def _one_forward(runner, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    table = BlockTable()
+    runner.kv.reserve(table, len(ids))
+    layout = StepLayout.build([len(ids)], [0], [len(ids) - 1], [True])
+    return runner.forward(ids, [table], layout)
+
+
+@pytest.mark.parametrize("linear", ["onednn", "fp16"])
+def test_a_packed_runner_lets_go_of_the_layers_float32_weights_and_computes_the_same(
+        tmp_path, monkeypatch, linear):
+    """The packed products keep their own copies, so the layers' float32 weights go (the
+    model's projections to the meta device) and every logit stays the same bits; the
+    embedding and the head stay."""
+    import splitspec.lean_llama as lean_llama
+    from kernels.linear import available
+
+    if not available(linear):
+        pytest.skip(f"no {linear} kernel on this CPU")
+    _, model = plain_and_paged(tmp_path, LlamaForCausalLM, LlamaConfig(**SMALL))
+    with torch.no_grad():  # fp16-exact values: both packed kernels take them
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    _, kept_model = plain_and_paged(tmp_path / "kept", LlamaForCausalLM, LlamaConfig(**SMALL))
+    kept_model.load_state_dict(model.state_dict())
+
+    def runner(m):
+        kv = PagedKVCache(KVCacheSpec.for_model(m.config, torch.float32, block_size=4,
+                                                memory_bytes=0, num_blocks=16),
+                          torch.device("cpu"))
+        return ModelRunner(m, torch.device("cpu"), kv, linear=linear)
+
+    released = runner(model)
+    with monkeypatch.context() as patch:
+        patch.setattr(lean_llama.LeanDecoder, "release_dense", lambda self, m: None)
+        kept = runner(kept_model)
+    ids = torch.randint(0, SMALL["vocab_size"], (12,), generator=torch.Generator().manual_seed(2))
+    got, want = _one_forward(released, ids.tolist()), _one_forward(kept, ids.tolist())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    attn = model.get_decoder().layers[0].self_attn
+    assert attn.q_proj.weight.device.type == "meta"
+    layer = released._lean.layers[0]  # norm, qkv, o, norm, gate_up, down
+    assert all(layer[i].weight.device.type == "meta" for i in (1, 2, 4, 5))
+    assert released._lean.embed.device.type == "cpu" and released.vocab_size == SMALL["vocab_size"]
+    assert kept_model.get_decoder().layers[0].self_attn.q_proj.weight.device.type == "cpu"
