@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from proposer_service.draft_cache import KV
 from proposer_service.draft_loop import ALTERNATIVES
 from splitspec import device as dev
+from splitspec.graphs import powers_up_to
 from splitspec.lean_llama import LeanDecoder
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class DraftGraphs:
         self.lean, self.device = lean, device
         self.capacity, self.max_k = capacity, max_k
         self.widths = tuple(sorted(set(widths) | {1}))
-        self.buckets = _powers(max_batch)
+        self.buckets = powers_up_to(max_batch)
         self.capture_wanted = capture and dev.supports_graphs(device)
         b, dtype = self.buckets[-1], lean.embed.dtype
         shape = (b, lean.n_kv, capacity, lean.head_dim)
@@ -212,14 +213,6 @@ class DraftGraphs:
             new_kvs.append([(kb[i:i + 1, :, :end].clone(), vb[i:i + 1, :, :end].clone())
                             for kb, vb in self.cache])
         return tokens, alternatives, new_kvs
-
-
-def _powers(top: int) -> tuple[int, ...]:
-    out, n = [], 1
-    while n < top:
-        out.append(n)
-        n *= 2
-    return (*out, top)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -22,6 +22,15 @@ from splitspec import device as dev
 log = logging.getLogger(__name__)
 
 
+def powers_up_to(top: int) -> tuple[int, ...]:
+    """A ladder of graph shapes: 1, 2, 4 ... below `top`, then `top` itself (always served)."""
+    out, n = [], 1
+    while n < top:
+        out.append(n)
+        n *= 2
+    return (*out, top)
+
+
 class Replay:
     def __init__(self, device: torch.device):
         self.device = device

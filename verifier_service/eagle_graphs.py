@@ -42,6 +42,7 @@ import time
 import torch
 
 from splitspec import device as dev
+from splitspec.graphs import powers_up_to
 from verifier_service.eagle_head import EagleHead, EagleSequence
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class EagleGraphs:
         self.j = torch.zeros(1, dtype=torch.long, device=device)
         self.tokens = torch.zeros(max_k, dtype=torch.long, device=device)
         self.columns = torch.arange(capacity, device=device)
-        self.widths = _powers(1 + max_k)
+        self.widths = powers_up_to(1 + max_k)
         w = self.widths[-1]
         self.feats = torch.zeros(w, s.feature_size, dtype=head.dtype, device=device)
         self.next_ids = torch.zeros(w, dtype=torch.long, device=device)
@@ -250,15 +251,6 @@ def causal_columns(columns: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """What rows fed at columns `pos` [W] see: each, every column up to its own.
     [1, 1, W, C]"""
     return (columns[None, :] <= pos[:, None])[None, None]
-
-
-def _powers(top: int) -> tuple[int, ...]:
-    """1, 2, 4 ... and `top` itself last."""
-    out, n = [], 1
-    while n < top:
-        out.append(n)
-        n *= 2
-    return (*out, top)
 
 
 def visible_columns(columns: torch.Tensor, col: torch.Tensor) -> torch.Tensor:

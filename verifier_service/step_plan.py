@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from kernels.layout import StepLayout
+from splitspec.graphs import powers_up_to
 
 __all__ = ["Bucket", "BucketLadder", "PlanFields", "StepPlan", "plan_step", "MAX_BUCKET_NODES"]
 
@@ -86,15 +87,7 @@ class BucketLadder:
         """1, 2, 4, ... and the maxima themselves: always max_num_seqs x max_rows, so every
         decode step the scheduler can form has a bucket."""
         max_rows = min(max_rows, MAX_BUCKET_NODES + 1)
-
-        def ladder(top: int) -> list[int]:
-            out, n = [], 1
-            while n < top:
-                out.append(n)
-                n *= 2
-            return [*out, top]
-
-        return cls(ladder(max_num_seqs), ladder(max_rows))
+        return cls(list(powers_up_to(max_num_seqs)), list(powers_up_to(max_rows)))
 
     @property
     def exact(self) -> bool:
