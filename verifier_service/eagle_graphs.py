@@ -205,7 +205,7 @@ class EagleGraphs:
 
     # -- a chain ---------------------------------------------------------------------------------
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference mode: tensors it makes stay writable by the eager code
     def chain(self, seq: EagleSequence, k: int) -> list[int]:
         """A greedy chain of k target ids from the sequence's root (serves() must hold): the
         tokens EagleSequence.chain drafts, one host read."""
@@ -224,7 +224,7 @@ class EagleGraphs:
         return tokens.tolist()
 
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference mode: a sequence's grown buffer stays writable eagerly
     def advance(self, seq: EagleSequence, features: torch.Tensor,
                 next_tokens: torch.Tensor) -> None:
         """EagleSequence.advance over the static buffers (serves_advance() must hold): the

@@ -71,6 +71,17 @@ def test_advanced_rows_seeing_later_rows_fail_the_comparison(monkeypatch):
     with pytest.raises(AssertionError):
         check_static_advance_matches()
 
+def test_a_sequence_grown_by_the_static_advance_is_drafted_by_the_eager_loops_too():
+    """Trees and sampled chains stay eager: they write scratch columns into the buffer the
+    static advance grew (which must not come out as an inference-mode tensor)."""
+    seq = eagle3_sequence(PROMPT_TOKENS)  # capacity 64
+    graphs = EagleGraphs(seq.head, capacity=256, max_k=8, capture=False)
+    for _ in range(8):
+        graphs.advance(seq, torch.randn(8, seq.head.spec.feature_size), torch.arange(8))
+    assert seq.length == 74 and seq.capacity >= 74
+    seq.tree(3, 4, 8)
+    seq.chain(4)
+
 class _NoHostReads(TorchDispatchMode):
     """Fails on every operator that hands a tensor's value to the host (.item(), int(),
     bool()) or whose output shape depends on values: what a captured graph cannot hold."""
