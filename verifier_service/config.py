@@ -66,9 +66,11 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
     # (powers of two up to --max-num-seqs x (1 + --max-num-speculative-tokens)), each captured
-    # once at start-up and replayed: verifier_service/step_executor.py.
-    graphs: str = option("auto", "capture decode steps as device graphs (auto: where the "
-                         "device supports them)", choices=("auto", "off"),
+    # once at start-up and replayed: verifier_service/step_executor.py; an EAGLE head's greedy
+    # chain and advance too (verifier_service/eagle_graphs.py).
+    graphs: str = option("auto", "capture decode steps (and an EAGLE head's greedy drafting) "
+                         "as device graphs (auto: where the device supports them)",
+                         choices=("auto", "off"),
                          aliases=("--cuda-graphs",))
     # Tensor parallelism (verifier_service/tp_worker.py): the target's weights and KV heads
     # split over N devices, one process per device, started by the verifier itself.
