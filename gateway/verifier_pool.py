@@ -187,7 +187,10 @@ class VerifierPool:
                     yield progress.observe(msg)
                 return
             except grpc.aio.AioRpcError as exc:
-                if not resumable(exc):
+                # a replica shutting down cancels the calls it has not finished: a retry that
+                # lands on one that just failed this stream is part of the same failure
+                stopping = first is not None and exc.code() == grpc.StatusCode.CANCELLED
+                if not (resumable(exc) or stopping):
                     raise from_rpc_error(exc) from None
                 first, last = first or exc, exc
                 failed.add(replica)
