@@ -20,8 +20,12 @@ from protos import common_pb2
 RESUMABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 
-def resumable(exc: grpc.aio.AioRpcError) -> bool:
-    return exc.code() in RESUMABLE_CODES
+def resumable(exc: grpc.aio.AioRpcError, retrying: bool = False) -> bool:
+    """Whether a stream that ended with exc is worth trying elsewhere. retrying: the stream
+    already broke once and this was a later try: a replica shutting down cancels the calls it
+    has not finished, so CANCELLED from it is part of the same failure."""
+    return exc.code() in RESUMABLE_CODES or (retrying and
+                                             exc.code() == grpc.StatusCode.CANCELLED)
 
 
 @dataclass

@@ -187,10 +187,7 @@ class VerifierPool:
                     yield progress.observe(msg)
                 return
             except grpc.aio.AioRpcError as exc:
-                # a replica shutting down cancels the calls it has not finished: a retry that
-                # lands on one that just failed this stream is part of the same failure
-                stopping = first is not None and exc.code() == grpc.StatusCode.CANCELLED
-                if not (resumable(exc) or stopping):
+                if not resumable(exc, retrying=first is not None):
                     raise from_rpc_error(exc) from None
                 first, last = first or exc, exc
                 failed.add(replica)

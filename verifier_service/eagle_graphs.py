@@ -87,7 +87,7 @@ class EagleGraphs:
 
     def captured_advance(self, rows: int) -> bool:
         """Whether an advance by `rows` rows replays a graph here."""
-        return self.width(rows) in self.advance_graphs if rows <= self.widths[-1] else False
+        return rows <= self.widths[-1] and self.width(rows) in self.advance_graphs
 
     def serves(self, seq: EagleSequence, k: int) -> bool:
         """Whether a greedy chain of k from this sequence's root runs here: every column it
