@@ -282,6 +282,13 @@ def eagle_graph_advance_rows_see_later_rows(monkeypatch) -> None:
         columns[None, :] <= pos[-1]).expand(len(pos), -1)[None, None])
 
 
+def eagle_tp_head_reads_the_rank_shard(monkeypatch) -> None:
+    """Under tensor parallelism rank 0's EAGLE head takes the lean forward's tables, which
+    are that rank's vocabulary shards, as the whole embedding and output head."""
+    monkeypatch.setattr(ModelRunner, "take_vocab_tables", lambda self: (
+        self._lean.embed, getattr(self._lean.head, "weight", None)))
+
+
 def eagle_scratch_over_the_root(monkeypatch) -> None:
     """Drafted rows written one column early: the first overwrites the root row's keys."""
     monkeypatch.setattr(eagle_head.EagleSequence, "scratch_column",

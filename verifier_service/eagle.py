@@ -4,9 +4,11 @@ drafts inside the verifier, with no proposer process and no wire.
 Served when the verifier is given a head (`--eagle DIR`: an EAGLE-1/2 or EAGLE-3 checkpoint as
 published, verifier_service/eagle_format.py; `splitspec up` passes the one it finds next to the
 target). At start-up the head is bound to the target (`bind`): its token embedding and, for
-heads without their own, its output head; and the runner is told which features every step must
-compute for every fed row (EAGLE-3: the residual-stream inputs of three layers; EAGLE-1/2: the
-final-norm hidden state: ModelRunner.feature_layers). Per sequence (`EagleState`):
+heads without their own, its output head (whole: under tensor parallelism rank 0, where the
+head drafts, kept copies of them before cutting its vocabulary shards); and the runner is told
+which features every step must compute for every fed row (EAGLE-3: the residual-stream inputs
+of three layers; EAGLE-1/2: the final-norm hidden state: ModelRunner.feature_layers). Per
+sequence (`EagleState`):
 
     prefill chunk cached      prefilled(features, p): the head's rows p .. p + n - 1 from the
                               target's features there and the tokens after them (the prompt)
@@ -78,13 +80,17 @@ class EagleMethod(InTargetMethod):
         why = eagle_format.misfit(spec, runner.config.to_dict())
         if why is None and not runner.lean:
             why = "the target runs the transformers forward, which computes no features"
-        if why is None and runner.tensor_parallel_size > 1:
-            why = ("the target is split over tensor-parallel ranks, whose embedding and head "
-                   "shards the head cannot read on rank 0 alone")
+        embed, head = runner.take_vocab_tables() if why is None else (None, None)
+        tables = dict(embed=embed, head=head)
+        missing = [n for n in eagle_format.target_tables(spec, weights) if tables[n] is None]
+        if why is None and missing:
+            why = (f"this rank holds no whole {' or '.join(missing)} of the target (its "
+                   "tensor-parallel shards were cut without them)")
         if why is not None:
             raise ValueError(f"--eagle {self.path}: {why}")
-        lean = runner._lean
-        self.head = EagleHead(spec, weights, lean.embed, lean.head.weight, linear=self.linear)
+        if embed is None:  # the head has its own; this rank's shard only sets device and dtype
+            embed = runner._lean.embed
+        self.head = EagleHead(spec, weights, embed, head, linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
         if self.capture and supports_graphs(runner.device):
             self.graphs = EagleGraphs(self.head, runner.max_model_len, self.max_k)

@@ -382,3 +382,11 @@ def misfit(spec: EagleSpec, target_config: dict) -> str | None:
     except ValueError as exc:
         return str(exc)
     return None
+
+
+def target_tables(spec: EagleSpec, weights: EagleWeights) -> tuple[str, ...]:
+    """Which of the target's vocabulary tables the head reads: "embed" (the token embedding,
+    unless the checkpoint has its own) and "head" (the output head it scores with: EAGLE-1/2,
+    or an EAGLE-3 head without its own lm_head)."""
+    return ((() if weights.embed is not None else ("embed",))
+            + (() if spec.version == 3 and weights.lm_head is not None else ("head",)))

@@ -114,8 +114,9 @@ class EagleHead:
         w = weights
         self.w = EagleWeights(**{name: (t.to(device) if name in ("d2t", "t2d") else put(t))
                                  for name, t in w.tensors().items()})
-        self.embed = self.w.embed if self.w.embed is not None else put(target_embed)
-        if spec.version == 3 and self.w.lm_head is not None:
+        reads = eagle_format.target_tables(spec, weights)
+        self.embed = put(target_embed) if "embed" in reads else self.w.embed
+        if "head" not in reads:
             self.head = self.w.lm_head
             self.ids = self.w.draft_to_target()  # [Vd] target id of each draft id, or None
         else:

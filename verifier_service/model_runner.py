@@ -27,12 +27,15 @@ from verifier_service.step_plan import StepPlan, plan_step
 
 class ModelRunner:
     def __init__(self, model, device: torch.device, kv: PagedKVCache, linear: str = "auto",
-                 max_model_len: int | None = None, tensor_parallel=None):
+                 max_model_len: int | None = None, tensor_parallel=None,
+                 keep_whole: tuple[str, ...] = ()):
         """max_model_len: the longest context served (default: the model's own); RoPE tables
         and a bucket's block tables are sized for it. tensor_parallel: this process's rank of a
         group (splitspec/tensor_parallel.py) to shard the lean forward over; `kv` then holds
         this rank's KV heads, and `model` may sit anywhere (its weights are released once
-        sharded onto `device`)."""
+        sharded onto `device`). keep_whole: under tensor parallelism, the vocabulary tables
+        ("embed", "head") this rank keeps whole on `device` beside its shards, for a head that
+        drafts here alone (an EAGLE head on rank 0: take_vocab_tables)."""
         if model.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"load the model with attn_implementation={ATTENTION_NAME!r}")
         self.model = model
@@ -62,8 +65,10 @@ class ModelRunner:
         self._lean = (LeanDecoder(model, "dense" if tp else linear,
                                   max_positions=self.max_model_len)
                       if LeanDecoder.supports(model) else None)
+        self._whole: dict[str, torch.Tensor] = {}
         if tp is not None:
             check_shardable(model.config, tp.size)  # the lean forward, whole KV heads per rank
+            self._whole = _whole_tables(self._lean, keep_whole, device)
             shard_decoder(self._lean, tp, linear)
             release_weights(model)
         elif self._lean is not None:
@@ -78,6 +83,18 @@ class ModelRunner:
         self.vocab_size = getattr(self._head, "vocab_size", None) or self._head.weight.shape[0]
         self._layer_refs = [SimpleNamespace(layer_idx=i)
                             for i in range(model.config.num_hidden_layers)]
+
+    def take_vocab_tables(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The target's whole token embedding and output head weight ([V, H] each, on the
+        device), for a head drafting in this process: the lean forward's own, or, when they are
+        sharded over tensor-parallel ranks, the copies kept at load (keep_whole), handed over
+        (the runner lets go of them: what the taker drops is freed); None for one not kept."""
+        if self.tensor_parallel_size > 1:
+            whole, self._whole = self._whole, {}
+            return whole.get("embed"), whole.get("head")
+        if self._lean is None:
+            return None, None
+        return self._lean.embed, self._lean.head.weight
 
     @property
     def lean(self) -> bool:
@@ -123,3 +140,16 @@ class ModelRunner:
                                    paged=batch).last_hidden_state[0]
         hidden = states.index_select(0, views["logits_rows"])  # [L, H]
         return self._head(hidden).float(), hidden
+
+
+def _whole_tables(lean, names: tuple[str, ...], device: torch.device) -> dict[str, torch.Tensor]:
+    """Copies of the named vocabulary tables of a lean forward not yet sharded, on `device`
+    (a tied head shares the embedding's copy)."""
+    out: dict[str, torch.Tensor] = {}
+    if "embed" in names:
+        out["embed"] = lean.embed.detach().to(device, copy=True)
+    if "head" in names:
+        weight = lean.head.weight
+        tied = "embed" in out and weight.data_ptr() == lean.embed.data_ptr()
+        out["head"] = out["embed"] if tied else weight.detach().to(device, copy=True)
+    return out

@@ -1,6 +1,7 @@
 """The target as this verifier process holds it: the model loaded onto its device, its paged KV
 cache and its ModelRunner. A tensor-parallel rank (verifier_service/tp_worker.py) holds its shard
-of the weights and the KV cache of its KV heads; every rank builds the same way.
+of the weights and the KV cache of its KV heads; every rank builds the same way, and rank 0 also
+keeps whole the vocabulary tables an EAGLE head drafting there reads.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 from splitspec.device import resolve_device, resolve_dtype
 from splitspec.modelio import load_causal_lm
 from splitspec.tensor_parallel import TPGroup
+from verifier_service import eagle_format
 from verifier_service.config import VerifierConfig
 from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
 from verifier_service.model_runner import ModelRunner
@@ -36,5 +38,18 @@ def build_runner(config: VerifierConfig, group: TPGroup | None = None):
                                       tensor_parallel_size=tp), device)
     max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
     runner = ModelRunner(model, device, kv, linear=config.linear, max_model_len=max_len,
-                         tensor_parallel=group)
+                         tensor_parallel=group, keep_whole=_drafting_tables(config, group))
     return runner, model, dtype
+
+
+def _drafting_tables(config: VerifierConfig, group: TPGroup | None) -> tuple[str, ...]:
+    """The vocabulary tables rank 0 of a tensor-parallel target keeps whole for the EAGLE
+    head that drafts there alone (eagle_format.target_tables); none elsewhere, or for a head
+    that does not load (the method's start-up says why)."""
+    if not config.eagle or group is None or group.size < 2 or not group.leader:
+        return ()
+    try:
+        spec, weights = eagle_format.load(config.eagle)
+    except ValueError:
+        return ()
+    return eagle_format.target_tables(spec, weights)

@@ -4,7 +4,8 @@ lean family (Llama, Mistral, Qwen2):
 
 - greedy output with speculation equals greedy output without it, for chains (n-gram), token
   trees (n-gram with branches) and lookahead (scratch rows: cache moves on every rank), in one
-  batch with plain requests;
+  batch with plain requests; on the toy family also for EAGLE chains and trees (the head drafts
+  on rank 0), with seeded sampled EAGLE output equal to seeded output without speculation;
 - a hidden-state proposer gets, from rank 0, the whole final hidden state of the row that
   produced the last token (as the plain model computes it);
 - teacher-forced, the argmax after every prefix of held-out text agrees with TP 1's;
@@ -28,6 +29,7 @@ from tp_testlib import TPServe, teacher_forced_argmax, tiny_family
 from transformers import AutoModelForCausalLM
 
 from kernels.layout import StepLayout
+from splitspec.params import SamplingParams
 from splitspec.tensor_parallel import weight_bytes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +43,9 @@ def family(request, target_model_dir, tmp_path_factory):
     path = (target_model_dir if name == "target"  # (no sliding window: the lean forward's)
             else tiny_family(name, tmp_path_factory.mktemp(name), sliding_window=None))
     proposers = {"ngram": RecordingProposer()}
-    served = TPServe(path, proposers, max_num_seqs=8, num_kv_blocks=64)
+    # the toy family's EAGLE head drafts on rank 0 (test_eagle_tensor_parallel.py: its tables)
+    head = {"eagle": f"{path}-eagle"} if name == "target" else {}
+    served = TPServe(path, proposers, max_num_seqs=8, num_kv_blocks=64, **head)
     yield name, path, served, proposers["ngram"]
     served.close()
 
@@ -58,11 +62,18 @@ def test_greedy_speculation_equals_plain_decoding(family):
     prompts = _prompts(name, served.engine)
     plans = {"off": {}, "chain": dict(k=3), "tree": dict(k=4, branches=2),
              "lookahead": dict(k=6, method="lookahead")}
+    if name == "target":
+        plans |= {"eagle": dict(k=4, method="eagle"),
+                  "eagle tree": dict(k=6, branches=2, method="eagle"),
+                  "seeded off": dict(seed=11), "seeded eagle": dict(k=4, method="eagle", seed=11)}
     inputs, keys = [], []
     for label, plan in plans.items():
         for i, p in enumerate(prompts):
+            sampling = (SamplingParams(temperature=0.8, seed=plan["seed"] + i)
+                        if "seed" in plan else None)
             inp = request_ids(f"{label}{i}", p, 10, k=plan.get("k", 0),
-                              method=plan.get("method", "ngram"), ignore_eos=True)
+                              method=plan.get("method", "ngram"), sampling=sampling,
+                              ignore_eos=True)
             if plan.get("branches"):
                 inp = dataclasses.replace(inp, speculation=dataclasses.replace(
                     inp.speculation, num_branches=plan["branches"]))
@@ -70,10 +81,16 @@ def test_greedy_speculation_equals_plain_decoding(family):
             keys.append((label, i))
     outs = dict(zip(keys, served.run(inputs)))
     for (label, i), (tokens, _, _) in outs.items():
-        assert tokens == outs[("off", i)][0], f"{name} {label} prompt {i}"
-    accepted = sum(last.usage.accepted_tokens for (label, _), (_, _, last) in outs.items()
-                   if label != "off")
-    assert accepted > 0  # speculation did emit drafted tokens
+        plain = "seeded off" if label.startswith("seeded") else "off"
+        assert tokens == outs[(plain, i)][0], f"{name} {label} prompt {i}"
+
+    def accepted(method: str) -> int:
+        return sum(last.usage.accepted_tokens for (label, _), (_, _, last) in outs.items()
+                   if plans[label].get("k") and plans[label].get("method", "ngram") == method)
+
+    assert accepted("ngram") > 0  # speculation did emit drafted tokens
+    if name == "target":  # rank 0's head drafts from the whole tables: its drafts get accepted
+        assert accepted("eagle") > 0
 
 
 def test_every_step_costs_one_broadcast_and_the_forwards_own_collectives(family):
