@@ -19,6 +19,10 @@ sys.path.insert(0, str(ROOT))
 
 from splitspec.config import DEFAULT_MODEL  # noqa: E402
 
+CONTEXT = 150  # cached tokens before the timed rows
+MAX_ROWS = 13  # the rows sweep's widest forward
+BLOCK = 16
+
 
 def _runner(model_dir: str, linear: str):
     import torch
@@ -31,7 +35,12 @@ def _runner(model_dir: str, linear: str):
     register()
     device = torch.device("cpu")
     model = load_causal_lm(model_dir, device, torch.float32, attn_implementation=ATTENTION_NAME)
-    kv = PagedKVCache(KVCacheSpec.for_model(model.config, torch.float32, 16, 64 << 20), device)
+    # blocks for every table the section holds at once (each step function keeps its own):
+    # two per backend and the rows sweep's, at the longest context it lays out
+    tables = 2 + MAX_ROWS
+    per_table = -(-(CONTEXT + MAX_ROWS) // BLOCK)
+    kv = PagedKVCache(KVCacheSpec.for_model(model.config, torch.float32, BLOCK, 0,
+                                            num_blocks=tables * per_table), device)
     return ModelRunner(model, device, kv, linear=linear)
 
 
@@ -60,7 +69,7 @@ def _best_ms(fn, repeats: int = 30, rounds: int = 5) -> float:
     return best * 1000
 
 
-def rows_sweep(runner, context: int, max_rows: int = 13, rounds: int = 15) -> list[float]:
+def rows_sweep(runner, context: int, max_rows: int = MAX_ROWS, rounds: int = 15) -> list[float]:
     """Median ms of a forward of 1..max_rows rows after `context` cached tokens, the row counts
     interleaved round by round so that drift on a shared machine hits all of them alike."""
     steps = [_steps(runner, context, rows) for rows in range(1, max_rows + 1)]
@@ -76,7 +85,7 @@ def rows_sweep(runner, context: int, max_rows: int = 13, rounds: int = 15) -> li
 
 
 def profile_section(model_dir: str = str(ROOT / DEFAULT_MODEL), k: int = 5,
-                    context: int = 150) -> list[str]:
+                    context: int = CONTEXT) -> list[str]:
     """Markdown lines: forward time by backend (best of 5 rounds of 30), and the top operators
     of the default backend's verification forward."""
     import torch
