@@ -483,16 +483,18 @@ def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost,
 
 def marginal_goodput(model: MethodModel, k: int, cost: StepCost, others_tokens: float,
                      others_expected: float, wait_s: float,
-                     seconds: list[float] | None = None) -> float:
+                     seconds: list[float] | None = None, standing_s: float = 0.0) -> float:
     """Tokens per second of one step when one sequence asks for k draft tokens and the rest of
     the batch forwards `others_tokens` and emits `others_expected` tokens. `wait_s` is what its
     draft adds to the step's wait (0 when its proposer is asked anyway). `seconds`: the
-    model's step_seconds for these others up to k or beyond (when weighing every k)."""
+    model's step_seconds for these others up to k or beyond (when weighing every k).
+    `standing_s`: what its method costs the step whatever k, pausing included (an in-target
+    head's learning from the step); part of `wait_s` when that is measured with it."""
     if k <= 0:
-        return (others_expected + 1.0) / cost(others_tokens + 1.0)
+        return (others_expected + 1.0) / (cost(others_tokens + 1.0) + standing_s)
     if seconds is None:
         seconds = model.step_seconds(k, cost, others_tokens)
-    return (others_expected + model.expected(k)) / (seconds[k] + wait_s)
+    return (others_expected + model.expected(k)) / (seconds[k] + max(wait_s, standing_s))
 
 
 @dataclass(frozen=True)

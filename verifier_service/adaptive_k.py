@@ -144,6 +144,9 @@ class AdaptiveK:
         cost = self.step_cost(step_kind_of(plan.method, seq.inp.sampling.greedy,
                                            plan.num_branches))
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
+        # what the method costs this sequence's step even when it pauses (an EAGLE head's
+        # advance over the verified rows): pausing does not save it
+        standing = self.stats.method(plan.method or "").standing_seconds()
         best_k, best = 0, -1.0
         seconds = model.step_seconds(self.k_max, cost, others_tokens)  # every k at once
         for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):
@@ -152,7 +155,8 @@ class AdaptiveK:
             # method: each alone would find the whole round trip too dear, and all of them
             # would stay paused where drafting together pays.
             wait = 0.0 if others_drafting > 0 else model.round_trip(k) / sharing
-            g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait, seconds)
+            g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait, seconds,
+                                 standing)
             if g > best * (1 + 1e-9):
                 best_k, best = k, g
         seq.paused_steps = 0 if best_k else seq.paused_steps + 1

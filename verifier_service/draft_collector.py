@@ -260,11 +260,14 @@ class DraftCollector:
     def observe(self, seq: SequenceState, draft: Draft | None, num_accepted: int,
                 emitted: list[int], path: Sequence[int] = (),
                 node_argmax: Sequence[int] = (), features=None, position: int = 0) -> None:
-        """A verified step's outcome, for the in-target state that drafted (or may draft) it."""
-        self.in_target.observe(seq, StepOutcome(
+        """A verified step's outcome, for the in-target state that drafted (or may draft) it:
+        what learning from it took is the method's standing cost per sequence and step."""
+        spent = self.in_target.observe(seq, StepOutcome(
             list(draft.tokens) if draft else [], num_accepted, list(emitted),
             list(draft.parents) if draft else [], list(path), list(node_argmax), seq.tokens,
             features, position))
+        if spent is not None:
+            self.stats.method(seq.inp.speculation.method).add_standing(spent)
 
     def release(self, seq: SequenceState) -> None:
         """It finished, was aborted or failed."""

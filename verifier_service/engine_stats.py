@@ -106,6 +106,10 @@ class MethodStats:
     ahead_pushed: int = 0  # of the hits: taken from a push, no round trip waited for
     # token trees: children per node allowed (b > 1) -> what those requests' steps verified
     trees: dict[int, TreeCounts] = field(default_factory=dict)
+    # [sequence-steps, seconds] of work the method costs each of its sequences every step
+    # whatever k: an in-target head learning from the verified step (an EAGLE head's advance),
+    # which a sequence whose drafting pauses still pays (it is in round_trips too)
+    standing: list = field(default_factory=lambda: [0, 0.0])
 
     def kind(self, greedy: bool, branches: int = 1) -> AcceptanceCounts:
         """The counters of one kind of request: greedy or sampled, chains or trees of b."""
@@ -132,6 +136,15 @@ class MethodStats:
                             tuple((b, Acceptance.from_counters(t.greedy),
                                    Acceptance.from_counters(t.sampled))
                                   for b, t in sorted(self.trees.items())))
+
+    def add_standing(self, seconds: float) -> None:
+        self.standing[0] += 1
+        self.standing[1] += seconds
+
+    def standing_seconds(self) -> float:
+        """Mean seconds a step of one of its sequences costs whatever k (0: none known)."""
+        n, seconds = self.standing
+        return seconds / n if n else 0.0
 
     def add_round_trip(self, k: int, seconds: float) -> None:
         entry = self.round_trips.setdefault(k, [0, 0.0])

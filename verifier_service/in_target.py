@@ -190,15 +190,19 @@ class InTargetDrafts:
                 out[s.seq] = state.propose(s.seq.tokens, s.k)
         return out
 
-    def observe(self, seq: SequenceState, outcome: StepOutcome) -> None:
+    def observe(self, seq: SequenceState, outcome: StepOutcome) -> float | None:
+        """The sequence's state learns from its verified step; returns the seconds that took
+        (None: the sequence has no in-target state)."""
         state = self._states.get(seq)
-        if state is not None:
-            start = time.perf_counter()
-            state.observe(outcome)
-            spent = time.perf_counter() - start
-            method = seq.inp.speculation.method
-            self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
-            self.step_observe_s += spent
+        if state is None:
+            return None
+        start = time.perf_counter()
+        state.observe(outcome)
+        spent = time.perf_counter() - start
+        method = seq.inp.speculation.method
+        self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
+        self.step_observe_s += spent
+        return spent
 
     def take_observe_seconds(self, method: str) -> float:
         """What `method`'s states spent in observe since last asked: work of the method's own

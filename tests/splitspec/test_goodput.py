@@ -292,6 +292,22 @@ def test_marginal_goodput_of_one_sequence_in_a_batch():
         16 * 1.5 / (FLAT_THEN_STEEP(32) + 0.001))
 
 
+def test_a_standing_cost_is_paid_paused_too_so_pausing_saves_only_the_drafting():
+    # a head that learns from every verified step (4 ms) and drafts in 2 ms more: with the
+    # 4 ms priced as saved by pausing, a 0.2-acceptance chain looks slower than plain decoding
+    flat = StepCost((1.0, 64.0), (0.010, 0.010), 0.0)
+    weak = m(0.2, rt=RoundTrip(0.006, 0.0))
+    wait = weak.round_trip(1)
+    unaware = [marginal_goodput(weak, k, flat, 0, 0, wait) for k in (0, 1)]
+    assert unaware[0] > unaware[1]  # 100 tok/s paused against 75 drafting
+    aware = [marginal_goodput(weak, k, flat, 0, 0, wait, standing_s=0.004) for k in (0, 1)]
+    assert aware == pytest.approx([1 / 0.014, 1.2 / 0.016])
+    assert aware[1] > aware[0]
+    # asked anyway by others (no wait of its own): its standing cost is still its step's
+    assert marginal_goodput(weak, 1, flat, 0, 0, 0.0, standing_s=0.004) == pytest.approx(
+        1.2 / 0.014)
+
+
 def test_counters_become_acceptance_and_a_method_model_in_one_way():
     # 6 accepted, 4 drafts with a rejection: 10 positions tried; 4 of 9 asks got a draft
     acc = Acceptance.from_counts(6, 4, 4, 9, (9, 9, 5), (4, 3, 1), (3, 2, 1))

@@ -44,6 +44,9 @@ def test_greedy_chains_and_trees_equal_speculation_off(tiny_target_dir, head):
     usage = engine.stats.method("eagle")
     assert usage.proposed_tokens > 0
     assert drained(engine) and engine.drafts.in_target.num_states == 0
+    # the head's learning from each verified step is its standing cost per sequence and step
+    # (what a paused sequence still pays: adaptive k prices it on both sides)
+    assert usage.standing[0] >= usage.drafts > 0 and usage.standing[1] > 0
 
 
 def test_seeded_sampled_output_is_identical_on_and_off(tiny_target_dir, head):
