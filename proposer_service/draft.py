@@ -34,6 +34,7 @@ import threading
 
 import torch
 
+from kernels.sparse_probs import SparseProbs
 from proposer_service.base import Proposer, load_learned
 from proposer_service.draft_cache import KV, Buffers, SeqState, common_prefix, padded_cache, row_kv
 from proposer_service.draft_graphs import DraftGraphs
@@ -93,10 +94,10 @@ class DraftModelProposer(Proposer):
         self.drafts_ahead = drafts_ahead
         self.ahead_rejections = ahead_rejections
         self.fetch = HostFetch(device)  # a drafting loop's one copy back
-        # greedy drafting replayed as device graphs where the device has them (captured by
-        # warm_up); None elsewhere, and for a draft without the lean forward
+        # drafting (greedy and sampled) replayed as device graphs where the device has them
+        # (captured by warm_up); None elsewhere, and for a draft without the lean forward
         self.graphs = (DraftGraphs(self.lean, device, min(self.max_positions, 4096),
-                                   min(self.max_batch, 32), max_k)
+                                   min(self.max_batch, 32), max_k, top_k=draft_top_k)
                        if self.lean is not None and supports_graphs(device) else None)
 
     from_config = classmethod(load_learned)  # the registry's constructor: flags -> load()
@@ -214,7 +215,6 @@ class DraftModelProposer(Proposer):
         b, lmax, kmax = len(work), max(lens), max(ks)
         s0 = max(len(p) for p in pending)
         if (self.graphs is not None and self.graphs.captured
-                and all(step.sampling.greedy for step, _, _ in work)
                 and self.graphs.serves(b, s0, lmax, kmax)):
             return self._draft_replayed(work, lens, pending, ks, kmax)
         # One row (batch-1 decoding): its own cache as is, no padding, no mask, nothing to cut
@@ -271,11 +271,12 @@ class DraftModelProposer(Proposer):
 
     def _draft_replayed(self, work, lens: list[int], pending: list[list[int]], ks: list[int],
                         kmax: int) -> list[Draft]:
-        """draft_batch's greedy steps through the captured loop (proposer_service/
-        draft_graphs.py): the same drafts and states as the eager loop leaves."""
-        tokens, alternatives, kvs = self.graphs.draft([state.kv for _, _, state in work], lens,
-                                                      pending, [len(h) for _, h, _ in work],
-                                                      kmax)
+        """draft_batch's steps through the captured loop (proposer_service/draft_graphs.py):
+        the same drafts (seeded rows: the very tokens; unseeded: draws from the same q) and
+        states as the eager loop leaves."""
+        tokens, alternatives, kvs, dists = self.graphs.draft(
+            [state.kv for _, _, state in work], lens, pending, [len(h) for _, h, _ in work],
+            kmax, [step.sampling for step, _, _ in work])
         drafts = []
         for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
             end = n + len(p) + k - 1  # cached + pending + d1 .. d_{k-1}
@@ -283,7 +284,8 @@ class DraftModelProposer(Proposer):
             state.store = None
             state.cached = history + tokens[i][:k - 1]
             state.alternatives = alternatives[i][:k]
-            drafts.append(Draft(step.seq_id, tokens[i][:k]))
+            q = None if dists[i] is None else SparseProbs.from_rows(dists[i][:k])
+            drafts.append(Draft(step.seq_id, tokens[i][:k], q=q))
         return drafts
 
     @torch.inference_mode()

@@ -86,14 +86,12 @@ class DraftChooser:
             return tokens, None
         q = apply_sampling_params(logits.index_select(0, self.row_index).float(),
                                   self.temperature, self.top_k, self.top_p, self.min_p)
-        vals, idx = q.topk(self.k, dim=-1)  # [n, K]
-        vals = vals / vals.sum(dim=-1, keepdim=True)  # the truncated q the token is drawn from
+        vals, idx = truncate(q, self.k)  # [n, K]
         noise = self.noise[j]
         if self.keyed_rows:  # seeded rows: keyed noise at the very token ids
             keyed = keyed_exponentials_at(self.halves[j], idx.index_select(0, self.keyed_index))
             noise = noise.index_copy(0, self.keyed_index, keyed)
-        picks = (vals / noise).argmax(dim=-1, keepdim=True)  # the exponential race in the top-K
-        chosen = idx.gather(1, picks)[:, 0]
+        chosen = race(vals, idx, noise)
         if j == 0 and self.guess is not None:
             chosen = torch.where(self.row_index == self.guess, tokens.index_select(
                 0, self.row_index), chosen)
@@ -107,6 +105,41 @@ class DraftChooser:
             keep = [(t, v) for t, v in zip(idx[r], vals[r]) if v > 0]
             out[i] = ([t for t, _ in keep], [v for _, v in keep])
         return out
+
+
+def truncate(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [n, V] -> its k likeliest entries renormalised (probabilities [n, k], token ids
+    [n, k]): the truncated q a sampled draft token is drawn from, and sent with it."""
+    vals, idx = q.topk(k, dim=-1)
+    return vals / vals.sum(dim=-1, keepdim=True), idx
+
+
+def race(vals: torch.Tensor, idx: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The exponential race over a truncated q: argmax(q / E) with E ~ Exp(1) per entry is a
+    draw from q. vals, idx, noise [n, K] -> the chosen token ids [n]."""
+    picks = (vals / noise).argmax(dim=-1, keepdim=True)
+    return idx.gather(1, picks)[:, 0]
+
+
+def choose_static(logits: torch.Tensor, inputs: dict[str, torch.Tensor], j: torch.Tensor,
+                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DraftChooser's choice for every row of logits [B, V] at once, from fixed-shape device
+    inputs (what a captured drafting iteration runs; the same numbers per row as the chooser):
+    temperature, top_k, top_p, min_p [B] (temperature 0: greedy), keyed [B] (1: seeded),
+    halves [J, B, 2] (seeded rows' noise keys per iteration), noise [J, B, K] (Exp(1) for the
+    unseeded rows), j [1] (this iteration, on the device). Returns tokens [B] and the
+    truncated q (token ids, probabilities [B, K]; a greedy row's is its one-hot)."""
+    q = apply_sampling_params(logits.float(), inputs["temperature"], inputs["top_k"],
+                              inputs["top_p"], inputs["min_p"])
+    vals, idx = truncate(q, k)
+    at = j.view(1, 1, 1)
+    halves = inputs["halves"].gather(0, at.expand(1, *inputs["halves"].shape[1:]))[0]  # [B, 2]
+    drawn = inputs["noise"].gather(0, at.expand(1, *inputs["noise"].shape[1:]))[0]  # [B, K]
+    keyed = inputs["keyed"].bool()[:, None]
+    noise = torch.where(keyed, keyed_exponentials_at(halves, idx), drawn)
+    chosen = race(vals, idx, noise)
+    greedy = inputs["temperature"] == 0
+    return torch.where(greedy, logits.argmax(dim=-1), chosen), idx, vals
 
 
 def choose_tokens(logits: torch.Tensor, params: Sequence[SamplingParams],

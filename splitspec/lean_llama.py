@@ -81,6 +81,7 @@ class LeanDecoder:
         self._rope_tables = self._rope_for(self.embed.dtype, self.embed.device)
         self.norm = inner.norm.weight
         head = model.get_output_embeddings().weight
+        self.vocab_size = head.shape[0]  # logits per row (a subset head: the rest at -inf)
         mats = [head] + [p.weight for layer in inner.layers
                          for p in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                                    layer.self_attn.v_proj, layer.self_attn.o_proj,

@@ -13,6 +13,7 @@ import kernels.lookahead as lookahead
 import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
+import proposer_service.draft_graphs as draft_graphs
 import proposer_service.draft_sampling as draft_sampling
 import splitspec.goodput as goodput
 import verifier_service.eagle_format as eagle_format
@@ -93,6 +94,17 @@ def draft_q_is_not_the_sampled_one(monkeypatch) -> None:
                         lambda n, k, device: drawn(n, k, device) ** (1 / 3))
     monkeypatch.setattr(draft_sampling, "keyed_exponentials_at",
                         lambda halves, idx: keyed(halves, idx) ** 3)
+
+
+def static_draft_choice_ignores_seeds(monkeypatch) -> None:
+    """The captured drafting loop's choice treats seeded rows as unseeded (drawn noise in place
+    of the keyed noise of their positions)."""
+    original = draft_sampling.choose_static
+
+    def unkeyed(logits, inputs, j, k):
+        return original(logits, {**inputs, "keyed": torch.zeros_like(inputs["keyed"])}, j, k)
+
+    monkeypatch.setattr(draft_graphs, "choose_static", unkeyed)
 
 
 def mismatch_escapes_the_step(monkeypatch) -> None:

@@ -1,10 +1,13 @@
 """The draft model's fixed-cache drafting loop (proposer_service/draft_graphs.py), run eagerly
 on the CPU: the same greedy drafts, alternatives and caches as the proposer's own loop, for a
-batch of rows with different cache lengths and catch-up widths; and one iteration on meta
-tensors (what a captured graph may not do: read the device back)."""
+batch of rows with different cache lengths and catch-up widths; sampled rows beside greedy ones
+drafting what the eager loop's chooser drafts (seeded rows: the very tokens; every row: the
+very q); and one iteration of each kind on meta tensors (what a captured graph may not do: read
+the device back)."""
 
 from __future__ import annotations
 
+import planted_bugs as bug
 import pytest
 import torch
 
@@ -12,6 +15,7 @@ from proposer_service.config import ProposerConfig
 from proposer_service.draft_cache import SeqState
 from proposer_service.draft_graphs import DraftGraphs
 from proposer_service.server import build_proposer
+from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
 
 K = 5
@@ -36,8 +40,9 @@ def test_the_fixed_cache_loop_drafts_what_the_eager_loop_drafts(proposer):
     pending = [h[s.length():] for h, s in zip(histories, states)]
     lens = [s.length() for s in states]
     graphs = DraftGraphs(proposer.lean, torch.device("cpu"), 128, 4, 8, capture=False)
-    tokens, alternatives, kvs = graphs.draft([s.kv for s in states], lens, pending,
-                                             [len(h) for h in histories], K)
+    tokens, alternatives, kvs, dists = graphs.draft([s.kv for s in states], lens, pending,
+                                                    [len(h) for h in histories], K)
+    assert dists == [None] * len(histories)  # greedy rows: one-hot drafts, no q
     work = [(SequenceStep(f"s{i}", h, len(h), K), h, s) for i, (h, s) in
             enumerate(zip(histories, states))]
     eager = proposer.draft_batch(work)
@@ -53,6 +58,52 @@ def test_the_fixed_cache_loop_drafts_what_the_eager_loop_drafts(proposer):
             torch.testing.assert_close(v1[:, :, :n], v0, rtol=1e-5, atol=1e-5)
 
 
+SAMPLED = [SamplingParams(temperature=0.0),
+           SamplingParams(temperature=0.8, top_p=0.9, seed=11),
+           SamplingParams(temperature=1.0, top_k=20),
+           SamplingParams(temperature=0.7, seed=5, min_p=0.05)]
+
+
+def check_sampled_rows_match(proposer) -> None:
+    """A batch of greedy, seeded and unseeded rows through the fixed-cache loop: greedy and
+    seeded rows draft the eager loop's very tokens, every sampled row sends the very q the eager
+    loop sends (the truncated q its token was drawn from; an unseeded row's at its first
+    position, its later ones follow its own draws), and each unseeded token is in its q."""
+    g = torch.Generator().manual_seed(8)
+    histories = [torch.randint(3, 4000, (n,), generator=g).tolist() for n in (30, 17, 25, 12)]
+    states = [SeqState() for _ in histories]
+    for state, h in zip(states, histories):
+        proposer._feed(state, h[:-1])
+    pending = [h[s.length():] for h, s in zip(histories, states)]
+    graphs = DraftGraphs(proposer.lean, torch.device("cpu"), 128, 4, 8, capture=False,
+                         top_k=proposer.draft_top_k)
+    tokens, _, _, dists = graphs.draft([s.kv for s in states], [s.length() for s in states],
+                                       pending, [len(h) for h in histories], K, SAMPLED)
+    work = [(SequenceStep(f"s{i}", h, len(h), K, sampling=p), h, s) for i, (h, s, p) in
+            enumerate(zip(histories, states, SAMPLED))]
+    eager = proposer.draft_batch(work)
+    assert dists[0] is None and eager[0].q is None
+    for i in (0, 1, 3):  # greedy and seeded rows: the very tokens
+        assert tokens[i] == eager[i].tokens, i
+    for i, positions in ((1, K), (2, 1), (3, K)):  # unseeded: its later q follow its own draws
+        want = eager[i].q.rows()
+        assert len(dists[i]) == K
+        for (got_ids, got_p), (want_ids, want_p) in zip(dists[i][:positions], want):
+            assert got_ids == list(want_ids) and got_p == pytest.approx(list(want_p), abs=1e-6)
+    for token, (ids, probs) in zip(tokens[2], dists[2]):  # unseeded: drawn from its q
+        assert token in ids and sum(probs) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_sampled_rows_draft_what_the_eager_chooser_drafts(proposer):
+    check_sampled_rows_match(proposer)
+
+
+def test_a_static_choice_blind_to_seeds_fails_the_comparison(proposer, monkeypatch):
+    bug.static_draft_choice_ignores_seeds(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_sampled_rows_match(proposer)
+
+
 def test_an_iteration_never_reads_the_device():
     from transformers import AutoModelForCausalLM
 
@@ -65,6 +116,8 @@ def test_an_iteration_never_reads_the_device():
     graphs = DraftGraphs(lean, torch.device("meta"), 64, 2, 4, capture=False)
     graphs.iteration(2, 2)  # values do not exist on meta: a read back would raise
     graphs.iteration(2, 1)
+    graphs.iteration(2, 2, sampled=True)  # the sampled rows' choice, too
+    graphs.iteration(2, 1, sampled=True)
     assert graphs.tokens.device.type == "meta"
 
 
