@@ -42,7 +42,9 @@ __all__ = [
     "keyed_exponentials",
     "keyed_exponentials_at",
     "noise_key",
+    "race",
     "sample",
+    "truncate",
 ]
 
 
@@ -96,10 +98,11 @@ def _effective_top_k(top_k: torch.Tensor, vocab: int, device: torch.device) -> t
     return torch.where(k > 0, k, torch.full_like(k, vocab)).clamp(max=vocab)
 
 
-def _mask_below_kth(x: torch.Tensor, k: torch.Tensor, top_k_host: torch.Tensor) -> torch.Tensor:
+def _mask_below_kth(x: torch.Tensor, k: torch.Tensor, top_k_host: torch.Tensor,
+                    static: bool = False) -> torch.Tensor:
     """-inf below each row's k-th largest value (ties with it are kept). x: [N, V]; k: [N]."""
     vocab = x.shape[1]
-    if top_k_host.device.type == "cpu":
+    if top_k_host.device.type == "cpu" and not static:
         k_max = int(
             torch.where(top_k_host > 0, top_k_host, torch.full_like(top_k_host, vocab))
             .clamp(max=vocab)
@@ -118,21 +121,25 @@ def apply_sampling_params(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor,
+    static: bool = False,
 ) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p (in that order) -> float32 probabilities [N, V].
 
     logits: [N, V] float; temperature float32 [N] (0 = greedy: one-hot at argmax(logits));
     top_k int64 [N] (<= 0 off); top_p float32 [N] (>= 1 off); min_p float32 [N] (<= 0 off).
+    static: every stage runs, at fixed shapes, reading nothing back, whatever the device (what
+    a captured graph records; else CPU tensors skip the stages no row needs and sort only what
+    top-k leaves).
     """
     # logits: [N, V]
     n, vocab = logits.shape
     device = logits.device
     x = logits.to(torch.float32)
 
-    use_top_k = _host_any((top_k > 0) & (top_k < vocab))
-    use_top_p = _host_any(top_p < 1.0)
-    use_min_p = _host_any(min_p > 0.0)
-    any_greedy = _host_any(temperature == 0)
+    use_top_k = static or _host_any((top_k > 0) & (top_k < vocab))
+    use_top_p = static or _host_any(top_p < 1.0)
+    use_min_p = static or _host_any(min_p > 0.0)
+    any_greedy = static or _host_any(temperature == 0)
 
     temp = temperature.to(device=device, dtype=torch.float32, non_blocking=True)
     greedy = temp == 0  # [N]
@@ -142,11 +149,11 @@ def apply_sampling_params(
     if use_top_p:
         if use_top_k:
             k = _effective_top_k(top_k, vocab, device)
-            x = _mask_below_kth(x, k, top_k)  # ties with the k-th value are kept
+            x = _mask_below_kth(x, k, top_k, static)  # ties with the k-th value are kept
         # sort only what can survive: on the CPU, when every row has top-k, the survivors of the
         # top-k mask (counted exactly, ties included) bound the sort width; else a full sort
         width = vocab
-        if use_top_k and logits.device.type == "cpu" and bool((top_k > 0).all()):
+        if use_top_k and logits.device.type == "cpu" and not static and bool((top_k > 0).all()):
             width = int((x > float("-inf")).sum(dim=-1).max())
         x_sorted, order = (
             x.topk(width, dim=-1) if width < vocab else x.sort(dim=-1, descending=True)
@@ -160,7 +167,7 @@ def apply_sampling_params(
         x_sorted = x_sorted.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter_(1, order, x_sorted)
     elif use_top_k:
-        x = _mask_below_kth(x, _effective_top_k(top_k, vocab, device), top_k)
+        x = _mask_below_kth(x, _effective_top_k(top_k, vocab, device), top_k, static)
 
     probs = x.softmax(dim=-1)  # [N, V]
     if use_min_p:
@@ -185,6 +192,22 @@ def draw_exponentials(num_rows: int, vocab: int, device: torch.device) -> torch.
     exps = torch.empty(num_rows, vocab, dtype=torch.float32, device=device).uniform_()
     # E = -log(U) > 0 for U < 1, so p / E never divides by zero
     return exps.log_().neg_()
+
+
+# -- truncated draws: a sampled draft token and the q it is sent with -------------------------
+
+def truncate(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [n, V] -> its k likeliest entries renormalised (probabilities [n, k], token ids
+    [n, k]): the truncated q a sampled draft token is drawn from, and sent with it."""
+    vals, idx = q.topk(k, dim=-1)
+    return vals / vals.sum(dim=-1, keepdim=True), idx
+
+
+def race(vals: torch.Tensor, idx: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """The exponential race over a truncated q: argmax(q / E) with E ~ Exp(1) per entry is a
+    draw from q. vals, idx, noise [n, K] -> the chosen token ids [n]."""
+    picks = (vals / noise).argmax(dim=-1, keepdim=True)
+    return idx.gather(1, picks)[:, 0]
 
 
 # -- keyed noise: a seeded request's random numbers as a function of (seed, position) ----------

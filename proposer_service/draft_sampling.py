@@ -25,6 +25,8 @@ from kernels.sampling import (
     key_halves,
     keyed_exponentials_at,
     noise_key,
+    race,
+    truncate,
 )
 from splitspec.params import SamplingParams
 
@@ -107,20 +109,6 @@ class DraftChooser:
         return out
 
 
-def truncate(q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [n, V] -> its k likeliest entries renormalised (probabilities [n, k], token ids
-    [n, k]): the truncated q a sampled draft token is drawn from, and sent with it."""
-    vals, idx = q.topk(k, dim=-1)
-    return vals / vals.sum(dim=-1, keepdim=True), idx
-
-
-def race(vals: torch.Tensor, idx: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """The exponential race over a truncated q: argmax(q / E) with E ~ Exp(1) per entry is a
-    draw from q. vals, idx, noise [n, K] -> the chosen token ids [n]."""
-    picks = (vals / noise).argmax(dim=-1, keepdim=True)
-    return idx.gather(1, picks)[:, 0]
-
-
 def choose_static(logits: torch.Tensor, inputs: dict[str, torch.Tensor], j: torch.Tensor,
                   k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DraftChooser's choice for every row of logits [B, V] at once, from fixed-shape device
@@ -130,7 +118,7 @@ def choose_static(logits: torch.Tensor, inputs: dict[str, torch.Tensor], j: torc
     unseeded rows), j [1] (this iteration, on the device). Returns tokens [B] and the
     truncated q (token ids, probabilities [B, K]; a greedy row's is its one-hot)."""
     q = apply_sampling_params(logits.float(), inputs["temperature"], inputs["top_k"],
-                              inputs["top_p"], inputs["min_p"])
+                              inputs["top_p"], inputs["min_p"], static=True)
     vals, idx = truncate(q, k)
     at = j.view(1, 1, 1)
     halves = inputs["halves"].gather(0, at.expand(1, *inputs["halves"].shape[1:]))[0]  # [B, 2]

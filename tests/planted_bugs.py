@@ -288,6 +288,11 @@ def eagle_graph_row_blind_to_itself(monkeypatch) -> None:
                         lambda columns, col: (columns < col)[None, None, None])
 
 
+def eagle_graph_sampled_keys_one_position_off(monkeypatch) -> None:
+    """The captured sampled EAGLE chain keys a seeded token's noise by the next position."""
+    monkeypatch.setattr(eagle_graphs, "noise_key", lambda seed, pos: noise_key(seed, pos + 1))
+
+
 def eagle_graph_advance_rows_see_later_rows(monkeypatch) -> None:
     """The captured advance's rows see every row fed with them, not only those before."""
     monkeypatch.setattr(eagle_graphs, "causal_columns", lambda columns, pos: (

@@ -26,8 +26,8 @@ sequence (`EagleState`):
 
 The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
 loops read nothing back until the draft is handed over, once). Where the device captures graphs,
-a greedy chain replays one captured iteration per drafted token and the advance over a step's
-kept rows one captured width (verifier_service/eagle_graphs.py); sampled chains, trees and wide
+a chain (greedy or sampled) replays one captured iteration per drafted token and the advance
+over a step's kept rows one captured width (verifier_service/eagle_graphs.py); trees and wide
 prefill chunks run eagerly. The stats count chains and advances run each way.
 """
 
@@ -59,7 +59,7 @@ class EagleMethod(InTargetMethod):
         self.max_k = max_k  # the longest chain a request may ask for
         self.capture = graphs  # --graphs: capture where the device can
         self.head: EagleHead | None = None
-        self.graphs: EagleGraphs | None = None  # greedy chains and advances as device graphs
+        self.graphs: EagleGraphs | None = None  # chains and advances as device graphs
         self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0,
                          "graph_chains_total": 0.0, "eager_chains_total": 0.0,
                          "graph_advances_total": 0.0, "eager_advances_total": 0.0}
@@ -93,7 +93,8 @@ class EagleMethod(InTargetMethod):
         self.head = EagleHead(spec, weights, embed, head, linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
         if self.capture and supports_graphs(runner.device):
-            self.graphs = EagleGraphs(self.head, runner.max_model_len, self.max_k)
+            self.graphs = EagleGraphs(self.head, runner.max_model_len, self.max_k,
+                                      top_k=DRAFT_TOP_K)
             self.graphs.capture()
         log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
                  f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers
@@ -161,15 +162,15 @@ class EagleState(InTargetState):
         self.method.counters["drafted_tokens_total"] += k
         if self.branches > 1:
             draft = self.seq.draft_tree(self.branches, min(k, MAX_TREE_DEPTH), k)
-        elif self.sampling.greedy:
-            graphs = self.method.graphs
-            if graphs is not None and graphs.captured and graphs.serves(self.seq, k):
-                self.method.counters["graph_chains_total"] += 1
-                return graphs.chain(self.seq, k)
-            self.method.counters["eager_chains_total"] += 1
-            return self.seq.chain(k).tolist()
         else:
-            draft = self.seq.sampled_chain(k, self.sampling, len(tokens), DRAFT_TOP_K)
+            greedy, graphs = self.sampling.greedy, self.method.graphs
+            replayed = (graphs is not None and graphs.serves(self.seq, k)
+                        and (graphs.captured if greedy else graphs.captured_sampled))
+            self.method.counters["graph_chains_total" if replayed else "eager_chains_total"] += 1
+            if greedy:
+                return graphs.chain(self.seq, k) if replayed else self.seq.chain(k).tolist()
+            draft = (graphs.sampled_chain(self.seq, k, self.sampling, len(tokens)) if replayed
+                     else self.seq.sampled_chain(k, self.sampling, len(tokens), DRAFT_TOP_K))
         draft.seq_id = self.request_id
         return draft
 

@@ -1,4 +1,5 @@
-"""The EAGLE head's greedy drafting and its advance, replayed as device graphs over static buffers.
+"""The EAGLE head's drafting (greedy and sampled chains) and its advance, replayed as device
+graphs over static buffers.
 
 On an accelerator one row of the head is some forty eager launches (embedding, two norms, the
 fused products, RoPE, attention, the MLP, the logits, the argmax): measured on an H100, 1.2-1.5
@@ -22,14 +23,21 @@ columns up to `col`), leaves the output and its logits in `hidden` and `logits`,
 tokens `EagleSequence.chain` drafts. The sequence's own buffer is not written: its scratch rows
 are overwritten by the next advance anyway.
 
+A sampled chain replays a second iteration graph that picks token j as `sampled_chain` does:
+the request's temperature, top-k, top-p and min-p over the logits, the top-K truncated q, and
+the exponential race over it with the keyed noise of the token's position (seeded requests,
+computed at the target ids inside the graph) or Exp(1) noise drawn on the device before the
+first replay (unseeded); each token's q row (target ids, probabilities) is written beside it.
+The parameters and keys are copied in once per chain; tokens and q rows come back in one copy.
+
 The advance (one graph per width bucket) feeds the kept rows at columns start .. start + W - 1
 (each row sees the columns up to its own; padding rows write columns past the real ones, which
 nothing reads), and leaves the last real row's output and logits in `hidden` and `logits`; the
 new columns and that root are copied out into the sequence (`EagleSequence.advance`'s effect).
 
 On the CPU both run eagerly over the same buffers (what the tests compare with the head's own
-loops); the verifier uses them only where they are captured. Sampled chains, trees and prefill
-chunks wider than the widest bucket keep the eager code. The graphs read the head's RoPE table:
+loops); the verifier uses them only where they are captured. Trees and prefill chunks wider
+than the widest bucket keep the eager code. The graphs read the head's RoPE table:
 it is grown to the capacity before capture and kept here, so a later growth by eager code
 cannot free what the graphs read.
 """
@@ -41,18 +49,31 @@ import time
 
 import torch
 
+from kernels.sampling import (
+    apply_sampling_params,
+    key_halves,
+    keyed_exponentials_at,
+    noise_key,
+    race,
+    truncate,
+)
+from kernels.sparse_probs import SparseProbs
 from splitspec import device as dev
 from splitspec.graphs import powers_up_to
+from splitspec.params import SamplingParams
+from splitspec.proposal import Draft
 from verifier_service.eagle_head import EagleHead, EagleSequence
 
 log = logging.getLogger(__name__)
 
 
 class EagleGraphs:
-    def __init__(self, head: EagleHead, capacity: int, max_k: int, capture: bool = True):
+    def __init__(self, head: EagleHead, capacity: int, max_k: int, capture: bool = True,
+                 top_k: int = 16):
         """capacity: columns (positions) a sequence may reach and draft from here (longer
         ones draft eagerly); max_k: drafted tokens per chain at most (an advance keeps up to
-        1 + max_k rows: the widths are powers of two up to that)."""
+        1 + max_k rows: the widths are powers of two up to that); top_k: K of a sampled
+        chain's truncated q."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
         self.capacity, self.max_k = capacity, max_k
@@ -67,6 +88,16 @@ class EagleGraphs:
         self.col = torch.zeros(1, dtype=torch.long, device=device)
         self.j = torch.zeros(1, dtype=torch.long, device=device)
         self.tokens = torch.zeros(max_k, dtype=torch.long, device=device)
+        # a sampled chain: the request's parameters [1] each (keyed: 1 when seeded), its noise
+        # keys per token [max_k, 2], unseeded noise [max_k, K]; out: each token's q row
+        self.top_k = min(top_k, width)
+        self.sampling = {name: torch.zeros(1, dtype=dtype, device=device) for name, dtype in (
+            ("temperature", torch.float32), ("top_k", torch.long), ("top_p", torch.float32),
+            ("min_p", torch.float32), ("keyed", torch.long))}
+        self.halves = torch.zeros(max_k, 2, dtype=torch.long, device=device)
+        self.noise = torch.ones(max_k, self.top_k, dtype=torch.float32, device=device)
+        self.q_ids = torch.zeros(max_k, self.top_k, dtype=torch.long, device=device)
+        self.q_probs = torch.zeros(max_k, self.top_k, dtype=torch.float32, device=device)
         self.columns = torch.arange(capacity, device=device)
         self.widths = powers_up_to(1 + max_k)
         w = self.widths[-1]
@@ -75,6 +106,7 @@ class EagleGraphs:
         self.start = torch.zeros(1, dtype=torch.long, device=device)
         self.last = torch.zeros(1, dtype=torch.long, device=device)
         self.graph = None
+        self.sampled_graph = None
         self.advance_graphs: dict[int, object] = {}
         self._pool = None
         self._rope = None  # the RoPE table the graph reads (kept alive here)
@@ -85,12 +117,17 @@ class EagleGraphs:
         """Whether greedy chains replay a graph here."""
         return self.graph is not None
 
+    @property
+    def captured_sampled(self) -> bool:
+        """Whether sampled chains replay a graph here."""
+        return self.sampled_graph is not None
+
     def captured_advance(self, rows: int) -> bool:
         """Whether an advance by `rows` rows replays a graph here."""
         return rows <= self.widths[-1] and self.width(rows) in self.advance_graphs
 
     def serves(self, seq: EagleSequence, k: int) -> bool:
-        """Whether a greedy chain of k from this sequence's root runs here: every column it
+        """Whether a chain of k from this sequence's root runs here: every column it
         writes (length .. length + k - 2) fits the capacity."""
         return 0 < k <= self.max_k and seq.root_out is not None and \
             seq.length + k - 1 <= self.capacity
@@ -106,11 +143,31 @@ class EagleGraphs:
 
     # -- one iteration (what the graph records) --------------------------------------------------
 
-    def iteration(self) -> None:
-        """Token j = argmax(logits), fed at column col; hidden, logits, col and j move on."""
+    def pick(self, sampled: bool = False) -> torch.Tensor:
+        """Token j from logits into tokens[j] (and, sampled, its q row into q_ids, q_probs):
+        argmax, or drawn from the truncated q by the request's parameters. [1] target id."""
         head = self.head
-        tok = head.target_ids(self.logits.argmax(-1, keepdim=True))  # [1]: a gather, no read
+        if not sampled:
+            tok = head.target_ids(self.logits.argmax(-1, keepdim=True))  # [1]: a gather
+        else:
+            s = self.sampling
+            q = apply_sampling_params(self.logits[None].float(), s["temperature"], s["top_k"],
+                                      s["top_p"], s["min_p"], static=True)  # [1, Vd]
+            vals, idx = truncate(q, self.top_k)  # [1, K]
+            ids = head.target_ids(idx[0])[None]  # [1, K]: the noise is keyed at target ids
+            keyed = keyed_exponentials_at(self.halves.index_select(0, self.j), ids)
+            noise = torch.where(s["keyed"].bool()[:, None], keyed,
+                                self.noise.index_select(0, self.j))
+            tok = race(vals, ids, noise)  # [1]
+            self.q_ids.index_copy_(0, self.j, ids)
+            self.q_probs.index_copy_(0, self.j, vals)
         self.tokens.index_copy_(0, self.j, tok)
+        return tok
+
+    def iteration(self, sampled: bool = False) -> None:
+        """Token j picked from logits, fed at column col; hidden, logits, col and j move on."""
+        head = self.head
+        tok = self.pick(sampled)
         mask = visible_columns(self.columns, self.col)
 
         def attend(q, k, v):
@@ -144,11 +201,12 @@ class EagleGraphs:
         self.hidden.copy_(root)
         self.logits.copy_(head.logits(root))
 
-    def _run(self) -> None:
-        if self.graph is not None:
-            self.graph.replay()
+    def _run(self, sampled: bool = False) -> None:
+        graph = self.sampled_graph if sampled else self.graph
+        if graph is not None:
+            graph.replay()
         else:
-            self.iteration()
+            self.iteration(sampled)
 
     def _run_advance(self, width: int) -> None:
         graph = self.advance_graphs.get(width)
@@ -170,15 +228,18 @@ class EagleGraphs:
         self._pool = dev.graph_pool(device)
         stream = dev.new_stream(device)
         self.graph = self._capture_one(stream, self.iteration, "the chain iteration")
+        self.sampled_graph = self._capture_one(stream, lambda: self.iteration(True),
+                                               "the sampled chain iteration")
         for width in reversed(self.widths):
             graph = self._capture_one(stream, lambda w=width: self.advance_rows(w),
                                       f"the advance over {width} rows")
             if graph is not None:
                 self.advance_graphs[width] = graph
         dev.synchronize(device)
-        log.info("captured the EAGLE chain iteration (%s) and %d advance widths of %s "
-                 "(capacity %d, k up to %d) in %.2f s",
-                 "yes" if self.graph is not None else "no", len(self.advance_graphs),
+        log.info("captured the EAGLE chain iteration (greedy %s, sampled %s) and %d advance "
+                 "widths of %s (capacity %d, k up to %d) in %.2f s",
+                 "yes" if self.graph is not None else "no",
+                 "yes" if self.sampled_graph is not None else "no", len(self.advance_graphs),
                  list(self.widths), self.capacity, self.max_k, time.perf_counter() - start)
 
     def _capture_one(self, stream, body, what: str):
@@ -209,6 +270,43 @@ class EagleGraphs:
     def chain(self, seq: EagleSequence, k: int) -> list[int]:
         """A greedy chain of k target ids from the sequence's root (serves() must hold): the
         tokens EagleSequence.chain drafts, one host read."""
+        self._start_chain(seq)
+        for _ in range(k - 1):
+            self._run()
+        self.pick()
+        (tokens,), _ = self.fetch([self.tokens[:k]])
+        return tokens.tolist()
+
+    @torch.no_grad()
+    def sampled_chain(self, seq: EagleSequence, k: int, params: SamplingParams,
+                      first_position: int) -> Draft:
+        """A chain of k drawn from the head's q after the request's parameters (serves() must
+        hold): what EagleSequence.sampled_chain drafts with this K (a seeded request: the very
+        tokens; unseeded: draws from the same q), each token with the q it was drawn from; one
+        copy in of the parameters, one host read."""
+        s, p = self.sampling, params
+        for name, value in (("temperature", p.temperature), ("top_k", p.top_k),
+                            ("top_p", p.top_p), ("min_p", p.min_p),
+                            ("keyed", int(p.seed is not None))):
+            s[name].fill_(value)
+        if p.seed is not None:
+            keys = [noise_key(p.seed, first_position + i) for i in range(k)]
+            self.halves[:k].copy_(dev.to_device(key_halves(keys), self.device))
+        else:
+            self.noise[:k].uniform_().log_().neg_()  # Exp(1), as draw_exponentials
+        self._start_chain(seq)
+        for _ in range(k - 1):
+            self._run(sampled=True)
+        self.pick(sampled=True)
+        (tokens, ids), (vals,) = self.fetch([self.tokens[:k], self.q_ids[:k]],
+                                            [self.q_probs[:k]])
+        keep = vals > 0  # the q rows as sent: each token's support, its probabilities
+        rows = [(ids[i][keep[i]].tolist(), vals[i][keep[i]].tolist()) for i in range(k)]
+        return Draft("", tokens.tolist(), q=SparseProbs.from_rows(rows))
+
+    def _start_chain(self, seq: EagleSequence) -> None:
+        """The sequence's columns and root into the buffers; the chain's first column and
+        token index."""
         n = seq.length
         self.keys[:, :, :n].copy_(seq.keys[:, :, :n])
         self.values[:, :, :n].copy_(seq.values[:, :, :n])
@@ -216,12 +314,6 @@ class EagleGraphs:
         self.logits.copy_(seq.root_logits)
         self.col.fill_(n)
         self.j.zero_()
-        for _ in range(k - 1):
-            self._run()
-        last = self.head.target_ids(self.logits.argmax(-1, keepdim=True))
-        self.tokens.index_copy_(0, self.j, last)
-        (tokens,), _ = self.fetch([self.tokens[:k]])
-        return tokens.tolist()
 
 
     @torch.no_grad()  # not inference mode: a sequence's grown buffer stays writable eagerly

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from kernels.eagle_tree import TreeState, first_level, next_level, select
 from kernels.linear import PackedLinear, resolve
-from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample
+from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample, truncate
 from kernels.sparse_probs import SparseProbs
 from splitspec.device import HostFetch
 from splitspec.params import SamplingParams
@@ -380,8 +380,7 @@ class EagleSequence:
         logits, hidden = self.root_logits, self.root_out
         for i in range(k):
             q = apply_sampling_params(logits[None].float(), *settings)  # [1, Vd]
-            vals, idx = q.topk(min(top_k, q.shape[-1]), dim=-1)
-            vals = vals / vals.sum(-1, keepdim=True)
+            vals, idx = truncate(q, min(top_k, q.shape[-1]))
             key = None if p.seed is None else noise_key(p.seed, first_position + i)
             ids = head.target_ids(idx[0])  # [K]
             pick = sample(vals) if key is None else _keyed_pick(vals, ids, key)  # [1]

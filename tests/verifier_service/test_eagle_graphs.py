@@ -1,8 +1,8 @@
 """The EAGLE head's chain and advance over static buffers (verifier_service/eagle_graphs.py),
 run eagerly here as they run before capture: the same tokens as the head's own chain at every k
-and root, the same cache and root as its own advance at every width (padding rows included),
-nothing read back inside what a graph records, and shapes past the buffers left to the eager
-code."""
+and root, sampled chains with the same q (seeded: the same tokens) as its own sampled chain,
+the same cache and root as its own advance at every width (padding rows included), nothing read
+back inside what a graph records, and shapes past the buffers left to the eager code."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target
 from engine_testlib import drained, make_engine, request_ids, run_all
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from splitspec.params import SamplingParams
 from verifier_service.eagle_graphs import EagleGraphs
 
 PROMPTS = [PROMPT_TOKENS, PROMPT_TOKENS[::-1], [7, 7, 7, 9, 11], PROMPT_TOKENS[3:] * 3]
@@ -38,6 +39,41 @@ def test_a_fed_row_blind_to_its_own_keys_fails_the_comparison(monkeypatch):
     bug.eagle_graph_row_blind_to_itself(monkeypatch)
     with pytest.raises(AssertionError):
         check_static_chains_match()
+
+
+SAMPLING = [SamplingParams(temperature=0.8, seed=3),
+            SamplingParams(temperature=1.0, top_k=10, top_p=0.9, seed=9),
+            SamplingParams(temperature=0.7, min_p=0.05)]
+
+
+def check_static_sampled_chains_match(k: int = 5) -> None:
+    """Seeded chains: the head's very tokens and q rows. Unseeded: the same first q (the later
+    ones follow the draws), each token in the q it was drawn from."""
+    for prompt in PROMPTS[:2]:
+        for params in SAMPLING:
+            seq = eagle3_sequence(prompt)
+            graphs = EagleGraphs(seq.head, capacity=64, max_k=8, capture=False, top_k=16)
+            eager = seq.sampled_chain(k, params, len(prompt), 16)
+            static = graphs.sampled_chain(seq, k, params, len(prompt))
+            seeded = params.seed is not None
+            if seeded:
+                assert static.tokens == eager.tokens, (prompt, params)
+            for (got_ids, got_p), (want_ids, want_p) in list(
+                    zip(static.q.rows(), eager.q.rows()))[:k if seeded else 1]:
+                assert list(got_ids) == list(want_ids)
+                assert list(got_p) == pytest.approx(list(want_p), abs=1e-6)
+            for token, (ids, probs) in zip(static.tokens, static.q.rows()):
+                assert token in list(ids) and sum(probs) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_static_sampled_chain_draws_what_the_heads_sampled_chain_draws():
+    check_static_sampled_chains_match()
+
+
+def test_seeded_noise_keyed_one_position_off_fails_the_comparison(monkeypatch):
+    bug.eagle_graph_sampled_keys_one_position_off(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_static_sampled_chains_match()
 
 
 ADVANCES = [3, 1, 9, 2, 5, 4]  # rows kept per step: every width of max_k 8, padded or not
@@ -72,8 +108,8 @@ def test_advanced_rows_seeing_later_rows_fail_the_comparison(monkeypatch):
         check_static_advance_matches()
 
 def test_a_sequence_grown_by_the_static_advance_is_drafted_by_the_eager_loops_too():
-    """Trees and sampled chains stay eager: they write scratch columns into the buffer the
-    static advance grew (which must not come out as an inference-mode tensor)."""
+    """Trees and the head's own chains write scratch columns into the buffer the static
+    advance grew (which must not come out as an inference-mode tensor)."""
     seq = eagle3_sequence(PROMPT_TOKENS)  # capacity 64
     graphs = EagleGraphs(seq.head, capacity=256, max_k=8, capture=False)
     for _ in range(8):
@@ -105,8 +141,10 @@ def test_the_iteration_reads_nothing_back(monkeypatch):
 
     monkeypatch.setattr(torch.Tensor, "tolist", no_list)
     graphs.advance(seq, torch.randn(3, seq.head.spec.feature_size), torch.tensor([4, 5, 6]))
+    graphs.sampled_chain(seq, 3, SAMPLING[1], len(PROMPT_TOKENS))  # sampling inputs set
     with _NoHostReads():
         graphs.iteration()
+        graphs.iteration(sampled=True)
         graphs.advance_rows(4)
     with pytest.raises(AssertionError, match="host read"), _NoHostReads():
         int(graphs.col)  # the mode itself catches a read
