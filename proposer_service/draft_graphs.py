@@ -150,8 +150,9 @@ class DraftGraphs:
         if sampled:
             rows = {name: x[name][:b] for name in ("temperature", "top_k", "top_p", "min_p",
                                                   "keyed")}
-            rows["halves"], rows["noise"] = x["halves"][:, :b], self.noise[:, :b]
-            token, q_ids, q_probs = choose_static(logits, rows, x["j"], self.top_k)
+            halves = x["halves"].index_select(0, x["j"])[0, :b]  # [b, 2]: this position's
+            noise = self.noise.index_select(0, x["j"])[0, :b]  # [b, K]
+            token, q_ids, q_probs = choose_static(logits, rows, halves, noise, self.top_k)
             wide = at[:, :, None].expand(b, 1, self.top_k)
             self.q_ids[:b].scatter_(1, wide, q_ids[:, None])
             self.q_probs[:b].scatter_(1, wide, q_probs[:, None])

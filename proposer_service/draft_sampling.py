@@ -109,23 +109,20 @@ class DraftChooser:
         return out
 
 
-def choose_static(logits: torch.Tensor, inputs: dict[str, torch.Tensor], j: torch.Tensor,
-                  k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def choose_static(logits: torch.Tensor, inputs: dict[str, torch.Tensor], halves: torch.Tensor,
+                  noise: torch.Tensor, k: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DraftChooser's choice for every row of logits [B, V] at once, from fixed-shape device
     inputs (what a captured drafting iteration runs; the same numbers per row as the chooser):
-    temperature, top_k, top_p, min_p [B] (temperature 0: greedy), keyed [B] (1: seeded),
-    halves [J, B, 2] (seeded rows' noise keys per iteration), noise [J, B, K] (Exp(1) for the
-    unseeded rows), j [1] (this iteration, on the device). Returns tokens [B] and the
-    truncated q (token ids, probabilities [B, K]; a greedy row's is its one-hot)."""
+    inputs' temperature, top_k, top_p, min_p [B] (temperature 0: greedy) and keyed [B]
+    (1: seeded); this position's noise keys of the seeded rows, halves [B, 2], and Exp(1) noise
+    of the unseeded ones [B, K]. Returns tokens [B] and the truncated q (token ids,
+    probabilities [B, K]; a greedy row's is its one-hot)."""
     q = apply_sampling_params(logits.float(), inputs["temperature"], inputs["top_k"],
                               inputs["top_p"], inputs["min_p"], static=True)
     vals, idx = truncate(q, k)
-    at = j.view(1, 1, 1)
-    halves = inputs["halves"].gather(0, at.expand(1, *inputs["halves"].shape[1:]))[0]  # [B, 2]
-    drawn = inputs["noise"].gather(0, at.expand(1, *inputs["noise"].shape[1:]))[0]  # [B, K]
     keyed = inputs["keyed"].bool()[:, None]
-    noise = torch.where(keyed, keyed_exponentials_at(halves, idx), drawn)
-    chosen = race(vals, idx, noise)
+    chosen = race(vals, idx, torch.where(keyed, keyed_exponentials_at(halves, idx), noise))
     greedy = inputs["temperature"] == 0
     return torch.where(greedy, logits.argmax(dim=-1), chosen), idx, vals
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from kernels.linear import pack_linears
+from kernels.sampling import draw_exponentials, key_halves
 from kernels.sparse_probs import SparseProbs
 from proposer_service.base import (
     HistoryStore,
@@ -45,7 +46,7 @@ from proposer_service.base import (
     draft_in_batches,
     load_learned,
 )
-from proposer_service.draft_sampling import DraftChooser, draft_keys
+from proposer_service.draft_sampling import DraftChooser, choose_static, draft_keys
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
 from splitspec.device import HostFetch
 from splitspec.device import to_device as _to
@@ -128,7 +129,8 @@ class MlpSpeculatorProposer(Proposer):
         self.draft_top_k = draft_top_k
         self.max_batch = max(1, max_batch)
         self.idle_timeout_s = idle_timeout_s
-        # greedy heads replayed as device graphs per batch bucket where the device has them
+        # the heads (greedy, and sampled: choose_static) replayed as device graphs per batch
+        # bucket where the device has them
         self.replay = Replay(device)
         self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64) if b < self.max_batch] + [
             self.max_batch]
@@ -170,6 +172,10 @@ class MlpSpeculatorProposer(Proposer):
             self.replay.capture(b, self._greedy_heads, {
                 "hidden": torch.zeros(b, self.hidden_size, dtype=dtype, device=self.device),
                 "token": torch.zeros(b, dtype=torch.long, device=self.device)})
+            inputs = {name: torch.zeros_like(v, device=self.device)
+                      for name, v in self._sampled_values([], b, dtype).items()}
+            inputs["top_p"].fill_(1.0)
+            self.replay.capture(("sampled", b), self._sampled_heads, inputs)
 
     def _greedy_heads(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
         """Every head greedily, token fed back on the device: [B, max_k] tokens."""
@@ -179,6 +185,54 @@ class MlpSpeculatorProposer(Proposer):
             tok = logits.argmax(dim=-1)
             out.append(tok)
         return torch.stack(out, 1)
+
+    @property
+    def _top_k(self) -> int:
+        return min(self.draft_top_k, self.vocab_size)
+
+    def _sampled_heads(self, x: dict[str, torch.Tensor]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every head choosing each row's token by its sampling inputs as the eager chooser
+        does (greedy rows: argmax), fed back on the device: tokens [B, max_k] and each head's
+        truncated q, token ids and probabilities [max_k, B, K]."""
+        state, tok = self.model.input_state(x["hidden"]), x["token"]
+        tokens, q_ids, q_probs = [], [], []
+        for i in range(self.max_k):
+            state, logits = self.model.step(state, tok, i)
+            tok, ids, probs = choose_static(logits, x, x["halves"][i], x["noise"][i],
+                                            self._top_k)
+            tokens.append(tok)
+            q_ids.append(ids)
+            q_probs.append(probs)
+        return torch.stack(tokens, 1), torch.stack(q_ids), torch.stack(q_probs)
+
+    def _sampled_values(self, work, bucket: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The sampled heads' inputs for a batch padded to `bucket` rows (padding rows greedy),
+        on the host but for the unseeded rows' noise, drawn on the device."""
+        n, heads = len(work), self.max_k
+        params = [step.sampling for step, _, _ in work]
+        x = {"hidden": torch.zeros(bucket, self.hidden_size, dtype=dtype),
+             "token": torch.zeros(bucket, dtype=torch.long),
+             "temperature": torch.zeros(bucket), "top_k": torch.zeros(bucket, dtype=torch.long),
+             "top_p": torch.ones(bucket), "min_p": torch.zeros(bucket),
+             "keyed": torch.zeros(bucket, dtype=torch.long),
+             "halves": torch.zeros(heads, bucket, 2, dtype=torch.long),
+             "noise": draw_exponentials(heads * bucket, self._top_k, self.device).view(
+                 heads, bucket, self._top_k)}
+        if n:
+            x["hidden"][:n] = torch.stack([h for _, _, h in work]).to(dtype)
+            x["token"][:n] = torch.tensor([t for _, t, _ in work])
+        for r, p in enumerate(params):
+            if not p.greedy:
+                x["temperature"][r], x["top_k"][r] = p.temperature, p.top_k
+                x["top_p"][r], x["min_p"][r] = p.top_p, p.min_p
+        for i in range(heads):
+            keys = draft_keys(params, [step.history_len + i for step, _, _ in work])
+            for r, key in enumerate(keys):
+                if key is not None:
+                    x["keyed"][r] = 1
+                    x["halves"][i, r] = key_halves([key])[0]
+        return x
 
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="mlp", vocab_size=self.vocab_size,
@@ -200,6 +254,8 @@ class MlpSpeculatorProposer(Proposer):
         bucket = next((b for b in self.buckets if b >= len(work)), None)
         if bucket in self.replay and all(p.greedy for p in params):
             return self._replayed(work, ks, bucket, dtype)
+        if ("sampled", bucket) in self.replay:
+            return self._replayed_sampled(work, ks, bucket, dtype)
         hidden = _to(torch.stack([h for _, _, h in work]), self.device).to(dtype)  # [B, H]
         tok = _to(torch.tensor([t for _, t, _ in work], dtype=torch.long), self.device)  # [B]
         state = self.model.input_state(hidden)  # [B, H]
@@ -241,6 +297,28 @@ class MlpSpeculatorProposer(Proposer):
         (tokens,), _ = self.fetch([out[:n]])
         return [Draft(step.seq_id, tokens[r, :k].tolist())
                 for r, ((step, _, _), k) in enumerate(zip(work, ks))]
+
+    @torch.inference_mode()
+    def _replayed_sampled(self, work, ks: list[int], bucket: int, dtype: torch.dtype
+                          ) -> list[Draft]:
+        """draft_batch's steps with sampled rows through the captured sampled heads (run
+        eagerly where none is captured): rows padded to the bucket, one copy out."""
+        n = len(work)
+        values = {name: _to(v, self.device)
+                  for name, v in self._sampled_values(work, bucket, dtype).items()}
+        tokens, q_ids, q_probs = self.replay(("sampled", bucket), self._sampled_heads, values)
+        (tok_h, qi_h), (qp_h,) = self.fetch([tokens[:n], q_ids[:, :n]], [q_probs[:, :n]])
+        tok_h, qi_h, qp_h = tok_h.tolist(), qi_h.tolist(), qp_h.tolist()
+        drafts = []
+        for r, ((step, _, _), k) in enumerate(zip(work, ks)):
+            q = None
+            if not step.sampling.greedy:
+                rows = [[(t, v) for t, v in zip(qi_h[i][r], qp_h[i][r]) if v > 0]
+                        for i in range(k)]
+                q = SparseProbs.from_rows([([t for t, _ in row], [v for _, v in row])
+                                           for row in rows])
+            drafts.append(Draft(step.seq_id, tok_h[r][:k], q=q))
+        return drafts
 
     @torch.inference_mode()
     def draft_tree_batch(self, work: list[tuple[SequenceStep, int, torch.Tensor]]) -> list[Draft]:

@@ -15,6 +15,7 @@ import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_graphs as draft_graphs
 import proposer_service.draft_sampling as draft_sampling
+import proposer_service.mlp as mlp
 import splitspec.goodput as goodput
 import verifier_service.eagle_format as eagle_format
 import verifier_service.eagle_graphs as eagle_graphs
@@ -97,14 +98,16 @@ def draft_q_is_not_the_sampled_one(monkeypatch) -> None:
 
 
 def static_draft_choice_ignores_seeds(monkeypatch) -> None:
-    """The captured drafting loop's choice treats seeded rows as unseeded (drawn noise in place
-    of the keyed noise of their positions)."""
+    """The captured drafting loops' choice (the draft model's, the MLP speculator's) treats
+    seeded rows as unseeded (drawn noise in place of the keyed noise of their positions)."""
     original = draft_sampling.choose_static
 
-    def unkeyed(logits, inputs, j, k):
-        return original(logits, {**inputs, "keyed": torch.zeros_like(inputs["keyed"])}, j, k)
+    def unkeyed(logits, inputs, halves, noise, k):
+        return original(logits, {**inputs, "keyed": torch.zeros_like(inputs["keyed"])}, halves,
+                        noise, k)
 
     monkeypatch.setattr(draft_graphs, "choose_static", unkeyed)
+    monkeypatch.setattr(mlp, "choose_static", unkeyed)
 
 
 def mismatch_escapes_the_step(monkeypatch) -> None:

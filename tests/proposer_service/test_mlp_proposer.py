@@ -7,6 +7,7 @@ import hashlib
 import json
 import sys
 
+import planted_bugs as bug
 import pytest
 import torch
 from clocks import FakeClock
@@ -227,3 +228,36 @@ def test_the_replayed_greedy_heads_draft_what_the_loop_drafts(proposer):
     loop = proposer.draft_batch(work)
     replayed = proposer._replayed(work, [4, 2, 3], 4, torch.float32)
     assert [d.tokens for d in replayed] == [d.tokens for d in loop]
+
+
+def check_replayed_sampled_heads_match(proposer) -> None:
+    """The path a captured sampled graph serves, here run eagerly: greedy and seeded rows draft
+    the loop's very tokens; every sampled row sends the loop's very q (an unseeded row's at its
+    first head; its later ones follow its own draws), and each token lies in its q."""
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=4),
+              SamplingParams(temperature=1.0, top_k=12), SamplingParams(temperature=0.6,
+                                                                       top_p=0.9, seed=7)]
+    work = [(step(f"s{i}", [5, 6, 7 + i], 4, seed=i, sampling=p), 7 + i, hidden(i))
+            for i, p in enumerate(params)]
+    loop = proposer.draft_batch(work)
+    replayed = proposer._replayed_sampled(work, [4] * 4, 4, torch.float32)
+    assert replayed[0].q is None and replayed[0].tokens == loop[0].tokens
+    for i, heads in ((1, 4), (2, 1), (3, 4)):
+        if heads == 4:
+            assert replayed[i].tokens == loop[i].tokens, i
+        for (got_ids, got_p), (want_ids, want_p) in list(
+                zip(replayed[i].q.rows(), loop[i].q.rows()))[:heads]:
+            assert list(got_ids) == list(want_ids)
+            assert list(got_p) == pytest.approx(list(want_p), abs=1e-6)
+        for token, (ids, probs) in zip(replayed[i].tokens, replayed[i].q.rows()):
+            assert token in list(ids) and sum(probs) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_replayed_sampled_heads_draft_what_the_loop_drafts(proposer):
+    check_replayed_sampled_heads_match(proposer)
+
+
+def test_replayed_heads_blind_to_seeds_fail_the_comparison(proposer, monkeypatch):
+    bug.static_draft_choice_ignores_seeds(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_replayed_sampled_heads_match(proposer)
