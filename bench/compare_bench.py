@@ -83,6 +83,7 @@ class Config:
     ahead: bool | None = None  # drafting ahead on/off; None: not applicable
     branches: int = 1  # token trees: children per node at most (1: a chain)
     lookahead: tuple[int, int, int] | None = None  # lookahead's (W, N, G); None: the default
+    seed: int | None = None  # a seeded sampled request (None: unseeded)
 
     @property
     def label(self) -> str:
@@ -196,7 +197,8 @@ class SplitspecClient:
                                                                   guesses=g))
         req = common_pb2.GenerateRequest(
             text=prompt, speculation=spec,
-            sampling=common_pb2.SamplingParams(temperature=cfg.temperature, top_p=1.0),
+            sampling=common_pb2.SamplingParams(temperature=cfg.temperature, top_p=1.0,
+                                               seed=cfg.seed),
             stopping=common_pb2.StoppingCriteria(max_tokens=max_tokens, ignore_eos=True))
         before = self.probe.sample()
         start = time.perf_counter()

@@ -17,6 +17,8 @@ speculator; the real model too when its directory is there and `--real` is given
     k 3/5/8, token trees, lookahead at three shapes and auto; per pass tokens/s and the ratio
     to off, with their spread over the passes (coefficient of variation), tokens per step and
     the step time split (verify, propose, network ms per step);
+  * one pass of seeded sampled requests (T 0.8) through off and every chain at the smallest k:
+    output identical on and off (sampled drafting replays the captured loops);
   * Hugging Face `generate` on the same device and dtype (eager, dynamic cache, no compile):
     plain, assisted by the draft, prompt lookup;
   * concurrency 16 and 64 (the verifier's --max-num-seqs raised to match): off, the best
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import os
 import re
 import statistics
@@ -205,6 +208,35 @@ def sdpa_lines(args) -> list[str]:
     return out + [""]
 
 
+SEED_TEMPERATURE = 0.8
+
+
+def seeded_lines(client: SplitspecClient, cfgs: list[Config], prompts: list[str],
+                 max_tokens: int) -> list[str]:
+    """One pass of seeded sampled requests (T 0.8, a seed per prompt) through every chain
+    configuration at its smallest k and off: the output must be identical on and off (drafts
+    drawn inside the captured loops with the keyed noise included)."""
+    chains = [c for c in cfgs if c.name not in ("off", "auto", "lookahead")
+              and c.branches == 1 and c.k == KS[0]]
+    seeded = [dataclasses.replace(c, temperature=SEED_TEMPERATURE) for c in
+              [Config("splitspec", "off", 0.0)] + chains]
+    runs = {c: [] for c in seeded}
+    for i, prompt in enumerate(prompts):
+        for c in seeded:
+            client.forget_other_runs(c)
+            runs[c].append(client.run(dataclasses.replace(c, seed=1000 + i), prompt, max_tokens))
+    off = seeded[0]
+    lines = [f"## Seeded sampling (T {SEED_TEMPERATURE}, one seed per prompt), one pass", "",
+             "| configuration | tok/s | x off | tokens / step | identical to off |",
+             "|---|---:|---:|---:|---|"]
+    for c in seeded:
+        same = all(r.tokens == o.tokens for r, o in zip(runs[c], runs[off]))
+        lines.append(f"| {c.label} | {tok_s(runs[c]):.1f} | "
+                     f"{tok_s(runs[c]) / tok_s(runs[off]):.2f} | "
+                     f"{tokens_per_step(runs[c]):.2f} | {'yes' if same else 'NO'} |")
+    return lines + [""]
+
+
 def cv(values: list[float]) -> float:
     return statistics.pstdev(values) / statistics.mean(values) if len(values) > 1 else 0.0
 
@@ -252,9 +284,9 @@ def executor_lines(client: SplitspecClient) -> list[str]:
 def sync_check(args) -> list[str]:
     """Decode steps of an in-process engine under the sync debug mode "error" (CUDA only): a
     plain request (captured buckets), a lookahead one (trees: the eager tree sampler after
-    the graph) and, where the model has a head next to it, a greedy EAGLE chain (the head's
-    drafting and its advance over the kept rows checked too). Any hidden sync inside a step
-    fails it, and is reported with where it happened."""
+    the graph) and, where the model has a head next to it, EAGLE chains greedy, seeded and
+    sampled (the head's drafting and its advance over the kept rows checked too). Any hidden
+    sync inside a step fails it, and is reported with where it happened."""
     import torch
 
     if args.device != "cuda" or not torch.cuda.is_available():
@@ -301,12 +333,14 @@ def sync_check(args) -> list[str]:
         engine_module.verify_step = strict
         for name, fn in hooks.items():
             setattr(eagle_module.EagleState, name, checking(fn, f"eagle {name}"))
-        plans = [SpeculationPlan(), SpeculationPlan("lookahead", 8)]
-        plans += [SpeculationPlan("eagle", 5)] if eagle else []
+        greedy = SamplingParams(temperature=0.0)
+        plans = [(SpeculationPlan(), greedy), (SpeculationPlan("lookahead", 8), greedy)]
+        plans += [(SpeculationPlan("eagle", 5), greedy),  # sampled chains replay graphs too
+                  (SpeculationPlan("eagle", 5), SamplingParams(temperature=0.8, seed=1)),
+                  (SpeculationPlan("eagle", 5), SamplingParams(temperature=0.8))] if eagle else []
         try:
-            for plan in plans:
-                inp = GenerationInput(f"sync-{plan.method}", tuple(range(3, 40)),
-                                      SamplingParams(temperature=0.0),
+            for i, (plan, sampling) in enumerate(plans):
+                inp = GenerationInput(f"sync-{plan.method}-{i}", tuple(range(3, 40)), sampling,
                                       StoppingCriteria(max_tokens=24, ignore_eos=True), plan)
                 try:
                     async for _ in engine.generate(inp):
@@ -421,6 +455,8 @@ def main() -> None:
                     best is None or statistics.mean(ratios) > best[1]):
                 best = (c, statistics.mean(ratios))
         lines += [""]
+        save()
+        lines += seeded_lines(client, cfgs, prompts, args.max_tokens)
         save()
         # Hugging Face in this process while the stack idles (its GPU memory stays held)
         lines += hf_lines(args, models, prompts, off_tok_s=statistics.mean(
