@@ -274,7 +274,7 @@ def executor_lines(client: SplitspecClient) -> list[str]:
             if re.fullmatch(r"splitspec_in_target_(graph|eager)_(chains|advances)_total", name)}
     for what in ("chains", "advances"):
         if f"graph_{what}" in head or f"eager_{what}" in head:
-            kind = "greedy chains" if what == "chains" else "advances over kept rows"
+            kind = "chains (greedy and sampled)" if what == "chains" else "advances over kept rows"
             lines.append(f"- EAGLE {kind} replayed as graphs: "
                          f"{head.get(f'graph_{what}', 0):.0f}, eager: "
                          f"{head.get(f'eager_{what}', 0):.0f}")
