@@ -271,10 +271,12 @@ def executor_lines(client: SplitspecClient) -> list[str]:
             lines.append(f"- eager steps, reason {d.get('reason')}: {v:.0f}")
     head = {name.removeprefix("splitspec_in_target_").removesuffix("_total"): v
             for (name, labels), v in scraped.items()
-            if re.fullmatch(r"splitspec_in_target_(graph|eager)_(chains|advances)_total", name)}
-    for what in ("chains", "advances"):
+            if re.fullmatch(r"splitspec_in_target_(graph|eager)_(chains|trees|advances)_total",
+                            name)}
+    for what in ("chains", "trees", "advances"):
         if f"graph_{what}" in head or f"eager_{what}" in head:
-            kind = "chains (greedy and sampled)" if what == "chains" else "advances over kept rows"
+            kind = {"chains": "chains (greedy and sampled)", "trees": "trees",
+                    "advances": "advances over kept rows"}[what]
             lines.append(f"- EAGLE {kind} replayed as graphs: "
                          f"{head.get(f'graph_{what}', 0):.0f}, eager: "
                          f"{head.get(f'eager_{what}', 0):.0f}")
@@ -285,8 +287,8 @@ def sync_check(args) -> list[str]:
     """Decode steps of an in-process engine under the sync debug mode "error" (CUDA only): a
     plain request (captured buckets), a lookahead one (trees: the eager tree sampler after
     the graph) and, where the model has a head next to it, EAGLE chains greedy, seeded and
-    sampled (the head's drafting and its advance over the kept rows checked too). Any hidden
-    sync inside a step fails it, and is reported with where it happened."""
+    sampled and a tree (the head's drafting and its advance over the kept rows checked too).
+    Any hidden sync inside a step fails it, and is reported with where it happened."""
     import torch
 
     if args.device != "cuda" or not torch.cuda.is_available():
@@ -335,7 +337,8 @@ def sync_check(args) -> list[str]:
             setattr(eagle_module.EagleState, name, checking(fn, f"eagle {name}"))
         greedy = SamplingParams(temperature=0.0)
         plans = [(SpeculationPlan(), greedy), (SpeculationPlan("lookahead", 8), greedy)]
-        plans += [(SpeculationPlan("eagle", 5), greedy),  # sampled chains replay graphs too
+        plans += [(SpeculationPlan("eagle", 5), greedy),  # sampled chains and trees replay too
+                  (SpeculationPlan("eagle", 6, num_branches=2), greedy),
                   (SpeculationPlan("eagle", 5), SamplingParams(temperature=0.8, seed=1)),
                   (SpeculationPlan("eagle", 5), SamplingParams(temperature=0.8))] if eagle else []
         try:

@@ -296,6 +296,15 @@ def eagle_graph_sampled_keys_one_position_off(monkeypatch) -> None:
     monkeypatch.setattr(eagle_graphs, "noise_key", lambda seed, pos: noise_key(seed, pos + 1))
 
 
+def eagle_graph_tree_rows_see_every_fed_row(monkeypatch) -> None:
+    """A captured EAGLE tree's frontier rows see every fed row, not only their ancestors."""
+    def everything(columns, base, ancestors, level, k):
+        seen = (columns - base) < (level - 1) * k  # committed and every fed column
+        return seen[None, None, None].expand(1, 1, k, -1)
+
+    monkeypatch.setattr(eagle_graphs, "tree_columns", everything)
+
+
 def eagle_graph_advance_rows_see_later_rows(monkeypatch) -> None:
     """The captured advance's rows see every row fed with them, not only those before."""
     monkeypatch.setattr(eagle_graphs, "causal_columns", lambda columns, pos: (

@@ -26,9 +26,10 @@ sequence (`EagleState`):
 
 The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
 loops read nothing back until the draft is handed over, once). Where the device captures graphs,
-a chain (greedy or sampled) replays one captured iteration per drafted token and the advance
-over a step's kept rows one captured width (verifier_service/eagle_graphs.py); trees and wide
-prefill chunks run eagerly. The stats count chains and advances run each way.
+a chain (greedy or sampled) replays one captured iteration per drafted token, a tree of 2, 3 or
+4 children per node one captured graph per depth, and the advance over a step's kept rows one
+captured width (verifier_service/eagle_graphs.py); other trees and wide prefill chunks run
+eagerly. The stats count chains, trees and advances run each way.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcom
 
 log = logging.getLogger(__name__)
 
+TREE_BRANCHES = (2, 3, 4)  # children per node of the trees captured as graphs (others: eager)
 MAX_TREE_DEPTH = 6  # levels an EAGLE-2 tree grows at most (its nodes: the plan's k)
 DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tokens
 
@@ -62,6 +64,7 @@ class EagleMethod(InTargetMethod):
         self.graphs: EagleGraphs | None = None  # chains and advances as device graphs
         self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0,
                          "graph_chains_total": 0.0, "eager_chains_total": 0.0,
+                         "graph_trees_total": 0.0, "eager_trees_total": 0.0,
                          "graph_advances_total": 0.0, "eager_advances_total": 0.0}
         self.sequences = 0
 
@@ -93,8 +96,10 @@ class EagleMethod(InTargetMethod):
         self.head = EagleHead(spec, weights, embed, head, linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
         if self.capture and supports_graphs(runner.device):
+            depths = range(1, min(self.max_k, MAX_TREE_DEPTH) + 1)
             self.graphs = EagleGraphs(self.head, runner.max_model_len, self.max_k,
-                                      top_k=DRAFT_TOP_K)
+                                      top_k=DRAFT_TOP_K,
+                                      tree_shapes=[(b, d) for b in TREE_BRANCHES for d in depths])
             self.graphs.capture()
         log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
                  f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers
@@ -161,7 +166,12 @@ class EagleState(InTargetState):
             return []
         self.method.counters["drafted_tokens_total"] += k
         if self.branches > 1:
-            draft = self.seq.draft_tree(self.branches, min(k, MAX_TREE_DEPTH), k)
+            depth, graphs = min(k, MAX_TREE_DEPTH), self.method.graphs
+            replayed = (graphs is not None and graphs.captured_tree(self.branches, depth)
+                        and graphs.serves_tree(self.seq, self.branches, depth))
+            self.method.counters["graph_trees_total" if replayed else "eager_trees_total"] += 1
+            draft = (graphs.tree(self.seq, self.branches, depth, k) if replayed
+                     else self.seq.draft_tree(self.branches, depth, k))
         else:
             greedy, graphs = self.sampling.greedy, self.method.graphs
             replayed = (graphs is not None and graphs.serves(self.seq, k)

@@ -30,14 +30,21 @@ computed at the target ids inside the graph) or Exp(1) noise drawn on the device
 first replay (unseeded); each token's q row (target ids, probabilities) is written beside it.
 The parameters and keys are copied in once per chain; tokens and q rows come back in one copy.
 
+An EAGLE-2 tree replays one graph per (children per node, depth) captured at start-up: the
+whole of `EagleSequence.tree` over the static buffers (the frontier's rows written from column
+col on, each seeing the committed columns and its own ancestors among the fed rows through a
+mask over the capacity), then every candidate listed best first. A tree of node budget n is
+the first n of that list (a prefix of the best-first order holds every member's parent), read
+back once with its parents.
+
 The advance (one graph per width bucket) feeds the kept rows at columns start .. start + W - 1
 (each row sees the columns up to its own; padding rows write columns past the real ones, which
 nothing reads), and leaves the last real row's output and logits in `hidden` and `logits`; the
 new columns and that root are copied out into the sequence (`EagleSequence.advance`'s effect).
 
 On the CPU both run eagerly over the same buffers (what the tests compare with the head's own
-loops); the verifier uses them only where they are captured. Trees and prefill chunks wider
-than the widest bucket keep the eager code. The graphs read the head's RoPE table:
+loops); the verifier uses them only where they are captured. Prefill chunks wider than the
+widest bucket keep the eager code. The graphs read the head's RoPE table:
 it is grown to the capacity before capture and kept here, so a later growth by eager code
 cannot free what the graphs read.
 """
@@ -46,9 +53,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Sequence
 
 import torch
 
+from kernels.eagle_tree import TreeState, first_level, next_level, num_candidates, select
 from kernels.sampling import (
     apply_sampling_params,
     key_halves,
@@ -69,11 +78,12 @@ log = logging.getLogger(__name__)
 
 class EagleGraphs:
     def __init__(self, head: EagleHead, capacity: int, max_k: int, capture: bool = True,
-                 top_k: int = 16):
+                 top_k: int = 16, tree_shapes: Sequence[tuple[int, int]] = ()):
         """capacity: columns (positions) a sequence may reach and draft from here (longer
         ones draft eagerly); max_k: drafted tokens per chain at most (an advance keeps up to
         1 + max_k rows: the widths are powers of two up to that); top_k: K of a sampled
-        chain's truncated q."""
+        chain's truncated q; tree_shapes: the (children per node, depth) of the trees
+        captured."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
         self.capacity, self.max_k = capacity, max_k
@@ -107,6 +117,8 @@ class EagleGraphs:
         self.last = torch.zeros(1, dtype=torch.long, device=device)
         self.graph = None
         self.sampled_graph = None
+        self.tree_shapes = tuple(tree_shapes)
+        self.tree_graphs: dict[tuple[int, int], tuple[object, tuple]] = {}
         self.advance_graphs: dict[int, object] = {}
         self._pool = None
         self._rope = None  # the RoPE table the graph reads (kept alive here)
@@ -121,6 +133,16 @@ class EagleGraphs:
     def captured_sampled(self) -> bool:
         """Whether sampled chains replay a graph here."""
         return self.sampled_graph is not None
+
+    def captured_tree(self, top_k: int, depth: int) -> bool:
+        """Whether a tree of top_k children per node and `depth` levels replays a graph."""
+        return (top_k, depth) in self.tree_graphs
+
+    def serves_tree(self, seq: EagleSequence, top_k: int, depth: int) -> bool:
+        """Whether such a tree from this sequence's root runs here: every column its fed
+        levels write (length .. length + (depth - 1) * top_k - 1) fits the capacity."""
+        return seq.root_out is not None and depth >= 1 and \
+            seq.length + (depth - 1) * top_k <= self.capacity
 
     def captured_advance(self, rows: int) -> bool:
         """Whether an advance by `rows` rows replays a graph here."""
@@ -182,6 +204,34 @@ class EagleGraphs:
         self.col.add_(1)
         self.j.add_(1)
 
+    def tree_body(self, top_k: int, depth: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """EagleSequence.tree from the root in hidden and logits, its fed rows written from
+        column col on: every candidate best first, as (target ids, parents as indices into
+        that list, cumulative log-probabilities) [num_candidates]."""
+        head, k = self.head, top_k
+        state = TreeState(k, depth, self.device)
+        toks = head.target_ids(first_level(state, self.logits.float().log_softmax(-1)))
+        hidden = self.hidden.expand(k, -1)  # [k, H]: each frontier node's predictor
+        for level in range(2, depth + 1):
+            # level - 1's frontier: k rows at one position after the root
+            cols = self.col + (level - 2) * k + self.columns[:k]  # [k]
+            pos = (self.col + level - 2).expand(1, k)  # [1, k]
+            mask = tree_columns(self.columns, self.col, state.ancestors, level, k)
+
+            def attend(q, kk, vv, cols=cols, mask=mask):
+                self.keys.index_copy_(2, cols, kk)
+                self.values.index_copy_(2, cols, vv)
+                return head.attention(q, self.keys, self.values, mask)
+
+            out = head.layer(toks[None], hidden[None], pos, attend, self.capacity)[0]  # [k, H]
+            logp = head.logits(out).float().log_softmax(-1)  # [k, Vd]
+            draft_toks, rows = next_level(state, level, logp)
+            toks = head.target_ids(draft_toks)
+            hidden = out[rows]
+        kept, parents = select(state.scores, state.parents, num_candidates(k, depth))
+        return head.target_ids(state.tokens[kept]), parents, state.scores[kept]
+
     def advance_rows(self, width: int) -> None:
         """The target's rows feats[:width] at columns start .. start + width - 1; the output
         and logits of row `last` into hidden and logits."""
@@ -230,16 +280,23 @@ class EagleGraphs:
         self.graph = self._capture_one(stream, self.iteration, "the chain iteration")
         self.sampled_graph = self._capture_one(stream, lambda: self.iteration(True),
                                                "the sampled chain iteration")
+        for shape in self.tree_shapes:
+            outputs = []
+            graph = self._capture_one(stream, lambda s=shape: outputs.append(self.tree_body(*s)),
+                                      f"the tree of {shape[0]} children x {shape[1]} levels")
+            if graph is not None:
+                self.tree_graphs[shape] = (graph, outputs[-1])
         for width in reversed(self.widths):
             graph = self._capture_one(stream, lambda w=width: self.advance_rows(w),
                                       f"the advance over {width} rows")
             if graph is not None:
                 self.advance_graphs[width] = graph
         dev.synchronize(device)
-        log.info("captured the EAGLE chain iteration (greedy %s, sampled %s) and %d advance "
-                 "widths of %s (capacity %d, k up to %d) in %.2f s",
+        log.info("captured the EAGLE chain iteration (greedy %s, sampled %s), %d of %d tree "
+                 "shapes and %d advance widths of %s (capacity %d, k up to %d) in %.2f s",
                  "yes" if self.graph is not None else "no",
-                 "yes" if self.sampled_graph is not None else "no", len(self.advance_graphs),
+                 "yes" if self.sampled_graph is not None else "no", len(self.tree_graphs),
+                 len(self.tree_shapes), len(self.advance_graphs),
                  list(self.widths), self.capacity, self.max_k, time.perf_counter() - start)
 
     def _capture_one(self, stream, body, what: str):
@@ -304,6 +361,21 @@ class EagleGraphs:
         rows = [(ids[i][keep[i]].tolist(), vals[i][keep[i]].tolist()) for i in range(k)]
         return Draft("", tokens.tolist(), q=SparseProbs.from_rows(rows))
 
+    @torch.no_grad()
+    def tree(self, seq: EagleSequence, top_k: int, depth: int, budget: int) -> Draft:
+        """EagleSequence.draft_tree over the static buffers (serves_tree() must hold): the same
+        nodes and parents, one host read."""
+        self._start_chain(seq)
+        found = self.tree_graphs.get((top_k, depth))
+        if found is not None:
+            graph, (tokens, parents, _) = found
+            graph.replay()
+        else:
+            tokens, parents, _ = self.tree_body(top_k, depth)
+        n = min(budget, num_candidates(top_k, depth))
+        (tokens, parents), _ = self.fetch([tokens[:n], parents[:n]])
+        return Draft("", tokens.tolist(), parents=parents.tolist())
+
     def _start_chain(self, seq: EagleSequence) -> None:
         """The sequence's columns and root into the buffers; the chain's first column and
         token index."""
@@ -343,6 +415,18 @@ def causal_columns(columns: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """What rows fed at columns `pos` [W] see: each, every column up to its own.
     [1, 1, W, C]"""
     return (columns[None, :] <= pos[:, None])[None, None]
+
+
+def tree_columns(columns: torch.Tensor, base: torch.Tensor, ancestors: torch.Tensor,
+                 level: int, k: int) -> torch.Tensor:
+    """What level - 1's frontier rows see when fed, over every column [1, 1, k, C]: the
+    committed columns (before base [1]) and, among the fed rows (columns base on, k per
+    level), each row's own ancestors and itself (ancestors [k, depth * k], kernels/
+    eagle_tree.py)."""
+    rel = columns - base  # [C]
+    fed = (rel >= 0) & (rel < (level - 1) * k)
+    anc = ancestors[:, rel.clamp(0, ancestors.shape[1] - 1)]  # [k, C]
+    return ((rel < 0)[None] | (fed[None] & anc))[None, None]
 
 
 def visible_columns(columns: torch.Tensor, col: torch.Tensor) -> torch.Tensor:

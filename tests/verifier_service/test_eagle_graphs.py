@@ -1,8 +1,9 @@
-"""The EAGLE head's chain and advance over static buffers (verifier_service/eagle_graphs.py),
-run eagerly here as they run before capture: the same tokens as the head's own chain at every k
-and root, sampled chains with the same q (seeded: the same tokens) as its own sampled chain,
-the same cache and root as its own advance at every width (padding rows included), nothing read
-back inside what a graph records, and shapes past the buffers left to the eager code."""
+"""The EAGLE head's chain, tree and advance over static buffers (verifier_service/
+eagle_graphs.py), run eagerly here as they run before capture: the same tokens as the head's own
+chain at every k and root, the same trees as its own at every shape and budget, sampled chains
+with the same q (seeded: the same tokens) as its own sampled chain, the same cache and root as
+its own advance at every width (padding rows included), nothing read back inside what a graph
+records, and shapes past the buffers left to the eager code."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target
 from engine_testlib import drained, make_engine, request_ids, run_all
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kernels.eagle_tree import num_candidates
 from splitspec.params import SamplingParams
 from verifier_service.eagle_graphs import EagleGraphs
 
@@ -74,6 +76,34 @@ def test_seeded_noise_keyed_one_position_off_fails_the_comparison(monkeypatch):
     bug.eagle_graph_sampled_keys_one_position_off(monkeypatch)
     with pytest.raises(AssertionError):
         check_static_sampled_chains_match()
+
+
+TREE_SHAPES = [(2, 1), (2, 3), (3, 4), (4, 5), (3, 6)]  # (children per node, depth)
+
+
+def check_static_trees_match() -> None:
+    """Every budget's tree (its prefix of the best-first candidates): the head's own tree, node
+    for node and parent for parent."""
+    for prompt in PROMPTS:
+        for top_k, depth in TREE_SHAPES:
+            seq = eagle3_sequence(prompt)
+            graphs = EagleGraphs(seq.head, capacity=96, max_k=8, capture=False)
+            assert graphs.serves_tree(seq, top_k, depth)
+            for budget in sorted({1, depth, 2 * depth, num_candidates(top_k, depth)}):
+                eager = seq.draft_tree(top_k, depth, budget)
+                static = graphs.tree(seq, top_k, depth, budget)
+                assert (static.tokens, static.parents) == (eager.tokens, eager.parents), (
+                    prompt, top_k, depth, budget)
+
+
+def test_the_static_tree_drafts_what_the_heads_tree_drafts():
+    check_static_trees_match()
+
+
+def test_tree_rows_seeing_every_fed_row_fail_the_comparison(monkeypatch):
+    bug.eagle_graph_tree_rows_see_every_fed_row(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_static_trees_match()
 
 
 ADVANCES = [3, 1, 9, 2, 5, 4]  # rows kept per step: every width of max_k 8, padded or not
@@ -145,6 +175,7 @@ def test_the_iteration_reads_nothing_back(monkeypatch):
     with _NoHostReads():
         graphs.iteration()
         graphs.iteration(sampled=True)
+        graphs.tree_body(3, 4)
         graphs.advance_rows(4)
     with pytest.raises(AssertionError, match="host read"), _NoHostReads():
         int(graphs.col)  # the mode itself catches a read
@@ -153,6 +184,7 @@ def test_the_iteration_reads_nothing_back(monkeypatch):
 def test_shapes_past_the_buffers_are_left_to_the_eager_code():
     seq = eagle3_sequence(PROMPT_TOKENS)  # 10 columns with target features
     graphs = EagleGraphs(seq.head, capacity=12, max_k=8, capture=False)
+    assert graphs.serves_tree(seq, 2, 2) and not graphs.serves_tree(seq, 3, 2)  # 10..12
     assert graphs.serves(seq, 3)  # writes columns 10 and 11
     assert not graphs.serves(seq, 4)  # column 12 is past the capacity
     assert not graphs.serves(seq, 9) and not graphs.serves(seq, 0)
