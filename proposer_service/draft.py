@@ -301,6 +301,9 @@ class DraftModelProposer(Proposer):
         all-accepted outcome). Needs the lean forward."""
         c, b = state.length(), len(rows)
         kmax = max(k for _, _, k in rows)
+        if (guess_row is None and self.graphs is not None and self.graphs.captured
+                and self.graphs.serves(b, 1, max(valid for valid, _, _ in rows), kmax)):
+            return self._shared_replayed(step, rows, state)
         kv = self.lean.buffers(state.kv, b, c + kmax)  # the shared columns copied once
         key_mask = torch.zeros(b, c + kmax, dtype=torch.bool)  # [B, columns]
         for i, (valid, _, _) in enumerate(rows):
@@ -325,5 +328,25 @@ class DraftModelProposer(Proposer):
                                  state.cached[:valid] + [token] + drafted.tokens[i][:k - 1],
                                  drafted.alternatives[i][:k])
             out.append((drafted.draft(i, step.seq_id, k), row_state))
+        return out
+
+    def _shared_replayed(self, step: SequenceStep, rows: list[tuple[int, int, int]],
+                         state: SeqState) -> list[tuple[Draft, SeqState]]:
+        """draft_shared through the captured loop (a token tree's leaves grown on a device):
+        each row's prefix of the shared cache copied into its batch row, the row's token its
+        pending input; the same drafts and states as the eager path leaves."""
+        kmax = max(k for _, _, k in rows)
+        tokens, alternatives, kvs, dists = self.graphs.draft(
+            [state.kv] * len(rows), [valid for valid, _, _ in rows],
+            [[token] for _, token, _ in rows], [valid + 1 for valid, _, _ in rows], kmax,
+            [step.sampling] * len(rows))
+        out = []
+        for i, (valid, token, k) in enumerate(rows):
+            row_state = SeqState([(kb[:, :, :valid + k], vb[:, :, :valid + k])
+                                  for kb, vb in kvs[i]],
+                                 state.cached[:valid] + [token] + tokens[i][:k - 1],
+                                 alternatives[i][:k])
+            q = None if dists[i] is None else SparseProbs.from_rows(dists[i][:k])
+            out.append((Draft(step.seq_id, tokens[i][:k], q=q), row_state))
         return out
 

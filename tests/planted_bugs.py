@@ -110,6 +110,17 @@ def static_draft_choice_ignores_seeds(monkeypatch) -> None:
     monkeypatch.setattr(mlp, "choose_static", unkeyed)
 
 
+def fixed_cache_rows_drafted_one_position_late(monkeypatch) -> None:
+    """The draft model's captured loop places each row's drafts one position after their own
+    (RoPE and seeded noise both read the position)."""
+    original = draft_graphs.DraftGraphs.draft
+
+    def late(self, kvs, lens, pending, first_pos, k, params=None):
+        return original(self, kvs, lens, pending, [p + 1 for p in first_pos], k, params)
+
+    monkeypatch.setattr(draft_graphs.DraftGraphs, "draft", late)
+
+
 def mismatch_escapes_the_step(monkeypatch) -> None:
     """A proposer's late vocabulary mismatch raised out of the step (fails the whole batch)."""
     async def connected(self, method, client, group):

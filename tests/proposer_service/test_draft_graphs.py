@@ -7,6 +7,8 @@ the device back)."""
 
 from __future__ import annotations
 
+import threading
+
 import planted_bugs as bug
 import pytest
 import torch
@@ -102,6 +104,47 @@ def test_a_static_choice_blind_to_seeds_fails_the_comparison(proposer, monkeypat
     bug.static_draft_choice_ignores_seeds(monkeypatch)
     with pytest.raises(AssertionError):
         check_sampled_rows_match(proposer)
+
+
+def check_grown_leaves_match(proposer) -> None:
+    """A token tree's kept leaves grown on a device (draft_shared through the captured loop,
+    each row its prefix of the shared cache): the eager shared loop's drafts, alternatives,
+    q and row states, greedy and seeded."""
+    history = _histories()[1]
+    state = SeqState()
+    proposer._feed(state, history)
+    rows = [(len(history) - 3, 77, 4), (len(history) - 1, 12, 2), (len(history), 900, 3)]
+    graphs = DraftGraphs(proposer.lean, torch.device("cpu"), 128, 4, 8, capture=False,
+                         top_k=proposer.draft_top_k)
+    for params in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=5)):
+        step = SequenceStep("s", history, len(history), 4, sampling=params)
+        eager = proposer.draft_shared(step, rows, state, threading.Event())
+        proposer.graphs = graphs
+        try:
+            replayed = proposer._shared_replayed(step, rows, state)
+        finally:
+            proposer.graphs = None
+        for (want, want_state), (got, got_state) in zip(eager, replayed):
+            assert got.tokens == want.tokens and got_state.cached == want_state.cached
+            assert [a for a, _ in got_state.alternatives] == [
+                a for a, _ in want_state.alternatives]
+            assert (got.q is None) == (want.q is None)
+            if got.q is not None:
+                for (gi, gp), (wi, wp) in zip(got.q.rows(), want.q.rows()):
+                    assert list(gi) == list(wi) and list(gp) == pytest.approx(list(wp), abs=1e-6)
+            for (k0, v0), (k1, v1) in zip(want_state.kv, got_state.kv):
+                torch.testing.assert_close(k1, k0, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-5)
+
+
+def test_tree_leaves_grown_through_the_fixed_cache_loop_match_the_shared_loop(proposer):
+    check_grown_leaves_match(proposer)
+
+
+def test_leaf_rows_drafted_one_position_late_fail_the_comparison(proposer, monkeypatch):
+    bug.fixed_cache_rows_drafted_one_position_late(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_grown_leaves_match(proposer)
 
 
 def test_an_iteration_never_reads_the_device():
