@@ -111,7 +111,8 @@ class EagleMethod(InTargetMethod):
         return EagleState(self, request_id, tokens, sampling, plan)
 
     def stats(self) -> dict[str, float]:
-        return {**self.counters, "sequences": float(self.sequences)}
+        pool = float(self.graphs.pool_bytes) if self.graphs is not None else 0.0
+        return {**self.counters, "sequences": float(self.sequences), "graph_pool_bytes": pool}
 
 
 class EagleState(InTargetState):

@@ -121,6 +121,7 @@ class EagleGraphs:
         self.tree_graphs: dict[tuple[int, int], tuple[object, tuple]] = {}
         self.advance_graphs: dict[int, object] = {}
         self._pool = None
+        self.pool_bytes = 0  # device memory the captured graphs hold (CUDA), beside the target's
         self._rope = None  # the RoPE table the graph reads (kept alive here)
         self.fetch = dev.HostFetch(device)
 
@@ -273,6 +274,7 @@ class EagleGraphs:
         if not self.capture_wanted:
             return
         start, device, head = time.perf_counter(), self.device, self.head
+        before = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
         head.rope(self.columns[:1], self.capacity)  # the table covers every column first
         self._rope = head._rope_table
         self._pool = dev.graph_pool(device)
@@ -292,12 +294,16 @@ class EagleGraphs:
             if graph is not None:
                 self.advance_graphs[width] = graph
         dev.synchronize(device)
+        if device.type == "cuda":
+            self.pool_bytes = torch.cuda.memory_reserved(device) - before
         log.info("captured the EAGLE chain iteration (greedy %s, sampled %s), %d of %d tree "
-                 "shapes and %d advance widths of %s (capacity %d, k up to %d) in %.2f s",
+                 "shapes and %d advance widths of %s (capacity %d, k up to %d) in %.2f s, "
+                 "%.1f MiB of device memory",
                  "yes" if self.graph is not None else "no",
                  "yes" if self.sampled_graph is not None else "no", len(self.tree_graphs),
                  len(self.tree_shapes), len(self.advance_graphs),
-                 list(self.widths), self.capacity, self.max_k, time.perf_counter() - start)
+                 list(self.widths), self.capacity, self.max_k, time.perf_counter() - start,
+                 self.pool_bytes / 2**20)
 
     def _capture_one(self, stream, body, what: str):
         device = self.device
