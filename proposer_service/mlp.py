@@ -175,6 +175,7 @@ class MlpSpeculatorProposer(Proposer):
             inputs = {name: torch.zeros_like(v, device=self.device)
                       for name, v in self._sampled_values([], b, dtype).items()}
             inputs["top_p"].fill_(1.0)
+            inputs["noise"].fill_(1.0)
             self.replay.capture(("sampled", b), self._sampled_heads, inputs)
 
     def _greedy_heads(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
