@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from kernels.sampling import key_halves
 from proposer_service.draft_cache import KV
 from proposer_service.draft_loop import ALTERNATIVES
-from proposer_service.draft_sampling import Row, choose_static, draft_keys
+from proposer_service.draft_sampling import Row, choose_static, draft_keys, sparse_row
 from splitspec import device as dev
 from splitspec.graphs import powers_up_to
 from splitspec.lean_llama import LeanDecoder
@@ -271,7 +271,7 @@ class DraftGraphs:
             q_i, q_p = q_i[0].tolist(), q_p[0].tolist()
             for i, p in enumerate(params):
                 if not p.greedy:
-                    dists[i] = [_sparse_row(q_i[i][j], q_p[i][j]) for j in range(k)]
+                    dists[i] = [sparse_row(q_i[i][j], q_p[i][j]) for j in range(k)]
         new_kvs = []
         for i, (n_cached, p) in enumerate(zip(lens, pending)):
             end = n_cached + len(p) + k - 1  # cached + pending + d1 .. d_{k-1}
@@ -295,12 +295,6 @@ class DraftGraphs:
                 if key is not None:
                     h["keyed"][i] = 1
                     h["halves"][j, i] = key_halves([key])[0]
-
-
-def _sparse_row(ids: list[int], probs: list[float]) -> Row:
-    """One position's truncated q as sent: its entries of probability 0 (padding) dropped."""
-    keep = [(t, v) for t, v in zip(ids, probs) if v > 0]
-    return [t for t, _ in keep], [v for _, v in keep]
 
 
 def _numel(shape: tuple[int, ...]) -> int:

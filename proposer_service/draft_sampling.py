@@ -104,9 +104,15 @@ class DraftChooser:
         greedy rows), zero-probability entries dropped."""
         out: list[Row | None] = [None] * self.b
         for r, i in enumerate(self.rows):
-            keep = [(t, v) for t, v in zip(idx[r], vals[r]) if v > 0]
-            out[i] = ([t for t, _ in keep], [v for _, v in keep])
+            out[i] = sparse_row(idx[r], vals[r])
         return out
+
+
+def sparse_row(ids: list[int], probs: list[float]) -> Row:
+    """One drafted position's truncated q as sent, from host copies of its fixed-width
+    (token ids, probabilities): the entries of probability 0 (padding) dropped."""
+    keep = [(t, v) for t, v in zip(ids, probs) if v > 0]
+    return [t for t, _ in keep], [v for _, v in keep]
 
 
 def choose_static(logits: torch.Tensor, inputs: dict[str, torch.Tensor], halves: torch.Tensor,

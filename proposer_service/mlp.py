@@ -46,7 +46,7 @@ from proposer_service.base import (
     draft_in_batches,
     load_learned,
 )
-from proposer_service.draft_sampling import DraftChooser, choose_static, draft_keys
+from proposer_service.draft_sampling import DraftChooser, choose_static, draft_keys, sparse_row
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
 from splitspec.device import HostFetch
 from splitspec.device import to_device as _to
@@ -314,10 +314,8 @@ class MlpSpeculatorProposer(Proposer):
         for r, ((step, _, _), k) in enumerate(zip(work, ks)):
             q = None
             if not step.sampling.greedy:
-                rows = [[(t, v) for t, v in zip(qi_h[i][r], qp_h[i][r]) if v > 0]
-                        for i in range(k)]
-                q = SparseProbs.from_rows([([t for t, _ in row], [v for _, v in row])
-                                           for row in rows])
+                q = SparseProbs.from_rows([sparse_row(qi_h[i][r], qp_h[i][r])
+                                           for i in range(k)])
             drafts.append(Draft(step.seq_id, tok_h[r][:k], q=q))
         return drafts
 
