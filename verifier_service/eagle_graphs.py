@@ -66,12 +66,11 @@ from kernels.sampling import (
     race,
     truncate,
 )
-from kernels.sparse_probs import SparseProbs
 from splitspec import device as dev
 from splitspec.graphs import powers_up_to
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
-from verifier_service.eagle_head import EagleHead, EagleSequence
+from verifier_service.eagle_head import EagleHead, EagleSequence, sampled_draft
 
 log = logging.getLogger(__name__)
 
@@ -363,9 +362,7 @@ class EagleGraphs:
         self.pick(sampled=True)
         (tokens, ids), (vals,) = self.fetch([self.tokens[:k], self.q_ids[:k]],
                                             [self.q_probs[:k]])
-        keep = vals > 0  # the q rows as sent: each token's support, its probabilities
-        rows = [(ids[i][keep[i]].tolist(), vals[i][keep[i]].tolist()) for i in range(k)]
-        return Draft("", tokens.tolist(), q=SparseProbs.from_rows(rows))
+        return sampled_draft(tokens, ids, vals)
 
     @torch.no_grad()
     def tree(self, seq: EagleSequence, top_k: int, depth: int, budget: int) -> Draft:

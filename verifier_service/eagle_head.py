@@ -393,9 +393,7 @@ class EagleSequence:
                 logits = head.logits(hidden)
         (tokens, ids), (vals,) = head.fetch([torch.cat(toks), torch.stack(id_rows)],
                                             [torch.stack(val_rows)])
-        keep = vals > 0  # the q rows as sent: each token's support, its probabilities
-        rows = [(ids[i][keep[i]].tolist(), vals[i][keep[i]].tolist()) for i in range(k)]
-        return Draft("", tokens.tolist(), q=SparseProbs.from_rows(rows))
+        return sampled_draft(tokens, ids, vals)
 
     # -- EAGLE-2 trees ------------------------------------------------------------------------
 
@@ -437,6 +435,14 @@ class EagleSequence:
         """`tree` as a Draft (deterministic nodes: no q); the one host read of the tree."""
         tokens, parents, _ = self.tree(top_k, depth, budget)
         return Draft("", tokens.tolist(), parents=parents.tolist())
+
+
+def sampled_draft(tokens: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor) -> Draft:
+    """A sampled chain as sent, from host copies of its tokens [k] and each token's truncated
+    q (target ids, probabilities [k, K]; entries of probability 0 are padding)."""
+    keep = vals > 0  # the q rows as sent: each token's support, its probabilities
+    rows = [(ids[i][keep[i]].tolist(), vals[i][keep[i]].tolist()) for i in range(len(tokens))]
+    return Draft("", tokens.tolist(), q=SparseProbs.from_rows(rows))
 
 
 def tree_mask(state: TreeState, base: int, level: int) -> torch.Tensor:
