@@ -1,4 +1,5 @@
-"""The draft model's greedy drafting loop over a fixed-size cache, replayed as device graphs.
+"""The draft model's drafting loop (greedy and sampled rows) over a fixed-size cache, replayed
+as device graphs.
 
 On an accelerator each drafted token of a small draft costs a hundred eager launches, most of a
 step's time. Here the loop runs over static buffers instead:

@@ -1,5 +1,5 @@
-"""The EAGLE head's drafting (greedy and sampled chains) and its advance, replayed as device
-graphs over static buffers.
+"""The EAGLE head's drafting (greedy and sampled chains, EAGLE-2 trees) and its advance,
+replayed as device graphs over static buffers.
 
 On an accelerator one row of the head is some forty eager launches (embedding, two norms, the
 fused products, RoPE, attention, the MLP, the logits, the argmax): measured on an H100, 1.2-1.5
@@ -42,7 +42,7 @@ The advance (one graph per width bucket) feeds the kept rows at columns start ..
 nothing reads), and leaves the last real row's output and logits in `hidden` and `logits`; the
 new columns and that root are copied out into the sequence (`EagleSequence.advance`'s effect).
 
-On the CPU both run eagerly over the same buffers (what the tests compare with the head's own
+On the CPU they all run eagerly over the same buffers (what the tests compare with the head's own
 loops); the verifier uses them only where they are captured. Prefill chunks wider than the
 widest bucket keep the eager code. The graphs read the head's RoPE table:
 it is grown to the capacity before capture and kept here, so a later growth by eager code
