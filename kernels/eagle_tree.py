@@ -82,7 +82,7 @@ def next_level(state: TreeState, level: int, logp: torch.Tensor) -> tuple[torch.
     state.frontier_scores = cum[best]
     anc = state.ancestors[rows].clone()
     fed = (level - 1) * k + torch.arange(k, device=logp.device)
-    anc[torch.arange(k, device=logp.device), fed] = True
+    anc.scatter_(1, fed[:, None], True)  # a scalar fill on the device: no host value copied in
     state.ancestors = anc
     return toks.reshape(-1)[best], rows
 

@@ -10,6 +10,7 @@ import sys
 import planted_bugs as bug
 import pytest
 import torch
+from capture_rules import GraphSafe
 from clocks import FakeClock
 from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
 
@@ -228,6 +229,18 @@ def test_the_replayed_greedy_heads_draft_what_the_loop_drafts(proposer):
     loop = proposer.draft_batch(work)
     replayed = proposer._replayed(work, [4, 2, 3], 4, torch.float32)
     assert [d.tokens for d in replayed] == [d.tokens for d in loop]
+
+
+def test_the_captured_heads_copy_nothing_in_and_read_nothing_back(proposer):
+    """What the greedy and the sampled graphs record, run under the capture rules."""
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=4),
+              SamplingParams(temperature=1.0, top_k=12)]
+    work = [(step(f"s{i}", [5, 6, 7 + i], 4, sampling=p), 7 + i, hidden(i))
+            for i, p in enumerate(params)]
+    values = proposer._sampled_values(work, 4, torch.float32)
+    with torch.inference_mode(), GraphSafe():
+        proposer._greedy_heads({"hidden": values["hidden"], "token": values["token"]})
+        proposer._sampled_heads(values)
 
 
 def check_replayed_sampled_heads_match(proposer) -> None:

@@ -12,9 +12,9 @@ import asyncio
 import planted_bugs as bug
 import pytest
 import torch
+from capture_rules import GraphSafe
 from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target
 from engine_testlib import drained, make_engine, request_ids, run_all
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from kernels.eagle_tree import num_candidates
 from splitspec.params import SamplingParams
@@ -148,19 +148,6 @@ def test_a_sequence_grown_by_the_static_advance_is_drafted_by_the_eager_loops_to
     seq.tree(3, 4, 8)
     seq.chain(4)
 
-class _NoHostReads(TorchDispatchMode):
-    """Fails on every operator that hands a tensor's value to the host (.item(), int(),
-    bool()) or whose output shape depends on values: what a captured graph cannot hold."""
-
-    FORBIDDEN = ("_local_scalar_dense", "nonzero", "masked_select", "unique", "item")
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if any(name.startswith(f) for f in self.FORBIDDEN):
-            raise AssertionError(f"host read inside the captured iteration: {func}")
-        return func(*args, **(kwargs or {}))
-
-
 def test_the_iteration_reads_nothing_back(monkeypatch):
     seq = eagle3_sequence(PROMPT_TOKENS)
     graphs = EagleGraphs(seq.head, capacity=64, max_k=4, capture=False)
@@ -172,12 +159,12 @@ def test_the_iteration_reads_nothing_back(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "tolist", no_list)
     graphs.advance(seq, torch.randn(3, seq.head.spec.feature_size), torch.tensor([4, 5, 6]))
     graphs.sampled_chain(seq, 3, SAMPLING[1], len(PROMPT_TOKENS))  # sampling inputs set
-    with _NoHostReads():
+    with GraphSafe():
         graphs.iteration()
         graphs.iteration(sampled=True)
         graphs.tree_body(3, 4)
         graphs.advance_rows(4)
-    with pytest.raises(AssertionError, match="host read"), _NoHostReads():
+    with pytest.raises(AssertionError, match="host read"), GraphSafe():
         int(graphs.col)  # the mode itself catches a read
 
 
@@ -201,7 +188,7 @@ def test_the_heads_own_loops_read_nothing_back_until_the_draft_is_handed_over():
     """As eagle_head.py promises for its eager chain and tree (an indexing of the draft
     vocabulary by a 0-d tensor was such a read, once per drafted token)."""
     seq = eagle3_sequence(PROMPT_TOKENS)
-    with _NoHostReads():
+    with GraphSafe():
         seq.chain(5)
         seq.tree(3, 4, 8)
 
