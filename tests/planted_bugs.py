@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import torch
 
+import kernels.eagle_tree as eagle_tree
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
 import kernels.tree_rejection as tree_rejection
@@ -433,3 +434,19 @@ def step_priced_at_mean_rows(monkeypatch) -> None:
         return [cost(others_tokens + (self.tokens(k) if k else 1.0)) for k in range(k_max + 1)]
 
     monkeypatch.setattr(goodput.MethodModel, "step_seconds", at_mean)
+
+
+def eagle_tree_mask_written_from_host(monkeypatch) -> None:
+    """The tree's ancestor mask set by an advanced-index write of a Python True: on a device
+    the value is copied in from the host (a sync, and a refused copy inside a capture)."""
+    real = eagle_tree.next_level
+
+    def from_host(state, level, logp):
+        toks, rows = real(state, level, logp)
+        k = state.top_k
+        fed = (level - 1) * k + torch.arange(k, device=logp.device)
+        state.ancestors[torch.arange(k, device=logp.device), fed] = True
+        return toks, rows
+
+    monkeypatch.setattr(eagle_graphs, "next_level", from_host)
+    monkeypatch.setattr(eagle_head, "next_level", from_host)

@@ -168,6 +168,17 @@ def test_the_iteration_reads_nothing_back(monkeypatch):
         int(graphs.col)  # the mode itself catches a read
 
 
+def test_the_check_catches_a_host_value_copied_into_the_tree(monkeypatch):
+    bug.eagle_tree_mask_written_from_host(monkeypatch)
+    seq = eagle3_sequence(PROMPT_TOKENS)
+    graphs = EagleGraphs(seq.head, capacity=64, max_k=4, capture=False)
+    graphs.chain(seq, 4)
+    with pytest.raises(AssertionError, match="host value copied in"), GraphSafe():
+        graphs.tree_body(3, 4)
+    with pytest.raises(AssertionError, match="host value copied in"), GraphSafe():
+        seq.tree(3, 4, 8)
+
+
 def test_shapes_past_the_buffers_are_left_to_the_eager_code():
     seq = eagle3_sequence(PROMPT_TOKENS)  # 10 columns with target features
     graphs = EagleGraphs(seq.head, capacity=12, max_k=8, capture=False)
