@@ -450,3 +450,15 @@ def eagle_tree_mask_written_from_host(monkeypatch) -> None:
 
     monkeypatch.setattr(eagle_graphs, "next_level", from_host)
     monkeypatch.setattr(eagle_head, "next_level", from_host)
+
+
+def eagle_pending_chain_not_copied_out(monkeypatch) -> None:
+    """A pending chain's tokens left as a view of the static buffer: the next sequence's chain
+    overwrites them before the step's one read back."""
+    real = eagle_graphs.EagleGraphs.pending_chain
+
+    def view(self, seq, k):
+        real(self, seq, k)
+        return eagle_graphs.PendingDraft([self.tokens[:k]], [], lambda i, f: i[0].tolist())
+
+    monkeypatch.setattr(eagle_graphs.EagleGraphs, "pending_chain", view)

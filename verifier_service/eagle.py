@@ -45,7 +45,7 @@ from splitspec.proposal import Draft
 from verifier_service import eagle_format
 from verifier_service.eagle_graphs import EagleGraphs
 from verifier_service.eagle_head import EagleHead, EagleSequence
-from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
+from verifier_service.in_target import InTargetMethod, InTargetState, PendingDraft, StepOutcome
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ class EagleState(InTargetState):
             self._advance(features, p, nxt)
         self.tokens.extend(outcome.emitted)
 
-    def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft":
+    def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft | PendingDraft":
         if self.seq is None or k <= 0:
             return []
         if self.seq.root_out is None:
@@ -171,19 +171,31 @@ class EagleState(InTargetState):
             replayed = (graphs is not None and graphs.captured_tree(self.branches, depth)
                         and graphs.serves_tree(self.seq, self.branches, depth))
             self.method.counters["graph_trees_total" if replayed else "eager_trees_total"] += 1
-            draft = (graphs.tree(self.seq, self.branches, depth, k) if replayed
-                     else self.seq.draft_tree(self.branches, depth, k))
+            if replayed:  # read back with the step's other sequences' drafts
+                return self._named(graphs.pending_tree(self.seq, self.branches, depth, k))
+            draft = self.seq.draft_tree(self.branches, depth, k)
         else:
             greedy, graphs = self.sampling.greedy, self.method.graphs
             replayed = (graphs is not None and graphs.serves(self.seq, k)
                         and (graphs.captured if greedy else graphs.captured_sampled))
             self.method.counters["graph_chains_total" if replayed else "eager_chains_total"] += 1
             if greedy:
-                return graphs.chain(self.seq, k) if replayed else self.seq.chain(k).tolist()
-            draft = (graphs.sampled_chain(self.seq, k, self.sampling, len(tokens)) if replayed
-                     else self.seq.sampled_chain(k, self.sampling, len(tokens), DRAFT_TOP_K))
+                return graphs.pending_chain(self.seq, k) if replayed else self.seq.chain(k).tolist()
+            if replayed:
+                return self._named(graphs.pending_sampled_chain(self.seq, k, self.sampling,
+                                                                len(tokens)))
+            draft = self.seq.sampled_chain(k, self.sampling, len(tokens), DRAFT_TOP_K)
         draft.seq_id = self.request_id
         return draft
+
+    def _named(self, pending: PendingDraft) -> PendingDraft:
+        """The pending Draft, finished under this sequence's id."""
+        def finish(ints, floats) -> Draft:
+            draft = pending.finish(ints, floats)
+            draft.seq_id = self.request_id
+            return draft
+
+        return PendingDraft(pending.ints, pending.floats, finish)
 
     def free(self) -> None:
         if self.seq is not None:

@@ -71,6 +71,7 @@ from splitspec.graphs import powers_up_to
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
 from verifier_service.eagle_head import EagleHead, EagleSequence, sampled_draft
+from verifier_service.in_target import PendingDraft
 
 log = logging.getLogger(__name__)
 
@@ -328,24 +329,37 @@ class EagleGraphs:
 
     # -- a chain ---------------------------------------------------------------------------------
 
-    @torch.no_grad()  # not inference mode: tensors it makes stay writable by the eager code
+    def resolve(self, pending: PendingDraft) -> "list[int] | Draft":
+        """A pending draft's candidates on the host now (one copy, one wait)."""
+        return pending.finish(*self.fetch(pending.ints, pending.floats))
+
     def chain(self, seq: EagleSequence, k: int) -> list[int]:
         """A greedy chain of k target ids from the sequence's root (serves() must hold): the
         tokens EagleSequence.chain drafts, one host read."""
+        return self.resolve(self.pending_chain(seq, k))
+
+    @torch.no_grad()  # not inference mode: tensors it makes stay writable by the eager code
+    def pending_chain(self, seq: EagleSequence, k: int) -> PendingDraft:
+        """chain() left on the device: its tokens copied out of the static buffers (the next
+        sequence's chain reuses them), read back with the rest of the step's."""
         self._start_chain(seq)
         for _ in range(k - 1):
             self._run()
         self.pick()
-        (tokens,), _ = self.fetch([self.tokens[:k]])
-        return tokens.tolist()
+        return PendingDraft([self.tokens[:k].clone()], [], lambda i, f: i[0].tolist())
 
-    @torch.no_grad()
     def sampled_chain(self, seq: EagleSequence, k: int, params: SamplingParams,
                       first_position: int) -> Draft:
         """A chain of k drawn from the head's q after the request's parameters (serves() must
         hold): what EagleSequence.sampled_chain drafts with this K (a seeded request: the very
         tokens; unseeded: draws from the same q), each token with the q it was drawn from; one
         copy in of the parameters, one host read."""
+        return self.resolve(self.pending_sampled_chain(seq, k, params, first_position))
+
+    @torch.no_grad()
+    def pending_sampled_chain(self, seq: EagleSequence, k: int, params: SamplingParams,
+                              first_position: int) -> PendingDraft:
+        """sampled_chain() left on the device (as pending_chain)."""
         s, p = self.sampling, params
         for name, value in (("temperature", p.temperature), ("top_k", p.top_k),
                             ("top_p", p.top_p), ("min_p", p.min_p),
@@ -360,14 +374,19 @@ class EagleGraphs:
         for _ in range(k - 1):
             self._run(sampled=True)
         self.pick(sampled=True)
-        (tokens, ids), (vals,) = self.fetch([self.tokens[:k], self.q_ids[:k]],
-                                            [self.q_probs[:k]])
-        return sampled_draft(tokens, ids, vals)
+        return PendingDraft([self.tokens[:k].clone(), self.q_ids[:k].clone()],
+                            [self.q_probs[:k].clone()],
+                            lambda i, f: sampled_draft(i[0], i[1], f[0]))
 
-    @torch.no_grad()
     def tree(self, seq: EagleSequence, top_k: int, depth: int, budget: int) -> Draft:
         """EagleSequence.draft_tree over the static buffers (serves_tree() must hold): the same
         nodes and parents, one host read."""
+        return self.resolve(self.pending_tree(seq, top_k, depth, budget))
+
+    @torch.no_grad()
+    def pending_tree(self, seq: EagleSequence, top_k: int, depth: int, budget: int
+                     ) -> PendingDraft:
+        """tree() left on the device (as pending_chain)."""
         self._start_chain(seq)
         found = self.tree_graphs.get((top_k, depth))
         if found is not None:
@@ -376,8 +395,8 @@ class EagleGraphs:
         else:
             tokens, parents, _ = self.tree_body(top_k, depth)
         n = min(budget, num_candidates(top_k, depth))
-        (tokens, parents), _ = self.fetch([tokens[:n], parents[:n]])
-        return Draft("", tokens.tolist(), parents=parents.tolist())
+        return PendingDraft([tokens[:n].clone(), parents[:n].clone()], [],
+                            lambda i, f: Draft("", i[0].tolist(), parents=i[1].tolist()))
 
     def _start_chain(self, seq: EagleSequence) -> None:
         """The sequence's columns and root into the buffers; the chain's first column and

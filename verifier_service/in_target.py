@@ -37,8 +37,10 @@ import abc
 import importlib
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from typing import Sequence as Seq
 
+from splitspec import device as dev
 from splitspec.methods import in_target_methods
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
@@ -63,6 +65,18 @@ class StepOutcome:
     position: int = 0
 
 
+@dataclass(frozen=True)
+class PendingDraft:
+    """Candidates a state left on the device: `ints` and `floats` (device tensors) to bring to
+    the host, and `finish`, which makes the candidates (ids or a Draft) from their host copies
+    (numpy arrays, in the same order). A step's pending candidates, over every sequence, come
+    over together: one copy and one wait for the batch, not one per sequence."""
+
+    ints: list
+    floats: list
+    finish: Callable[[list, list], "list[int] | Draft"]
+
+
 class InTargetState(abc.ABC):
     """One sequence's drafting state inside the verifier; bounded in memory by its method."""
 
@@ -71,9 +85,10 @@ class InTargetState(abc.ABC):
     features: bool = False
 
     @abc.abstractmethod
-    def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft":
+    def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft | PendingDraft":
         """Up to k candidate tokens to follow `tokens` (the sequence's whole history, the last
-        one not yet cached), as a chain of ids or a Draft tree; [] for none this step."""
+        one not yet cached), as a chain of ids or a Draft tree, or either still on the device
+        (PendingDraft); [] for none this step."""
 
     def prefilled(self, features, position: int) -> None:
         """A prefill chunk cached rows from `position` on; their features [n, F] (for states
@@ -131,6 +146,7 @@ class InTargetDrafts:
         # taken into its drafting cost; and the whole of it since the last step's account
         self._observe_s: dict[str, float] = {}
         self.step_observe_s = 0.0
+        self._fetch: dict = {}  # per device: the one copy of a step's pending candidates
 
     @classmethod
     def from_registry(cls, vocab_size: int, config=None, runner=None) -> "InTargetDrafts":
@@ -182,12 +198,31 @@ class InTargetDrafts:
             state.prefilled(features, position)
 
     def propose(self, group: list[Scheduled]) -> "dict[SequenceState, list[int] | Draft]":
-        """Candidates for each scheduled sequence that wants k > 0 (unchecked)."""
-        out = {}
+        """Candidates for each scheduled sequence that wants k > 0 (unchecked); what the states
+        left on the device comes over in one copy after all of them have drafted."""
+        out, pending = {}, {}
         for s in group:
             state = self._states.get(s.seq)
             if state is not None:
-                out[s.seq] = state.propose(s.seq.tokens, s.k)
+                got = state.propose(s.seq.tokens, s.k)
+                (pending if isinstance(got, PendingDraft) else out)[s.seq] = got
+        if pending:
+            out.update(self._resolve(pending))
+        return out
+
+    def _resolve(self, pending: "dict[SequenceState, PendingDraft]"
+                 ) -> "dict[SequenceState, list[int] | Draft]":
+        ints = [t for p in pending.values() for t in p.ints]
+        floats = [t for p in pending.values() for t in p.floats]
+        device = (ints or floats)[0].device
+        fetch = self._fetch.get(device)
+        if fetch is None:
+            fetch = self._fetch[device] = dev.HostFetch(device)
+        got_i, got_f = fetch(ints, floats)
+        out, at_i, at_f = {}, 0, 0
+        for seq, p in pending.items():
+            out[seq] = p.finish(got_i[at_i:at_i + len(p.ints)], got_f[at_f:at_f + len(p.floats)])
+            at_i, at_f = at_i + len(p.ints), at_f + len(p.floats)
         return out
 
     def observe(self, seq: SequenceState, outcome: StepOutcome) -> float | None:

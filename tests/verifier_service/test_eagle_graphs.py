@@ -19,6 +19,7 @@ from engine_testlib import drained, make_engine, request_ids, run_all
 from kernels.eagle_tree import num_candidates
 from splitspec.params import SamplingParams
 from verifier_service.eagle_graphs import EagleGraphs
+from verifier_service.in_target import InTargetDrafts
 
 PROMPTS = [PROMPT_TOKENS, PROMPT_TOKENS[::-1], [7, 7, 7, 9, 11], PROMPT_TOKENS[3:] * 3]
 
@@ -166,6 +167,31 @@ def test_the_iteration_reads_nothing_back(monkeypatch):
         graphs.advance_rows(4)
     with pytest.raises(AssertionError, match="host read"), GraphSafe():
         int(graphs.col)  # the mode itself catches a read
+
+
+def check_batched_pending_drafts_match_each_alone() -> None:
+    """A step's sequences draft one after another through the same static buffers and their
+    drafts come back together (InTargetDrafts): each must be the one it drafts alone."""
+    seqs = [eagle3_sequence(PROMPT_TOKENS), eagle3_sequence([40, 21, 33, 7, 9, 11] * 2)]
+    graphs = EagleGraphs(seqs[0].head, capacity=64, max_k=4, capture=False)
+    alone = [graphs.chain(s, 4) for s in seqs] + [graphs.tree(s, 2, 3, 6) for s in seqs]
+    assert alone[0] != alone[1]  # different drafts, or the comparison proves nothing
+    pending = [graphs.pending_chain(s, 4) for s in seqs]
+    pending += [graphs.pending_tree(s, 2, 3, 6) for s in seqs]
+    together = InTargetDrafts({})._resolve(dict(enumerate(pending)))
+    assert together[0] == alone[0] and together[1] == alone[1]
+    for got, want in zip((together[2], together[3]), alone[2:]):
+        assert (got.tokens, got.parents) == (want.tokens, want.parents)
+
+
+def test_a_steps_drafts_read_back_together_are_each_sequences_own():
+    check_batched_pending_drafts_match_each_alone()
+
+
+def test_drafts_left_in_the_shared_buffer_fail_the_comparison(monkeypatch):
+    bug.eagle_pending_chain_not_copied_out(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_batched_pending_drafts_match_each_alone()
 
 
 def test_the_check_catches_a_host_value_copied_into_the_tree(monkeypatch):
