@@ -53,14 +53,18 @@ class Inline(cf.Executor):
         return future
 
 
-def plans(eagle: bool, quick: bool) -> list[tuple[str, SpeculationPlan]]:
-    out = [("off", SpeculationPlan())]
+GREEDY, SEEDED = SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=7)
+
+
+def plans(eagle: bool, quick: bool) -> list[tuple[str, SpeculationPlan, SamplingParams]]:
+    out = [("off", SpeculationPlan(), GREEDY), ("off, T 0.8 seeded", SpeculationPlan(), SEEDED)]
     if eagle:
-        out += [("eagle k=3", SpeculationPlan("eagle", 3))]
+        out += [("eagle k=3", SpeculationPlan("eagle", 3), GREEDY)]
         if not quick:
-            out += [("eagle k=5", SpeculationPlan("eagle", 5)),
-                    ("eagle k=8 tree b=4", SpeculationPlan("eagle", 8, num_branches=4))]
-    out += [("lookahead k=10", SpeculationPlan("lookahead", 10))]
+            out += [("eagle k=3, T 0.8 seeded", SpeculationPlan("eagle", 3), SEEDED),
+                    ("eagle k=5", SpeculationPlan("eagle", 5), GREEDY),
+                    ("eagle k=8 tree b=4", SpeculationPlan("eagle", 8, num_branches=4), GREEDY)]
+    out += [("lookahead k=10", SpeculationPlan("lookahead", 10), GREEDY)]
     return out
 
 
@@ -86,8 +90,8 @@ def profile_lines(stats: pstats.Stats, steps: int, top: int) -> list[str]:
 
 
 async def generate(engine, rid: str, ids: tuple[int, ...], plan: SpeculationPlan,
-                   tokens: int) -> int:
-    inp = GenerationInput(rid, ids, SamplingParams(temperature=0.0),
+                   sampling: SamplingParams, tokens: int) -> int:
+    inp = GenerationInput(rid, ids, sampling,
                           StoppingCriteria(max_tokens=tokens, ignore_eos=True), plan)
     n = 0
     async for out in engine.generate(inp):
@@ -104,7 +108,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--top", type=int, default=18)
-    ap.add_argument("--quick", action="store_true", help="off, EAGLE k 3 and lookahead only")
+    ap.add_argument("--quick", action="store_true",
+                    help="off (greedy, sampled), EAGLE k 3 and lookahead only")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/step-profile.md"))
     args = ap.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.device != "cpu" else "float32")
@@ -131,14 +136,16 @@ def main() -> None:
         engine.start()
         await warm_up(engine)
         try:
-            for label, plan in plans(bool(eagle), args.quick):
+            for label, plan, sampling in plans(bool(eagle), args.quick):
                 for i, ids in enumerate(prompts[:2]):  # this configuration's shapes, warm
-                    await generate(engine, f"warm-{label}-{i}", ids, plan, args.tokens)
+                    await generate(engine, f"warm-{label}-{i}", ids, plan, sampling,
+                                   args.tokens)
                 steps0, seconds0 = engine.stats.steps, engine.stats.step_seconds_total
                 profiler, emitted, t0 = cProfile.Profile(), 0, time.perf_counter()
                 profiler.enable()
                 for i, ids in enumerate(prompts):
-                    emitted += await generate(engine, f"{label}-{i}", ids, plan, args.tokens)
+                    emitted += await generate(engine, f"{label}-{i}", ids, plan, sampling,
+                                              args.tokens)
                 profiler.disable()
                 wall = time.perf_counter() - t0
                 steps = engine.stats.steps - steps0  # the prefill steps included: few

@@ -462,3 +462,15 @@ def eagle_pending_chain_not_copied_out(monkeypatch) -> None:
         return eagle_graphs.PendingDraft([self.tokens[:k]], [], lambda i, f: i[0].tolist())
 
     monkeypatch.setattr(eagle_graphs.EagleGraphs, "pending_chain", view)
+
+
+def undrafted_seeded_rows_keyed_one_position_late(monkeypatch) -> None:
+    """A step with nothing to verify keys a seeded row's token one position late: speculation
+    off then differs from the coupled verification of the same positions."""
+    real = verify._sample_tokens
+
+    def late(logits, probs, layout, params):
+        shifted = dataclasses.replace(layout, sample_positions=layout.sample_positions + 1)
+        return real(logits, probs, shifted, params)
+
+    monkeypatch.setattr(verify, "_sample_tokens", late)

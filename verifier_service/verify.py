@@ -28,7 +28,7 @@ from kernels import tree_rejection
 from kernels.layout import RejectionResult, StepLayout
 from kernels.logprobs import token_logprobs
 from kernels.rejection import greedy_verify, rejection_sample
-from kernels.sampling import SamplingTensors
+from kernels.sampling import SamplingTensors, noise_key, sample
 from kernels.sparse_probs import SparseProbs
 from kernels.tree_rejection import TreeResult, tree_rejection_sample
 from splitspec.device import to_device
@@ -233,12 +233,33 @@ def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Schedu
         draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
         return greedy_verify(logits, to_device(draft_ids, logits.device), layout)
     probs = _target_probs(logits, layout, params)
+    if layout.num_drafts == 0:
+        return _sample_tokens(logits, probs, layout, params)
     device = logits.device
     draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
     return rejection_sample(
         probs, to_device(draft_ids, device), layout, draft_distribution(drafts, device),
         torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
         [p.seed for p in params])
+
+
+def _sample_tokens(logits: torch.Tensor, probs: torch.Tensor, layout: StepLayout, params
+                   ) -> RejectionResult:
+    """sample_step for a step with no drafts and a sampled row (speculation off, or every draft
+    dropped): one token per row, what the rejection sampler gives a row with nothing to verify
+    in about half the launches. A seeded row takes the keyed race at its position (the token
+    its coupled verification emits there: seeded output stays the same on and off), an unseeded
+    row a race with fresh noise, a greedy row its argmax."""
+    positions = layout.sample_positions.tolist()
+    keys = [noise_key(p.seed, at) if p.seed is not None and not p.greedy else None
+            for p, at in zip(params, positions)]
+    tokens = sample(probs, keys)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:  # the argmax itself, not a race over its one-hot p
+        tokens = torch.where(
+            to_device(torch.tensor([p.greedy for p in params]), logits.device),
+            logits.argmax(dim=-1), tokens)
+    return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
 
 
 def _sample_trees(logits: torch.Tensor, layout: StepLayout, params, drafts) -> TreeResult:

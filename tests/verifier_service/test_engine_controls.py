@@ -19,9 +19,12 @@ from verifier_service.proposer_client import ProposerMismatch
     (bug.hidden_state_shifted_by_one_position, check_hidden_states_are_the_targets,
      AssertionError),
     (bug.seeded_draws_depend_on_k, check_seeded_output_ignores_speculation, AssertionError),
+    (bug.undrafted_seeded_rows_keyed_one_position_late, check_seeded_output_ignores_speculation,
+     AssertionError),
     # the requests themselves fail with the mismatch: what the guarding test rules out
     (bug.mismatch_escapes_the_step, check_swap, ProposerMismatch),
-], ids=["hidden-zeroed", "hidden-shifted", "seeded-draws-depend-on-k", "late-mismatch-fails-batch"])
+], ids=["hidden-zeroed", "hidden-shifted", "seeded-draws-depend-on-k",
+        "undrafted-seeded-rows-keyed-late", "late-mismatch-fails-batch"])
 def test_the_guarding_check_fails_on_the_planted_bug(monkeypatch, target_model_dir, plant, check,
                                                      failure):
     plant(monkeypatch)
