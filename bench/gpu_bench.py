@@ -269,6 +269,12 @@ def executor_lines(client: SplitspecClient) -> list[str]:
         d = dict(labels)
         if d.get("mode") == "eager":
             lines.append(f"- eager steps, reason {d.get('reason')}: {v:.0f}")
+    sampler = {dict(labels).get("mode"): v for (name, labels), v in scraped.items()
+               if name == "splitspec_step_executor_sampler_steps_total"}
+    if sampler:
+        lines.append(f"- sampled steps with nothing to verify, by the step sampler: "
+                     f"{sampler.get('captured', 0):.0f} replayed, {sampler.get('eager', 0):.0f} "
+                     f"eager")
     head = {name.removeprefix("splitspec_in_target_").removesuffix("_total"): v
             for (name, labels), v in scraped.items()
             if re.fullmatch(r"splitspec_in_target_(graph|eager)_(chains|trees|advances)_total",

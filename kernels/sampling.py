@@ -44,6 +44,7 @@ __all__ = [
     "noise_key",
     "race",
     "sample",
+    "sample_static",
     "truncate",
 ]
 
@@ -172,10 +173,11 @@ def apply_sampling_params(
     probs = x.softmax(dim=-1)  # [N, V]
     if use_min_p:
         mp = min_p.to(device=device, dtype=torch.float32, non_blocking=True).unsqueeze(1)
-        # min-p: keep p_i >= min_p * max_j p_j, then renormalise
+        # min-p: keep p_i >= min_p * max_j p_j, then renormalise; a row without min-p keeps
+        # its p bit for bit (as where the stage is skipped: static and skipping paths agree)
         keep = probs >= mp * probs.amax(dim=-1, keepdim=True)
-        probs = torch.where(keep | (mp <= 0), probs, torch.zeros_like(probs))
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        kept = torch.where(keep, probs, torch.zeros_like(probs))
+        probs = torch.where(mp > 0, kept / kept.sum(dim=-1, keepdim=True), probs)
 
     if any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
@@ -268,6 +270,22 @@ def keyed_argmax(probs: torch.Tensor, keys: Sequence[int]) -> torch.Tensor:
     vocab = probs.shape[1]
     index = torch.arange(vocab, device=probs.device).expand(probs.shape[0], vocab)
     return (probs.to(torch.float32) / keyed_exponentials(keys, index)).argmax(dim=-1)
+
+
+def sample_static(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                  top_p: torch.Tensor, min_p: torch.Tensor, keyed: torch.Tensor,
+                  halves: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One token per row of logits [N, V] from the row's parameters, all on the device, at
+    fixed shapes, reading nothing back (what a captured graph records): a greedy row
+    (temperature 0) its argmax; a keyed row (keyed [N] > 0) the exponential race with its keyed
+    noise (`key_halves` [N, 2]), the very token `keyed_argmax` picks from the same p; any other
+    row the race with `noise` [N, V] (Exp(1)) -> int64 [N]."""
+    probs = apply_sampling_params(logits, temperature, top_k, top_p, min_p, static=True)
+    n, vocab = probs.shape
+    index = torch.arange(vocab, device=probs.device).expand(n, vocab)
+    exps = torch.where(keyed.unsqueeze(1) > 0, keyed_exponentials_at(halves, index), noise)
+    raced = (probs / exps).argmax(dim=-1)
+    return torch.where(temperature == 0, logits.argmax(dim=-1), raced)
 
 
 def sample(probs: torch.Tensor, keys: Optional[Sequence[Optional[int]]] = None) -> torch.Tensor:

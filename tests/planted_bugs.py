@@ -12,6 +12,7 @@ import torch
 import kernels.eagle_tree as eagle_tree
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
+import kernels.sampling as sampling
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft_graphs as draft_graphs
@@ -22,6 +23,7 @@ import verifier_service.eagle_format as eagle_format
 import verifier_service.eagle_graphs as eagle_graphs
 import verifier_service.eagle_head as eagle_head
 import verifier_service.step_executor as step_executor
+import verifier_service.step_sampler as step_sampler
 import verifier_service.verify as verify
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft import DraftSession
@@ -474,3 +476,26 @@ def undrafted_seeded_rows_keyed_one_position_late(monkeypatch) -> None:
         return real(logits, probs, shifted, params)
 
     monkeypatch.setattr(verify, "_sample_tokens", late)
+
+
+def min_p_renormalises_rows_without_it(monkeypatch) -> None:
+    """min-p's renormalisation applied to every row where the stage runs (always, in the
+    static form a graph records): a row without min-p gets another p, in its last bits, than
+    the eager sampler gives it by skipping the stage."""
+    real = sampling.apply_sampling_params
+
+    def every_row(logits, temperature, top_k, top_p, min_p, static=False):
+        probs = real(logits, temperature, top_k, top_p, min_p, static)
+        return probs / probs.sum(dim=-1, keepdim=True) if static else probs
+
+    monkeypatch.setattr(sampling, "apply_sampling_params", every_row)
+
+
+def step_sampler_keyed_one_position_late(monkeypatch) -> None:
+    """The step sampler keys a seeded row's noise one position late."""
+    real = step_sampler.StepSampler.__call__
+
+    def late(self, logits, params, positions):
+        return real(self, logits, params, [at + 1 for at in positions])
+
+    monkeypatch.setattr(step_sampler.StepSampler, "__call__", late)

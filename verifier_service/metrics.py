@@ -249,6 +249,10 @@ def _executor_families(x) -> Iterator:
                   "the device has none)", ["mode", "reason"], steps)
     yield counter("splitspec_step_executor_tokens", "Fed rows (padding excluded) of engine "
                   "steps by how they ran", ["mode", "reason"], tokens)
+    yield counter("splitspec_step_executor_sampler_steps", "Steps with nothing to verify and "
+                  "a sampled row, sampled by the step sampler: its graph replayed (captured) "
+                  "or its body run eagerly", ["mode"],
+                  [((mode,), n) for mode, n in list(x.sampler_steps.items())])
     yield counter("splitspec_step_executor_bucket_steps", "Engine steps run at a bucket's "
                   "padded shape (captured or not)", samples=[((), x.bucket_steps)])
     yield gauge("splitspec_step_executor_graphs", "Step graphs captured at start-up",

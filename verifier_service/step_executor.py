@@ -35,6 +35,7 @@ from kernels.layout import StepLayout
 from kernels.rejection import greedy_chain_verify
 from splitspec import device as dev
 from verifier_service.step_plan import Bucket, BucketLadder, StepPlan, plan_step
+from verifier_service.step_sampler import StepSampler
 
 __all__ = ["ExecutorStats", "StepExecutor", "StepTensors"]
 
@@ -75,6 +76,9 @@ class ExecutorStats:
     graphs: int = 0
     capture_seconds: float = 0.0
     graph_pool_bytes: int = 0  # device memory the graphs hold (beside the KV cache)
+    # steps with nothing to verify and a sampled row, through the step sampler: "captured"
+    # (its graph replayed) or "eager" (its body, no graph for the bucket)
+    sampler_steps: Counter = field(default_factory=Counter)
 
     @property
     def captured_share(self) -> float:
@@ -112,6 +116,10 @@ class StepExecutor:
         self._staging = [dev.pinned_empty(1 << 14, torch.int64, self.device) for _ in range(2)]
         self._turn = 0
         self._fetch = dev.HostFetch(self.device)
+        # a step that verifies nothing where a row samples: its sampler replayed too
+        self.sampler = StepSampler(self.device, getattr(runner, "vocab_size", 1),
+                                   max(self.ladder.seqs, default=1), enabled=self.graphs_wanted,
+                                   counts=self.stats.sampler_steps)
         self._logged: set = set()
         # tensor parallel, rank 0 (verifier_service/tp_broadcast.py): every plan, and every
         # capture, is sent to the other ranks first; they run the same body on their shards
@@ -249,6 +257,7 @@ class StepExecutor:
                 self._graphs[bucket] = _Graph(graph, out)
             except Exception:  # noqa: BLE001 - one bucket's failure must not stop the server
                 log.exception("capturing bucket %s failed: it runs eagerly", bucket)
+        self.sampler.capture(self._pool, stream)
         dev.synchronize(device)
         self.stats.graphs = len(self._graphs)
         self.stats.capture_seconds = time.perf_counter() - start

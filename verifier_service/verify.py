@@ -93,8 +93,13 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
     ragged = (step.logits if plan.bucket is None else
               step.logits.index_select(0, step.views["real_rows"][:layout.logits_indices.numel()]))
     nodes = None
-    if plan.chain and all(batch[i].seq.inp.sampling.greedy for i in emitting):
+    params = [batch[i].seq.inp.sampling for i in emitting]
+    if plan.chain and all(p.greedy for p in params):
         tokens, num_accepted = step.tokens[:n], step.num_accepted[:n]
+    elif plan.chain and not layout.num_drafts and executor.sampler.serves(n):
+        # nothing to verify: one token per row, the sampler's graph replayed
+        tokens = executor.sampler(ragged, params, layout.sample_positions.tolist())[:, None]
+        num_accepted = torch.zeros(n, dtype=torch.int64, device=tokens.device)
     else:
         result = sample_step(ragged, layout, [batch[i] for i in emitting],
                              [drafts[i] for i in emitting])
