@@ -27,6 +27,7 @@ from splitspec.goodput import (
     decay_factor,
     fit_step_costs,
 )
+from splitspec.methods import in_target_methods
 
 HALF_LIFE_TRIED = 2000.0
 RUNNING_ALPHA = 0.2  # at the default 500 ms between snapshots: about 2.5 s of memory
@@ -104,7 +105,9 @@ class Estimates:
         if key not in self._round_trips:
             snap = self.replicas.get(address)
             m = snap.methods.get(method) if snap else None
-            self._round_trips[key] = m.round_trip() if m else RoundTrip()
+            in_target = method in in_target_methods()  # drafts per sequence, in the verifier
+            self._round_trips[key] = (m.round_trip(in_target) if m
+                                      else RoundTrip(per_sequence=in_target))
         return self._round_trips[key]
 
     def draft_limit(self, address: str, method: str) -> int:

@@ -166,32 +166,38 @@ class Acceptance:
 
 @dataclass(frozen=True)
 class RoundTrip:
-    """A proposer's answer time for a k-token draft: base + per_token * k."""
+    """A proposer's answer time for a k-token draft: base + per_token * k. `per_sequence`: the
+    time is each drafting sequence's own (an in-target method drafts sequence by sequence inside
+    the verifier, so a batch waits for all of theirs), not one call's for the whole batch (a
+    proposer service answers a step's sequences together)."""
 
     base_s: float = DEFAULT_ROUND_TRIP_S
     per_token_s: float = 0.0
+    per_sequence: bool = False
 
     def __call__(self, k: int) -> float:
         return self.base_s + self.per_token_s * k if k > 0 else 0.0
 
 
-def fit_round_trip(points: Iterable[tuple[int, float, float]]) -> RoundTrip:
+def fit_round_trip(points: Iterable[tuple[int, float, float]],
+                   per_sequence: bool = False) -> RoundTrip:
     """RoundTrip from (k, calls, seconds total) per k: weighted least squares of the mean, base
-    and slope kept >= 0. One k only: half of it taken as fixed, half as growing with k."""
+    and slope kept >= 0. One k only: half of it taken as fixed, half as growing with k.
+    per_sequence: the points are each sequence's own drafting time (in-target methods)."""
     pts = [(float(k), n, s / n) for k, n, s in points if n > 0 and k > 0]
     if not pts:
-        return RoundTrip()
+        return RoundTrip(per_sequence=per_sequence)
     w = sum(n for _, n, _ in pts)
     mx = sum(n * x for x, n, _ in pts) / w
     my = sum(n * y for _, n, y in pts) / w
     sxx = sum(n * (x - mx) ** 2 for x, n, _ in pts)
     if sxx <= 1e-12:
-        return RoundTrip(my / 2, my / 2 / mx)
+        return RoundTrip(my / 2, my / 2 / mx, per_sequence)
     slope = max(sum(n * (x - mx) * (y - my) for x, n, y in pts) / sxx, 0.0)
     base = my - slope * mx
     if base < 0:
         base, slope = 0.0, my / mx
-    return RoundTrip(base, slope)
+    return RoundTrip(base, slope, per_sequence)
 
 
 @dataclass(frozen=True)
@@ -336,7 +342,8 @@ class MethodCounts:
 
     greedy: Acceptance = Acceptance()
     sampled: Acceptance = Acceptance()
-    round_trips: tuple[tuple[int, float, float], ...] = ()  # (k, calls, seconds total) per k
+    # (k, calls, seconds total) per k; an in-target method's per drafting sequence
+    round_trips: tuple[tuple[int, float, float], ...] = ()
     longest_draft: int = 0  # the most tokens one verified draft had
     # Token trees: (b, greedy, sampled) for the steps of requests that let a node have up to
     # b > 1 children. Their positions are tree nodes and depths: a step forwards its nodes
@@ -352,8 +359,9 @@ class MethodCounts:
                 return g if greedy else s
         return Acceptance()
 
-    def round_trip(self) -> RoundTrip:
-        return fit_round_trip(self.round_trips)
+    def round_trip(self, per_sequence: bool = False) -> RoundTrip:
+        """per_sequence: the method drafts inside the verifier (`RoundTrip.per_sequence`)."""
+        return fit_round_trip(self.round_trips, per_sequence)
 
     def draft_limit(self) -> int:
         return draft_limit(self.longest_draft, max((k for k, _, _ in self.round_trips), default=0),
@@ -478,7 +486,8 @@ def batch_goodput(model: MethodModel | None, k: int, batch: int, cost: StepCost,
         step = cost(batch * model.tokens(k))
     else:
         step = (seconds or model.step_seconds(k, cost))[k]
-    return batch * model.expected(k) / (step + model.round_trip(k))
+    wait = model.round_trip(k) * (batch if model.round_trip.per_sequence else 1)
+    return batch * model.expected(k) / (step + wait)
 
 
 def marginal_goodput(model: MethodModel, k: int, cost: StepCost, others_tokens: float,

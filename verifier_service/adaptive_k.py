@@ -29,7 +29,7 @@ from splitspec.goodput import (
     fit_step_costs,
     marginal_goodput,
 )
-from splitspec.methods import step_kind_of
+from splitspec.methods import in_target_methods, step_kind_of
 from verifier_service.engine_stats import EngineStats
 from verifier_service.sequence import SequenceState
 
@@ -113,7 +113,8 @@ class AdaptiveK:
         if key not in self._methods:
             counts = self.stats.method(name).counts()
             self._methods[key] = MethodModel.from_acceptance(
-                counts.acceptance(greedy, branches), counts.round_trip(), counts.draft_limit())
+                counts.acceptance(greedy, branches), counts.round_trip(name in in_target_methods()),
+                counts.draft_limit())
         return self._methods[key]
 
     def _view(self, running: list[SequenceState]) -> _Batch:
@@ -154,7 +155,11 @@ class AdaptiveK:
             # When none did last step, the wait is shared by every sequence planned with the
             # method: each alone would find the whole round trip too dear, and all of them
             # would stay paused where drafting together pays.
-            wait = 0.0 if others_drafting > 0 else model.round_trip(k) / sharing
+            # An in-target method drafts each sequence apart: its time is this one's own.
+            if model.round_trip.per_sequence:
+                wait = model.round_trip(k)
+            else:
+                wait = 0.0 if others_drafting > 0 else model.round_trip(k) / sharing
             g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait, seconds,
                                  standing)
             if g > best * (1 + 1e-9):

@@ -282,6 +282,25 @@ def test_round_trip_fit():
     assert fit_round_trip([]) == RoundTrip()
 
 
+def test_a_batch_waits_for_every_sequences_own_drafting_when_it_is_per_sequence():
+    """A proposer service answers a step's sequences in one call; an in-target method drafts
+    them one after another: 16 sequences wait 16 of its times."""
+    shared = m(0.7, rt=RoundTrip(0.002, 0.0))
+    own = m(0.7, rt=RoundTrip(0.002, 0.0, per_sequence=True))
+    assert batch_goodput(own, 3, 1, FLAT_THEN_STEEP) == batch_goodput(shared, 3, 1,
+                                                                      FLAT_THEN_STEEP)
+    assert batch_goodput(own, 3, 16, FLAT_THEN_STEEP) == pytest.approx(
+        16 * own.expected(3) / (FLAT_THEN_STEEP(16 * own.tokens(3)) + 16 * 0.002))
+    assert batch_goodput(own, 3, 16, FLAT_THEN_STEEP) < batch_goodput(shared, 3, 16,
+                                                                      FLAT_THEN_STEEP)
+    # what pays alone need not pay in a batch: off, as compute-bound
+    assert choose({"eagle": own}, 1, FLAT_THEN_STEEP, 8).method == "eagle"
+    busy = choose({"eagle": own}, 32, FLAT_THEN_STEEP, 8)
+    assert busy.method is None and busy.reason == "compute_bound"
+    assert fit_round_trip([(2, 4, 0.008)], per_sequence=True).per_sequence
+    assert MethodCounts(round_trips=((2, 4, 0.008),)).round_trip(True).per_sequence
+
+
 def test_marginal_goodput_of_one_sequence_in_a_batch():
     # alone: its own tokens over its own step; in a batch the others' tokens share the step
     assert marginal_goodput(m(0.5), 0, FLAT_THEN_STEEP, 0, 0, 0.0) == pytest.approx(100.0)

@@ -96,6 +96,30 @@ def test_sequences_that_all_paused_share_the_round_trip_and_draft_together(targe
     assert engine.adaptive.choose(batch[0], [batch[0], *plain]) == 0
 
 
+def test_an_in_target_methods_drafting_is_each_sequences_own_wait(target_model_dir):
+    """The batch above, planned with an in-target method whose drafting costs the same 8 ms:
+    it drafts sequence by sequence inside the verifier, so no wait is shared; each sequence
+    pays its own, which its draft does not repay here."""
+    engine = make_engine(target_model_dir, max_num_seqs=32, max_num_speculative_tokens=8)
+    for tokens, seconds in ((1, 0.010), (16, 0.0105), (64, 0.012)):
+        for _ in range(5):
+            engine.stats.add_step_cost(tokens, seconds)
+    for method in ("ngram", "lookahead"):
+        engine.stats.method(method).round_trips = {3: [100, 100 * 0.008]}
+    batch = {m: [engine.add_request(adaptive(request(engine, f"{m}{i}", PROMPTS[i % 3]),
+                                             method=m)) for i in range(16)]
+             for m in ("ngram", "lookahead")}
+    for seq in batch["ngram"] + batch["lookahead"]:
+        seq.num_computed = len(seq.tokens) - 1
+        seq.accepted, seq.rejections = 90, 10
+    assert engine.adaptive.method_model("lookahead", True).round_trip.per_sequence
+    assert not engine.adaptive.method_model("ngram", True).round_trip.per_sequence
+    assert all(engine.adaptive.choose(seq, batch["ngram"]) > 0 for seq in batch["ngram"])
+    engine.adaptive.begin_step()
+    assert all(engine.adaptive.choose(seq, batch["lookahead"]) == 0
+               for seq in batch["lookahead"])
+
+
 def test_the_request_history_outweighs_the_method_prior(engine):
     counts = engine.stats.method("ngram").greedy
     counts.accepted_tokens, counts.rejections = 10, 990  # the method is bad on this verifier
