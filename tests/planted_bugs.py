@@ -23,6 +23,7 @@ import verifier_service.eagle_format as eagle_format
 import verifier_service.eagle_graphs as eagle_graphs
 import verifier_service.eagle_head as eagle_head
 import verifier_service.step_executor as step_executor
+import verifier_service.step_plan as step_plan
 import verifier_service.step_sampler as step_sampler
 import verifier_service.verify as verify
 from kernels.sampling import keyed_argmax, noise_key
@@ -499,3 +500,14 @@ def step_sampler_keyed_one_position_late(monkeypatch) -> None:
         return real(self, logits, params, [at + 1 for at in positions])
 
     monkeypatch.setattr(step_sampler.StepSampler, "__call__", late)
+
+
+def device_draft_ids_one_row_late(monkeypatch) -> None:
+    """A chain held on the device copied into the step's input one fed row late."""
+    real = step_plan.StepPlan.draft_offsets
+
+    def late(self, seq, row, k):
+        ids_at, draft_at = real(self, seq, row, k)
+        return ids_at + 1, draft_at
+
+    monkeypatch.setattr(step_plan.StepPlan, "draft_offsets", late)

@@ -346,7 +346,8 @@ class EagleGraphs:
         for _ in range(k - 1):
             self._run()
         self.pick()
-        return PendingDraft([self.tokens[:k].clone()], [], lambda i, f: i[0].tolist())
+        tokens = self.tokens[:k].clone()
+        return PendingDraft([tokens], [], lambda i, f: i[0].tolist(), chain=tokens)
 
     def sampled_chain(self, seq: EagleSequence, k: int, params: SamplingParams,
                       first_position: int) -> Draft:

@@ -75,6 +75,27 @@ class PendingDraft:
     ints: list
     floats: list
     finish: Callable[[list, list], "list[int] | Draft"]
+    # a greedy chain's token ids [k] on the device: the step may feed them to its forward
+    # without reading them first (a DeviceDraft); None: read back with the step's others
+    chain: object = None
+
+
+@dataclass
+class DeviceDraft(Draft):
+    """A greedy chain whose token ids are still on the target's device (an in-target method
+    drew them there): `tokens` holds k placeholders until the step that verifies it reads the
+    ids back with its results. A step of greedy chains copies them into its input on the device
+    (verifier_service/verify.py); any other step reads them first (`read_back`)."""
+
+    device_tokens: object = None  # int64 [k] on the device; None once read back
+
+
+def read_back(drafts: "Seq[DeviceDraft]", fetch) -> None:
+    """The drafts' ids into their `tokens`, in one copy (fetch: splitspec.device.HostFetch)."""
+    got, _ = fetch([d.device_tokens for d in drafts])
+    for d, ids in zip(drafts, got):
+        d.tokens[:] = ids.tolist()
+        d.device_tokens = None
 
 
 class InTargetState(abc.ABC):
@@ -205,6 +226,10 @@ class InTargetDrafts:
             state = self._states.get(s.seq)
             if state is not None:
                 got = state.propose(s.seq.tokens, s.k)
+                if isinstance(got, PendingDraft) and got.chain is not None:
+                    k = got.chain.shape[0]
+                    out[s.seq] = DeviceDraft(s.seq.request_id, [0] * k, device_tokens=got.chain)
+                    continue
                 (pending if isinstance(got, PendingDraft) else out)[s.seq] = got
         if pending:
             out.update(self._resolve(pending))

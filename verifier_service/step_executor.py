@@ -86,6 +86,13 @@ class ExecutorStats:
         return self.captured_steps / steps if steps else 0.0
 
 
+def _patch(flat: torch.Tensor, plan) -> None:
+    """The plan's device-held ids over its copied arrays (StepPlan.device_ids; a plan another
+    tensor-parallel rank received has none: with ranks, drafts are read back first)."""
+    for at, ids in getattr(plan, "device_ids", ()):
+        flat[at:at + ids.shape[0]].copy_(ids)
+
+
 @dataclass
 class _Graph:
     graph: object
@@ -180,10 +187,12 @@ class StepExecutor:
         graph = self._graphs.get(plan.bucket) if plan.bucket is not None else None
         if graph is not None:
             self._static[:plan.host.numel()].copy_(plan.host, non_blocking=True)
+            _patch(self._static, plan)
             graph.graph.replay()
             return graph.out
         flat = (plan.host if self.device.type == "cpu"
                 else plan.host.to(self.device, non_blocking=True))
+        _patch(flat, plan)
         return self.body(plan.fields.views(flat), plan)
 
     def _eager_reason(self, plan: StepPlan) -> str:

@@ -191,6 +191,18 @@ class StepPlan:
     # the layout's ancestor relation (exact steps with trees), for the reference attention
     ancestors: torch.Tensor | None = None
     arrays: dict = field(default_factory=dict, repr=False)  # numpy views of `host`
+    # (offset into the flat buffer, int64 device tensor): copied over `host`'s values on the
+    # device before the step runs (a greedy chain drawn on the device: verify.py)
+    device_ids: list = field(default_factory=list, repr=False)
+
+    def draft_offsets(self, seq: int, row: int, k: int) -> tuple[int, int]:
+        """Where sequence `seq`'s k draft tokens sit in the flat buffer (it is sampler row
+        `row`): its fed rows' ids, and its row of the verification's draft ids."""
+        layout, at = self.layout, self.fields.offsets
+        fed = int(layout.query_lens[seq]) - k  # its rows before the drafts
+        first = (int(layout.query_start[seq]) if self.bucket is None
+                 else seq * self.fields.size("R")) + fed
+        return at["ids"] + first, at["draft_ids"] + row * self.fields.size("K")
 
     @property
     def num_tokens(self) -> int:

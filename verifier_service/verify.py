@@ -33,6 +33,7 @@ from kernels.sparse_probs import SparseProbs
 from kernels.tree_rejection import TreeResult, tree_rejection_sample
 from splitspec.device import to_device
 from splitspec.proposal import Draft
+from verifier_service.in_target import DeviceDraft, read_back
 from verifier_service.scheduler import Scheduled
 from verifier_service.step_executor import StepExecutor
 
@@ -71,6 +72,15 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
                 keep_features: Sequence[bool] = ()) -> list[SeqResult | ChunkFeatures | None]:
     """Per batch entry: its SeqResult, or for a prefill chunk (cached, emits nothing) None, or
     its ChunkFeatures when keep_features asks."""
+    # 0. greedy chains still on the device (an in-target head's): fed to the forward from
+    # there when the whole step is greedy chains, else read back first
+    held = [i for i, d in enumerate(drafts)
+            if isinstance(d, DeviceDraft) and d.device_tokens is not None]
+    if held and not (executor.broadcast is None
+                     and all(s.seq.inp.sampling.greedy for s in batch)
+                     and all(d is None or d.is_chain for d in drafts)):
+        read_back([drafts[i] for i in held], executor.fetch)
+        held = []
     # 1. plan (trees: each node at the position of its depth, seeing its ancestors only)
     ks = [len(d.tokens) if d else 0 for d in drafts]
     trees = [None if d is None or d.is_chain else d.parents for d in drafts]
@@ -81,6 +91,15 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
                  for t in s.seq.tokens[s.seq.num_computed:s.seq.num_computed + s.num_new]
                  + (d.tokens if d else [])]
     plan = executor.plan(layout, input_ids, [s.seq.blocks.blocks for s in batch])
+    if held:
+        rows = {seq: r for r, seq in enumerate(layout.seq_index.tolist())}
+        top = executor.runner.vocab_size - 1
+        for i in held:
+            d = drafts[i]
+            # any id the target knows keeps greedy verification exact: an unknown one clamped
+            d.device_tokens = d.device_tokens.clamp(0, top)
+            for at in plan.draft_offsets(i, rows[i], ks[i]):
+                plan.device_ids.append((at, d.device_tokens))
     # 2. execute
     step = executor.execute(plan)
     chunks = _chunk_features(step, plan, batch, keep_features)
@@ -121,7 +140,12 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
         floats.append(step.hidden.index_select(0, last))
     ints = [tokens, num_accepted] + ([nodes] if nodes is not None else [])
     ints += [step.argmax] if wants_argmax else []
+    ints += [drafts[i].device_tokens for i in held]  # the drafts' ids, read back with the rest
     got, got_f = executor.fetch(ints, floats)
+    for i, ids in zip(held, got[len(got) - len(held):]):
+        drafts[i].tokens[:] = ids.tolist()
+        drafts[i].device_tokens = None
+    got = got[:len(got) - len(held)]
     rows_h, n_acc_h = got[0], got[1].tolist()
     nodes_h = got[2] if nodes is not None else None
     argmax_h = got[-1] if wants_argmax else None

@@ -8,13 +8,15 @@ records, and shapes past the buffers left to the eager code."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import planted_bugs as bug
 import pytest
 import torch
 from capture_rules import GraphSafe
 from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target
-from engine_testlib import drained, make_engine, request_ids, run_all
+from engine_testlib import PROMPTS as TEXT_PROMPTS
+from engine_testlib import drained, make_engine, request, request_ids, run_all
 
 from kernels.eagle_tree import num_candidates
 from splitspec.params import SamplingParams
@@ -167,6 +169,43 @@ def test_the_iteration_reads_nothing_back(monkeypatch):
         graphs.advance_rows(4)
     with pytest.raises(AssertionError, match="host read"), GraphSafe():
         int(graphs.col)  # the mode itself catches a read
+
+
+def check_chains_fed_from_the_device_verify_what_read_back_chains_verify(target_dir) -> None:
+    """Greedy EAGLE chains held on the device are copied into the step's input there (ids and
+    the verification's draft ids, StepPlan.draft_offsets): the output and every count of
+    accepted drafts are those of the same chains read back first, batched with a plain
+    request (the toy target and its trained head: drafts are accepted)."""
+    def serve(hold: bool):
+        engine = make_engine(target_dir, proposers={}, eagle=f"{target_dir}-eagle")
+        method = engine.drafts.in_target.methods["eagle"]
+        method.graphs = EagleGraphs(method.head, capacity=256, max_k=8, capture=False)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(EagleGraphs, "captured", property(lambda self: True))
+            if not hold:  # the chain's ids read back with the step's other drafts
+                real = EagleGraphs.pending_chain
+                mp.setattr(EagleGraphs, "pending_chain", lambda self, seq, k: dataclasses.replace(
+                    real(self, seq, k), chain=None))
+            out = asyncio.run(run_all(engine, [
+                request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
+                request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
+                request(engine, "plain", TEXT_PROMPTS[2], max_tokens=16, method=None)]))
+        assert drained(engine)
+        counts = engine.stats.method("eagle").counts().greedy
+        return [t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts)
+
+    held, read = serve(True), serve(False)
+    assert held == read and held[1][0] > 0
+
+
+def test_chains_fed_from_the_device_verify_what_read_back_chains_verify(target_model_dir):
+    check_chains_fed_from_the_device_verify_what_read_back_chains_verify(target_model_dir)
+
+
+def test_device_ids_copied_one_row_off_fail_the_comparison(monkeypatch, target_model_dir):
+    bug.device_draft_ids_one_row_late(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_chains_fed_from_the_device_verify_what_read_back_chains_verify(target_model_dir)
 
 
 def check_batched_pending_drafts_match_each_alone() -> None:
