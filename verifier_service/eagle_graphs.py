@@ -117,6 +117,7 @@ class EagleGraphs:
         self.last = torch.zeros(1, dtype=torch.long, device=device)
         self.graph = None
         self.sampled_graph = None
+        self.pick_graphs: dict[bool, object] = {}  # a chain's last pick, greedy and sampled
         self.tree_shapes = tuple(tree_shapes)
         self.tree_graphs: dict[tuple[int, int], tuple[object, tuple]] = {}
         self.advance_graphs: dict[int, object] = {}
@@ -259,6 +260,15 @@ class EagleGraphs:
         else:
             self.iteration(sampled)
 
+    def _last_pick(self, sampled: bool = False) -> None:
+        """A chain's last token (its k - 1 iterations fed the others): a replayed graph where
+        one was captured (a sampled pick is some thirty launches), else eagerly."""
+        graph = self.pick_graphs.get(sampled)
+        if graph is not None:
+            graph.replay()
+        else:
+            self.pick(sampled)
+
     def _run_advance(self, width: int) -> None:
         graph = self.advance_graphs.get(width)
         if graph is not None:
@@ -282,6 +292,11 @@ class EagleGraphs:
         self.graph = self._capture_one(stream, self.iteration, "the chain iteration")
         self.sampled_graph = self._capture_one(stream, lambda: self.iteration(True),
                                                "the sampled chain iteration")
+        for sampled in (False, True):
+            graph = self._capture_one(stream, lambda s=sampled: self.pick(s),
+                                      f"the {'sampled ' if sampled else ''}last pick")
+            if graph is not None:
+                self.pick_graphs[sampled] = graph
         for shape in self.tree_shapes:
             outputs = []
             graph = self._capture_one(stream, lambda s=shape: outputs.append(self.tree_body(*s)),
@@ -345,7 +360,7 @@ class EagleGraphs:
         self._start_chain(seq)
         for _ in range(k - 1):
             self._run()
-        self.pick()
+        self._last_pick()
         tokens = self.tokens[:k].clone()
         return PendingDraft([tokens], [], lambda i, f: i[0].tolist(), chain=tokens)
 
@@ -374,7 +389,7 @@ class EagleGraphs:
         self._start_chain(seq)
         for _ in range(k - 1):
             self._run(sampled=True)
-        self.pick(sampled=True)
+        self._last_pick(sampled=True)
         return PendingDraft([self.tokens[:k].clone(), self.q_ids[:k].clone()],
                             [self.q_probs[:k].clone()],
                             lambda i, f: sampled_draft(i[0], i[1], f[0]))
