@@ -100,6 +100,13 @@ bench-gpu:
 bench-gpu-dry: $(STAMP)
 	$(PY) bench/gpu_bench.py --device cpu --quick --out bench/reports/gpu-dry.md $(BENCH_ARGS)
 
+# Where a decode step's host time goes (bench/step_profile.py, bench/reports/step-profile.md):
+# the verifier's engine in one process and one thread under cProfile, speculation off and the
+# in-target methods; on the GPU machine's python3 like bench-gpu (--device cpu runs it here).
+.PHONY: bench-step-profile
+bench-step-profile:
+	$(GPU_PYTHON) bench/step_profile.py $(BENCH_ARGS)
+
 bench-quick: $(STAMP)
 	$(PY) bench/compare_bench.py --quick --out bench/reports/bench-quick.md $(BENCH_ARGS)
 
