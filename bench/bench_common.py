@@ -30,6 +30,22 @@ def bench_parser(doc: str | None) -> argparse.ArgumentParser:
     return ap
 
 
+def device_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The accelerator scripts' parser (bench/gpu_bench.py, bench/step_profile.py): the toy
+    target by default, the device, and the dtype (`device_dtype` resolves its default)."""
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(ROOT / "models/target"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    return ap
+
+
+def device_dtype(args: argparse.Namespace) -> str:
+    """--dtype as given, else bfloat16 on an accelerator and float32 on the CPU."""
+    return args.dtype or ("bfloat16" if args.device != "cpu" else "float32")
+
+
 def interleaved_parser(doc: str | None, concurrency: int) -> argparse.ArgumentParser:
     """bench_parser plus the options of the benchmarks that interleave stacks of different
     configurations round by round (bench/observability_bench.py, bench/tls_bench.py)."""

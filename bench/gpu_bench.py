@@ -31,7 +31,6 @@ speculator; the real model too when its directory is there and `--real` is given
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import dataclasses
 import os
@@ -45,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_common import write_markdown  # noqa: E402
+from bench_common import device_dtype, device_parser, write_markdown  # noqa: E402
 from bench_report import auto_choices, split_ms, summarize  # noqa: E402
 from compare_bench import Config, HfBaselines, SplitspecClient, machine_facts  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
@@ -376,11 +375,7 @@ def sync_check(args) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "models/target"))
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap = device_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--passes", type=int, default=3)
@@ -389,7 +384,7 @@ def main() -> None:
                          "end to end in minutes (e.g. on the CPU)")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/gpu.md"))
     args = ap.parse_args()
-    args.dtype = args.dtype or ("bfloat16" if args.device != "cpu" else "float32")
+    args.dtype = device_dtype(args)
     if args.quick:
         args.prompts, args.max_tokens, args.passes = 2, 16, 2
     conc = (4,) if args.quick else (16, 64)

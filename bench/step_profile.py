@@ -15,7 +15,6 @@ proposer services' round trip and proposing are not in it (`make bench-gpu` spli
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures as cf
 import cProfile
@@ -29,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_common import write_markdown  # noqa: E402
+from bench_common import device_dtype, device_parser, write_markdown  # noqa: E402
 from compare_bench import machine_facts  # noqa: E402
 from spec_bench import held_out_prompts  # noqa: E402
 
@@ -100,11 +99,7 @@ async def generate(engine, rid: str, ids: tuple[int, ...], plan: SpeculationPlan
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "models/target"))
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap = device_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--top", type=int, default=18)
@@ -112,7 +107,7 @@ def main() -> None:
                     help="off (greedy, sampled), EAGLE k 3 and lookahead only")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/step-profile.md"))
     args = ap.parse_args()
-    args.dtype = args.dtype or ("bfloat16" if args.device != "cpu" else "float32")
+    args.dtype = device_dtype(args)
 
     from verifier_service.config import VerifierConfig
     from verifier_service.server import build_engine
