@@ -16,7 +16,12 @@ Each sequence whose plan names the method gets its own `InTargetState`:
     a prefill chunk was cached      state.prefilled(features, position)  (states that read the
                                                                  target's features: its rows')
     a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids,
-                                                                 or a Draft tree of <= k nodes
+                                                                 or a Draft tree of <= k nodes,
+                                                                 or either left on the device
+                                                                 (PendingDraft: read back in
+                                                                 one copy for the step; a
+                                                                 greedy chain fed to the step
+                                                                 from there, DeviceDraft)
     the step was verified           state.observe(outcome)    (with the target's argmax after
                                                                  every node: what the method
                                                                  learns from its own rows)
