@@ -292,6 +292,12 @@ def eagle_drafts_kept_as_target_rows(monkeypatch) -> None:
     monkeypatch.setattr(eagle_head.EagleSequence, "chain", chain)
 
 
+def eagle_batched_chains_left_ranked(monkeypatch) -> None:
+    """Chains drafted together come back in the order they were drafted in (longest first), not
+    in the sequences' order: each sequence may get another's chain."""
+    monkeypatch.setattr(eagle_head, "unrank", lambda ranked, order: ranked)
+
+
 def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:
     """A tree's fed rows attend to every fed row of the levels before, not only to their own
     ancestors."""

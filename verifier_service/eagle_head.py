@@ -50,7 +50,7 @@ from kernels.eagle_tree import TreeState, first_level, next_level, select
 from kernels.linear import PackedLinear, resolve
 from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample, truncate
 from kernels.sparse_probs import SparseProbs
-from splitspec.device import HostFetch
+from splitspec.device import HostFetch, to_device
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
@@ -289,26 +289,7 @@ class EagleSequence:
         target's, from its forward, on its device), next_tokens [R] (the token at each position
         plus one: the tokens the step emitted, or the prompt shifted by one). Their keys and
         values replace whatever the columns held; the last row becomes the next draft's root."""
-        head = self.head
-        R = features.shape[0]
-        start = self.length
-        self._reserve(start + R)
-        hidden = head.hidden_from_features(features)[None]  # [1, R, H]
-        tokens = next_tokens.to(device=head.device, dtype=torch.long)[None]
-        pos = torch.arange(start, start + R, device=head.device)[None]
-        span = start + R
-        causal = (torch.arange(span, device=head.device)[None, :]
-                  <= pos[0, :, None])[None, None]  # [1, 1, R, span]
-
-        def attend(q, k, v):
-            self._write(start, k, v)
-            return head.attention(q, self.keys[:, :, :span], self.values[:, :, :span], causal)
-
-        out = head.layer(tokens, hidden, pos, attend, span)[0]  # [R, H]
-        self.length = span
-        self.root_out = out[-1]
-        self.root_token = tokens[0, -1]
-        self.root_logits = head.logits(out[-1])
+        advance_many([self], [features], [next_tokens])
 
     def truncate(self, length: int) -> None:
         """Forget rows from `length` on (a rollback); the root is gone until the next advance."""
@@ -335,33 +316,11 @@ class EagleSequence:
     def _step(self, token: torch.Tensor, hidden: torch.Tensor, depth: int) -> torch.Tensor:
         """Feed one drafted token (target id, [1]) with the hidden state that predicted it as
         scratch row `depth` (1-based) past the root; returns the row's output [H]."""
-        head = self.head
-        col = self.scratch_column(depth)
-        self._reserve(col + 1)
-        pos = torch.full((1, 1), col, device=head.device)
-
-        def attend(q, k, v):
-            self._write(col, k, v)
-            return head.attention(q, self.keys[:, :, :col + 1], self.values[:, :, :col + 1],
-                                  None)
-
-        return head.layer(token.view(1, 1), hidden.view(1, 1, -1), pos, attend, col + 1)[0, 0]
+        return _step_many([self], token.view(1), hidden.view(1, -1), depth)[0]
 
     def chain(self, k: int) -> torch.Tensor:
         """A greedy chain of k drafted target ids [k] (on the device): argmax, fed back."""
-        self._need_root()
-        head = self.head
-        out = torch.empty(k, dtype=torch.long, device=head.device)
-        logits, hidden = self.root_logits, self.root_out
-        for i in range(k):
-            # [1], not a 0-d index: indexing the draft vocabulary's ids by a 0-d tensor reads it
-            # back to the host (a sync per token on an accelerator)
-            tok = head.target_ids(logits.argmax(-1, keepdim=True))
-            out[i:i + 1] = tok
-            if i + 1 < k:
-                hidden = self._step(tok.view(1), hidden, i + 1)
-                logits = head.logits(hidden)
-        return out
+        return chain_many([self], [k])[0, :k]
 
     @torch.no_grad()
     def sampled_chain(self, k: int, params: SamplingParams, first_position: int,
@@ -435,6 +394,105 @@ class EagleSequence:
         """`tree` as a Draft (deterministic nodes: no q); the one host read of the tree."""
         tokens, parents, _ = self.tree(top_k, depth, budget)
         return Draft("", tokens.tolist(), parents=parents.tolist())
+
+
+def advance_many(seqs: list[EagleSequence], features: list[torch.Tensor],
+                 next_tokens: list[torch.Tensor]) -> None:
+    """`EagleSequence.advance` for several sequences of one head in one pass of its layer: the
+    products over every sequence's rows together (a step's weights read once, not once per
+    sequence), the attention per sequence over its own cache, causal within its rows."""
+    head = seqs[0].head
+    device = head.device
+    sizes = [f.shape[0] for f in features]
+    starts = [s.length for s in seqs]
+    for s, start, r in zip(seqs, starts, sizes):
+        s._reserve(start + r)
+    hidden = head.hidden_from_features(torch.cat(features))[None]  # [1, T, H]
+    tokens = torch.cat([t.to(device=device, dtype=torch.long) for t in next_tokens])[None]
+    pos = torch.cat([torch.arange(a, a + r, device=device) for a, r in zip(starts, sizes)])[None]
+    ends = [a + r for a, r in zip(starts, sizes)]
+
+    def attend(q, k, v):
+        parts, at = [], 0
+        for s, start, r, span in zip(seqs, starts, sizes, ends):
+            s._write(start, k[:, :, at:at + r], v[:, :, at:at + r])
+            causal = (torch.arange(span, device=device)[None, :]
+                      <= torch.arange(start, span, device=device)[:, None])[None, None]
+            parts.append(head.attention(q[:, :, at:at + r], s.keys[:, :, :span],
+                                        s.values[:, :, :span], causal))
+            at += r
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    out = head.layer(tokens, hidden, pos, attend, max(ends))[0]  # [T, H]
+    last = [sum(sizes[:i + 1]) - 1 for i in range(len(seqs))]
+    roots = (out[last[0]:last[0] + 1] if len(seqs) == 1
+             else out.index_select(0, to_device(torch.tensor(last), device)))  # [n, H]
+    logits = head.logits(roots)  # [n, Vd]
+    for i, (s, span) in enumerate(zip(seqs, ends)):
+        s.length = span
+        s.root_out, s.root_logits = roots[i], logits[i]
+        s.root_token = tokens[0, last[i]]
+
+
+def chain_many(seqs: list[EagleSequence], ks: list[int]) -> torch.Tensor:
+    """`EagleSequence.chain` for several sequences of one head: greedy chains of ks[i] tokens,
+    [n, max(ks)] target ids on the device (row i's first ks[i] are its chain). Each drafted
+    level is one pass of the layer over every sequence still drafting (the products read their
+    weights once for all of them), the attention per sequence over its own cache. Rows are
+    taken longest chain first so that those still drafting are a prefix: no index built on the
+    host, no read back."""
+    for s in seqs:
+        s._need_root()
+    head = seqs[0].head
+    order = sorted(range(len(seqs)), key=lambda i: -ks[i])
+    ranked = [seqs[i] for i in order]
+    kmax = max(ks)
+    logits = torch.stack([s.root_logits for s in ranked])  # [n, Vd]
+    hidden = torch.stack([s.root_out for s in ranked])  # [n, H]
+    columns = []
+    for depth in range(1, kmax + 1):
+        tok = head.target_ids(logits.argmax(-1))  # [m]
+        columns.append(F.pad(tok, (0, len(seqs) - tok.shape[0])))
+        m = sum(1 for i in order if ks[i] > depth)  # rows that draft another token
+        if not m:
+            break
+        hidden = _step_many(ranked[:m], tok[:m], hidden[:m], depth)
+        logits = head.logits(hidden)
+    return unrank(torch.stack(columns, 1), order)  # [n, kmax]
+
+
+def unrank(ranked: torch.Tensor, order: list[int]) -> torch.Tensor:
+    """Rows in ranked order (row r is sequence order[r]) back in the sequences' order."""
+    back = [0] * len(order)
+    for r, i in enumerate(order):
+        back[i] = r
+    if back == list(range(len(order))):
+        return ranked
+    return ranked.index_select(0, to_device(torch.tensor(back), ranked.device))
+
+
+def _step_many(seqs: list[EagleSequence], tokens: torch.Tensor, hidden: torch.Tensor,
+               depth: int) -> torch.Tensor:
+    """Feed one drafted token per sequence (target ids [m]) with the hidden state that predicted
+    it [m, H] as each one's scratch row `depth` (1-based) past its root; their outputs [m, H]."""
+    head = seqs[0].head
+    cols = [s.scratch_column(depth) for s in seqs]
+    for s, col in zip(seqs, cols):
+        s._reserve(col + 1)
+    if len(seqs) == 1:
+        pos = torch.full((1, 1), cols[0], device=head.device)
+    else:
+        pos = to_device(torch.tensor([cols]), head.device)
+
+    def attend(q, k, v):
+        parts = []
+        for r, (s, col) in enumerate(zip(seqs, cols)):
+            s._write(col, k[:, :, r:r + 1], v[:, :, r:r + 1])
+            parts.append(head.attention(q[:, :, r:r + 1], s.keys[:, :, :col + 1],
+                                        s.values[:, :, :col + 1], None))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    return head.layer(tokens[None], hidden[None], pos, attend, max(cols) + 1)[0]
 
 
 def sampled_draft(tokens: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor) -> Draft:

@@ -11,6 +11,7 @@ from test_eagle_format import (
     check_bias_decides,
     check_eagle1_redrafts_emitted,
     check_eagle3_drafts_previous_token,
+    check_sequences_together_draft_as_alone,
     check_tree_matches_reference,
     eagle1_identity_checkpoint,
     eagle3_embedding_checkpoint,
@@ -51,6 +52,13 @@ def test_kept_guesses_fail_the_advance_check(monkeypatch, tmp_path, target):
     bug.eagle_drafts_kept_as_target_rows(monkeypatch)
     with pytest.raises(AssertionError):
         check_advance_replaces_guesses(tmp_path, target)
+
+
+def test_chains_left_in_drafting_order_fail_the_together_check(monkeypatch, tmp_path, target):
+    check_sequences_together_draft_as_alone(tmp_path, target, "eagle1")
+    bug.eagle_batched_chains_left_ranked(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_sequences_together_draft_as_alone(tmp_path, target, "eagle1")
 
 
 def test_tree_rows_seeing_every_row_fail_the_reference(monkeypatch, tmp_path, target):

@@ -41,7 +41,7 @@ from eagle_testlib import (
 
 from kernels.linear import available
 from verifier_service.eagle_format import load
-from verifier_service.eagle_head import EagleHead
+from verifier_service.eagle_head import EagleHead, advance_many, chain_many
 
 PROMPT = [5, 17, 42, 8, 33, 61, 12, 70, 3, 25]
 FEATURE_LAYERS = [0, 2, 4]
@@ -291,6 +291,37 @@ def check_advance_replaces_guesses(tmp_path, model, name="eagle3") -> None:
 
 def test_advance_replaces_the_heads_own_guesses(tmp_path, target):
     check_advance_replaces_guesses(tmp_path, target)
+
+
+def check_sequences_together_draft_as_alone(tmp_path, model, name) -> None:
+    """Several sequences advanced and drafted together (one pass of the layer per level, each
+    attending over its own cache) end in the states and draft the chains each does alone:
+    different lengths, different k, a second round over the first's scratch rows."""
+    version, w, cfg, path = case_checkpoint(tmp_path, name)
+    head = head_for(path, model, dtype=torch.float64)
+    fulls = [PROMPT + [44, 9, 71], PROMPT[3:] + [30, 15, 2, 6, 50], PROMPT[:4] + [7]]
+    data = [rows(model, f, version)[:2] for f in fulls]
+    cuts = [len(PROMPT), 6, 2]
+    alone = [head.new_sequence(8) for _ in fulls]  # both grow as needed
+    together = [head.new_sequence(8) for _ in fulls]
+    for ks, part in (([3, 5, 1], lambda c, n: slice(0, c)), ([2, 1, 4], lambda c, n: slice(c, n))):
+        cut = [part(c, len(n)) for c, (n, _) in zip(cuts, data)]
+        for s, (nxt, feats), sl in zip(alone, data, cut):
+            s.advance(feats[sl], torch.tensor(nxt[sl]))
+        advance_many(together, [f[sl] for (_, f), sl in zip(data, cut)],
+                     [torch.tensor(n[sl]) for (n, _), sl in zip(data, cut)])
+        for a, t in zip(alone, together):
+            assert t.length == a.length
+            torch.testing.assert_close(t.root_logits, a.root_logits)
+        got = chain_many(together, ks)
+        assert got.shape == (3, max(ks))
+        assert [got[i, :k].tolist() for i, k in enumerate(ks)] == \
+            [a.chain(k).tolist() for a, k in zip(alone, ks)]
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_sequences_drafted_together_draft_as_each_alone(tmp_path, target, name):
+    check_sequences_together_draft_as_alone(tmp_path, target, name)
 
 
 def test_truncate_rolls_back(tmp_path, target):
