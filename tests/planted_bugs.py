@@ -19,6 +19,7 @@ import proposer_service.draft_graphs as draft_graphs
 import proposer_service.draft_sampling as draft_sampling
 import proposer_service.mlp as mlp
 import splitspec.goodput as goodput
+import verifier_service.eagle as eagle
 import verifier_service.eagle_format as eagle_format
 import verifier_service.eagle_graphs as eagle_graphs
 import verifier_service.eagle_head as eagle_head
@@ -296,6 +297,18 @@ def eagle_batched_chains_left_ranked(monkeypatch) -> None:
     """Chains drafted together come back in the order they were drafted in (longest first), not
     in the sequences' order: each sequence may get another's chain."""
     monkeypatch.setattr(eagle_head, "unrank", lambda ranked, order: ranked)
+
+
+def eagle_deferred_rows_dropped(monkeypatch) -> None:
+    """The rows a step handed the head for the next flush are let go instead of advanced (the
+    head falls behind, then starts over from where it lost them)."""
+    def drop(self, states=None):
+        for state in list(self.deferred if states is None else states):
+            state.pending, state.pending_rows = [], 0
+            self.deferred.pop(state, None)
+        return 0
+
+    monkeypatch.setattr(eagle.EagleMethod, "flush", drop)
 
 
 def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:

@@ -1,9 +1,10 @@
 """Collecting one step's drafts from the proposers and the in-target methods, and never trusting
 them.
 
-In-target methods (verifier_service/in_target.py) are asked in place, per sequence. Per
-proposer, one message carries every speculating sequence's new tokens and k (plus what the
-proposer declared it conditions on, e.g. the target's hidden state); all proposers are asked
+In-target methods (verifier_service/in_target.py) are asked in place, each for its step's
+sequences together (first learning what the last step kept for it). Per proposer, one message
+carries every speculating sequence's new tokens and k (plus what the proposer declared it
+conditions on, e.g. the target's hidden state); all proposers are asked
 concurrently and awaited until the per-step deadline. Whatever comes back is checked before the
 verifier uses it: wrong lengths, unknown ids, or a q that cannot have produced its token drop
 that sequence's draft, and the step decodes it plainly.
@@ -72,6 +73,10 @@ class DraftCollector:
 
     async def collect(self, plan: list[Scheduled]
                       ) -> tuple[dict[SequenceState, Draft], dict[str, MethodStepStats]]:
+        # in-target states that kept the last step's outcome learn from it now, together,
+        # whether or not they draft this step: a standing cost of their sequences
+        for method, (seconds, sequences) in self.in_target.flush().items():
+            self.stats.method(method).add_standing(seconds, sequences)
         by_method: dict[str, list[Scheduled]] = {}
         for s in plan:
             if s.k > 0:

@@ -24,6 +24,13 @@ sequence (`EagleState`):
                               nodes: one-hot to the tree sampler)
     finished, preempted       free (a re-admitted sequence starts afresh from its prefill)
 
+Where the head runs eagerly (a CPU, or no graph for the shape), a step's sequences are batched:
+what `prefilled` and `observe` hand over is kept (`pending`) and advanced at the method's next
+`flush` (the start of the next step's drafting, before its forward) for every sequence at once,
+and the step's greedy chains are drafted together (`propose_many`): one pass of the head's
+layer per drafted level over every sequence (eagle_head.advance_many, chain_many), so a batch
+of B reads the head's weights once per level instead of B times.
+
 The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
 loops read nothing back until the draft is handed over, once). Where the device captures graphs,
 a chain (greedy or sampled) replays one captured iteration per drafted token, a tree of 2, 3 or
@@ -44,7 +51,7 @@ from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
 from verifier_service.eagle_graphs import EagleGraphs
-from verifier_service.eagle_head import EagleHead, EagleSequence
+from verifier_service.eagle_head import EagleHead, EagleSequence, advance_many, chain_many
 from verifier_service.in_target import InTargetMethod, InTargetState, PendingDraft, StepOutcome
 
 log = logging.getLogger(__name__)
@@ -65,8 +72,11 @@ class EagleMethod(InTargetMethod):
         self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0,
                          "graph_chains_total": 0.0, "eager_chains_total": 0.0,
                          "graph_trees_total": 0.0, "eager_trees_total": 0.0,
-                         "graph_advances_total": 0.0, "eager_advances_total": 0.0}
+                         "graph_advances_total": 0.0, "eager_advances_total": 0.0,
+                         "chain_batches_total": 0.0, "advance_batches_total": 0.0}
         self.sequences = 0
+        # states whose target rows wait for the next flush, in arrival order
+        self.deferred: dict[EagleState, None] = {}
 
     @classmethod
     def from_verifier(cls, vocab_size: int, config=None) -> "EagleMethod | None":
@@ -110,6 +120,47 @@ class EagleMethod(InTargetMethod):
         self.sequences += 1
         return EagleState(self, request_id, tokens, sampling, plan)
 
+    def flush(self, states: "Seq[EagleState] | None" = None) -> int:
+        """Advance every deferred state (or those of `states`) by the rows it was handed, in one
+        pass of the head's layer; returns how many states were advanced."""
+        todo = [st for st in (self.deferred if states is None else states) if st.pending]
+        for st in todo:
+            self.deferred.pop(st, None)
+        if not todo:
+            return 0
+        feats, toks = [], []
+        for st in todo:
+            parts, ids = [f for f, _ in st.pending], [t for _, ts in st.pending for t in ts]
+            feats.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+            toks.append(to_device(torch.tensor(ids), feats[-1].device))
+            st.pending, st.pending_rows = [], 0
+        self.counters["eager_advances_total"] += len(todo)
+        self.counters["advance_batches_total"] += 1
+        advance_many([st.seq for st in todo], feats, toks)
+        return len(todo)
+
+    def propose_many(self, items):
+        """EagleState.propose for a step's sequences: deferred rows advanced first, then the
+        greedy chains the graphs do not serve drafted together; the rest each on its own."""
+        self.flush()
+        out: list = [None] * len(items)
+        together = []
+        for i, (state, tokens, k) in enumerate(items):
+            if state.chains_eagerly(k):
+                together.append(i)
+            else:
+                out[i] = state.propose(tokens, k)
+        if together:
+            seqs = [items[i][0].seq for i in together]
+            ks = [items[i][2] for i in together]
+            self.counters["drafted_tokens_total"] += sum(ks)
+            self.counters["eager_chains_total"] += len(ks)
+            self.counters["chain_batches_total"] += 1
+            rows = chain_many(seqs, ks).tolist()  # the step's one read of its eager chains
+            for i, row, k in zip(together, rows, ks):
+                out[i] = row[:k]
+        return out
+
     def stats(self) -> dict[str, float]:
         pool = float(self.graphs.pool_bytes) if self.graphs is not None else 0.0
         return {**self.counters, "sequences": float(self.sequences), "graph_pool_bytes": pool}
@@ -126,14 +177,33 @@ class EagleState(InTargetState):
         self.sampling = sampling
         self.branches = plan.num_branches
         self.seq: EagleSequence | None = method.head.new_sequence(len(tokens) + 256)
+        # target rows handed over but not yet advanced (features [n, F], next tokens), and
+        # their count: the head runs eagerly, and advances them with other sequences' at flush
+        self.pending: list[tuple[torch.Tensor, list[int]]] = []
+        self.pending_rows = 0
 
-    def _advance(self, features: torch.Tensor, position: int, next_tokens: list[int]) -> None:
-        if self.seq is None or not len(next_tokens):
-            return
-        if position != self.seq.length:  # rows the head never saw, or seen twice: start over
+    def _align(self, position: int) -> bool:
+        """Whether rows from `position` follow what the head holds; rows it never saw, or saw
+        twice, start it over from there."""
+        if position != self.seq.length:
             self.seq.truncate(min(position, self.seq.length))
-            if position != self.seq.length:
-                return
+        return position == self.seq.length
+
+    def _advance(self, features: torch.Tensor, position: int, next_tokens: list[int]) -> bool:
+        """The target's rows from `position`; True when they wait for the method's flush."""
+        if self.seq is None or not len(next_tokens):
+            return False
+        if self.method.graphs is None:  # eager: batched with the step's other sequences
+            if position != self.seq.length + self.pending_rows:
+                self.method.flush([self])
+                if not self._align(position):
+                    return False
+            self.pending.append((features, list(next_tokens)))
+            self.pending_rows += len(next_tokens)
+            self.method.deferred[self] = None
+            return True
+        if not self._align(position):
+            return False
         # the tokens to the device without the host waiting for its queue
         tokens = to_device(torch.tensor(next_tokens), features.device)
         graphs, rows = self.method.graphs, features.shape[0]
@@ -144,22 +214,35 @@ class EagleState(InTargetState):
         else:
             self.method.counters["eager_advances_total"] += 1
             self.seq.advance(features, tokens)
+        return False
 
     def prefilled(self, features, position: int) -> None:
         n = features.shape[0]
         self._advance(features, position, self.tokens[position + 1:position + 1 + n])
 
-    def observe(self, outcome: StepOutcome) -> None:
+    def observe(self, outcome: StepOutcome) -> bool:
         features, p = outcome.features, outcome.position
+        deferred = False
         if features is not None:
             accepted = outcome.emitted[:outcome.num_accepted]
             # row j's next token: the fed rows' tokens one on, then the step's extra token
             rows = self.tokens[p:] + accepted
             nxt = (rows[1:] + outcome.emitted[outcome.num_accepted:][:1])[:features.shape[0]]
-            self._advance(features, p, nxt)
+            deferred = self._advance(features, p, nxt)
         self.tokens.extend(outcome.emitted)
+        return deferred
+
+    def chains_eagerly(self, k: int) -> bool:
+        """Whether a chain of k for this sequence is a greedy one the graphs do not serve (the
+        ones `EagleMethod.propose_many` drafts together)."""
+        seq, graphs = self.seq, self.method.graphs
+        return (seq is not None and k > 0 and seq.root_out is not None and self.branches <= 1
+                and self.sampling.greedy and not self.pending
+                and not (graphs is not None and graphs.captured and graphs.serves(seq, k)))
 
     def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft | PendingDraft":
+        if self.pending:
+            self.method.flush()
         if self.seq is None or k <= 0:
             return []
         if self.seq.root_out is None:
@@ -198,6 +281,8 @@ class EagleState(InTargetState):
         return PendingDraft(pending.ints, pending.floats, finish)
 
     def free(self) -> None:
+        self.method.deferred.pop(self, None)
+        self.pending, self.pending_rows = [], 0
         if self.seq is not None:
             self.seq.free()
             self.seq = None

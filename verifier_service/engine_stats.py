@@ -137,8 +137,9 @@ class MethodStats:
                                    Acceptance.from_counters(t.sampled))
                                   for b, t in sorted(self.trees.items())))
 
-    def add_standing(self, seconds: float) -> None:
-        self.standing[0] += 1
+    def add_standing(self, seconds: float, sequences: int = 1) -> None:
+        """`seconds` of such work for `sequences` sequence-steps together."""
+        self.standing[0] += sequences
         self.standing[1] += seconds
 
     def standing_seconds(self) -> float:

@@ -24,7 +24,13 @@ Each sequence whose plan names the method gets its own `InTargetState`:
                                                                  from there, DeviceDraft)
     the step was verified           state.observe(outcome)    (with the target's argmax after
                                                                  every node: what the method
-                                                                 learns from its own rows)
+                                                                 learns from its own rows; True:
+                                                                 kept for the method's flush)
+    a step starts drafting          method.flush()            (what states kept, learnt for
+                                                                 all of them at once)
+                                    method.propose_many(...)  (the step's states of the method
+                                                                 together; by default each
+                                                                 state's propose)
     finished, aborted, failed or    state.free()              (a preempted sequence gets a
     preempted                                                  fresh state when re-admitted)
 
@@ -120,8 +126,10 @@ class InTargetState(abc.ABC):
         """A prefill chunk cached rows from `position` on; their features [n, F] (for states
         with `features`; each row's next token is already in the history)."""
 
-    def observe(self, outcome: StepOutcome) -> None:
-        """The step's outcome (called after every step that emitted tokens for the sequence)."""
+    def observe(self, outcome: StepOutcome) -> bool | None:
+        """The step's outcome (called after every step that emitted tokens for the sequence).
+        True: the state kept it for its method's next `flush` (which learns from the step's
+        sequences together) instead of learning from it now."""
 
     def free(self) -> None:
         """The sequence left the running batch; drop what the state holds."""
@@ -150,6 +158,16 @@ class InTargetMethod(abc.ABC):
               plan: SpeculationPlan) -> InTargetState:
         """A state for a sequence joining the running batch with history `tokens`, run as
         `plan` (already checked) says."""
+
+    def propose_many(self, items: "Seq[tuple[InTargetState, Seq[int], int]]") -> list:
+        """(state, tokens, k) -> state.propose(tokens, k) for a step's sequences of this method,
+        in order; a method that drafts several sequences at once overrides it."""
+        return [state.propose(tokens, k) for state, tokens, k in items]
+
+    def flush(self) -> int:
+        """Learn what states kept from their observe (True) or prefilled; called at the start of
+        every step's drafting, before its forward. Returns how many states learnt."""
+        return 0
 
     def stats(self) -> dict[str, float]:
         """Counters (names ending `_total`) and gauges of the method, for /metrics
@@ -227,15 +245,21 @@ class InTargetDrafts:
         """Candidates for each scheduled sequence that wants k > 0 (unchecked); what the states
         left on the device comes over in one copy after all of them have drafted."""
         out, pending = {}, {}
+        by_method: dict[str, list[Scheduled]] = {}
         for s in group:
-            state = self._states.get(s.seq)
-            if state is not None:
-                got = state.propose(s.seq.tokens, s.k)
-                if isinstance(got, PendingDraft) and got.chain is not None:
-                    k = got.chain.shape[0]
-                    out[s.seq] = DeviceDraft(s.seq.request_id, [0] * k, device_tokens=got.chain)
-                    continue
-                (pending if isinstance(got, PendingDraft) else out)[s.seq] = got
+            if s.seq in self._states:
+                by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
+        proposed = []
+        for name, members in by_method.items():
+            got = self.methods[name].propose_many(
+                [(self._states[s.seq], s.seq.tokens, s.k) for s in members])
+            proposed += zip(members, got)
+        for s, got in proposed:
+            if isinstance(got, PendingDraft) and got.chain is not None:
+                k = got.chain.shape[0]
+                out[s.seq] = DeviceDraft(s.seq.request_id, [0] * k, device_tokens=got.chain)
+                continue
+            (pending if isinstance(got, PendingDraft) else out)[s.seq] = got
         if pending:
             out.update(self._resolve(pending))
         return out
@@ -257,17 +281,32 @@ class InTargetDrafts:
 
     def observe(self, seq: SequenceState, outcome: StepOutcome) -> float | None:
         """The sequence's state learns from its verified step; returns the seconds that took
-        (None: the sequence has no in-target state)."""
+        (None: the sequence has no in-target state, or it kept the step for its method's
+        flush, which is timed there)."""
         state = self._states.get(seq)
         if state is None:
             return None
         start = time.perf_counter()
-        state.observe(outcome)
+        kept = state.observe(outcome)
         spent = time.perf_counter() - start
         method = seq.inp.speculation.method
         self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
         self.step_observe_s += spent
-        return spent
+        return None if kept else spent
+
+    def flush(self) -> dict[str, tuple[float, int]]:
+        """Every method's flush (the start of a step's drafting): per method that learnt, the
+        seconds it took and for how many sequences. Priced with the method's drafting (it runs
+        inside the step's drafting time, so it is not the step's observe time)."""
+        done = {}
+        for name, method in self.methods.items():
+            start = time.perf_counter()
+            n = method.flush()
+            if n:
+                spent = time.perf_counter() - start
+                self._observe_s[name] = self._observe_s.get(name, 0.0) + spent
+                done[name] = (spent, n)
+        return done
 
     def take_observe_seconds(self, method: str) -> float:
         """What `method`'s states spent in observe since last asked: work of the method's own

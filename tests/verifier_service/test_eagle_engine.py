@@ -1,18 +1,24 @@
 """EAGLE heads inside the engine (verifier_service/eagle.py, registry method `eagle`): random
 heads of both formats on the tiny target, chains and EAGLE-2 trees, batched with plain
 requests: greedy output equals speculation off, seeded sampled output is identical on and off,
-and nothing leaks; a head that does not fit the target is refused at start-up."""
+and nothing leaks; a step's sequences drafted and advanced together draft what each drafts on
+its own (the toy target's trained head); a head that does not fit the target is refused at
+start-up."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 
+import planted_bugs as bug
 import pytest
+import torch
 from eagle_testlib import head_for_target
-from engine_testlib import drained, make_engine, request_ids, run_all
+from engine_testlib import PROMPTS as TEXT_PROMPTS
+from engine_testlib import drained, make_engine, request, request_ids, run_all
 
 from splitspec.params import SamplingParams
+from verifier_service import eagle, eagle_head
 
 PROMPTS = [[5, 17, 42, 8, 33, 61, 12, 70, 3, 25] * 2, [100, 200, 300, 7, 9, 11] * 3,
            list(range(40, 70))]
@@ -34,16 +40,23 @@ def _serve(engine, inputs):
 
 
 def test_greedy_chains_and_trees_equal_speculation_off(tiny_target_dir, head):
+    prompts = PROMPTS + [PROMPTS[2]]
     off = _serve(make_engine(tiny_target_dir, proposers={}),
-                 [request_ids(f"o{i}", p, max_tokens=24) for i, p in enumerate(PROMPTS)])
+                 [request_ids(f"o{i}", p, max_tokens=24) for i, p in enumerate(prompts)])
     engine = make_engine(tiny_target_dir, proposers={}, eagle=head, max_num_batched_tokens=16)
     inputs = [request_ids("chain", PROMPTS[0], max_tokens=24, method="eagle", k=4),
               _plan(request_ids("tree", PROMPTS[1], max_tokens=24, method="eagle", k=6), 2),
-              request_ids("plain", PROMPTS[2], max_tokens=24)]
+              request_ids("plain", PROMPTS[2], max_tokens=24),
+              request_ids("chain2", PROMPTS[2], max_tokens=24, method="eagle", k=2)]
     assert _serve(engine, inputs) == off
     usage = engine.stats.method("eagle")
     assert usage.proposed_tokens > 0
     assert drained(engine) and engine.drafts.in_target.num_states == 0
+    # on the CPU the head runs eagerly: the step's chains are drafted together, and every
+    # sequence's rows advanced together at the next step's start
+    c = engine.drafts.in_target.methods["eagle"].counters
+    assert 0 < c["chain_batches_total"] < c["eager_chains_total"]
+    assert 0 < c["advance_batches_total"] < c["eager_advances_total"]
     # the head's learning from each verified step is its standing cost per sequence and step
     # (what a paused sequence still pays: adaptive k prices it on both sides)
     assert usage.standing[0] >= usage.drafts > 0 and usage.standing[1] > 0
@@ -64,3 +77,52 @@ def test_seeded_sampled_output_is_identical_on_and_off(tiny_target_dir, head):
 def test_a_head_for_another_target_is_refused_at_start_up(target_model_dir, head):
     with pytest.raises(ValueError, match="eagle"):
         make_engine(target_model_dir, proposers={}, eagle=head)
+
+
+def check_sequences_drafted_together_verify_what_each_alone_verifies(target_dir) -> None:
+    """On the CPU a step's EAGLE sequences are advanced together at the next step's start and
+    their greedy chains drafted together: the output and every count of accepted drafts are
+    those of the same requests with each sequence advanced and drafted on its own (the toy
+    target and its trained head: drafts are accepted)."""
+    def serve(together: bool):
+        engine = make_engine(target_dir, proposers={}, eagle=f"{target_dir}-eagle")
+        with pytest.MonkeyPatch.context() as mp:
+            if not together:
+                for name in ("advance_many", "chain_many"):
+                    mp.setattr(eagle, name, _one_by_one(getattr(eagle_head, name)))
+            out = asyncio.run(run_all(engine, [
+                request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
+                request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
+                request(engine, "c", TEXT_PROMPTS[2], max_tokens=16, method="eagle", k=2),
+                request(engine, "plain", TEXT_PROMPTS[3], max_tokens=16, method=None)]))
+        assert drained(engine)
+        counts = engine.stats.method("eagle").counts().greedy
+        c = engine.drafts.in_target.methods["eagle"].counters
+        return ([t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts),
+                c["chain_batches_total"] < c["eager_chains_total"])
+
+    together, alone = serve(True), serve(False)
+    assert together[:2] == alone[:2] and together[1][0] > 0
+    assert together[2]  # the chains were batched
+
+
+def _one_by_one(batched):
+    """advance_many / chain_many as a loop of one sequence at a time."""
+    def each(seqs, *per_seq):
+        outs = [batched([s], *[[x[i]] for x in per_seq]) for i, s in enumerate(seqs)]
+        if outs[0] is None:
+            return None
+        width = max(o.shape[1] for o in outs)
+        return torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1])) for o in outs])
+
+    return each
+
+
+def test_sequences_drafted_together_verify_what_each_alone_verifies(target_model_dir):
+    check_sequences_drafted_together_verify_what_each_alone_verifies(target_model_dir)
+
+
+def test_deferred_rows_dropped_fail_the_comparison(monkeypatch, target_model_dir):
+    bug.eagle_deferred_rows_dropped(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_sequences_drafted_together_verify_what_each_alone_verifies(target_model_dir)
