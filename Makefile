@@ -53,7 +53,7 @@ bench-kernels: $(STAMP)
 	$(PY) bench/kernels_bench.py
 
 bench-engine: $(STAMP)
-	$(PY) bench/engine_bench.py
+	$(PY) bench/engine_bench.py $(BENCH_ARGS)
 
 bench-spec: $(STAMP)
 	$(PY) bench/spec_bench.py

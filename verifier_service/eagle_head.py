@@ -407,9 +407,9 @@ def advance_many(seqs: list[EagleSequence], features: list[torch.Tensor],
     starts = [s.length for s in seqs]
     for s, start, r in zip(seqs, starts, sizes):
         s._reserve(start + r)
-    hidden = head.hidden_from_features(torch.cat(features))[None]  # [1, T, H]
-    tokens = torch.cat([t.to(device=device, dtype=torch.long) for t in next_tokens])[None]
-    pos = torch.cat([torch.arange(a, a + r, device=device) for a, r in zip(starts, sizes)])[None]
+    hidden = head.hidden_from_features(_cat(features))[None]  # [1, T, H]
+    tokens = _cat([t.to(device=device, dtype=torch.long) for t in next_tokens])[None]
+    pos = _cat([torch.arange(a, a + r, device=device) for a, r in zip(starts, sizes)])[None]
     ends = [a + r for a, r in zip(starts, sizes)]
 
     def attend(q, k, v):
@@ -447,18 +447,27 @@ def chain_many(seqs: list[EagleSequence], ks: list[int]) -> torch.Tensor:
     order = sorted(range(len(seqs)), key=lambda i: -ks[i])
     ranked = [seqs[i] for i in order]
     kmax = max(ks)
-    logits = torch.stack([s.root_logits for s in ranked])  # [n, Vd]
-    hidden = torch.stack([s.root_out for s in ranked])  # [n, H]
+    logits = _stack([s.root_logits for s in ranked])  # [n, Vd]
+    hidden = _stack([s.root_out for s in ranked])  # [n, H]
     columns = []
     for depth in range(1, kmax + 1):
         tok = head.target_ids(logits.argmax(-1))  # [m]
-        columns.append(F.pad(tok, (0, len(seqs) - tok.shape[0])))
+        short = len(seqs) - tok.shape[0]
+        columns.append(F.pad(tok, (0, short)) if short else tok)
         m = sum(1 for i in order if ks[i] > depth)  # rows that draft another token
         if not m:
             break
         hidden = _step_many(ranked[:m], tok[:m], hidden[:m], depth)
         logits = head.logits(hidden)
     return unrank(torch.stack(columns, 1), order)  # [n, kmax]
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _stack(rows: list[torch.Tensor]) -> torch.Tensor:
+    return rows[0][None] if len(rows) == 1 else torch.stack(rows)
 
 
 def unrank(ranked: torch.Tensor, order: list[int]) -> torch.Tensor:
