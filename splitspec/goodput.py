@@ -167,9 +167,11 @@ class Acceptance:
 @dataclass(frozen=True)
 class RoundTrip:
     """A proposer's answer time for a k-token draft: base + per_token * k. `per_sequence`: the
-    time is each drafting sequence's own (an in-target method drafts sequence by sequence inside
-    the verifier, so a batch waits for all of theirs), not one call's for the whole batch (a
-    proposer service answers a step's sequences together)."""
+    time is each drafting sequence's share (an in-target method drafts inside the verifier, so
+    a batch waits for all of its sequences' drafting: one after another, or batched with a cost
+    that still grows with the batch; measured as the step's drafting time over its sequences),
+    not one call's for the whole batch (a proposer service answers a step's sequences
+    together)."""
 
     base_s: float = DEFAULT_ROUND_TRIP_S
     per_token_s: float = 0.0
