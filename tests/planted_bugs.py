@@ -20,6 +20,7 @@ import proposer_service.draft_sampling as draft_sampling
 import proposer_service.mlp as mlp
 import splitspec.goodput as goodput
 import verifier_service.eagle as eagle
+import verifier_service.eagle_batch_graphs as eagle_batch_graphs
 import verifier_service.eagle_format as eagle_format
 import verifier_service.eagle_graphs as eagle_graphs
 import verifier_service.eagle_head as eagle_head
@@ -309,6 +310,18 @@ def eagle_deferred_rows_dropped(monkeypatch) -> None:
         return 0
 
     monkeypatch.setattr(eagle.EagleMethod, "flush", drop)
+
+
+def eagle_batch_rows_written_at_the_first_column(monkeypatch) -> None:
+    """The batched chain writes every row's keys and values at the first row's column (one
+    column for the batch, as a lone sequence has), not at each row's own."""
+    original = eagle_batch_graphs.visible_columns_rows
+
+    def first_rows(columns, col):
+        col.copy_(col[:1].expand_as(col))
+        return original(columns, col)
+
+    monkeypatch.setattr(eagle_batch_graphs, "visible_columns_rows", first_rows)
 
 
 def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:

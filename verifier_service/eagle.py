@@ -57,16 +57,21 @@ from verifier_service.in_target import InTargetMethod, InTargetState, PendingDra
 log = logging.getLogger(__name__)
 
 TREE_BRANCHES = (2, 3, 4)  # children per node of the trees captured as graphs (others: eager)
+# sequences whose greedy chains replay one captured iteration together at most (more draft in
+# groups of it); their static cache is this many times a sequence's capacity
+MAX_CHAIN_BATCH = 16
 MAX_TREE_DEPTH = 6  # levels an EAGLE-2 tree grows at most (its nodes: the plan's k)
 DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tokens
 
 
 class EagleMethod(InTargetMethod):
-    def __init__(self, path: str, linear: str = "auto", max_k: int = 16, graphs: bool = True):
+    def __init__(self, path: str, linear: str = "auto", max_k: int = 16, graphs: bool = True,
+                 max_num_seqs: int = 1):
         self.path = path
         self.linear = linear  # the head's matmul kernels (kernels/linear.py), as the target's
         self.max_k = max_k  # the longest chain a request may ask for
         self.capture = graphs  # --graphs: capture where the device can
+        self.max_num_seqs = max_num_seqs  # the running batch at most
         self.head: EagleHead | None = None
         self.graphs: EagleGraphs | None = None  # chains and advances as device graphs
         self.counters = {"drafted_tokens_total": 0.0, "root_missing_total": 0.0,
@@ -85,7 +90,8 @@ class EagleMethod(InTargetMethod):
             return None
         return cls(path, getattr(config, "linear", "auto"),
                    getattr(config, "max_num_speculative_tokens", 16),
-                   getattr(config, "graphs", "auto") != "off")
+                   getattr(config, "graphs", "auto") != "off",
+                   getattr(config, "max_num_seqs", 1))
 
     def bind(self, runner) -> None:
         """Load the head onto the target (ValueError with one line when it does not fit)."""
@@ -109,7 +115,8 @@ class EagleMethod(InTargetMethod):
             depths = range(1, min(self.max_k, MAX_TREE_DEPTH) + 1)
             self.graphs = EagleGraphs(self.head, runner.max_model_len, self.max_k,
                                       top_k=DRAFT_TOP_K,
-                                      tree_shapes=[(b, d) for b in TREE_BRANCHES for d in depths])
+                                      tree_shapes=[(b, d) for b in TREE_BRANCHES for d in depths],
+                                      max_batch=min(self.max_num_seqs, MAX_CHAIN_BATCH))
             self.graphs.capture()
         log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
                  f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers
@@ -141,15 +148,30 @@ class EagleMethod(InTargetMethod):
 
     def propose_many(self, items):
         """EagleState.propose for a step's sequences: deferred rows advanced first, then the
-        greedy chains the graphs do not serve drafted together; the rest each on its own."""
+        greedy chains drafted together (replayed where the batched chain is captured, else the
+        eager ones); the rest each on its own."""
         self.flush()
         out: list = [None] * len(items)
-        together = []
-        for i, (state, tokens, k) in enumerate(items):
+        together, replayed = [], []
+        for i, (state, _, k) in enumerate(items):
             if state.chains_eagerly(k):
                 together.append(i)
-            else:
+            elif state.chains_in_batch_graph(k):
+                replayed.append(i)
+        if len(replayed) < 2:  # a lone chain replays its own graph
+            replayed = []
+        batched = set(together) | set(replayed)
+        for i, (state, tokens, k) in enumerate(items):
+            if i not in batched:
                 out[i] = state.propose(tokens, k)
+        if replayed:
+            ks = [items[i][2] for i in replayed]
+            self.counters["drafted_tokens_total"] += sum(ks)
+            self.counters["graph_chains_total"] += len(ks)
+            self.counters["chain_batches_total"] += 1
+            rows = self.graphs.batch.chains([items[i][0].seq for i in replayed], ks)
+            for i, row in zip(replayed, rows):  # fed to the step from the device
+                out[i] = PendingDraft([row], [], lambda got, _: got[0].tolist(), chain=row)
         if together:
             seqs = [items[i][0].seq for i in together]
             ks = [items[i][2] for i in together]
@@ -239,6 +261,14 @@ class EagleState(InTargetState):
         return (seq is not None and k > 0 and seq.root_out is not None and self.branches <= 1
                 and self.sampling.greedy and not self.pending
                 and not (graphs is not None and graphs.captured and graphs.serves(seq, k)))
+
+    def chains_in_batch_graph(self, k: int) -> bool:
+        """Whether a chain of k for this sequence is a greedy one the batched chain graph
+        serves (`EagleMethod.propose_many` replays those of a step together)."""
+        seq, graphs = self.seq, self.method.graphs
+        batch = graphs.batch if graphs is not None else None
+        return (seq is not None and k > 0 and self.branches <= 1 and self.sampling.greedy
+                and batch is not None and batch.captured and batch.serves(seq, k))
 
     def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft | PendingDraft":
         if self.pending:

@@ -42,6 +42,9 @@ The advance (one graph per width bucket) feeds the kept rows at columns start ..
 nothing reads), and leaves the last real row's output and logits in `hidden` and `logits`; the
 new columns and that root are copied out into the sequence (`EagleSequence.advance`'s effect).
 
+A step's greedy chains over two or more sequences replay one batched iteration per level for
+all of them instead (verifier_service/eagle_batch_graphs.py, `batch`).
+
 On the CPU they all run eagerly over the same buffers (what the tests compare with the head's own
 loops); the verifier uses them only where they are captured. Prefill chunks wider than the
 widest bucket keep the eager code. The graphs read the head's RoPE table:
@@ -70,6 +73,7 @@ from splitspec import device as dev
 from splitspec.graphs import powers_up_to
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
+from verifier_service.eagle_batch_graphs import EagleChainBatch
 from verifier_service.eagle_head import EagleHead, EagleSequence, sampled_draft
 from verifier_service.in_target import PendingDraft
 
@@ -78,12 +82,14 @@ log = logging.getLogger(__name__)
 
 class EagleGraphs:
     def __init__(self, head: EagleHead, capacity: int, max_k: int, capture: bool = True,
-                 top_k: int = 16, tree_shapes: Sequence[tuple[int, int]] = ()):
+                 top_k: int = 16, tree_shapes: Sequence[tuple[int, int]] = (),
+                 max_batch: int = 1):
         """capacity: columns (positions) a sequence may reach and draft from here (longer
         ones draft eagerly); max_k: drafted tokens per chain at most (an advance keeps up to
         1 + max_k rows: the widths are powers of two up to that); top_k: K of a sampled
         chain's truncated q; tree_shapes: the (children per node, depth) of the trees
-        captured."""
+        captured; max_batch: greedy chains of up to this many sequences replay together
+        (verifier_service/eagle_batch_graphs.py; 1: none)."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
         self.capacity, self.max_k = capacity, max_k
@@ -121,8 +127,13 @@ class EagleGraphs:
         self.tree_shapes = tuple(tree_shapes)
         self.tree_graphs: dict[tuple[int, int], tuple[object, tuple]] = {}
         self.advance_graphs: dict[int, object] = {}
+        # a step's greedy chains over several sequences, one replay per level for all of them
+        self.batch = (EagleChainBatch(head, capacity, max_k, max_batch) if max_batch > 1
+                      else None)
         self._pool = None
-        self.pool_bytes = 0  # device memory the captured graphs hold (CUDA), beside the target's
+        # device memory the captured graphs and the batched chains' buffers hold (CUDA), beside
+        # the target's
+        self.pool_bytes = 0
         self._rope = None  # the RoPE table the graph reads (kept alive here)
         self.fetch = dev.HostFetch(device)
 
@@ -308,17 +319,21 @@ class EagleGraphs:
                                       f"the advance over {width} rows")
             if graph is not None:
                 self.advance_graphs[width] = graph
+        if self.batch is not None:
+            self.batch.capture(lambda body, what: self._capture_one(stream, body, what))
         dev.synchronize(device)
         if device.type == "cuda":
-            self.pool_bytes = torch.cuda.memory_reserved(device) - before
+            self.pool_bytes = (torch.cuda.memory_reserved(device) - before
+                               + (self.batch.bytes if self.batch is not None else 0))
         log.info("captured the EAGLE chain iteration (greedy %s, sampled %s), %d of %d tree "
-                 "shapes and %d advance widths of %s (capacity %d, k up to %d) in %.2f s, "
-                 "%.1f MiB of device memory",
+                 "shapes, %d advance widths of %s and %d batched chain buckets of %s "
+                 "(capacity %d, k up to %d) in %.2f s, %.1f MiB of device memory",
                  "yes" if self.graph is not None else "no",
                  "yes" if self.sampled_graph is not None else "no", len(self.tree_graphs),
-                 len(self.tree_shapes), len(self.advance_graphs),
-                 list(self.widths), self.capacity, self.max_k, time.perf_counter() - start,
-                 self.pool_bytes / 2**20)
+                 len(self.tree_shapes), len(self.advance_graphs), list(self.widths),
+                 len(self.batch.graphs) if self.batch is not None else 0,
+                 self.batch.buckets if self.batch is not None else [], self.capacity,
+                 self.max_k, time.perf_counter() - start, self.pool_bytes / 2**20)
 
     def _capture_one(self, stream, body, what: str):
         device = self.device
@@ -341,6 +356,8 @@ class EagleGraphs:
     def _reset(self) -> None:
         for t in (self.col, self.j, self.start, self.last):
             t.zero_()
+        if self.batch is not None:
+            self.batch.reset()
 
     # -- a chain ---------------------------------------------------------------------------------
 

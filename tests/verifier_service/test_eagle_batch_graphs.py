@@ -1,0 +1,96 @@
+"""The batched greedy chain (verifier_service/eagle_batch_graphs.py): a step's sequences drafted
+together over one static cache, one iteration per level for all of them, draft each sequence's
+own chain (different lengths and k, more sequences than the largest bucket), leave the
+sequences' own state as it was, and the iteration is a body a graph can record (no host read,
+no host value copied in). Through the engine, with the batched chain taken as captured on the
+CPU, the toy target's trained head verifies what the per-sequence replays verify."""
+
+from __future__ import annotations
+
+import asyncio
+
+import planted_bugs as bug
+import pytest
+import torch
+from capture_rules import GraphSafe
+from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, target_features, tiny_target
+from engine_testlib import PROMPTS as TEXT_PROMPTS
+from engine_testlib import drained, make_engine, request, run_all
+
+from verifier_service.eagle_batch_graphs import EagleChainBatch
+from verifier_service.eagle_graphs import EagleGraphs
+
+PROMPTS = [PROMPT_TOKENS, [40, 21, 33, 7, 9, 11] * 2, PROMPT_TOKENS[:3], list(range(50, 75)),
+           [8, 8, 9, 60, 2]]
+
+
+def sequences(n: int):
+    """n sequences of one EAGLE-3 head (eagle3_sequence's), each advanced over its prompt."""
+    first = eagle3_sequence(PROMPTS[0])
+    model = tiny_target(seed=21)
+    seqs = [first]
+    for prompt in PROMPTS[1:n]:
+        seq = first.head.new_sequence(64)
+        _, aux, greedy = target_features(model, prompt, [0, 2, 4])
+        seq.advance(aux, torch.tensor(prompt[1:] + [int(greedy[-1])]))
+        seqs.append(seq)
+    return seqs
+
+
+def check_batched_chains_match_each_alone() -> None:
+    seqs = sequences(5)
+    batch = EagleChainBatch(seqs[0].head, capacity=64, max_k=5, max_batch=4)
+    ks = [4, 2, 5, 1, 3]  # 5 sequences: a group of 4, then one
+    lengths = [s.length for s in seqs]
+    alone = [s.chain(k).tolist() for s, k in zip(seqs, ks)]
+    assert len(set(map(tuple, alone))) > 2  # different drafts, or the comparison proves nothing
+    got = [row.tolist() for row in batch.chains(seqs, ks)]
+    assert got == alone
+    assert [s.length for s in seqs] == lengths  # their own state untouched
+    assert [s.chain(k).tolist() for s, k in zip(seqs, ks)] == alone
+
+
+def test_sequences_drafted_together_draft_each_ones_chain():
+    check_batched_chains_match_each_alone()
+
+
+def test_rows_written_at_the_first_rows_column_fail_the_comparison(monkeypatch):
+    bug.eagle_batch_rows_written_at_the_first_column(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_batched_chains_match_each_alone()
+
+
+def test_the_batched_iteration_reads_nothing_back():
+    seqs = sequences(3)
+    batch = EagleChainBatch(seqs[0].head, capacity=64, max_k=4, max_batch=4)
+    batch.chains(seqs, [3, 3, 3])  # the buffers hold real roots
+    with GraphSafe():
+        batch.iteration(4)
+        batch.pick(4)
+
+
+def test_chains_replayed_together_verify_what_each_sequences_replay_verifies(target_model_dir):
+    """With the batched chain taken as captured, a step's greedy EAGLE chains draft together
+    over its static cache and are fed to the step from the device: the output and every count
+    of accepted drafts are those of each sequence replaying its own chain."""
+    def serve(together: bool):
+        engine = make_engine(target_model_dir, proposers={}, eagle=f"{target_model_dir}-eagle")
+        method = engine.drafts.in_target.methods["eagle"]
+        method.graphs = EagleGraphs(method.head, capacity=256, max_k=8, capture=False,
+                                    max_batch=4 if together else 1)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(EagleGraphs, "captured", property(lambda self: True))
+            mp.setattr(EagleChainBatch, "captured", property(lambda self: True))
+            out = asyncio.run(run_all(engine, [
+                request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
+                request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
+                request(engine, "c", TEXT_PROMPTS[2], max_tokens=16, method="eagle", k=2),
+                request(engine, "plain", TEXT_PROMPTS[3], max_tokens=16, method=None)]))
+        assert drained(engine)
+        counts = engine.stats.method("eagle").counts().greedy
+        return ([t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts),
+                method.counters["chain_batches_total"])
+
+    together, alone = serve(True), serve(False)
+    assert together[:2] == alone[:2] and together[1][0] > 0
+    assert together[2] > 0 and alone[2] == 0
