@@ -22,7 +22,8 @@ speculator; the real model too when its directory is there and `--real` is given
   * Hugging Face `generate` on the same device and dtype (eager, dynamic cache, no compile):
     plain, assisted by the draft, prompt lookup;
   * concurrency 16 and 64 (the verifier's --max-num-seqs raised to match): off, the best
-    method of the passes, and auto, aggregate tokens/s;
+    method of the passes, EAGLE's smallest chain (a step's chains replay together) and auto,
+    aggregate tokens/s;
   * how steps ran: captured share of steps and of tokens, eager steps by reason, from the
     verifier's metrics;
   * on CUDA, one decode step of a captured bucket under torch.cuda.set_sync_debug_mode("error")
@@ -285,6 +286,11 @@ def executor_lines(client: SplitspecClient) -> list[str]:
             lines.append(f"- EAGLE {kind} replayed as graphs: "
                          f"{head.get(f'graph_{what}', 0):.0f}, eager: "
                          f"{head.get(f'eager_{what}', 0):.0f}")
+    batches = sum(v for (name, _), v in scraped.items()
+                  if name == "splitspec_in_target_chain_batches_total")
+    if batches:
+        lines.append(f"- EAGLE greedy chains drafted together (a step's sequences in one pass "
+                     f"per level): {batches:.0f} batched drafts")
     return lines
 
 
@@ -470,7 +476,11 @@ def main() -> None:
                   "| configuration | " + " | ".join(f"{n} clients" for n in conc) + " |",
                   "|---|" + "---:|" * len(conc)]
         chosen = [f"- batch 1 passes: {auto_choices({auto: passes[-1][auto]}, 0.0)}"]
-        for c in [off] + ([best[0]] if best else []) + [auto]:
+        # EAGLE's smallest chain beside them: its chains over a step's sequences replay
+        # together (eagle_batch_graphs.py)
+        eagle = next((c for c in cfgs if c.name == "eagle" and c.branches == 1), None)
+        extra = [eagle] if eagle is not None and (best is None or eagle != best[0]) else []
+        for c in [off] + ([best[0]] if best else []) + extra + [auto]:
             measured = [concurrent_tok_s(client, c, prompts, n, args.max_tokens) for n in conc]
             lines.append(f"| {c.label} | " + " | ".join(f"{s:.0f}" for s, _ in measured) + " |")
             if c == auto:
