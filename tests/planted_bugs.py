@@ -324,6 +324,14 @@ def eagle_batch_rows_written_at_the_first_column(monkeypatch) -> None:
     monkeypatch.setattr(eagle_batch_graphs, "visible_columns_rows", first_rows)
 
 
+def eagle_batch_advance_rows_see_later_rows(monkeypatch) -> None:
+    """The batched advance lets each fed row see its sequence's later rows too (every column
+    up to the last one fed), not only those up to its own."""
+    original = eagle_batch_graphs.causal_columns_rows
+    monkeypatch.setattr(eagle_batch_graphs, "causal_columns_rows", lambda columns, pos:
+                        original(columns, pos[:, -1:].expand_as(pos)))
+
+
 def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:
     """A tree's fed rows attend to every fed row of the levels before, not only to their own
     ancestors."""

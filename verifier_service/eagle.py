@@ -24,19 +24,22 @@ sequence (`EagleState`):
                               nodes: one-hot to the tree sampler)
     finished, preempted       free (a re-admitted sequence starts afresh from its prefill)
 
-Where the head runs eagerly (a CPU, or no graph for the shape), a step's sequences are batched:
-what `prefilled` and `observe` hand over is kept (`pending`) and advanced at the method's next
-`flush` (the start of the next step's drafting, before its forward) for every sequence at once,
-and the step's greedy chains are drafted together (`propose_many`): one pass of the head's
-layer per drafted level over every sequence (eagle_head.advance_many, chain_many), so a batch
-of B reads the head's weights once per level instead of B times.
+A step's sequences are batched: what `prefilled` and `observe` hand over is kept (`pending`)
+and advanced at the method's next `flush` (the start of the next step's drafting, before its
+forward) for every sequence at once, and the step's greedy chains are drafted together
+(`propose_many`). Where the head runs eagerly (a CPU, or --graphs off) that is one pass of the
+head's layer per drafted level over every sequence (eagle_head.advance_many, chain_many), so a
+batch of B reads the head's weights once per level instead of B times; where the device
+captures graphs, one replay per level and one for the advance over every sequence
+(verifier_service/eagle_batch_graphs.py).
 
 The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
 loops read nothing back until the draft is handed over, once). Where the device captures graphs,
-a chain (greedy or sampled) replays one captured iteration per drafted token, a tree of 2, 3 or
-4 children per node one captured graph per depth, and the advance over a step's kept rows one
-captured width (verifier_service/eagle_graphs.py); other trees and wide prefill chunks run
-eagerly. The stats count chains, trees and advances run each way.
+a lone sequence's chain (greedy or sampled) replays one captured iteration per drafted token, a
+tree of 2, 3 or 4 children per node one captured graph per depth, and a lone advance over a
+step's kept rows one captured width (verifier_service/eagle_graphs.py); other trees and wide
+prefill chunks run eagerly. The stats count chains, trees and advances run each way, and the
+batched passes (`chain_batches_total`, `advance_batches_total`).
 """
 
 from __future__ import annotations
@@ -128,22 +131,39 @@ class EagleMethod(InTargetMethod):
         return EagleState(self, request_id, tokens, sampling, plan)
 
     def flush(self, states: "Seq[EagleState] | None" = None) -> int:
-        """Advance every deferred state (or those of `states`) by the rows it was handed, in one
-        pass of the head's layer; returns how many states were advanced."""
+        """Advance every deferred state (or those of `states`) by the rows it was handed: on
+        the CPU in one pass of the head's layer, on a device in one replay of the batched
+        advance (a lone sequence, or rows it does not fit, as before); returns how many states
+        were advanced."""
         todo = [st for st in (self.deferred if states is None else states) if st.pending]
         for st in todo:
             self.deferred.pop(st, None)
         if not todo:
             return 0
-        feats, toks = [], []
+        feats, ids = [], []
         for st in todo:
-            parts, ids = [f for f, _ in st.pending], [t for _, ts in st.pending for t in ts]
+            parts = [f for f, _ in st.pending]
             feats.append(parts[0] if len(parts) == 1 else torch.cat(parts))
-            toks.append(to_device(torch.tensor(ids), feats[-1].device))
+            ids.append([t for _, ts in st.pending for t in ts])
             st.pending, st.pending_rows = [], 0
-        self.counters["eager_advances_total"] += len(todo)
-        self.counters["advance_batches_total"] += 1
-        advance_many([st.seq for st in todo], feats, toks)
+        batch = self.graphs.batch if self.graphs is not None else None
+        if batch is None:
+            self.counters["eager_advances_total"] += len(todo)
+            self.counters["advance_batches_total"] += 1
+            advance_many([st.seq for st in todo], feats,
+                         [to_device(torch.tensor(t), f.device) for f, t in zip(feats, ids)])
+            return len(todo)
+        together = [i for i, st in enumerate(todo) if batch.serves_advance(st.seq, len(ids[i]))]
+        if len(together) >= 2:
+            self.counters["graph_advances_total"] += len(together)
+            self.counters["advance_batches_total"] += 1
+            batch.advance([todo[i].seq for i in together], [feats[i] for i in together],
+                          [ids[i] for i in together])
+        else:
+            together = []
+        for i, st in enumerate(todo):
+            if i not in together:
+                st.advance_now(feats[i], ids[i])
         return len(todo)
 
     def propose_many(self, items):
@@ -212,10 +232,13 @@ class EagleState(InTargetState):
         return position == self.seq.length
 
     def _advance(self, features: torch.Tensor, position: int, next_tokens: list[int]) -> bool:
-        """The target's rows from `position`; True when they wait for the method's flush."""
+        """The target's rows from `position`; True when they wait for the method's flush
+        (batched with the step's other sequences: eagerly, or where the batched advance is
+        captured)."""
         if self.seq is None or not len(next_tokens):
             return False
-        if self.method.graphs is None:  # eager: batched with the step's other sequences
+        graphs = self.method.graphs
+        if graphs is None or (graphs.batch is not None and graphs.batch.captured_advance):
             if position != self.seq.length + self.pending_rows:
                 self.method.flush([self])
                 if not self._align(position):
@@ -224,8 +247,13 @@ class EagleState(InTargetState):
             self.pending_rows += len(next_tokens)
             self.method.deferred[self] = None
             return True
-        if not self._align(position):
-            return False
+        if self._align(position):
+            self.advance_now(features, next_tokens)
+        return False
+
+    def advance_now(self, features: torch.Tensor, next_tokens: list[int]) -> None:
+        """The rows after what the head holds, this sequence alone: its advance graph where
+        one serves them, else eagerly."""
         # the tokens to the device without the host waiting for its queue
         tokens = to_device(torch.tensor(next_tokens), features.device)
         graphs, rows = self.method.graphs, features.shape[0]
@@ -236,7 +264,6 @@ class EagleState(InTargetState):
         else:
             self.method.counters["eager_advances_total"] += 1
             self.seq.advance(features, tokens)
-        return False
 
     def prefilled(self, features, position: int) -> None:
         n = features.shape[0]

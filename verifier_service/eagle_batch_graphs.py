@@ -1,9 +1,11 @@
-"""A step's greedy EAGLE chains over several sequences at once, replayed as one captured
-iteration per batch bucket (the batched form of verifier_service/eagle_graphs.py's chain).
+"""A step's EAGLE work over several sequences at once, replayed as captured graphs per batch
+bucket: their greedy chains and their advances over the kept rows (the batched forms of
+verifier_service/eagle_graphs.py's chain and advance).
 
-Where the device captures graphs, a lone sequence's chain replays its own iteration graph; a
-step of B sequences replayed B x (k - 1) of them, each a few dozen kernels of one row. Here the
-step's sequences draft together, one replay per drafted level for all of them:
+Where the device captures graphs, a lone sequence's chain and advance replay its own graphs; a
+step of B sequences replayed B x (k - 1) chain iterations and B advances, each a few dozen
+kernels of a row or a few. Here the step's sequences share one static cache and one replay per
+drafted level, and one replay for their advance:
 
     keys, values  [B_max, kv_heads, capacity, head_dim]: row i holds sequence i's columns
                   (copied in, device to device, before the replays) and the rows being written
@@ -12,17 +14,26 @@ step's sequences draft together, one replay per drafted level for all of them:
     col [B_max]   the column each row's next fed token is written at (its position); padding
                   rows start at 0 and write only their own row
     j [1]         the drafted level, tokens [B_max, max_k] the drafted target ids
+    feats, next_ids  [B_max, W_max, F], [B_max, W_max]: an advance's rows per sequence (the
+                  target's features and the tokens after them), padded to the step's width
+    start, last   [B_max]: each row's first column, and the index of its last real row
 
-The iteration for bucket b takes the argmax of each row's logits as its token j, feeds it at
-the row's own column (keys and values scattered there, attention over the capacity masked to
+The chain iteration for bucket b takes the argmax of each row's logits as its token j, feeds it
+at the row's own column (keys and values scattered there, attention over the capacity masked to
 the columns up to it), and leaves the outputs and logits in place; col and j move on. A step's
 chains are one copy in per sequence, max(k) - 1 replays, one argmax and one copy of the tokens
 out of the static buffers; the tokens stay on the device (greedy chains are fed to the step
 from there, verifier_service/in_target.py DeviceDraft). A sequence asking fewer than max(k)
-tokens takes the first of its row. More sequences than the largest bucket draft in groups.
+tokens takes the first of its row.
 
-On the CPU the iteration runs eagerly over the same buffers (what the tests compare with
-eagle_head.chain_many); the head batches its eager chains itself there.
+The advance for (bucket b, width W) feeds each row's W rows at columns start .. start + W - 1
+(each seeing the columns up to its own; a sequence's padding rows write columns past its real
+ones, which nothing reads), and leaves each row's last real output and its logits in hidden and
+logits; the new columns and those roots are copied out into the sequences (what
+`EagleSequence.advance` leaves). More sequences than the largest bucket run in groups.
+
+On the CPU they run eagerly over the same buffers (what the tests compare with
+eagle_head.chain_many and advance_many); the head batches its eager work itself there.
 """
 
 from __future__ import annotations
@@ -39,10 +50,11 @@ from verifier_service.eagle_head import EagleHead, EagleSequence
 log = logging.getLogger(__name__)
 
 
-class EagleChainBatch:
+class EagleBatch:
     def __init__(self, head: EagleHead, capacity: int, max_k: int, max_batch: int):
         """capacity: columns a sequence may reach and draft from; max_k: drafted tokens per
-        chain at most; max_batch: sequences per replay (buckets: powers of two up to it)."""
+        chain at most (an advance keeps up to 1 + max_k rows: widths are powers of two up to
+        that); max_batch: sequences per replay (buckets: powers of two up to it)."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
         self.capacity, self.max_k = capacity, max_k
@@ -59,18 +71,39 @@ class EagleChainBatch:
         self.j = torch.zeros(1, dtype=torch.long, device=device)
         self.tokens = torch.zeros(b, max_k, dtype=torch.long, device=device)
         self.columns = torch.arange(capacity, device=device)
-        self.graphs: dict[int, object] = {}
+        self.widths = powers_up_to(1 + max_k)
+        w = self.widths[-1]
+        self.feats = torch.zeros(b, w, s.feature_size, dtype=head.dtype, device=device)
+        self.next_ids = torch.zeros(b, w, dtype=torch.long, device=device)
+        self.start = torch.zeros(b, dtype=torch.long, device=device)
+        self.last = torch.zeros(b, dtype=torch.long, device=device)
+        self.graphs: dict[int, object] = {}  # the chain iteration per bucket
+        self.advance_graphs: dict[tuple[int, int], object] = {}  # per (bucket, width)
 
     @property
     def bytes(self) -> int:
         """Device memory of the static buffers."""
         return sum(t.numel() * t.element_size() for t in (
-            self.keys, self.values, self.hidden, self.logits, self.col, self.tokens))
+            self.keys, self.values, self.hidden, self.logits, self.col, self.tokens,
+            self.feats, self.next_ids, self.start, self.last))
 
     @property
     def captured(self) -> bool:
         """Whether a step's chains replay graphs here."""
         return bool(self.graphs)
+
+    @property
+    def captured_advance(self) -> bool:
+        """Whether a step's advances replay graphs here."""
+        return bool(self.advance_graphs)
+
+    def width(self, rows: int) -> int:
+        return next(w for w in self.widths if w >= rows)
+
+    def serves_advance(self, seq: EagleSequence, rows: int) -> bool:
+        """Whether an advance by `rows` rows fits: a width holds them and every column its
+        width writes lies within the capacity."""
+        return 0 < rows <= self.widths[-1] and seq.length + self.width(rows) <= self.capacity
 
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
@@ -111,6 +144,26 @@ class EagleChainBatch:
         col.add_(1)
         self.j.add_(1)
 
+    def advance_rows(self, b: int, width: int) -> None:
+        """Rows [0, b): their `width` rows fed at columns start .. start + width - 1; each
+        row's output at `last` and its logits into hidden and logits."""
+        head, spec = self.head, self.head.spec
+        pos = self.start[:b, None] + self.columns[:width]  # [b, W]
+        mask = causal_columns_rows(self.columns, pos)  # [b, 1, W, C]
+        at = pos[:, None, :, None].expand(b, spec.num_kv_heads, width, spec.head_dim)
+        keys, values = self.keys[:b], self.values[:b]
+
+        def attend(q, k, v):
+            keys.scatter_(2, at, k)
+            values.scatter_(2, at, v)
+            return head.attention(q, keys, values, mask)
+
+        hidden = head.hidden_from_features(self.feats[:b, :width])  # [b, W, H]
+        out = head.layer(self.next_ids[:b, :width], hidden, pos, attend, self.capacity)
+        root = out.gather(1, self.last[:b, None, None].expand(b, 1, out.shape[-1]))[:, 0]
+        self.hidden[:b].copy_(root)
+        self.logits[:b].copy_(head.logits(root))
+
     def _run(self, b: int) -> None:
         graph = self.graphs.get(b)
         if graph is not None:
@@ -121,17 +174,23 @@ class EagleChainBatch:
     # -- capture ---------------------------------------------------------------------------------
 
     def capture(self, capture_one) -> None:
-        """One graph per bucket, largest first (capture_one(body, what) -> graph or None:
-        EagleGraphs' capture, in its pool and stream)."""
+        """The chain iteration per bucket and the advance per (bucket, width), largest first
+        (capture_one(body, what) -> graph or None: EagleGraphs' capture, in its pool and
+        stream)."""
         for b in reversed(self.buckets):
             graph = capture_one(lambda b=b: self.iteration(b),
                                 f"the chain iteration over {b} sequences")
             if graph is not None:
                 self.graphs[b] = graph
+            for width in reversed(self.widths):
+                graph = capture_one(lambda b=b, w=width: self.advance_rows(b, w),
+                                    f"the advance of {b} sequences over {width} rows")
+                if graph is not None:
+                    self.advance_graphs[(b, width)] = graph
 
     def reset(self) -> None:
-        self.col.zero_()
-        self.j.zero_()
+        for t in (self.col, self.j, self.start, self.last):
+            t.zero_()
 
     # -- a step's chains ---------------------------------------------------------------------------
 
@@ -162,6 +221,61 @@ class EagleChainBatch:
             self._run(b)
         self.pick(b)
         return self.tokens[:n, :k].clone()
+
+
+    # -- a step's advances -------------------------------------------------------------------------
+
+    @torch.no_grad()  # not inference mode: a sequence's grown buffer stays writable eagerly
+    def advance(self, seqs: Sequence[EagleSequence], features: Sequence[torch.Tensor],
+                next_tokens: Sequence[list[int]]) -> None:
+        """EagleSequence.advance for each sequence (serves_advance() must hold for each): its
+        new columns, its length and its root as the eager advance leaves them."""
+        top = self.buckets[-1]
+        for at in range(0, len(seqs), top):
+            self._advance_group(seqs[at:at + top], features[at:at + top],
+                                next_tokens[at:at + top])
+
+    def _advance_group(self, seqs, features, next_tokens) -> None:
+        n = len(seqs)
+        b = self.bucket(n)
+        sizes = [len(t) for t in next_tokens]
+        width = self.width(max(sizes))
+        starts = [s.length for s in seqs]
+        for i, (s, n_cached) in enumerate(zip(seqs, starts)):
+            s._reserve(n_cached + sizes[i])
+            self.keys[i, :, :n_cached].copy_(s.keys[0, :, :n_cached])
+            self.values[i, :, :n_cached].copy_(s.values[0, :, :n_cached])
+        # every sequence's rows into its row of the padded inputs: one indexed copy for all
+        w = self.widths[-1]
+        rows = [i * w + r for i, size in enumerate(sizes) for r in range(size)]
+        where = dev.to_device(torch.tensor(rows), self.device)
+        self.feats.view(-1, self.feats.shape[-1]).index_copy_(
+            0, where, torch.cat(list(features)).to(self.feats.dtype))
+        ids = dev.to_device(torch.tensor([t for toks in next_tokens for t in toks]), self.device)
+        self.next_ids.view(-1).index_copy_(0, where, ids)
+        pad = [0] * (b - n)
+        self.start[:b].copy_(dev.to_device(torch.tensor(starts + pad), self.device))
+        self.last[:b].copy_(dev.to_device(torch.tensor([r - 1 for r in sizes] + pad),
+                                          self.device))
+        graph = self.advance_graphs.get((b, width))
+        if graph is not None:
+            graph.replay()
+        else:
+            self.advance_rows(b, width)
+        roots, logits = self.hidden[:n].clone(), self.logits[:n].clone()
+        for i, (s, n_cached, size) in enumerate(zip(seqs, starts, sizes)):
+            end = n_cached + size
+            s.keys[:, :, n_cached:end].copy_(self.keys[i:i + 1, :, n_cached:end])
+            s.values[:, :, n_cached:end].copy_(self.values[i:i + 1, :, n_cached:end])
+            s.length = end
+            s.root_out, s.root_logits = roots[i], logits[i]
+            s.root_token = ids[sum(sizes[:i + 1]) - 1]
+
+
+def causal_columns_rows(columns: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """What each sequence's rows fed at columns pos [b, W] see: each, every column up to its
+    own. [b, 1, W, C]"""
+    return (columns[None, None, :] <= pos[:, :, None])[:, None]
 
 
 def visible_columns_rows(columns: torch.Tensor, col: torch.Tensor) -> torch.Tensor:

@@ -42,8 +42,9 @@ The advance (one graph per width bucket) feeds the kept rows at columns start ..
 nothing reads), and leaves the last real row's output and logits in `hidden` and `logits`; the
 new columns and that root are copied out into the sequence (`EagleSequence.advance`'s effect).
 
-A step's greedy chains over two or more sequences replay one batched iteration per level for
-all of them instead (verifier_service/eagle_batch_graphs.py, `batch`).
+A step's greedy chains and advances over two or more sequences replay one batched iteration
+per level, and one batched advance, for all of them instead (verifier_service/
+eagle_batch_graphs.py, `batch`).
 
 On the CPU they all run eagerly over the same buffers (what the tests compare with the head's own
 loops); the verifier uses them only where they are captured. Prefill chunks wider than the
@@ -73,7 +74,7 @@ from splitspec import device as dev
 from splitspec.graphs import powers_up_to
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
-from verifier_service.eagle_batch_graphs import EagleChainBatch
+from verifier_service.eagle_batch_graphs import EagleBatch
 from verifier_service.eagle_head import EagleHead, EagleSequence, sampled_draft
 from verifier_service.in_target import PendingDraft
 
@@ -88,8 +89,8 @@ class EagleGraphs:
         ones draft eagerly); max_k: drafted tokens per chain at most (an advance keeps up to
         1 + max_k rows: the widths are powers of two up to that); top_k: K of a sampled
         chain's truncated q; tree_shapes: the (children per node, depth) of the trees
-        captured; max_batch: greedy chains of up to this many sequences replay together
-        (verifier_service/eagle_batch_graphs.py; 1: none)."""
+        captured; max_batch: greedy chains and advances of up to this many sequences replay
+        together (verifier_service/eagle_batch_graphs.py; 1: none)."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
         self.capacity, self.max_k = capacity, max_k
@@ -127,8 +128,8 @@ class EagleGraphs:
         self.tree_shapes = tuple(tree_shapes)
         self.tree_graphs: dict[tuple[int, int], tuple[object, tuple]] = {}
         self.advance_graphs: dict[int, object] = {}
-        # a step's greedy chains over several sequences, one replay per level for all of them
-        self.batch = (EagleChainBatch(head, capacity, max_k, max_batch) if max_batch > 1
+        # a step's greedy chains and advances over several sequences, one replay for all of them
+        self.batch = (EagleBatch(head, capacity, max_k, max_batch) if max_batch > 1
                       else None)
         self._pool = None
         # device memory the captured graphs and the batched chains' buffers hold (CUDA), beside

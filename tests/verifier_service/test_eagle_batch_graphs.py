@@ -1,9 +1,11 @@
-"""The batched greedy chain (verifier_service/eagle_batch_graphs.py): a step's sequences drafted
-together over one static cache, one iteration per level for all of them, draft each sequence's
-own chain (different lengths and k, more sequences than the largest bucket), leave the
-sequences' own state as it was, and the iteration is a body a graph can record (no host read,
-no host value copied in). Through the engine, with the batched chain taken as captured on the
-CPU, the toy target's trained head verifies what the per-sequence replays verify."""
+"""The batched greedy chain and advance (verifier_service/eagle_batch_graphs.py): a step's
+sequences drafted together over one static cache, one iteration per level for all of them,
+draft each sequence's own chain (different lengths and k, more sequences than the largest
+bucket) and leave the sequences' own state as it was; advanced together, each ends in the
+state its own advance leaves (different row counts and widths); both bodies are ones a graph
+can record (no host read, no host value copied in). Through the engine, with both taken as
+captured on the CPU, the toy target's trained head verifies what the per-sequence replays
+verify."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, target_features, tiny_
 from engine_testlib import PROMPTS as TEXT_PROMPTS
 from engine_testlib import drained, make_engine, request, run_all
 
-from verifier_service.eagle_batch_graphs import EagleChainBatch
+from verifier_service.eagle_batch_graphs import EagleBatch
 from verifier_service.eagle_graphs import EagleGraphs
 
 PROMPTS = [PROMPT_TOKENS, [40, 21, 33, 7, 9, 11] * 2, PROMPT_TOKENS[:3], list(range(50, 75)),
@@ -39,7 +41,7 @@ def sequences(n: int):
 
 def check_batched_chains_match_each_alone() -> None:
     seqs = sequences(5)
-    batch = EagleChainBatch(seqs[0].head, capacity=64, max_k=5, max_batch=4)
+    batch = EagleBatch(seqs[0].head, capacity=64, max_k=5, max_batch=4)
     ks = [4, 2, 5, 1, 3]  # 5 sequences: a group of 4, then one
     lengths = [s.length for s in seqs]
     alone = [s.chain(k).tolist() for s, k in zip(seqs, ks)]
@@ -60,19 +62,55 @@ def test_rows_written_at_the_first_rows_column_fail_the_comparison(monkeypatch):
         check_batched_chains_match_each_alone()
 
 
-def test_the_batched_iteration_reads_nothing_back():
+def check_batched_advances_match_each_alone() -> None:
+    """Rows handed to sequences of different lengths (1 to 5 rows: widths 1 to 8), advanced
+    together, leave each in the state its own advance leaves: length, new columns, root."""
+    alone, together = sequences(5), sequences(5)
+    batch = EagleBatch(together[0].head, capacity=64, max_k=7, max_batch=4)
+    g = torch.Generator().manual_seed(3)
+    feature_size = alone[0].head.spec.feature_size
+    rows = [2, 5, 1, 3, 4]
+    feats = [torch.randn(r, feature_size, generator=g) for r in rows]
+    ids = [torch.randint(0, 96, (r,), generator=g).tolist() for r in rows]
+    for s, f, t in zip(alone, feats, ids):
+        s.advance(f, torch.tensor(t))
+    batch.advance(together, feats, ids)
+    for a, t in zip(alone, together):
+        assert t.length == a.length
+        torch.testing.assert_close(t.keys[:, :, :a.length], a.keys[:, :, :a.length])
+        torch.testing.assert_close(t.values[:, :, :a.length], a.values[:, :, :a.length])
+        torch.testing.assert_close(t.root_logits, a.root_logits)
+        assert int(t.root_token) == int(a.root_token)
+    assert [t.chain(3).tolist() for t in together] == [a.chain(3).tolist() for a in alone]
+
+
+def test_sequences_advanced_together_end_as_each_alone():
+    check_batched_advances_match_each_alone()
+
+
+def test_advanced_rows_seeing_later_rows_fail_the_comparison(monkeypatch):
+    bug.eagle_batch_advance_rows_see_later_rows(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_batched_advances_match_each_alone()
+
+
+def test_the_batched_bodies_read_nothing_back():
     seqs = sequences(3)
-    batch = EagleChainBatch(seqs[0].head, capacity=64, max_k=4, max_batch=4)
+    batch = EagleBatch(seqs[0].head, capacity=64, max_k=4, max_batch=4)
     batch.chains(seqs, [3, 3, 3])  # the buffers hold real roots
+    feature_size = seqs[0].head.spec.feature_size
+    batch.advance(seqs, [torch.randn(2, feature_size)] * 3, [[4, 5]] * 3)
     with GraphSafe():
         batch.iteration(4)
         batch.pick(4)
+        batch.advance_rows(4, batch.widths[-1])
 
 
 def test_chains_replayed_together_verify_what_each_sequences_replay_verifies(target_model_dir):
-    """With the batched chain taken as captured, a step's greedy EAGLE chains draft together
-    over its static cache and are fed to the step from the device: the output and every count
-    of accepted drafts are those of each sequence replaying its own chain."""
+    """With the batched chain and advance taken as captured, a step's greedy EAGLE chains draft
+    together over its static cache and are fed to the step from the device, and every
+    sequence's kept rows advance together at the next step's start: the output and every count
+    of accepted drafts are those of each sequence replaying its own chain and advance."""
     def serve(together: bool):
         engine = make_engine(target_model_dir, proposers={}, eagle=f"{target_model_dir}-eagle")
         method = engine.drafts.in_target.methods["eagle"]
@@ -80,7 +118,8 @@ def test_chains_replayed_together_verify_what_each_sequences_replay_verifies(tar
                                     max_batch=4 if together else 1)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(EagleGraphs, "captured", property(lambda self: True))
-            mp.setattr(EagleChainBatch, "captured", property(lambda self: True))
+            mp.setattr(EagleBatch, "captured", property(lambda self: True))
+            mp.setattr(EagleBatch, "captured_advance", property(lambda self: True))
             out = asyncio.run(run_all(engine, [
                 request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
                 request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
@@ -88,9 +127,10 @@ def test_chains_replayed_together_verify_what_each_sequences_replay_verifies(tar
                 request(engine, "plain", TEXT_PROMPTS[3], max_tokens=16, method=None)]))
         assert drained(engine)
         counts = engine.stats.method("eagle").counts().greedy
+        c = method.counters
         return ([t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts),
-                method.counters["chain_batches_total"])
+                (c["chain_batches_total"], c["advance_batches_total"]))
 
     together, alone = serve(True), serve(False)
     assert together[:2] == alone[:2] and together[1][0] > 0
-    assert together[2] > 0 and alone[2] == 0
+    assert min(together[2]) > 0 and alone[2] == (0, 0)
