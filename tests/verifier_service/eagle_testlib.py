@@ -334,3 +334,22 @@ def head_for_target(path: Path, target_dir: str, version: int, seed: int = 0,
     else:
         w["fc.weight"] = r(h, 2 * h, s=0.1)
     return write_checkpoint(path, cfg, w)
+
+
+def serve_eagle_beside_plain(engine) -> tuple[list, tuple[int, int, int]]:
+    """Three greedy EAGLE requests (k 4, 3 and 2) beside a plain one through the engine, at
+    once: their outputs and the method's greedy (accepted, tried, drafts) afterwards; the
+    engine drained."""
+    import asyncio
+
+    from engine_testlib import PROMPTS as TEXT_PROMPTS
+    from engine_testlib import drained, request, run_all
+
+    out = asyncio.run(run_all(engine, [
+        request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
+        request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
+        request(engine, "c", TEXT_PROMPTS[2], max_tokens=16, method="eagle", k=2),
+        request(engine, "plain", TEXT_PROMPTS[3], max_tokens=16, method=None)]))
+    assert drained(engine)
+    counts = engine.stats.method("eagle").counts().greedy
+    return [t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts)

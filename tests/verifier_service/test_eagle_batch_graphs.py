@@ -9,15 +9,18 @@ verify."""
 
 from __future__ import annotations
 
-import asyncio
-
 import planted_bugs as bug
 import pytest
 import torch
 from capture_rules import GraphSafe
-from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, target_features, tiny_target
-from engine_testlib import PROMPTS as TEXT_PROMPTS
-from engine_testlib import drained, make_engine, request, run_all
+from eagle_testlib import (
+    PROMPT_TOKENS,
+    eagle3_sequence,
+    serve_eagle_beside_plain,
+    target_features,
+    tiny_target,
+)
+from engine_testlib import make_engine
 
 from verifier_service.eagle_batch_graphs import EagleBatch
 from verifier_service.eagle_graphs import EagleGraphs
@@ -120,16 +123,9 @@ def test_chains_replayed_together_verify_what_each_sequences_replay_verifies(tar
             mp.setattr(EagleGraphs, "captured", property(lambda self: True))
             mp.setattr(EagleBatch, "captured", property(lambda self: True))
             mp.setattr(EagleBatch, "captured_advance", property(lambda self: True))
-            out = asyncio.run(run_all(engine, [
-                request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
-                request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
-                request(engine, "c", TEXT_PROMPTS[2], max_tokens=16, method="eagle", k=2),
-                request(engine, "plain", TEXT_PROMPTS[3], max_tokens=16, method=None)]))
-        assert drained(engine)
-        counts = engine.stats.method("eagle").counts().greedy
+            out, counts = serve_eagle_beside_plain(engine)
         c = method.counters
-        return ([t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts),
-                (c["chain_batches_total"], c["advance_batches_total"]))
+        return out, counts, (c["chain_batches_total"], c["advance_batches_total"])
 
     together, alone = serve(True), serve(False)
     assert together[:2] == alone[:2] and together[1][0] > 0

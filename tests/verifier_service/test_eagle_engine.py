@@ -13,9 +13,8 @@ import dataclasses
 import planted_bugs as bug
 import pytest
 import torch
-from eagle_testlib import head_for_target
-from engine_testlib import PROMPTS as TEXT_PROMPTS
-from engine_testlib import drained, make_engine, request, request_ids, run_all
+from eagle_testlib import head_for_target, serve_eagle_beside_plain
+from engine_testlib import drained, make_engine, request_ids, run_all
 
 from splitspec.params import SamplingParams
 from verifier_service import eagle, eagle_head
@@ -90,16 +89,9 @@ def check_sequences_drafted_together_verify_what_each_alone_verifies(target_dir)
             if not together:
                 for name in ("advance_many", "chain_many"):
                     mp.setattr(eagle, name, _one_by_one(getattr(eagle_head, name)))
-            out = asyncio.run(run_all(engine, [
-                request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
-                request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
-                request(engine, "c", TEXT_PROMPTS[2], max_tokens=16, method="eagle", k=2),
-                request(engine, "plain", TEXT_PROMPTS[3], max_tokens=16, method=None)]))
-        assert drained(engine)
-        counts = engine.stats.method("eagle").counts().greedy
+            out, counts = serve_eagle_beside_plain(engine)
         c = engine.drafts.in_target.methods["eagle"].counters
-        return ([t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts),
-                c["chain_batches_total"] < c["eager_chains_total"])
+        return out, counts, c["chain_batches_total"] < c["eager_chains_total"]
 
     together, alone = serve(True), serve(False)
     assert together[:2] == alone[:2] and together[1][0] > 0
