@@ -49,6 +49,9 @@ class ReplicaSnapshot:
     methods: dict[str, MethodSnapshot] = field(default_factory=dict)
     # (kind, steps, tokens, seconds) per kind of step and bucket of batch tokens
     step_cost: tuple[tuple[str, int, float, float], ...] = ()
+    # (kind, class of sequence counts, steps, tokens, seconds): the same steps kept apart by
+    # how many sequences they ran (goodput.seqs_class)
+    step_cost_by_seqs: tuple[tuple[str, int, int, float, float], ...] = ()
 
 
 @dataclass
@@ -124,9 +127,12 @@ class Estimates:
         last snapshot): other gateways' requests, or requests sent to it directly."""
         return max(self.load(address) - self.local_at_snapshot.get(address, 0), 0)
 
-    def cost(self, address: str, kind: str = "greedy") -> StepCost:
-        """The replica's step-cost curve for a kind of step (splitspec.goodput.step_kind)."""
+    def cost(self, address: str, kind: str = "greedy", seqs: int | None = None) -> StepCost:
+        """The replica's step-cost curve for a kind of step (splitspec.goodput.step_kind); with
+        `seqs`, for a step of that many sequences (StepCosts.of)."""
         if address not in self._costs:
             snap = self.replicas.get(address)
-            self._costs[address] = fit_step_costs(snap.step_cost if snap else ())
-        return self._costs[address].of(kind)
+            self._costs[address] = fit_step_costs(
+                snap.step_cost if snap else (),
+                by_seqs=snap.step_cost_by_seqs if snap else ())
+        return self._costs[address].of(kind, seqs)

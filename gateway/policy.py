@@ -204,11 +204,12 @@ class SpeculationPolicy:
                 ) -> tuple[Candidate | None, int, str]:
         """floors: method -> the smallest k it runs as measured (`_lookahead_floor`)."""
         est = self.estimates
-        # plain decoding's steps and each candidate's own kind of step (trees cost more)
-        cost = (est.cost(load.address, step_kind(greedy)) if load.address
+        # plain decoding's steps and each candidate's own kind of step (trees cost more), for
+        # a step of the batch it will most likely join
+        cost = (est.cost(load.address, step_kind(greedy), load.batch) if load.address
                 else default_step_cost())
         kinds = {(m, b): step_kind_of(m, greedy, b) for m, b in candidates}
-        costs = {c: est.cost(load.address, kind) for c, kind in kinds.items()
+        costs = {c: est.cost(load.address, kind, load.batch) for c, kind in kinds.items()
                  if kind == "tree" and load.address}
         models = {(m, b): MethodModel.from_acceptance(
             est.acceptance_of(m, greedy, b),

@@ -31,7 +31,9 @@ def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
             unavailable=m.unavailable)
             for m in pb.methods},
         step_cost=tuple((b.kind or "greedy", b.steps, float(b.tokens_total), b.seconds_total)
-                        for b in pb.step_cost))
+                        for b in pb.step_cost),
+        step_cost_by_seqs=tuple((b.kind or "greedy", b.max_seqs, b.steps, float(b.tokens_total),
+                                 b.seconds_total) for b in pb.step_cost_by_seqs))
 
 
 class StatsWatcher:

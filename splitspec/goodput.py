@@ -39,7 +39,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Mapping
 
 # The verifier's step time before any step was measured: seconds = BASE + PER_TOKEN * tokens.
@@ -438,29 +438,71 @@ def step_kind(greedy: bool, branches: int = 1) -> str:
     return "tree" if branches > 1 else "greedy" if greedy else "sampled"
 
 
+def seqs_class(n: int) -> int:
+    """The class of a step's sequence count its cost is kept apart by: the smallest power of
+    two holding it (the step executor's batch buckets; on a CPU each sequence's attention and
+    bookkeeping cost a step something whatever its tokens)."""
+    return 1 << max(0, (max(n, 1) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class AnchoredCost:
+    """A step cost for one class of sequence counts: its own measured curve over the tokens it
+    has seen (`local`), and beyond them the kind's curve over every step (`base`) moved to meet
+    it: what more tokens add there, from its level. Below its first point, flat."""
+
+    local: StepCost
+    base: StepCost
+
+    def __call__(self, tokens: float) -> float:
+        first, last = self.local.tokens[0], self.local.tokens[-1]
+        if tokens <= last:
+            return self.local(max(tokens, first))
+        return self.local(last) + max(self.base(tokens) - self.base(last), 0.0)
+
+
 @dataclass(frozen=True)
 class StepCosts:
     """The step-cost curve per step kind, each fitted from that kind's own steps; a kind
-    without enough of them reads the curve of every step together."""
+    without enough of them reads the curve of every step together. Per kind and class of
+    sequence counts (`seqs_class`), where that class's steps were measured, its own curve
+    anchored on the kind's (`AnchoredCost`): a step's cost depends on how many sequences share
+    it, not on its tokens alone."""
 
     kinds: Mapping[str, StepCost]
     pooled: StepCost
+    by_seqs: Mapping[tuple[str, int], AnchoredCost] = field(default_factory=dict)
 
-    def of(self, kind: str) -> StepCost:
+    def of(self, kind: str, seqs: int | None = None) -> "StepCost | AnchoredCost":
+        """The curve over batch tokens for a kind of step; with `seqs`, for a step of that
+        many sequences where their class was measured."""
+        if seqs is not None:
+            found = self.by_seqs.get((kind, seqs_class(seqs)))
+            if found is not None:
+                return found
         return self.kinds.get(kind, self.pooled)
 
 
 def fit_step_costs(buckets: Iterable[tuple[str, int, float, float]],
-                   min_steps: int = MIN_BUCKET_STEPS) -> StepCosts:
+                   min_steps: int = MIN_BUCKET_STEPS,
+                   by_seqs: Iterable[tuple[str, int, int, float, float]] = ()) -> StepCosts:
     """StepCosts from (kind, steps, tokens_total, seconds_total) per kind and bucket of batch
-    sizes (fit_step_cost for each kind, and for all of them pooled by bucket)."""
+    tokens (fit_step_cost for each kind, and for all of them pooled by bucket), and from
+    (kind, seqs class, steps, tokens_total, seconds_total) per kind, class of sequence counts
+    and bucket of batch tokens (a class's curve where one of its buckets has enough steps)."""
     by_kind: dict[str, list[tuple[int, float, float]]] = {}
     for kind, n, t, sec in buckets:
         by_kind.setdefault(kind, []).append((n, t, sec))
     kinds = {k: fit_step_cost(b, min_steps) for k, b in by_kind.items()
              if any(n >= min_steps for n, _, _ in b)}
-    pooled = [x for b in by_kind.values() for x in b]  # every kind's points on one curve
-    return StepCosts(kinds, fit_step_cost(pooled, min_steps))
+    pooled = fit_step_cost([x for b in by_kind.values() for x in b], min_steps)
+    per_class: dict[tuple[str, int], list[tuple[int, float, float]]] = {}
+    for kind, cls, n, t, sec in by_seqs:
+        if cls > 0:
+            per_class.setdefault((kind, cls), []).append((n, t, sec))
+    classes = {key: AnchoredCost(fit_step_cost(b, min_steps), kinds.get(key[0], pooled))
+               for key, b in per_class.items() if any(n >= min_steps for n, _, _ in b)}
+    return StepCosts(kinds, pooled, classes)
 
 
 def _isotonic(values: list[tuple[float, float]]) -> list[float]:

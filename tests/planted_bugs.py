@@ -332,6 +332,12 @@ def eagle_batch_advance_rows_see_later_rows(monkeypatch) -> None:
                         original(columns, pos[:, -1:].expand_as(pos)))
 
 
+def step_cost_class_ignores_the_sequences(monkeypatch) -> None:
+    """Every step priced in the class of one sequence, however many the batch has (the cost
+    by tokens alone, as before sequence counts were kept apart)."""
+    monkeypatch.setattr(goodput, "seqs_class", lambda n: 1)
+
+
 def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:
     """A tree's fed rows attend to every fed row of the levels before, not only to their own
     ancestors."""

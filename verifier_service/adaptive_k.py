@@ -4,10 +4,10 @@ Before every step, each such sequence gets the k in [k_min, k_max] that maximise
 goodput (splitspec/goodput.py `marginal_goodput`), given:
   * its acceptance and hit rate (steps that got a draft): its own drafts so far, shrunk
     towards its method's on this verifier for the same kind of request (greedy or sampled);
-  * the step's cost: the verifier's measured step time by batch tokens (EngineStats.step_cost),
-    with the rest of the running batch as it was in its last step (each decoding sequence
-    forwards 1 + its last k tokens and emits 1 + its last accepted; a prefilling one forwards
-    its uncached tokens);
+  * the step's cost: the verifier's measured step time by batch tokens for a step of as many
+    sequences as are running (EngineStats.step_cost, step_cost_by_seqs), with the rest of the
+    running batch as it was in its last step (each decoding sequence forwards 1 + its last k
+    tokens and emits 1 + its last accepted; a prefilling one forwards its uncached tokens);
   * the proposer's round trip for k tokens (fitted per k), counted only when no other sequence
     of the batch asks the same proposer (the engine waits for every proposer once per step).
 k_min is 0 for mode auto (speculation may pause while the batch is compute-bound and resume
@@ -87,12 +87,15 @@ class AdaptiveK:
             self._methods.clear()
             self._fitted_at = steps
 
-    def step_cost(self, kind: str = "greedy") -> StepCost:
-        """The step-cost curve of a kind of step (splitspec.goodput.step_kind)."""
+    def step_cost(self, kind: str = "greedy", seqs: int | None = None) -> StepCost:
+        """The step-cost curve of a kind of step (splitspec.goodput.step_kind); with `seqs`,
+        of a step of that many sequences (StepCosts.of)."""
         if self._cost is None:
-            self._cost = fit_step_costs((b.kind, b.steps, b.tokens_total, b.seconds_total)
-                                        for b in self.stats.step_cost)
-        return self._cost.of(kind)
+            self._cost = fit_step_costs(
+                ((b.kind, b.steps, b.tokens_total, b.seconds_total) for b in self.stats.step_cost),
+                by_seqs=((b.kind, b.max_seqs, b.steps, b.tokens_total, b.seconds_total)
+                         for b in self.stats.step_cost_by_seqs.values()))
+        return self._cost.of(kind, seqs)
 
     def acceptance(self, seq: SequenceState) -> float:
         return self.model(seq).acceptance
@@ -143,7 +146,7 @@ class AdaptiveK:
         sharing = max(batch.candidates.get(plan.method, 0), 1)
         model = self.model(seq)
         cost = self.step_cost(step_kind_of(plan.method, seq.inp.sampling.greedy,
-                                           plan.num_branches))
+                                           plan.num_branches), len(running))
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
         # what the method costs this sequence's step even when it pauses (an EAGLE head's
         # advance over the verified rows): pausing does not save it

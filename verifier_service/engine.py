@@ -285,7 +285,8 @@ class Engine:
             observed = self.drafts.in_target.take_step_observe_seconds()
             if not step.prefill_tokens:  # the cost model is about decoding steps
                 self.stats.add_step_cost(step.num_tokens,
-                                         step.seconds - step.draft_seconds - observed, step.kind)
+                                         step.seconds - step.draft_seconds - observed, step.kind,
+                                         step.num_seqs)
             for method, ms in step.per_method.items():  # what drafting ahead costs, per token
                 self.drafts.ahead_policy.record(method, ms.ahead, step.seconds,
                                            ms.accepted_tokens + ms.drafts)

@@ -19,7 +19,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from splitspec.goodput import STEP_KINDS, Acceptance, MethodCounts, tried_positions
+from splitspec.goodput import (
+    STEP_KINDS,
+    Acceptance,
+    MethodCounts,
+    seqs_class,
+    tried_positions,
+)
 
 # Upper bounds of the step-cost buckets (batch tokens); beyond the last: one more bucket.
 STEP_COST_BOUNDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024,
@@ -79,6 +85,7 @@ class StepCostBucket:
     steps: int = 0
     tokens_total: int = 0
     seconds_total: float = 0.0
+    max_seqs: int = 0  # its steps' class of sequence counts (goodput.seqs_class); 0: any
 
 
 @dataclass
@@ -177,6 +184,9 @@ class EngineStats:
     # tree: splitspec.goodput.step_kind) and batch tokens (STEP_COST_BOUNDS)
     step_cost: list[StepCostBucket] = field(default_factory=lambda: [
         StepCostBucket(b, kind) for kind in STEP_KINDS for b in (*STEP_COST_BOUNDS, 2 ** 31 - 1)])
+    # the same, kept apart by the steps' class of sequence counts (goodput.seqs_class):
+    # (kind, class, max_tokens) -> its bucket, made on the first such step
+    step_cost_by_seqs: dict[tuple[str, int, int], StepCostBucket] = field(default_factory=dict)
 
     def method(self, name: str) -> MethodStats:
         return self.per_method.setdefault(name, MethodStats())
@@ -189,13 +199,21 @@ class EngineStats:
                 setattr(self, f.name, f.default_factory() if f.default_factory
                         is not dataclasses.MISSING else f.default)
 
-    def add_step_cost(self, tokens: int, seconds: float, kind: str = "greedy") -> None:
+    def add_step_cost(self, tokens: int, seconds: float, kind: str = "greedy",
+                      seqs: int = 0) -> None:
+        """A decoding step of `tokens` batch tokens over `seqs` sequences (0: not known)."""
         per_kind = len(STEP_COST_BOUNDS) + 1
-        bucket = self.step_cost[STEP_KINDS.index(kind) * per_kind
-                                + bisect.bisect_left(STEP_COST_BOUNDS, tokens)]
-        bucket.steps += 1
-        bucket.tokens_total += tokens
-        bucket.seconds_total += seconds
+        at = bisect.bisect_left(STEP_COST_BOUNDS, tokens)
+        buckets = [self.step_cost[STEP_KINDS.index(kind) * per_kind + at]]
+        if seqs > 0:
+            key = (kind, seqs_class(seqs), buckets[0].max_tokens)
+            if key not in self.step_cost_by_seqs:
+                self.step_cost_by_seqs[key] = StepCostBucket(key[2], kind, max_seqs=key[1])
+            buckets.append(self.step_cost_by_seqs[key])
+        for bucket in buckets:
+            bucket.steps += 1
+            bucket.tokens_total += tokens
+            bucket.seconds_total += seconds
 
 
 @dataclass

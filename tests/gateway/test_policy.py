@@ -225,8 +225,11 @@ def test_snapshot_from_the_wire():
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=1, steps=3, tokens_total=3,
                                                seconds_total=0.03),
                    verifier_pb2.StepCostBucket(max_tokens=8, steps=2, tokens_total=14,
-                                               seconds_total=0.05, kind="tree")])
+                                               seconds_total=0.05, kind="tree")],
+        step_cost_by_seqs=[verifier_pb2.StepCostBucket(max_tokens=8, steps=2, tokens_total=12,
+                                                       seconds_total=0.04, max_seqs=4)])
     snap = snapshot_from_pb(pb)
+    assert snap.step_cost_by_seqs == (("greedy", 4, 2, 12.0, 0.04),)
     assert (snap.running, snap.waiting, snap.max_num_seqs, snap.steps) == (3, 2, 8, 7)
     assert snap.methods["ngram"].greedy == Acceptance(6, 10, 4, 9, (9, 9, 5), (4, 3, 1),
                                                       (3, 2, 1))

@@ -22,6 +22,7 @@ from splitspec.goodput import (
     fit_step_cost,
     fit_step_costs,
     marginal_goodput,
+    seqs_class,
     shift_odds,
     tried_positions,
 )
@@ -82,6 +83,42 @@ def test_each_kind_of_step_has_its_own_cost_and_a_kind_without_data_the_pooled_o
     pooled = costs.of("sampled")  # no sampled steps: every step on one curve
     assert costs.of("greedy")(6) < pooled(6) <= costs.of("tree")(6)
     assert fit_step_costs([]).of("tree")(1) == fit_step_cost([])(1)
+
+
+# every step on one curve by batch tokens: 16 one-token sequences cost 30 ms (each sequence's
+# attention and bookkeeping), a step of ~20 tokens from 4 sequences 17 ms, 64 tokens 90 ms
+BY_TOKENS = [("greedy", 50, 50, 0.4), ("greedy", 50, 1000, 0.85), ("greedy", 50, 800, 1.5),
+             ("greedy", 50, 3200, 4.5)]
+# the steps of 9-16 sequences alone: 16 tokens 30 ms, 40 tokens 34 ms (their rows are cheap)
+SIXTEEN = [("greedy", 16, 50, 800, 1.5), ("greedy", 16, 20, 800, 0.68)]
+
+
+def check_a_class_of_sequence_counts_has_its_own_curve() -> None:
+    """Steps of 9-16 sequences read their own curve over the tokens they were measured at,
+    and beyond them the kind's curve moved to meet it; other batches (or none given) the
+    curve by tokens alone; at 16 a method that pays there is chosen."""
+    costs = fit_step_costs(BY_TOKENS, by_seqs=SIXTEEN)
+    sixteen, by_tokens = costs.of("greedy", 16), costs.of("greedy")
+    assert sixteen(16) == pytest.approx(0.03) and sixteen(40) == pytest.approx(0.034)
+    assert sixteen(64) == pytest.approx(0.034 + by_tokens(64) - by_tokens(40))
+    assert costs.of("greedy", 9) is sixteen and costs.of("greedy", 17) is by_tokens
+    assert costs.of("greedy", 4) is by_tokens and costs.of("tree", 16) is costs.of("tree")
+    model = MethodModel(0.7)  # k = 2: 3 rows, 2.19 tokens a sequence
+    assert choose({"m": model}, 16, by_tokens, 2).method is None  # priced by tokens: off
+    assert choose({"m": model}, 16, sixteen, 2).method == "m"
+
+
+def test_a_class_of_sequence_counts_has_its_own_curve():
+    check_a_class_of_sequence_counts_has_its_own_curve()
+    assert [seqs_class(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [1, 1, 2, 4, 4, 8, 16, 32]
+    thin = fit_step_costs(BY_TOKENS, by_seqs=[("greedy", 16, 2, 32, 0.06)])  # too few steps
+    assert thin.of("greedy", 16) is thin.of("greedy")
+
+
+def test_costs_that_ignore_the_batchs_sequences_fail_the_class_check(monkeypatch):
+    bug.step_cost_class_ignores_the_sequences(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_a_class_of_sequence_counts_has_its_own_curve()
 
 
 def test_a_method_priced_at_its_own_kind_of_step():

@@ -213,3 +213,20 @@ def test_the_curve_and_models_are_refitted_every_sixteenth_of_the_steps(engine):
     adaptive.begin_step()
     assert adaptive.step_cost() is not curve
     assert adaptive.method_model("ngram", True) is not model
+
+
+def test_a_step_of_many_sequences_is_priced_on_their_own_steps_and_sent_so(engine):
+    """Steps are kept apart by their class of sequence counts too: a sequence running among 12
+    others reads the 9-16 class's curve, which the verifier also sends (WatchStats)."""
+    stats, adaptive = engine.stats, engine.adaptive
+    for tokens, seconds, seqs in ((16, 0.030, 16), (40, 0.034, 16), (16, 0.012, 4),
+                                  (40, 0.060, 4)):
+        for _ in range(5):
+            stats.add_step_cost(tokens, seconds, "greedy", seqs)
+    stats.steps = 1
+    adaptive.begin_step()
+    assert adaptive.step_cost("greedy", 13)(40) == pytest.approx(0.034)
+    assert adaptive.step_cost("greedy", 4)(40) == pytest.approx(0.060)
+    assert adaptive.step_cost("greedy")(40) == pytest.approx(0.047)  # every step by tokens
+    sent = snapshot_from_pb(_stats_to_pb(stats)).step_cost_by_seqs
+    assert ("greedy", 16, 5, 200.0, pytest.approx(0.17)) in sent and len(sent) == 4
