@@ -14,9 +14,8 @@ import planted_bugs as bug
 import pytest
 import torch
 from capture_rules import GraphSafe
-from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target
-from engine_testlib import PROMPTS as TEXT_PROMPTS
-from engine_testlib import drained, make_engine, request, request_ids, run_all
+from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, head_for_target, serve_eagle_beside_plain
+from engine_testlib import drained, make_engine, request_ids, run_all
 
 from kernels.eagle_tree import num_candidates
 from splitspec.params import SamplingParams
@@ -186,13 +185,7 @@ def check_chains_fed_from_the_device_verify_what_read_back_chains_verify(target_
                 real = EagleGraphs.pending_chain
                 mp.setattr(EagleGraphs, "pending_chain", lambda self, seq, k: dataclasses.replace(
                     real(self, seq, k), chain=None))
-            out = asyncio.run(run_all(engine, [
-                request(engine, "a", TEXT_PROMPTS[0], max_tokens=16, method="eagle", k=4),
-                request(engine, "b", TEXT_PROMPTS[1], max_tokens=16, method="eagle", k=3),
-                request(engine, "plain", TEXT_PROMPTS[2], max_tokens=16, method=None)]))
-        assert drained(engine)
-        counts = engine.stats.method("eagle").counts().greedy
-        return [t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts)
+            return serve_eagle_beside_plain(engine)
 
     held, read = serve(True), serve(False)
     assert held == read and held[1][0] > 0
