@@ -19,6 +19,7 @@ import proposer_service.draft_graphs as draft_graphs
 import proposer_service.draft_sampling as draft_sampling
 import proposer_service.mlp as mlp
 import splitspec.goodput as goodput
+import verifier_service.adaptive_k as adaptive_k
 import verifier_service.eagle as eagle
 import verifier_service.eagle_batch_graphs as eagle_batch_graphs
 import verifier_service.eagle_format as eagle_format
@@ -336,6 +337,12 @@ def step_cost_class_ignores_the_sequences(monkeypatch) -> None:
     """Every step priced in the class of one sequence, however many the batch has (the cost
     by tokens alone, as before sequence counts were kept apart)."""
     monkeypatch.setattr(goodput, "seqs_class", lambda n: 1)
+
+
+def pause_margin_ignored(monkeypatch) -> None:
+    """The per-step k pauses a request on any expected gain, however small (no margin for the
+    cost model's error on the rows a pause saves)."""
+    monkeypatch.setattr(adaptive_k, "PAUSE_MARGIN", 0.0)
 
 
 def eagle_tree_rows_see_every_fed_row(monkeypatch) -> None:

@@ -12,7 +12,9 @@ goodput (splitspec/goodput.py `marginal_goodput`), given:
     of the batch asks the same proposer (the engine waits for every proposer once per step).
 k_min is 0 for mode auto (speculation may pause while the batch is compute-bound and resume
 when it is not) and 1 for mode on without an explicit k. The gateway already required drafting
-to beat plain decoding by a margin, so here the best k simply wins (ties: the smaller). A paused
+to beat plain decoding by a margin, so here the best k simply wins (ties: the smaller), but a
+pause only where it is expected to pay by PAUSE_MARGIN (the rows it saves are priced at the
+curve's mean slope; on a CPU rows inside a tile cost nothing). A paused
 request learns nothing new about its acceptance, so after PROBE_AFTER paused steps in a row its
 next step drafts (its best k >= 1) once: a request whose first drafts were unlucky recovers.
 """
@@ -38,6 +40,8 @@ from verifier_service.sequence import SequenceState
 REQUEST_PRIOR_STRENGTH = 8.0
 # A paused request drafts once after this many paused steps in a row.
 PROBE_AFTER = 8
+# A request pauses (k = 0) only when that is expected to beat its best k >= 1 by this share.
+PAUSE_MARGIN = 0.05
 # The step-cost curve and the method models are refitted from the counters every this share of
 # the steps so far (at least every step, at most every REFIT_MAX_STEPS): refitting them every
 # step took half of choosing k (0.43 -> 0.21 ms per sequence and step on a CPU), and one step
@@ -152,6 +156,7 @@ class AdaptiveK:
         # advance over the verified rows): pausing does not save it
         standing = self.stats.method(plan.method or "").standing_seconds()
         best_k, best = 0, -1.0
+        paused = -1.0  # the goodput of pausing (k = 0), when allowed
         seconds = model.step_seconds(self.k_max, cost, others_tokens)  # every k at once
         for k in range(max(plan.k_min, 1 if probe else 0), self.k_max + 1):
             # Its proposer is waited for anyway when others ask it (their k: about as large).
@@ -165,7 +170,13 @@ class AdaptiveK:
                 wait = 0.0 if others_drafting > 0 else model.round_trip(k) / sharing
             g = marginal_goodput(model, k, cost, others_tokens, others_expected, wait, seconds,
                                  standing)
-            if g > best * (1 + 1e-9):
+            if k == 0:
+                paused = g
+            elif g > best * (1 + 1e-9):
                 best_k, best = k, g
+        # pausing only where the model expects it to pay by PAUSE_MARGIN: the rows a pause saves
+        # are priced at the curve's mean slope, and on a CPU they cost nothing inside a tile
+        if paused >= 0 and (best < 0 or paused > best * (1 + PAUSE_MARGIN)):
+            best_k = 0
         seq.paused_steps = 0 if best_k else seq.paused_steps + 1
         return best_k

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import planted_bugs as bug
 import pytest
 from engine_testlib import PROMPTS, make_engine, request, run_all
 
+import verifier_service.adaptive_k as adaptive_k
 from gateway.stats_watch import snapshot_from_pb
 from protos import common_pb2
 from splitspec.errors import InvalidArgument
@@ -230,3 +232,27 @@ def test_a_step_of_many_sequences_is_priced_on_their_own_steps_and_sent_so(engin
     assert adaptive.step_cost("greedy")(40) == pytest.approx(0.047)  # every step by tokens
     sent = snapshot_from_pb(_stats_to_pb(stats)).step_cost_by_seqs
     assert ("greedy", 16, 5, 200.0, pytest.approx(0.17)) in sent and len(sent) == 4
+
+
+def check_pauses_only_where_pausing_pays_by_the_margin(engine, monkeypatch) -> None:
+    """A request pauses (k = 0) only where that is expected to beat its best k >= 1 by
+    PAUSE_MARGIN: the rows a pause saves are priced at the curve's mean slope, and on a CPU they
+    cost nothing inside a tile of rows."""
+    seq = engine.add_request(adaptive(request(engine, "a", PROMPTS[0])))
+    seq.num_computed = len(seq.tokens) - 1
+    for pausing, want_paused in ((1.03, False), (1.2, True)):
+        monkeypatch.setattr(adaptive_k, "marginal_goodput",
+                            lambda model, k, *rest, g=pausing: g if k == 0 else 1.0 + k * 1e-4)
+        engine.adaptive.begin_step()
+        got = engine.adaptive.choose(seq, [seq])
+        assert (got == 0) == want_paused, (pausing, got)
+
+
+def test_a_request_pauses_only_where_pausing_pays_by_the_margin(engine, monkeypatch):
+    check_pauses_only_where_pausing_pays_by_the_margin(engine, monkeypatch)
+
+
+def test_pausing_on_any_gain_fails_the_margin_check(engine, monkeypatch):
+    bug.pause_margin_ignored(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_pauses_only_where_pausing_pays_by_the_margin(engine, monkeypatch)
