@@ -3,15 +3,17 @@ speculation off and, optionally, in-target methods beside it.
 
     python bench/engine_bench.py [--model DIR] [--concurrency 1 4 16 32] [--tokens 64]
                                  [--configs off eagle:3 eagle:5] [--eagle DIR]
+                                 [--temperature T]
 
 For each concurrency C, one engine serves every configuration: a wave is C clients each sending
-one request (greedy, ignore_eos, a fixed number of output tokens) of one configuration, and
-`--requests-per-client` waves per configuration run interleaved, the order reversed every round
-(the machine is shared and noisy: compare ratios within a concurrency, not absolute times across
-runs). Reported: output tokens/s, each configuration against the first (off) at the same
-concurrency, tokens per engine step (a batch's), mean time per output token seen by a client,
-and off's throughput relative to C=1. `eagle:K` runs the EAGLE head (`--eagle`, default the
-target's directory + `-eagle`) with greedy chains of K tokens. Writes bench/reports/engine.md.
+one request (greedy, or sampled at --temperature; ignore_eos, a fixed number of output tokens)
+of one configuration, and `--requests-per-client` waves per configuration run interleaved, the
+order reversed every round (the machine is shared and noisy: compare ratios within a
+concurrency, not absolute times across runs). Reported: output tokens/s, each configuration
+against the first (off) at the same concurrency, tokens per engine step (a batch's), mean time
+per output token seen by a client, and off's throughput relative to C=1. `eagle:K` runs the
+EAGLE head (`--eagle`, default the target's directory + `-eagle`) with chains of K tokens
+(greedy, or drawn from the head's q). Writes bench/reports/engine.md.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def parse_config(text: str) -> SpeculationPlan:
 
 
 async def run_level(model: str, eagle: str, concurrency: int, rounds: int, tokens: int,
-                    configs: list[str], threads: int) -> dict[str, dict]:
+                    configs: list[str], threads: int, temperature: float = 0.0
+                    ) -> dict[str, dict]:
     config = dataclasses.replace(VerifierConfig(model=model, threads=threads, eagle=eagle),
                                  max_num_seqs=max(concurrency, 1))
     engine, *_ = build_engine(config, {})
@@ -58,7 +61,7 @@ async def run_level(model: str, eagle: str, concurrency: int, rounds: int, token
 
     async def client(c: int, r: int, name: str, max_tokens: int, record: bool):
         inp = GenerationInput(f"{name}-c{c}r{r}", ids[(c + r) % len(ids)],
-                              SamplingParams(temperature=0.0),
+                              SamplingParams(temperature=temperature),
                               StoppingCriteria(max_tokens=max_tokens, ignore_eos=True),
                               plans[name])
         t0 = time.perf_counter()
@@ -93,12 +96,15 @@ def main() -> None:
                          "baseline")
     ap.add_argument("--eagle", default=None, help="the EAGLE head (default: MODEL-eagle)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sampling temperature of every request (0: greedy)")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/engine.md"))
     args = ap.parse_args()
     wants_eagle = any(c.startswith("eagle") for c in args.configs)
     eagle = (args.eagle or f"{args.model.rstrip('/')}-eagle") if wants_eagle else ""
     levels = {c: asyncio.run(run_level(args.model, eagle, c, args.requests_per_client,
-                                       args.tokens, args.configs, args.threads))
+                                       args.tokens, args.configs, args.threads,
+                                       args.temperature))
               for c in args.concurrency}
     base_name = args.configs[0]
     base = levels[args.concurrency[0]][base_name]
@@ -107,7 +113,9 @@ def main() -> None:
         f"Model `{Path(args.model).name}`"
         + (f", EAGLE head `{Path(eagle).name}`" if eagle else "")
         + f", {args.tokens} output tokens per request, {args.requests_per_client} waves per "
-        f"configuration and concurrency (interleaved), greedy, in-process engine (no gRPC). "
+        f"configuration and concurrency (interleaved), "
+        + (f"temperature {args.temperature}" if args.temperature else "greedy")
+        + ", in-process engine (no gRPC). "
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}. Produced by `python bench/engine_bench.py "
         f"{' '.join(sys.argv[1:])}`.", "",

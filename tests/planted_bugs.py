@@ -301,6 +301,14 @@ def eagle_batched_chains_left_ranked(monkeypatch) -> None:
     monkeypatch.setattr(eagle_head, "unrank", lambda ranked, order: ranked)
 
 
+def eagle_sampled_rows_share_the_first_params(monkeypatch) -> None:
+    """Sampled chains drafted together all take the first row's sampling parameters (its
+    temperature, top-k, top-p, min-p) instead of each its own."""
+    original = eagle_head.sampling_settings
+    monkeypatch.setattr(eagle_head, "sampling_settings",
+                        lambda params: original([params[0]] * len(params)))
+
+
 def eagle_deferred_rows_dropped(monkeypatch) -> None:
     """The rows a step handed the head for the next flush are let go instead of advanced (the
     head falls behind, then starts over from where it lost them)."""
@@ -395,8 +403,9 @@ def eagle_scratch_over_the_root(monkeypatch) -> None:
 def eagle_q_is_not_the_sampled_one(monkeypatch) -> None:
     """A sampled EAGLE chain draws from another distribution than the q it reports (sharper
     unseeded, flatter noise seeded)."""
-    sample, noise = eagle_head.sample, eagle_head.keyed_exponentials
-    monkeypatch.setattr(eagle_head, "sample", lambda probs, keys=None: sample(probs ** 3, keys))
+    draw, noise = eagle_head.draw_exponentials, eagle_head.keyed_exponentials
+    monkeypatch.setattr(eagle_head, "draw_exponentials",
+                        lambda rows, vocab, device: draw(rows, vocab, device) ** 3)
     monkeypatch.setattr(eagle_head, "keyed_exponentials",
                         lambda keys, idx: noise(keys, idx) ** 3)
 

@@ -26,12 +26,14 @@ sequence (`EagleState`):
 
 A step's sequences are batched: what `prefilled` and `observe` hand over is kept (`pending`)
 and advanced at the method's next `flush` (the start of the next step's drafting, before its
-forward) for every sequence at once, and the step's greedy chains are drafted together
+forward) for every sequence at once, and the step's chains are drafted together
 (`propose_many`). Where the head runs eagerly (a CPU, or --graphs off) that is one pass of the
-head's layer per drafted level over every sequence (eagle_head.advance_many, chain_many), so a
+head's layer per drafted level over every sequence (eagle_head.advance_many, chain_many, and
+for sampled requests sampled_chain_many: each row its own parameters, q and keyed noise), so a
 batch of B reads the head's weights once per level instead of B times; where the device
-captures graphs, one replay per level and one for the advance over every sequence
-(verifier_service/eagle_batch_graphs.py).
+captures graphs, one replay per level of the greedy chains and one for the advance over
+every sequence (verifier_service/eagle_batch_graphs.py); sampled chains there replay each
+sequence's own captured chain.
 
 The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
 loops read nothing back until the draft is handed over, once). Where the device captures graphs,
@@ -54,7 +56,13 @@ from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service import eagle_format
 from verifier_service.eagle_graphs import EagleGraphs
-from verifier_service.eagle_head import EagleHead, EagleSequence, advance_many, chain_many
+from verifier_service.eagle_head import (
+    EagleHead,
+    EagleSequence,
+    advance_many,
+    chain_many,
+    sampled_chain_many,
+)
 from verifier_service.in_target import InTargetMethod, InTargetState, PendingDraft, StepOutcome
 
 log = logging.getLogger(__name__)
@@ -169,18 +177,22 @@ class EagleMethod(InTargetMethod):
     def propose_many(self, items):
         """EagleState.propose for a step's sequences: deferred rows advanced first, then the
         greedy chains drafted together (replayed where the batched chain is captured, else the
-        eager ones); the rest each on its own."""
+        eager ones) and the eager sampled chains together; the rest each on its own."""
         self.flush()
         out: list = [None] * len(items)
-        together, replayed = [], []
+        together, replayed, sampled = [], [], []
         for i, (state, _, k) in enumerate(items):
             if state.chains_eagerly(k):
                 together.append(i)
             elif state.chains_in_batch_graph(k):
                 replayed.append(i)
+            elif state.samples_eagerly(k):
+                sampled.append(i)
         if len(replayed) < 2:  # a lone chain replays its own graph
             replayed = []
-        batched = set(together) | set(replayed)
+        if len(sampled) < 2:
+            sampled = []
+        batched = set(together) | set(replayed) | set(sampled)
         for i, (state, tokens, k) in enumerate(items):
             if i not in batched:
                 out[i] = state.propose(tokens, k)
@@ -201,6 +213,18 @@ class EagleMethod(InTargetMethod):
             rows = chain_many(seqs, ks).tolist()  # the step's one read of its eager chains
             for i, row, k in zip(together, rows, ks):
                 out[i] = row[:k]
+        if sampled:
+            states = [items[i][0] for i in sampled]
+            ks = [items[i][2] for i in sampled]
+            self.counters["drafted_tokens_total"] += sum(ks)
+            self.counters["eager_chains_total"] += len(ks)
+            self.counters["chain_batches_total"] += 1
+            drafts = sampled_chain_many([st.seq for st in states], ks,
+                                        [st.sampling for st in states],
+                                        [len(items[i][1]) for i in sampled], DRAFT_TOP_K)
+            for i, st, draft in zip(sampled, states, drafts):
+                draft.seq_id = st.request_id
+                out[i] = draft
         return out
 
     def stats(self) -> dict[str, float]:
@@ -288,6 +312,15 @@ class EagleState(InTargetState):
         return (seq is not None and k > 0 and seq.root_out is not None and self.branches <= 1
                 and self.sampling.greedy and not self.pending
                 and not (graphs is not None and graphs.captured and graphs.serves(seq, k)))
+
+    def samples_eagerly(self, k: int) -> bool:
+        """Whether a chain of k for this sequence is a sampled one its graphs do not serve (the
+        ones `EagleMethod.propose_many` draws together)."""
+        seq, graphs = self.seq, self.method.graphs
+        return (seq is not None and k > 0 and seq.root_out is not None and self.branches <= 1
+                and not self.sampling.greedy and not self.pending
+                and not (graphs is not None and graphs.captured_sampled
+                         and graphs.serves(seq, k)))
 
     def chains_in_batch_graph(self, k: int) -> bool:
         """Whether a chain of k for this sequence is a greedy one the batched chain graph

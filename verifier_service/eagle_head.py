@@ -48,7 +48,13 @@ import torch.nn.functional as F
 
 from kernels.eagle_tree import TreeState, first_level, next_level, select
 from kernels.linear import PackedLinear, resolve
-from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key, sample, truncate
+from kernels.sampling import (
+    apply_sampling_params,
+    draw_exponentials,
+    keyed_exponentials,
+    noise_key,
+    truncate,
+)
 from kernels.sparse_probs import SparseProbs
 from splitspec.device import HostFetch, to_device
 from splitspec.params import SamplingParams
@@ -322,37 +328,13 @@ class EagleSequence:
         """A greedy chain of k drafted target ids [k] (on the device): argmax, fed back."""
         return chain_many([self], [k])[0, :k]
 
-    @torch.no_grad()
     def sampled_chain(self, k: int, params: SamplingParams, first_position: int,
                       top_k: int = 16) -> Draft:
         """A chain drawn from the head's own distribution after the request's sampling
         parameters (temperature, top-k, top-p, min-p), truncated to its top_k tokens: the Draft
         carries exactly the q each token was drawn from. Seeded requests draw with the keyed
         noise of the token's position (first_position + i), as the draft proposers do."""
-        self._need_root()
-        head = self.head
-        p = params
-        settings = [torch.tensor([v], dtype=dt) for v, dt in (
-            (p.temperature, torch.float32), (p.top_k, torch.int64), (p.top_p, torch.float32),
-            (p.min_p, torch.float32))]
-        toks, id_rows, val_rows = [], [], []
-        logits, hidden = self.root_logits, self.root_out
-        for i in range(k):
-            q = apply_sampling_params(logits[None].float(), *settings)  # [1, Vd]
-            vals, idx = truncate(q, min(top_k, q.shape[-1]))
-            key = None if p.seed is None else noise_key(p.seed, first_position + i)
-            ids = head.target_ids(idx[0])  # [K]
-            pick = sample(vals) if key is None else _keyed_pick(vals, ids, key)  # [1]
-            tok = ids.index_select(0, pick)  # [1]: a gather, no read
-            toks.append(tok)
-            id_rows.append(ids)
-            val_rows.append(vals[0])
-            if i + 1 < k:
-                hidden = self._step(tok, hidden, i + 1)
-                logits = head.logits(hidden)
-        (tokens, ids), (vals,) = head.fetch([torch.cat(toks), torch.stack(id_rows)],
-                                            [torch.stack(val_rows)])
-        return sampled_draft(tokens, ids, vals)
+        return sampled_chain_many([self], [k], [params], [first_position], top_k)[0]
 
     # -- EAGLE-2 trees ------------------------------------------------------------------------
 
@@ -462,6 +444,64 @@ def chain_many(seqs: list[EagleSequence], ks: list[int]) -> torch.Tensor:
     return unrank(torch.stack(columns, 1), order)  # [n, kmax]
 
 
+@torch.no_grad()
+def sampled_chain_many(seqs: list[EagleSequence], ks: list[int], params: list[SamplingParams],
+                       first_positions: list[int], top_k: int = 16) -> list[Draft]:
+    """`EagleSequence.sampled_chain` for several sequences of one head: each level is one pass
+    of the layer over the sequences still drafting, the sampling parameters applied row by row
+    (each sequence its own), each row's token drawn from its own truncated q with its own noise
+    (keyed by (seed, first_positions[i] + level) for a seeded request, so that a seeded chain
+    does not depend on the batch it was drafted in). The tokens and their q rows come back in
+    one copy for the whole batch."""
+    for s in seqs:
+        s._need_root()
+    head = seqs[0].head
+    device = head.device
+    n, kmax = len(seqs), max(ks)
+    order = sorted(range(n), key=lambda i: -ks[i])  # those still drafting are a prefix
+    ranked = [seqs[i] for i in order]
+    ranked_params = [params[i] for i in order]
+    settings = sampling_settings(ranked_params)
+    logits = _stack([s.root_logits for s in ranked])  # [n, Vd]
+    hidden = _stack([s.root_out for s in ranked])  # [n, H]
+    toks, id_cols, val_cols = [], [], []
+    for level in range(kmax):
+        m = logits.shape[0]  # rows drafting this level
+        q = apply_sampling_params(logits.float(), *(t[:m] for t in settings))  # [m, Vd]
+        vals, idx = truncate(q, min(top_k, q.shape[-1]))  # [m, K]
+        ids = head.target_ids(idx)  # [m, K]
+        noise = draw_exponentials(m, ids.shape[1], device)
+        keyed = [r for r in range(m) if ranked_params[r].seed is not None]
+        if keyed:
+            keys = [noise_key(ranked_params[r].seed, first_positions[order[r]] + level)
+                    for r in keyed]
+            rows = to_device(torch.tensor(keyed), device)
+            noise[rows] = keyed_exponentials(keys, ids.index_select(0, rows))
+        tok = ids.gather(1, (vals / noise).argmax(-1, keepdim=True))[:, 0]  # [m]: no read
+        short = n - m
+        toks.append(F.pad(tok, (0, short)) if short else tok)
+        id_cols.append(F.pad(ids, (0, 0, 0, short)) if short else ids)
+        val_cols.append(F.pad(vals, (0, 0, 0, short)) if short else vals)
+        more = sum(1 for i in order if ks[i] > level + 1)  # rows that draft another token
+        if not more:
+            break
+        hidden = _step_many(ranked[:more], tok[:more], hidden[:more], level + 1)
+        logits = head.logits(hidden)
+    (tokens, ids), (vals,) = head.fetch([unrank(torch.stack(toks, 1), order),
+                                         unrank(torch.stack(id_cols, 1), order)],
+                                        [unrank(torch.stack(val_cols, 1), order)])
+    return [sampled_draft(tokens[i, :k], ids[i, :k], vals[i, :k]) for i, k in enumerate(ks)]
+
+
+def sampling_settings(params: list[SamplingParams]) -> tuple[torch.Tensor, ...]:
+    """Rows' (temperature, top-k, top-p, min-p) as the host tensors apply_sampling_params
+    reads, one entry per row."""
+    return (torch.tensor([p.temperature for p in params], dtype=torch.float32),
+            torch.tensor([p.top_k for p in params], dtype=torch.int64),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32))
+
+
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -520,11 +560,3 @@ def tree_mask(state: TreeState, base: int, level: int) -> torch.Tensor:
     seen = torch.ones(k, span, dtype=torch.bool, device=state.ancestors.device)
     seen[:, base:] = state.ancestors[:, :(level - 1) * k]
     return seen[None, None]
-
-
-def _keyed_pick(vals: torch.Tensor, ids: torch.Tensor, key: int) -> torch.Tensor:
-    """The keyed exponential race over q's support, noise at the target ids (as the verifier
-    keys its own choice): [1] position into vals' row."""
-    noise = keyed_exponentials([key], ids[None])
-    return (vals / noise).argmax(-1)
-

@@ -288,6 +288,11 @@ PROMPT_TOKENS = [5, 17, 42, 8, 33, 61, 12, 70, 3, 25]
 def eagle3_sequence(prompt: list[int], draft_vocab: int = 48, seed: int = 21):
     """An EAGLE-3 head (random weights, a permuted draft vocabulary) on a tiny target, advanced
     over the prompt: its EagleSequence."""
+    return eagle3_sequences([prompt], draft_vocab, seed)[0]
+
+
+def eagle3_sequences(prompts: list[list[int]], draft_vocab: int = 48, seed: int = 21):
+    """eagle3_sequence for several prompts, on one head: an EagleSequence per prompt."""
     from verifier_service.eagle_format import EagleSpec, EagleWeights, canonical_names
     from verifier_service.eagle_head import EagleHead
 
@@ -296,10 +301,13 @@ def eagle3_sequence(prompt: list[int], draft_vocab: int = 48, seed: int = 21):
     spec = EagleSpec(3, H, HEADS, KV, HEAD_DIM, INTER, VOCAB, draft_vocab, H,
                      aux_layer_ids=(0, 2, 4))
     head = EagleHead(spec, EagleWeights(**w), model.model.embed_tokens.weight.detach())
-    _, aux, greedy = target_features(model, prompt, [0, 2, 4])
-    seq = head.new_sequence(64)
-    seq.advance(aux, torch.tensor(prompt[1:] + [int(greedy[-1])]))
-    return seq
+    seqs = []
+    for prompt in prompts:
+        _, aux, greedy = target_features(model, prompt, [0, 2, 4])
+        seq = head.new_sequence(64)
+        seq.advance(aux, torch.tensor(prompt[1:] + [int(greedy[-1])]))
+        seqs.append(seq)
+    return seqs
 
 
 def head_for_target(path: Path, target_dir: str, version: int, seed: int = 0,

@@ -16,7 +16,10 @@ from test_eagle_format import (
     eagle1_identity_checkpoint,
     eagle3_embedding_checkpoint,
 )
-from test_eagle_sampling import check_tokens_come_from_the_q_sent
+from test_eagle_sampling import (
+    check_sampled_chains_together_as_alone,
+    check_tokens_come_from_the_q_sent,
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,13 @@ def test_chains_left_in_drafting_order_fail_the_together_check(monkeypatch, tmp_
     bug.eagle_batched_chains_left_ranked(monkeypatch)
     with pytest.raises(AssertionError):
         check_sequences_together_draft_as_alone(tmp_path, target, "eagle1")
+
+
+def test_shared_sampling_params_fail_the_sampled_together_check(monkeypatch):
+    check_sampled_chains_together_as_alone()
+    bug.eagle_sampled_rows_share_the_first_params(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_sampled_chains_together_as_alone()
 
 
 def test_tree_rows_seeing_every_row_fail_the_reference(monkeypatch, tmp_path, target):

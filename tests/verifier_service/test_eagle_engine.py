@@ -1,7 +1,7 @@
 """EAGLE heads inside the engine (verifier_service/eagle.py, registry method `eagle`): random
 heads of both formats on the tiny target, chains and EAGLE-2 trees, batched with plain
-requests: greedy output equals speculation off, seeded sampled output is identical on and off,
-and nothing leaks; a step's sequences drafted and advanced together draft what each drafts on
+requests: greedy output equals speculation off, seeded sampled output is identical on and off
+(sampled chains drawn together too), and nothing leaks; a step's sequences drafted and advanced together draft what each drafts on
 its own (the toy target's trained head); a head that does not fit the target is refused at
 start-up."""
 
@@ -64,13 +64,17 @@ def test_greedy_chains_and_trees_equal_speculation_off(tiny_target_dir, head):
 def test_seeded_sampled_output_is_identical_on_and_off(tiny_target_dir, head):
     seeded = SamplingParams(temperature=0.9, seed=5)
     engine = make_engine(tiny_target_dir, proposers={}, eagle=head)
-    off, chain, tree = _serve(engine, [
+    off, chain, tree, chain2 = _serve(engine, [
         request_ids("off", PROMPTS[0], max_tokens=20, sampling=seeded),
         request_ids("chain", PROMPTS[0], max_tokens=20, method="eagle", k=4, sampling=seeded),
         _plan(request_ids("tree", PROMPTS[0], max_tokens=20, method="eagle", k=5,
-                          sampling=seeded), 3)])
-    assert chain == off and tree == off
+                          sampling=seeded), 3),
+        request_ids("chain2", PROMPTS[0], max_tokens=20, method="eagle", k=2, sampling=seeded)])
+    assert chain == off and tree == off and chain2 == off
     assert engine.stats.method("eagle").proposed_tokens > 0
+    # the two sampled chains of a step were drawn together (no greedy chain ran)
+    c = engine.drafts.in_target.methods["eagle"].counters
+    assert 0 < c["chain_batches_total"] < c["eager_chains_total"]
 
 
 def test_a_head_for_another_target_is_refused_at_start_up(target_model_dir, head):
