@@ -31,9 +31,9 @@ forward) for every sequence at once, and the step's chains are drafted together
 head's layer per drafted level over every sequence (eagle_head.advance_many, chain_many, and
 for sampled requests sampled_chain_many: each row its own parameters, q and keyed noise), so a
 batch of B reads the head's weights once per level instead of B times; where the device
-captures graphs, one replay per level of the greedy chains and one for the advance over
-every sequence (verifier_service/eagle_batch_graphs.py); sampled chains there replay each
-sequence's own captured chain.
+captures graphs, one replay per level for the step's greedy chains, one per level for its
+sampled chains, and one for the advance over every sequence
+(verifier_service/eagle_batch_graphs.py).
 
 The head's own layer runs on the target's device (verifier_service/eagle_head.py: its drafting
 loops read nothing back until the draft is handed over, once). Where the device captures graphs,
@@ -62,6 +62,7 @@ from verifier_service.eagle_head import (
     advance_many,
     chain_many,
     sampled_chain_many,
+    sampled_draft,
 )
 from verifier_service.in_target import InTargetMethod, InTargetState, PendingDraft, StepOutcome
 
@@ -176,23 +177,24 @@ class EagleMethod(InTargetMethod):
 
     def propose_many(self, items):
         """EagleState.propose for a step's sequences: deferred rows advanced first, then the
-        greedy chains drafted together (replayed where the batched chain is captured, else the
-        eager ones) and the eager sampled chains together; the rest each on its own."""
+        greedy chains drafted together and the sampled ones together (replayed where the
+        batched chain is captured, else eagerly); the rest each on its own."""
         self.flush()
         out: list = [None] * len(items)
-        together, replayed, sampled = [], [], []
+        together, replayed, sampled, replayed_sampled = [], [], [], []
         for i, (state, _, k) in enumerate(items):
-            if state.chains_eagerly(k):
-                together.append(i)
-            elif state.chains_in_batch_graph(k):
+            if state.chains_in_batch_graph(k):
                 replayed.append(i)
+            elif state.chains_eagerly(k):
+                together.append(i)
+            elif state.samples_in_batch_graph(k):
+                replayed_sampled.append(i)
             elif state.samples_eagerly(k):
                 sampled.append(i)
-        if len(replayed) < 2:  # a lone chain replays its own graph
-            replayed = []
-        if len(sampled) < 2:
-            sampled = []
-        batched = set(together) | set(replayed) | set(sampled)
+        # a lone chain replays its own graph, or drafts alone
+        replayed, sampled, replayed_sampled = (
+            group if len(group) > 1 else [] for group in (replayed, sampled, replayed_sampled))
+        batched = set(together) | set(replayed) | set(sampled) | set(replayed_sampled)
         for i, (state, tokens, k) in enumerate(items):
             if i not in batched:
                 out[i] = state.propose(tokens, k)
@@ -213,6 +215,18 @@ class EagleMethod(InTargetMethod):
             rows = chain_many(seqs, ks).tolist()  # the step's one read of its eager chains
             for i, row, k in zip(together, rows, ks):
                 out[i] = row[:k]
+        if replayed_sampled:
+            states = [items[i][0] for i in replayed_sampled]
+            ks = [items[i][2] for i in replayed_sampled]
+            self.counters["drafted_tokens_total"] += sum(ks)
+            self.counters["graph_chains_total"] += len(ks)
+            self.counters["chain_batches_total"] += 1
+            rows = self.graphs.batch.sampled_chains(
+                [st.seq for st in states], ks, [st.sampling for st in states],
+                [len(items[i][1]) for i in replayed_sampled])
+            for i, st, (tokens, ids, probs) in zip(replayed_sampled, states, rows):
+                out[i] = st._named(PendingDraft(
+                    [tokens, ids], [probs], lambda got, f: sampled_draft(got[0], got[1], f[0])))
         if sampled:
             states = [items[i][0] for i in sampled]
             ks = [items[i][2] for i in sampled]
@@ -321,6 +335,14 @@ class EagleState(InTargetState):
                 and not self.sampling.greedy and not self.pending
                 and not (graphs is not None and graphs.captured_sampled
                          and graphs.serves(seq, k)))
+
+    def samples_in_batch_graph(self, k: int) -> bool:
+        """Whether a chain of k for this sequence is a sampled one the batched sampled chain
+        graph serves (`EagleMethod.propose_many` replays those of a step together)."""
+        seq, graphs = self.seq, self.method.graphs
+        batch = graphs.batch if graphs is not None else None
+        return (seq is not None and k > 0 and self.branches <= 1 and not self.sampling.greedy
+                and batch is not None and batch.captured_sampled and batch.serves(seq, k))
 
     def chains_in_batch_graph(self, k: int) -> bool:
         """Whether a chain of k for this sequence is a greedy one the batched chain graph

@@ -1,6 +1,6 @@
 """A step's EAGLE work over several sequences at once, replayed as captured graphs per batch
-bucket: their greedy chains and their advances over the kept rows (the batched forms of
-verifier_service/eagle_graphs.py's chain and advance).
+bucket: their greedy and sampled chains and their advances over the kept rows (the batched
+forms of verifier_service/eagle_graphs.py's chains and advance).
 
 Where the device captures graphs, a lone sequence's chain and advance replay its own graphs; a
 step of B sequences replayed B x (k - 1) chain iterations and B advances, each a few dozen
@@ -26,6 +26,16 @@ out of the static buffers; the tokens stay on the device (greedy chains are fed 
 from there, verifier_service/in_target.py DeviceDraft). A sequence asking fewer than max(k)
 tokens takes the first of its row.
 
+A step's sampled chains replay a second iteration per bucket that picks each row's token j as
+eagle_head.sampled_chain_many does: the row's own temperature, top-k, top-p and min-p (copied
+in once per step, [B_max] each) over its logits, its top-K truncated q, and the exponential
+race over that q with the keyed noise of the token's position (a seeded row: keys [B_max,
+max_k, 2] computed on the host, the noise at the target ids inside the graph) or Exp(1) noise
+drawn on the device before the first replay (an unseeded row: [B_max, max_k, K]); each
+token's q row is written beside it ([B_max, max_k, K] ids and probabilities). The last level's
+pick replays its own graph (some thirty launches eagerly). Tokens and q rows come back with the
+step's other drafts, in one copy.
+
 The advance for (bucket b, width W) feeds each row's W rows at columns start .. start + W - 1
 (each seeing the columns up to its own; a sequence's padding rows write columns past its real
 ones, which nothing reads), and leaves each row's last real output and its logits in hidden and
@@ -43,18 +53,29 @@ from typing import Sequence
 
 import torch
 
+from kernels.sampling import (
+    apply_sampling_params,
+    key_halves,
+    keyed_exponentials_at,
+    noise_key,
+    race,
+    truncate,
+)
 from splitspec import device as dev
 from splitspec.graphs import powers_up_to
-from verifier_service.eagle_head import EagleHead, EagleSequence
+from splitspec.params import SamplingParams
+from verifier_service.eagle_head import EagleHead, EagleSequence, sampling_settings
 
 log = logging.getLogger(__name__)
 
 
 class EagleBatch:
-    def __init__(self, head: EagleHead, capacity: int, max_k: int, max_batch: int):
+    def __init__(self, head: EagleHead, capacity: int, max_k: int, max_batch: int,
+                 top_k: int = 16):
         """capacity: columns a sequence may reach and draft from; max_k: drafted tokens per
         chain at most (an advance keeps up to 1 + max_k rows: widths are powers of two up to
-        that); max_batch: sequences per replay (buckets: powers of two up to it)."""
+        that); max_batch: sequences per replay (buckets: powers of two up to it); top_k: K of
+        a sampled chain's truncated q."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
         self.capacity, self.max_k = capacity, max_k
@@ -70,6 +91,16 @@ class EagleBatch:
         self.col = torch.zeros(b, dtype=torch.long, device=device)
         self.j = torch.zeros(1, dtype=torch.long, device=device)
         self.tokens = torch.zeros(b, max_k, dtype=torch.long, device=device)
+        # sampled chains: each row's parameters (keyed: 1 when seeded), its noise keys per
+        # token, its unseeded noise; out: each token's q row
+        self.top_k = min(top_k, width)
+        self.sampling = {name: torch.zeros(b, dtype=dtype, device=device) for name, dtype in (
+            ("temperature", torch.float32), ("top_k", torch.long), ("top_p", torch.float32),
+            ("min_p", torch.float32), ("keyed", torch.long))}
+        self.halves = torch.zeros(b, max_k, 2, dtype=torch.long, device=device)
+        self.noise = torch.ones(b, max_k, self.top_k, dtype=torch.float32, device=device)
+        self.q_ids = torch.zeros(b, max_k, self.top_k, dtype=torch.long, device=device)
+        self.q_probs = torch.zeros(b, max_k, self.top_k, dtype=torch.float32, device=device)
         self.columns = torch.arange(capacity, device=device)
         self.widths = powers_up_to(1 + max_k)
         w = self.widths[-1]
@@ -78,6 +109,8 @@ class EagleBatch:
         self.start = torch.zeros(b, dtype=torch.long, device=device)
         self.last = torch.zeros(b, dtype=torch.long, device=device)
         self.graphs: dict[int, object] = {}  # the chain iteration per bucket
+        self.sampled_graphs: dict[int, object] = {}  # the sampled chain iteration per bucket
+        self.pick_graphs: dict[int, object] = {}  # a sampled chain's last pick per bucket
         self.advance_graphs: dict[tuple[int, int], object] = {}  # per (bucket, width)
 
     @property
@@ -85,12 +118,18 @@ class EagleBatch:
         """Device memory of the static buffers."""
         return sum(t.numel() * t.element_size() for t in (
             self.keys, self.values, self.hidden, self.logits, self.col, self.tokens,
-            self.feats, self.next_ids, self.start, self.last))
+            self.feats, self.next_ids, self.start, self.last, self.halves, self.noise,
+            self.q_ids, self.q_probs, *self.sampling.values()))
 
     @property
     def captured(self) -> bool:
         """Whether a step's chains replay graphs here."""
         return bool(self.graphs)
+
+    @property
+    def captured_sampled(self) -> bool:
+        """Whether a step's sampled chains replay graphs here."""
+        return bool(self.sampled_graphs)
 
     @property
     def captured_advance(self) -> bool:
@@ -116,17 +155,34 @@ class EagleBatch:
 
     # -- one level (what a graph records) ----------------------------------------------------
 
-    def pick(self, b: int) -> torch.Tensor:
-        """Each row's token j: the argmax of its logits, written at column j of tokens. [b]"""
-        tok = self.head.target_ids(self.logits[:b].argmax(-1))  # [b]
+    def pick(self, b: int, sampled: bool = False) -> torch.Tensor:
+        """Each row's token j, written at column j of tokens: the argmax of its logits, or
+        (sampled) drawn from its truncated q after its own parameters, its q row written
+        beside it. [b] target ids"""
+        head = self.head
+        if not sampled:
+            tok = head.target_ids(self.logits[:b].argmax(-1))  # [b]
+        else:
+            s = self.sampling
+            q = apply_sampling_params(self.logits[:b].float(), s["temperature"][:b],
+                                      s["top_k"][:b], s["top_p"][:b], s["min_p"][:b],
+                                      static=True)  # [b, Vd]
+            vals, idx = truncate(q, self.top_k)  # [b, K]
+            ids = head.target_ids(idx)  # [b, K]: the noise is keyed at target ids
+            halves = self.halves[:b].index_select(1, self.j)[:, 0]  # [b, 2]
+            noise = torch.where(s["keyed"][:b, None] > 0, keyed_exponentials_at(halves, ids),
+                                self.noise[:b].index_select(1, self.j)[:, 0])
+            tok = race(vals, ids, noise)  # [b]
+            self.q_ids[:b].index_copy_(1, self.j, ids[:, None])
+            self.q_probs[:b].index_copy_(1, self.j, vals[:, None])
         self.tokens[:b].index_copy_(1, self.j, tok[:, None])
         return tok
 
-    def iteration(self, b: int) -> None:
+    def iteration(self, b: int, sampled: bool = False) -> None:
         """Rows [0, b): token j picked and fed at each row's column; hidden, logits, col and j
         move on."""
         head, spec = self.head, self.head.spec
-        tok = self.pick(b)
+        tok = self.pick(b, sampled)
         col = self.col[:b]
         mask = visible_columns_rows(self.columns, col)  # [b, 1, 1, C]
         at = col[:, None, None, None].expand(b, spec.num_kv_heads, 1, spec.head_dim)
@@ -164,12 +220,19 @@ class EagleBatch:
         self.hidden[:b].copy_(root)
         self.logits[:b].copy_(head.logits(root))
 
-    def _run(self, b: int) -> None:
-        graph = self.graphs.get(b)
+    def _run(self, b: int, sampled: bool = False) -> None:
+        graph = (self.sampled_graphs if sampled else self.graphs).get(b)
         if graph is not None:
             graph.replay()
         else:
-            self.iteration(b)
+            self.iteration(b, sampled)
+
+    def _last_pick(self, b: int, sampled: bool) -> None:
+        graph = self.pick_graphs.get(b) if sampled else None
+        if graph is not None:
+            graph.replay()
+        else:
+            self.pick(b, sampled)
 
     # -- capture ---------------------------------------------------------------------------------
 
@@ -182,6 +245,14 @@ class EagleBatch:
                                 f"the chain iteration over {b} sequences")
             if graph is not None:
                 self.graphs[b] = graph
+            graph = capture_one(lambda b=b: self.iteration(b, True),
+                                f"the sampled chain iteration over {b} sequences")
+            if graph is not None:
+                self.sampled_graphs[b] = graph
+            graph = capture_one(lambda b=b: self.pick(b, True),
+                                f"the sampled last pick over {b} sequences")
+            if graph is not None:
+                self.pick_graphs[b] = graph
             for width in reversed(self.widths):
                 graph = capture_one(lambda b=b, w=width: self.advance_rows(b, w),
                                     f"the advance of {b} sequences over {width} rows")
@@ -206,7 +277,8 @@ class EagleBatch:
             out += [tokens[i, :k] for i, k in enumerate(group_ks)]
         return out
 
-    def _group(self, seqs: Sequence[EagleSequence], k: int) -> torch.Tensor:
+    def _start(self, seqs: Sequence[EagleSequence]) -> int:
+        """Each sequence's columns and root into its row; the bucket that holds them."""
         n = len(seqs)
         b = self.bucket(n)
         for i, s in enumerate(seqs):  # each sequence's columns into its row
@@ -217,10 +289,55 @@ class EagleBatch:
         cols = [s.length for s in seqs] + [0] * (b - n)  # padding rows write only their own
         self.col[:b].copy_(dev.to_device(torch.tensor(cols), self.device))
         self.j.zero_()
+        return b
+
+    def _group(self, seqs: Sequence[EagleSequence], k: int) -> torch.Tensor:
+        n, b = len(seqs), self._start(seqs)
         for _ in range(k - 1):
             self._run(b)
         self.pick(b)
         return self.tokens[:n, :k].clone()
+
+    @torch.no_grad()
+    def sampled_chains(self, seqs: Sequence[EagleSequence], ks: Sequence[int],
+                       params: Sequence[SamplingParams], first_positions: Sequence[int]
+                       ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each sequence's sampled chain of ks[i] tokens (serves() must hold for each), as
+        (target ids [k], q ids [k, K], q probabilities [k, K]) on the device: a seeded row the
+        very tokens eagle_head.sampled_chain_many draws with this K, an unseeded one draws from
+        the same q."""
+        top = self.buckets[-1]
+        out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for at in range(0, len(seqs), top):
+            span = slice(at, at + top)
+            out += self._sampled_group(seqs[span], ks[span], params[span],
+                                       first_positions[span])
+        return out
+
+    def _sampled_group(self, seqs, ks, params, first_positions):
+        n, k = len(seqs), max(ks)
+        b = self.bucket(n)
+        pad = [SamplingParams(temperature=1.0)] * (b - n)  # padding rows draw, unread
+        for name, values in zip(("temperature", "top_k", "top_p", "min_p"),
+                                sampling_settings(list(params) + pad)):
+            self.sampling[name][:b].copy_(dev.to_device(values, self.device))
+        keyed = [int(p.seed is not None) for p in params] + [0] * (b - n)
+        self.sampling["keyed"][:b].copy_(dev.to_device(torch.tensor(keyed), self.device))
+        seeded = [i for i, p in enumerate(params) if p.seed is not None]
+        if seeded:
+            keys = [noise_key(params[i].seed, first_positions[i] + level)
+                    for i in seeded for level in range(k)]
+            rows = dev.to_device(torch.tensor(seeded), self.device)
+            self.halves[:, :k].index_copy_(0, rows, dev.to_device(
+                key_halves(keys).view(len(seeded), k, 2), self.device))
+        self.noise[:b, :k].uniform_().log_().neg_()  # Exp(1), as draw_exponentials
+        self._start(seqs)
+        for _ in range(k - 1):
+            self._run(b, sampled=True)
+        self._last_pick(b, sampled=True)
+        tokens, ids, probs = (self.tokens[:n, :k].clone(), self.q_ids[:n, :k].clone(),
+                              self.q_probs[:n, :k].clone())
+        return [(tokens[i, :ki], ids[i, :ki], probs[i, :ki]) for i, ki in enumerate(ks)]
 
 
     # -- a step's advances -------------------------------------------------------------------------

@@ -42,9 +42,9 @@ The advance (one graph per width bucket) feeds the kept rows at columns start ..
 nothing reads), and leaves the last real row's output and logits in `hidden` and `logits`; the
 new columns and that root are copied out into the sequence (`EagleSequence.advance`'s effect).
 
-A step's greedy chains and advances over two or more sequences replay one batched iteration
-per level, and one batched advance, for all of them instead (verifier_service/
-eagle_batch_graphs.py, `batch`).
+A step's chains (greedy or sampled) and advances over two or more sequences replay one
+batched iteration per level, and one batched advance, for all of them instead
+(verifier_service/eagle_batch_graphs.py, `batch`).
 
 On the CPU they all run eagerly over the same buffers (what the tests compare with the head's own
 loops); the verifier uses them only where they are captured. Prefill chunks wider than the
@@ -89,7 +89,7 @@ class EagleGraphs:
         ones draft eagerly); max_k: drafted tokens per chain at most (an advance keeps up to
         1 + max_k rows: the widths are powers of two up to that); top_k: K of a sampled
         chain's truncated q; tree_shapes: the (children per node, depth) of the trees
-        captured; max_batch: greedy chains and advances of up to this many sequences replay
+        captured; max_batch: chains and advances of up to this many sequences replay
         together (verifier_service/eagle_batch_graphs.py; 1: none)."""
         s, device = head.spec, head.device
         self.head, self.device = head, device
@@ -129,7 +129,7 @@ class EagleGraphs:
         self.tree_graphs: dict[tuple[int, int], tuple[object, tuple]] = {}
         self.advance_graphs: dict[int, object] = {}
         # a step's greedy chains and advances over several sequences, one replay for all of them
-        self.batch = (EagleBatch(head, capacity, max_k, max_batch) if max_batch > 1
+        self.batch = (EagleBatch(head, capacity, max_k, max_batch, top_k) if max_batch > 1
                       else None)
         self._pool = None
         # device memory the captured graphs and the batched chains' buffers hold (CUDA), beside
@@ -327,12 +327,13 @@ class EagleGraphs:
             self.pool_bytes = (torch.cuda.memory_reserved(device) - before
                                + (self.batch.bytes if self.batch is not None else 0))
         log.info("captured the EAGLE chain iteration (greedy %s, sampled %s), %d of %d tree "
-                 "shapes, %d advance widths of %s and %d batched chain buckets of %s "
-                 "(capacity %d, k up to %d) in %.2f s, %.1f MiB of device memory",
+                 "shapes, %d advance widths of %s and %d greedy / %d sampled batched chain "
+                 "buckets of %s (capacity %d, k up to %d) in %.2f s, %.1f MiB of device memory",
                  "yes" if self.graph is not None else "no",
                  "yes" if self.sampled_graph is not None else "no", len(self.tree_graphs),
                  len(self.tree_shapes), len(self.advance_graphs), list(self.widths),
                  len(self.batch.graphs) if self.batch is not None else 0,
+                 len(self.batch.sampled_graphs) if self.batch is not None else 0,
                  self.batch.buckets if self.batch is not None else [], self.capacity,
                  self.max_k, time.perf_counter() - start, self.pool_bytes / 2**20)
 

@@ -1,11 +1,13 @@
-"""The batched greedy chain and advance (verifier_service/eagle_batch_graphs.py): a step's
+"""The batched chains and advance (verifier_service/eagle_batch_graphs.py): a step's
 sequences drafted together over one static cache, one iteration per level for all of them,
 draft each sequence's own chain (different lengths and k, more sequences than the largest
-bucket) and leave the sequences' own state as it was; advanced together, each ends in the
-state its own advance leaves (different row counts and widths); both bodies are ones a graph
-can record (no host read, no host value copied in). Through the engine, with both taken as
-captured on the CPU, the toy target's trained head verifies what the per-sequence replays
-verify."""
+bucket) and leave the sequences' own state as it was; sampled, each row draws what the head's
+eager sampled_chain_many draws for it (its own parameters, q and keyed noise; unseeded rows
+from the same q); advanced together, each ends in the state its own advance leaves (different
+row counts and widths); the bodies are ones a graph can record (no host read, no host value
+copied in). Through the engine, with them taken as captured on the CPU, the toy target's
+trained head verifies what the per-sequence replays verify, and seeded sampled output is
+identical on and off."""
 
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from eagle_testlib import (
 )
 from engine_testlib import make_engine
 
+from splitspec.params import SamplingParams
 from verifier_service.eagle_batch_graphs import EagleBatch
 from verifier_service.eagle_graphs import EagleGraphs
+from verifier_service.eagle_head import sampled_chain_many
 
 PROMPTS = [PROMPT_TOKENS, [40, 21, 33, 7, 9, 11] * 2, PROMPT_TOKENS[:3], list(range(50, 75)),
            [8, 8, 9, 60, 2]]
@@ -65,6 +69,50 @@ def test_rows_written_at_the_first_rows_column_fail_the_comparison(monkeypatch):
         check_batched_chains_match_each_alone()
 
 
+PARAMS = [SamplingParams(temperature=0.9, top_k=20, seed=5),
+          SamplingParams(temperature=1.3, top_p=0.9, seed=7),
+          SamplingParams(temperature=1.1),  # unseeded
+          SamplingParams(temperature=0.7, min_p=0.1, seed=3),
+          SamplingParams(temperature=1.2, seed=9)]
+
+
+def check_batched_sampled_chains_match_the_eager_ones() -> None:
+    """Five sequences (a group of four, then one), their own parameters and k: each seeded row
+    draws the tokens and q rows the eager batched draw gives it; the unseeded row's q is the
+    same and its tokens lie in it."""
+    seqs = sequences(5)
+    batch = EagleBatch(seqs[0].head, capacity=64, max_k=5, max_batch=4, top_k=8)
+    ks = [4, 2, 5, 1, 3]
+    first = [s.length + 1 for s in seqs]
+    lengths = [s.length for s in seqs]
+    want = sampled_chain_many(seqs, ks, PARAMS, first, top_k=8)
+    got = batch.sampled_chains(seqs, ks, PARAMS, first)
+    assert [s.length for s in seqs] == lengths
+    for (tokens, ids, probs), w, k, p in zip(got, want, ks, PARAMS):
+        assert tokens.shape == (k,) and ids.shape == probs.shape == (k, 8)
+        keep = probs > 0
+        rows = [(ids[i][keep[i]].tolist(), probs[i][keep[i]].tolist()) for i in range(k)]
+        if p.seed is not None:
+            assert tokens.tolist() == w.tokens
+        # an unseeded row's later q rows follow the tokens it drew: its first is the root's
+        same = w.q.rows() if p.seed is not None else w.q.rows()[:1]
+        for (gi, gp), (wi, wp) in zip(rows, same):
+            assert gi == wi
+            torch.testing.assert_close(torch.tensor(gp), torch.tensor(wp))
+        assert all(tok in gi for tok, (gi, _) in zip(tokens.tolist(), rows))
+    assert len({tuple(t.tolist()) for t, _, _ in got}) > 2
+
+
+def test_sampled_chains_drafted_together_draw_the_eager_draws():
+    check_batched_sampled_chains_match_the_eager_ones()
+
+
+def test_sampled_rows_sharing_the_first_params_fail_the_comparison(monkeypatch):
+    bug.eagle_sampled_rows_share_the_first_params(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_batched_sampled_chains_match_the_eager_ones()
+
+
 def check_batched_advances_match_each_alone() -> None:
     """Rows handed to sequences of different lengths (1 to 5 rows: widths 1 to 8), advanced
     together, leave each in the state its own advance leaves: length, new columns, root."""
@@ -103,9 +151,15 @@ def test_the_batched_bodies_read_nothing_back():
     batch.chains(seqs, [3, 3, 3])  # the buffers hold real roots
     feature_size = seqs[0].head.spec.feature_size
     batch.advance(seqs, [torch.randn(2, feature_size)] * 3, [[4, 5]] * 3)
+    batch.sampled_chains(seqs, [3, 3, 3], PARAMS[:3], [9, 9, 9])
+    batch.j.zero_()
     with GraphSafe():
         batch.iteration(4)
         batch.pick(4)
+    batch.j.zero_()
+    with GraphSafe():
+        batch.iteration(4, sampled=True)
+        batch.pick(4, sampled=True)
         batch.advance_rows(4, batch.widths[-1])
 
 
@@ -130,3 +184,34 @@ def test_chains_replayed_together_verify_what_each_sequences_replay_verifies(tar
     together, alone = serve(True), serve(False)
     assert together[:2] == alone[:2] and together[1][0] > 0
     assert min(together[2]) > 0 and alone[2] == (0, 0)
+
+
+def test_sampled_chains_replayed_together_keep_seeded_output(target_model_dir):
+    """With the batched sampled chain taken as captured, a step's seeded sampled EAGLE chains
+    (k 4, 3 and 2) draw together over its static cache: the output is the output without
+    speculation, and the chains were replayed in batches."""
+    import asyncio
+
+    from engine_testlib import PROMPTS as TEXT
+    from engine_testlib import drained, request, run_all
+
+    def serve(method: str | None):
+        engine = make_engine(target_model_dir, proposers={}, eagle=f"{target_model_dir}-eagle")
+        eagle = engine.drafts.in_target.methods["eagle"]
+        eagle.graphs = EagleGraphs(eagle.head, capacity=256, max_k=8, capture=False,
+                                   max_batch=4)
+        seeded = [SamplingParams(temperature=0.8, seed=s) for s in (1, 2, 3)]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(EagleBatch, "captured_sampled", property(lambda self: True))
+            mp.setattr(EagleBatch, "captured_advance", property(lambda self: True))
+            out = asyncio.run(run_all(engine, [
+                request(engine, f"s{i}", TEXT[i], max_tokens=16, method=method, k=k,
+                        sampling=p) for i, (k, p) in enumerate(zip((4, 3, 2), seeded))]))
+        assert drained(engine)
+        return [t for t, _, _ in out], eagle.counters
+
+    on, counters = serve("eagle")
+    off, _ = serve(None)
+    assert on == off
+    assert counters["chain_batches_total"] > 0
+    assert counters["graph_chains_total"] > 2 * counters["chain_batches_total"] - 1

@@ -1,9 +1,9 @@
 """EAGLE heads inside the engine (verifier_service/eagle.py, registry method `eagle`): random
 heads of both formats on the tiny target, chains and EAGLE-2 trees, batched with plain
 requests: greedy output equals speculation off, seeded sampled output is identical on and off
-(sampled chains drawn together too), and nothing leaks; a step's sequences drafted and advanced together draft what each drafts on
-its own (the toy target's trained head); a head that does not fit the target is refused at
-start-up."""
+(sampled chains drawn together too), and nothing leaks; a step's sequences drafted and
+advanced together draft what each drafts on its own (the toy target's trained head); a head
+that does not fit the target is refused at start-up."""
 
 from __future__ import annotations
 
