@@ -289,8 +289,8 @@ def executor_lines(client: SplitspecClient) -> list[str]:
     batches = sum(v for (name, _), v in scraped.items()
                   if name == "splitspec_in_target_chain_batches_total")
     if batches:
-        lines.append(f"- EAGLE greedy chains drafted together (a step's sequences in one pass "
-                     f"per level): {batches:.0f} batched drafts")
+        lines.append(f"- EAGLE chains drafted together (a step's sequences in one pass per "
+                     f"level): {batches:.0f} batched drafts")
     return lines
 
 
@@ -298,7 +298,8 @@ def sync_check(args) -> list[str]:
     """Decode steps of an in-process engine under the sync debug mode "error" (CUDA only): a
     plain request (captured buckets), a lookahead one (trees: the eager tree sampler after
     the graph) and, where the model has a head next to it, EAGLE chains greedy, seeded and
-    sampled and a tree (the head's drafting and its advance over the kept rows checked too).
+    sampled and a tree (the head's drafting and its advance over the kept rows checked too),
+    then greedy and seeded sampled EAGLE requests at once (the batched replays).
     Any hidden sync inside a step fails it, and is reported with where it happened."""
     import torch
 
@@ -352,15 +353,26 @@ def sync_check(args) -> list[str]:
                   (SpeculationPlan("eagle", 6, num_branches=2), greedy),
                   (SpeculationPlan("eagle", 5), SamplingParams(temperature=0.8, seed=1)),
                   (SpeculationPlan("eagle", 5), SamplingParams(temperature=0.8))] if eagle else []
+        async def one(name: str, plan, sampling, prompt=tuple(range(3, 40))):
+            inp = GenerationInput(name, prompt, sampling,
+                                  StoppingCriteria(max_tokens=24, ignore_eos=True), plan)
+            try:
+                async for _ in engine.generate(inp):
+                    pass
+            except Exception:  # noqa: BLE001 - reported below
+                pass
+
         try:
             for i, (plan, sampling) in enumerate(plans):
-                inp = GenerationInput(f"sync-{plan.method}-{i}", tuple(range(3, 40)), sampling,
-                                      StoppingCriteria(max_tokens=24, ignore_eos=True), plan)
-                try:
-                    async for _ in engine.generate(inp):
-                        pass
-                except Exception:  # noqa: BLE001 - reported below
-                    pass
+                await one(f"sync-{plan.method}-{i}", plan, sampling)
+            if eagle:  # a step's chains and advances over several sequences: batched replays
+                sampled = [SamplingParams(temperature=0.8, seed=s) for s in (2, 3)]
+                together = [(SpeculationPlan("eagle", k), greedy) for k in (3, 4)] + [
+                    (SpeculationPlan("eagle", 3), p) for p in sampled]
+                for _ in range(2):
+                    await asyncio.gather(*(
+                        one(f"sync-together-{i}", plan, sampling, tuple(range(3 + i, 40 + i)))
+                        for i, (plan, sampling) in enumerate(together)))
         finally:
             engine_module.verify_step = original
             for name, fn in hooks.items():
@@ -375,7 +387,9 @@ def sync_check(args) -> list[str]:
         c = engine.drafts.in_target.methods["eagle"].counters
         chains = (f"; EAGLE chains replayed as graphs {c['graph_chains_total']:.0f}, eager "
                   f"{c['eager_chains_total']:.0f}, advances {c['graph_advances_total']:.0f} "
-                  f"and {c['eager_advances_total']:.0f}")
+                  f"and {c['eager_advances_total']:.0f}, batched chain passes "
+                  f"{c['chain_batches_total']:.0f} and advances "
+                  f"{c['advance_batches_total']:.0f}")
     return [f"- {checked[0]} decode steps ({stats.captured_steps} graph replays{chains}) run "
             f"under torch.cuda.set_sync_debug_mode('error'): hidden syncs {verdict}"]
 
