@@ -26,6 +26,7 @@ from splitspec.goodput import (
     StepCosts,
     decay_factor,
     fit_step_costs,
+    seqs_class,
 )
 from splitspec.methods import in_target_methods
 
@@ -66,7 +67,7 @@ class Estimates:
     # snapshot's running + waiting count includes them
     local_at_snapshot: dict[str, int] = field(default_factory=dict)
     _costs: dict[str, StepCosts] = field(default_factory=dict)
-    _round_trips: dict[tuple[str, str], RoundTrip] = field(default_factory=dict)
+    _round_trips: dict[tuple[str, str, int], RoundTrip] = field(default_factory=dict)
 
     def observe(self, address: str, snap: ReplicaSnapshot, local_in_flight: int = 0) -> None:
         prev = self.replicas.get(address)
@@ -103,13 +104,15 @@ class Estimates:
     def acceptance_of(self, method: str, greedy: bool, branches: int = 1) -> Acceptance:
         return self.acceptance.get((method, greedy, branches), Acceptance())
 
-    def round_trip(self, address: str, method: str) -> RoundTrip:
-        key = (address, method)
+    def round_trip(self, address: str, method: str, seqs: int | None = None) -> RoundTrip:
+        """The method's answer time on the replica; with `seqs`, for a step of that many
+        sequences (MethodCounts.round_trip)."""
+        key = (address, method, seqs_class(seqs) if seqs is not None else 0)
         if key not in self._round_trips:
             snap = self.replicas.get(address)
             m = snap.methods.get(method) if snap else None
             in_target = method in in_target_methods()  # drafts per sequence, in the verifier
-            self._round_trips[key] = (m.round_trip(in_target) if m
+            self._round_trips[key] = (m.round_trip(in_target, seqs) if m
                                       else RoundTrip(per_sequence=in_target))
         return self._round_trips[key]
 

@@ -213,7 +213,7 @@ class SpeculationPolicy:
                  if kind == "tree" and load.address}
         models = {(m, b): MethodModel.from_acceptance(
             est.acceptance_of(m, greedy, b),
-            est.round_trip(load.address, m) if load.address else RoundTrip(),
+            est.round_trip(load.address, m, load.batch) if load.address else RoundTrip(),
             est.draft_limit(load.address, m)) for m, b in candidates}
         floors = floors or {}
         k_floor = {c: floors[c[0]] for c in candidates if c[0] in floors}

@@ -28,6 +28,8 @@ def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
             longest_draft=m.longest_draft,
             trees=tuple((t.branches, Acceptance.from_counters(t.greedy),
                          Acceptance.from_counters(t.sampled)) for t in m.trees),
+            round_trips_by_seqs=tuple((b.k, b.max_seqs, float(b.calls), b.seconds_total)
+                                      for b in m.round_trips_by_seqs),
             unavailable=m.unavailable)
             for m in pb.methods},
         step_cost=tuple((b.kind or "greedy", b.steps, float(b.tokens_total), b.seconds_total)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/verifier.proto\x12\x0csplitspec.v1\x1a\x13protos/common.proto\"(\n\x11WatchStatsRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"\x9e\x03\n\x0bMethodStats\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x17\n\x0fproposed_tokens\x18\x02 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x04\x12\r\n\x05steps\x18\x04 \x01(\x04\x12\x14\n\x0cmissed_steps\x18\x05 \x01(\x04\x12\x13\n\x0bunavailable\x18\x06 \x01(\t\x12.\n\x06greedy\x18\x07 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\x12/\n\x07sampled\x18\x08 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\x12\x32\n\x0bround_trips\x18\t \x03(\x0b\x32\x1d.splitspec.v1.RoundTripBucket\x12\x15\n\rlongest_draft\x18\n \x01(\r\x12\x12\n\nahead_hits\x18\x0b \x01(\x04\x12\x14\n\x0c\x61head_misses\x18\x0c \x01(\x04\x12\x14\n\x0c\x61head_pushed\x18\r \x01(\x04\x12\'\n\x05trees\x18\x0e \x03(\x0b\x32\x18.splitspec.v1.TreeCounts\"\x7f\n\nTreeCounts\x12\x10\n\x08\x62ranches\x18\x01 \x01(\r\x12.\n\x06greedy\x18\x02 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\x12/\n\x07sampled\x18\x03 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\"B\n\x0fRoundTripBucket\x12\t\n\x01k\x18\x01 \x01(\r\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12\x15\n\rseconds_total\x18\x03 \x01(\x01\"\xb2\x01\n\x10\x41\x63\x63\x65ptanceCounts\x12\x0e\n\x06\x64rafts\x18\x01 \x01(\x04\x12\x17\n\x0fproposed_tokens\x18\x02 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x04\x12\x12\n\nrejections\x18\x04 \x01(\x04\x12\r\n\x05\x61sked\x18\x05 \x01(\x04\x12\x10\n\x08\x61sked_at\x18\x06 \x03(\x04\x12\x12\n\ndrafted_at\x18\x07 \x03(\x04\x12\x13\n\x0b\x61\x63\x63\x65pted_at\x18\x08 \x03(\x04\"\x80\x01\n\x0eStepCostBucket\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\r\n\x05steps\x18\x02 \x01(\x04\x12\x14\n\x0ctokens_total\x18\x03 \x01(\x04\x12\x15\n\rseconds_total\x18\x04 \x01(\x01\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x10\n\x08max_seqs\x18\x06 \x01(\r\"\x9b\x03\n\x0b\x45ngineStats\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x04 \x01(\r\x12\r\n\x05steps\x18\x05 \x01(\x04\x12\x18\n\x10generated_tokens\x18\x06 \x01(\x04\x12\x19\n\x11\x66inished_requests\x18\x07 \x01(\x04\x12\x18\n\x10\x61\x62orted_requests\x18\x08 \x01(\x04\x12\x13\n\x0bpreemptions\x18\t \x01(\x04\x12\x1a\n\x12step_seconds_total\x18\n \x01(\x01\x12*\n\x07methods\x18\x0b \x03(\x0b\x32\x19.splitspec.v1.MethodStats\x12/\n\tstep_cost\x18\x0c \x03(\x0b\x32\x1c.splitspec.v1.StepCostBucket\x12\x14\n\x0cmax_num_seqs\x18\r \x01(\r\x12\x37\n\x11step_cost_by_seqs\x18\x0e \x03(\x0b\x32\x1c.splitspec.v1.StepCostBucket\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"D\n\x0eProposerStatus\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\"\xd7\x02\n\x0cVerifierInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\"\n\x1amax_num_speculative_tokens\x18\x05 \x01(\r\x12&\n\x1e\x64\x65\x66\x61ult_num_speculative_tokens\x18\x06 \x01(\r\x12/\n\tproposers\x18\x07 \x03(\x0b\x32\x1c.splitspec.v1.ProposerStatus\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x18\n\x10max_num_branches\x18\n \x01(\r\x12\x38\n\x11lookahead_default\x18\x0b \x01(\x0b\x32\x1d.splitspec.v1.LookaheadConfig2\x9e\x02\n\x08Verifier\x12K\n\x08Generate\x12\x1d.splitspec.v1.GenerateRequest\x1a\x1e.splitspec.v1.GenerateResponse0\x01\x12@\n\x05\x41\x62ort\x12\x1a.splitspec.v1.AbortRequest\x1a\x1b.splitspec.v1.AbortResponse\x12\x37\n\x04Info\x12\x13.splitspec.v1.Empty\x1a\x1a.splitspec.v1.VerifierInfo\x12J\n\nWatchStats\x12\x1f.splitspec.v1.WatchStatsRequest\x1a\x19.splitspec.v1.EngineStats0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/verifier.proto\x12\x0csplitspec.v1\x1a\x13protos/common.proto\"(\n\x11WatchStatsRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\r\"\xda\x03\n\x0bMethodStats\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x17\n\x0fproposed_tokens\x18\x02 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x04\x12\r\n\x05steps\x18\x04 \x01(\x04\x12\x14\n\x0cmissed_steps\x18\x05 \x01(\x04\x12\x13\n\x0bunavailable\x18\x06 \x01(\t\x12.\n\x06greedy\x18\x07 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\x12/\n\x07sampled\x18\x08 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\x12\x32\n\x0bround_trips\x18\t \x03(\x0b\x32\x1d.splitspec.v1.RoundTripBucket\x12\x15\n\rlongest_draft\x18\n \x01(\r\x12\x12\n\nahead_hits\x18\x0b \x01(\x04\x12\x14\n\x0c\x61head_misses\x18\x0c \x01(\x04\x12\x14\n\x0c\x61head_pushed\x18\r \x01(\x04\x12\'\n\x05trees\x18\x0e \x03(\x0b\x32\x18.splitspec.v1.TreeCounts\x12:\n\x13round_trips_by_seqs\x18\x0f \x03(\x0b\x32\x1d.splitspec.v1.RoundTripBucket\"\x7f\n\nTreeCounts\x12\x10\n\x08\x62ranches\x18\x01 \x01(\r\x12.\n\x06greedy\x18\x02 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\x12/\n\x07sampled\x18\x03 \x01(\x0b\x32\x1e.splitspec.v1.AcceptanceCounts\"T\n\x0fRoundTripBucket\x12\t\n\x01k\x18\x01 \x01(\r\x12\r\n\x05\x63\x61lls\x18\x02 \x01(\x04\x12\x15\n\rseconds_total\x18\x03 \x01(\x01\x12\x10\n\x08max_seqs\x18\x04 \x01(\r\"\xb2\x01\n\x10\x41\x63\x63\x65ptanceCounts\x12\x0e\n\x06\x64rafts\x18\x01 \x01(\x04\x12\x17\n\x0fproposed_tokens\x18\x02 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\x04\x12\x12\n\nrejections\x18\x04 \x01(\x04\x12\r\n\x05\x61sked\x18\x05 \x01(\x04\x12\x10\n\x08\x61sked_at\x18\x06 \x03(\x04\x12\x12\n\ndrafted_at\x18\x07 \x03(\x04\x12\x13\n\x0b\x61\x63\x63\x65pted_at\x18\x08 \x03(\x04\"\x80\x01\n\x0eStepCostBucket\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\r\n\x05steps\x18\x02 \x01(\x04\x12\x14\n\x0ctokens_total\x18\x03 \x01(\x04\x12\x15\n\rseconds_total\x18\x04 \x01(\x01\x12\x0c\n\x04kind\x18\x05 \x01(\t\x12\x10\n\x08max_seqs\x18\x06 \x01(\r\"\x9b\x03\n\x0b\x45ngineStats\x12\x0f\n\x07running\x18\x01 \x01(\r\x12\x0f\n\x07waiting\x18\x02 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x03 \x01(\r\x12\x16\n\x0ekv_blocks_free\x18\x04 \x01(\r\x12\r\n\x05steps\x18\x05 \x01(\x04\x12\x18\n\x10generated_tokens\x18\x06 \x01(\x04\x12\x19\n\x11\x66inished_requests\x18\x07 \x01(\x04\x12\x18\n\x10\x61\x62orted_requests\x18\x08 \x01(\x04\x12\x13\n\x0bpreemptions\x18\t \x01(\x04\x12\x1a\n\x12step_seconds_total\x18\n \x01(\x01\x12*\n\x07methods\x18\x0b \x03(\x0b\x32\x19.splitspec.v1.MethodStats\x12/\n\tstep_cost\x18\x0c \x03(\x0b\x32\x1c.splitspec.v1.StepCostBucket\x12\x14\n\x0cmax_num_seqs\x18\r \x01(\r\x12\x37\n\x11step_cost_by_seqs\x18\x0e \x03(\x0b\x32\x1c.splitspec.v1.StepCostBucket\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"D\n\x0eProposerStatus\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\"\xd7\x02\n\x0cVerifierInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\"\n\x1amax_num_speculative_tokens\x18\x05 \x01(\r\x12&\n\x1e\x64\x65\x66\x61ult_num_speculative_tokens\x18\x06 \x01(\r\x12/\n\tproposers\x18\x07 \x03(\x0b\x32\x1c.splitspec.v1.ProposerStatus\x12\x0e\n\x06\x64\x65vice\x18\x08 \x01(\t\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x18\n\x10max_num_branches\x18\n \x01(\r\x12\x38\n\x11lookahead_default\x18\x0b \x01(\x0b\x32\x1d.splitspec.v1.LookaheadConfig2\x9e\x02\n\x08Verifier\x12K\n\x08Generate\x12\x1d.splitspec.v1.GenerateRequest\x1a\x1e.splitspec.v1.GenerateResponse0\x01\x12@\n\x05\x41\x62ort\x12\x1a.splitspec.v1.AbortRequest\x1a\x1b.splitspec.v1.AbortResponse\x12\x37\n\x04Info\x12\x13.splitspec.v1.Empty\x1a\x1a.splitspec.v1.VerifierInfo\x12J\n\nWatchStats\x12\x1f.splitspec.v1.WatchStatsRequest\x1a\x19.splitspec.v1.EngineStats0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,25 +35,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WATCHSTATSREQUEST']._serialized_start=60
   _globals['_WATCHSTATSREQUEST']._serialized_end=100
   _globals['_METHODSTATS']._serialized_start=103
-  _globals['_METHODSTATS']._serialized_end=517
-  _globals['_TREECOUNTS']._serialized_start=519
-  _globals['_TREECOUNTS']._serialized_end=646
-  _globals['_ROUNDTRIPBUCKET']._serialized_start=648
-  _globals['_ROUNDTRIPBUCKET']._serialized_end=714
-  _globals['_ACCEPTANCECOUNTS']._serialized_start=717
-  _globals['_ACCEPTANCECOUNTS']._serialized_end=895
-  _globals['_STEPCOSTBUCKET']._serialized_start=898
-  _globals['_STEPCOSTBUCKET']._serialized_end=1026
-  _globals['_ENGINESTATS']._serialized_start=1029
-  _globals['_ENGINESTATS']._serialized_end=1440
-  _globals['_ABORTREQUEST']._serialized_start=1442
-  _globals['_ABORTREQUEST']._serialized_end=1476
-  _globals['_ABORTRESPONSE']._serialized_start=1478
-  _globals['_ABORTRESPONSE']._serialized_end=1508
-  _globals['_PROPOSERSTATUS']._serialized_start=1510
-  _globals['_PROPOSERSTATUS']._serialized_end=1578
-  _globals['_VERIFIERINFO']._serialized_start=1581
-  _globals['_VERIFIERINFO']._serialized_end=1924
-  _globals['_VERIFIER']._serialized_start=1927
-  _globals['_VERIFIER']._serialized_end=2213
+  _globals['_METHODSTATS']._serialized_end=577
+  _globals['_TREECOUNTS']._serialized_start=579
+  _globals['_TREECOUNTS']._serialized_end=706
+  _globals['_ROUNDTRIPBUCKET']._serialized_start=708
+  _globals['_ROUNDTRIPBUCKET']._serialized_end=792
+  _globals['_ACCEPTANCECOUNTS']._serialized_start=795
+  _globals['_ACCEPTANCECOUNTS']._serialized_end=973
+  _globals['_STEPCOSTBUCKET']._serialized_start=976
+  _globals['_STEPCOSTBUCKET']._serialized_end=1104
+  _globals['_ENGINESTATS']._serialized_start=1107
+  _globals['_ENGINESTATS']._serialized_end=1518
+  _globals['_ABORTREQUEST']._serialized_start=1520
+  _globals['_ABORTREQUEST']._serialized_end=1554
+  _globals['_ABORTRESPONSE']._serialized_start=1556
+  _globals['_ABORTRESPONSE']._serialized_end=1586
+  _globals['_PROPOSERSTATUS']._serialized_start=1588
+  _globals['_PROPOSERSTATUS']._serialized_end=1656
+  _globals['_VERIFIERINFO']._serialized_start=1659
+  _globals['_VERIFIERINFO']._serialized_end=2002
+  _globals['_VERIFIER']._serialized_start=2005
+  _globals['_VERIFIER']._serialized_end=2291
 # @@protoc_insertion_point(module_scope)

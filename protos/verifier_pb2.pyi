@@ -14,7 +14,7 @@ class WatchStatsRequest(_message.Message):
     def __init__(self, interval_ms: _Optional[int] = ...) -> None: ...
 
 class MethodStats(_message.Message):
-    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips", "longest_draft", "ahead_hits", "ahead_misses", "ahead_pushed", "trees")
+    __slots__ = ("method", "proposed_tokens", "accepted_tokens", "steps", "missed_steps", "unavailable", "greedy", "sampled", "round_trips", "longest_draft", "ahead_hits", "ahead_misses", "ahead_pushed", "trees", "round_trips_by_seqs")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class MethodStats(_message.Message):
     AHEAD_MISSES_FIELD_NUMBER: _ClassVar[int]
     AHEAD_PUSHED_FIELD_NUMBER: _ClassVar[int]
     TREES_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TRIPS_BY_SEQS_FIELD_NUMBER: _ClassVar[int]
     method: str
     proposed_tokens: int
     accepted_tokens: int
@@ -43,7 +44,8 @@ class MethodStats(_message.Message):
     ahead_misses: int
     ahead_pushed: int
     trees: _containers.RepeatedCompositeFieldContainer[TreeCounts]
-    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ..., longest_draft: _Optional[int] = ..., ahead_hits: _Optional[int] = ..., ahead_misses: _Optional[int] = ..., ahead_pushed: _Optional[int] = ..., trees: _Optional[_Iterable[_Union[TreeCounts, _Mapping]]] = ...) -> None: ...
+    round_trips_by_seqs: _containers.RepeatedCompositeFieldContainer[RoundTripBucket]
+    def __init__(self, method: _Optional[str] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., missed_steps: _Optional[int] = ..., unavailable: _Optional[str] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., round_trips: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ..., longest_draft: _Optional[int] = ..., ahead_hits: _Optional[int] = ..., ahead_misses: _Optional[int] = ..., ahead_pushed: _Optional[int] = ..., trees: _Optional[_Iterable[_Union[TreeCounts, _Mapping]]] = ..., round_trips_by_seqs: _Optional[_Iterable[_Union[RoundTripBucket, _Mapping]]] = ...) -> None: ...
 
 class TreeCounts(_message.Message):
     __slots__ = ("branches", "greedy", "sampled")
@@ -56,14 +58,16 @@ class TreeCounts(_message.Message):
     def __init__(self, branches: _Optional[int] = ..., greedy: _Optional[_Union[AcceptanceCounts, _Mapping]] = ..., sampled: _Optional[_Union[AcceptanceCounts, _Mapping]] = ...) -> None: ...
 
 class RoundTripBucket(_message.Message):
-    __slots__ = ("k", "calls", "seconds_total")
+    __slots__ = ("k", "calls", "seconds_total", "max_seqs")
     K_FIELD_NUMBER: _ClassVar[int]
     CALLS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MAX_SEQS_FIELD_NUMBER: _ClassVar[int]
     k: int
     calls: int
     seconds_total: float
-    def __init__(self, k: _Optional[int] = ..., calls: _Optional[int] = ..., seconds_total: _Optional[float] = ...) -> None: ...
+    max_seqs: int
+    def __init__(self, k: _Optional[int] = ..., calls: _Optional[int] = ..., seconds_total: _Optional[float] = ..., max_seqs: _Optional[int] = ...) -> None: ...
 
 class AcceptanceCounts(_message.Message):
     __slots__ = ("drafts", "proposed_tokens", "accepted_tokens", "rejections", "asked", "asked_at", "drafted_at", "accepted_at")

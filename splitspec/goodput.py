@@ -56,6 +56,8 @@ PRIOR_HIT_RATE = 1.0
 PRIOR_HIT_STRENGTH = 10.0
 # A proposer's round trip before any was timed.
 DEFAULT_ROUND_TRIP_S = 0.002
+# answers a class of sequence counts needs before its own round-trip fit is used
+MIN_CLASS_CALLS = 8
 # A proposer that never drafted more than n tokens in this many drafts, although asked for
 # more, is taken to draft at most n.
 MIN_DRAFTS_FOR_LIMIT = 20
@@ -352,6 +354,11 @@ class MethodCounts:
     # (drafted_at) and gains its accepted path's depth (accepted_at), so the same MethodModel
     # prices a tree of k nodes as it prices a chain of k tokens.
     trees: tuple[tuple[int, Acceptance, Acceptance], ...] = ()
+    # (k, class of sequence counts, calls, seconds total): the same answers kept apart by how
+    # many sequences the step asked the method for (`seqs_class`): an in-target head drafts a
+    # step's sequences together, so each one's share falls as the batch grows, and a proposer
+    # service answers a larger batch more slowly
+    round_trips_by_seqs: tuple[tuple[int, int, float, float], ...] = ()
 
     def acceptance(self, greedy: bool, branches: int = 1) -> Acceptance:
         if branches <= 1:
@@ -361,8 +368,15 @@ class MethodCounts:
                 return g if greedy else s
         return Acceptance()
 
-    def round_trip(self, per_sequence: bool = False) -> RoundTrip:
-        """per_sequence: the method drafts inside the verifier (`RoundTrip.per_sequence`)."""
+    def round_trip(self, per_sequence: bool = False, seqs: int | None = None) -> RoundTrip:
+        """per_sequence: the method drafts inside the verifier (`RoundTrip.per_sequence`).
+        With `seqs`, fitted to the steps of that many sequences' class where it has at least
+        MIN_CLASS_CALLS answers, else to every answer."""
+        if seqs is not None:
+            cls = seqs_class(seqs)
+            points = [(k, n, s) for k, c, n, s in self.round_trips_by_seqs if c == cls]
+            if sum(n for _, n, _ in points) >= MIN_CLASS_CALLS:
+                return fit_round_trip(points, per_sequence)
         return fit_round_trip(self.round_trips, per_sequence)
 
     def draft_limit(self) -> int:

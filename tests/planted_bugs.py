@@ -347,6 +347,14 @@ def step_cost_class_ignores_the_sequences(monkeypatch) -> None:
     monkeypatch.setattr(goodput, "seqs_class", lambda n: 1)
 
 
+def round_trip_class_ignored(monkeypatch) -> None:
+    """A method's round trip fitted to every answer, however many sequences the batch priced
+    has (an in-target head's share measured alone charged to each of 16 drafted together)."""
+    original = goodput.MethodCounts.round_trip
+    monkeypatch.setattr(goodput.MethodCounts, "round_trip",
+                        lambda self, per_sequence=False, seqs=None: original(self, per_sequence))
+
+
 def pause_margin_ignored(monkeypatch) -> None:
     """The per-step k pauses a request on any expected gain, however small (no margin for the
     cost model's error on the rows a pause saves)."""

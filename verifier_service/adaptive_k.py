@@ -8,8 +8,9 @@ goodput (splitspec/goodput.py `marginal_goodput`), given:
     sequences as are running (EngineStats.step_cost, step_cost_by_seqs), with the rest of the
     running batch as it was in its last step (each decoding sequence forwards 1 + its last k
     tokens and emits 1 + its last accepted; a prefilling one forwards its uncached tokens);
-  * the proposer's round trip for k tokens (fitted per k), counted only when no other sequence
-    of the batch asks the same proposer (the engine waits for every proposer once per step).
+  * the proposer's round trip for k tokens (fitted per k, from steps of as many sequences as
+    are running where those were measured), counted only when no other sequence of the batch
+    asks the same proposer (the engine waits for every proposer once per step).
 k_min is 0 for mode auto (speculation may pause while the batch is compute-bound and resume
 when it is not) and 1 for mode on without an explicit k. The gateway already required drafting
 to beat plain decoding by a margin, so here the best k simply wins (ties: the smaller), but a
@@ -30,6 +31,7 @@ from splitspec.goodput import (
     StepCosts,
     fit_step_costs,
     marginal_goodput,
+    seqs_class,
 )
 from splitspec.methods import in_target_methods, step_kind_of
 from verifier_service.engine_stats import EngineStats
@@ -104,24 +106,28 @@ class AdaptiveK:
     def acceptance(self, seq: SequenceState) -> float:
         return self.model(seq).acceptance
 
-    def model(self, seq: SequenceState) -> MethodModel:
-        """The request's own acceptance and hit rate, shrunk towards its method's."""
+    def model(self, seq: SequenceState, seqs: int | None = None) -> MethodModel:
+        """The request's own acceptance and hit rate, shrunk towards its method's (whose round
+        trip is, with `seqs`, that of a step of that many sequences)."""
         plan = seq.inp.speculation
-        prior = self.method_model(plan.method or "", seq.inp.sampling.greedy, plan.num_branches)
+        prior = self.method_model(plan.method or "", seq.inp.sampling.greedy, plan.num_branches,
+                                  seqs)
         own = Acceptance.from_counts(seq.accepted, seq.rejections, seq.drafts, seq.asked)
         # the method's measured positions, scaled to the request's own (shrunk) rates
         return prior.for_request(own.rate(prior.acceptance, REQUEST_PRIOR_STRENGTH),
                                  own.hit_rate(prior.hit_rate, REQUEST_PRIOR_STRENGTH))
 
-    def method_model(self, name: str, greedy: bool, branches: int = 1) -> MethodModel:
+    def method_model(self, name: str, greedy: bool, branches: int = 1,
+                     seqs: int | None = None) -> MethodModel:
         """The method's model for one kind of request (greedy or sampled; chains, or trees of
-        up to `branches` children per node), from its counters (once per step)."""
-        key = (name, greedy, branches)
+        up to `branches` children per node), from its counters (once per step); with `seqs`,
+        its round trip in a step of that many sequences."""
+        key = (name, greedy, branches, seqs_class(seqs) if seqs is not None else 0)
         if key not in self._methods:
             counts = self.stats.method(name).counts()
             self._methods[key] = MethodModel.from_acceptance(
-                counts.acceptance(greedy, branches), counts.round_trip(name in in_target_methods()),
-                counts.draft_limit())
+                counts.acceptance(greedy, branches),
+                counts.round_trip(name in in_target_methods(), seqs), counts.draft_limit())
         return self._methods[key]
 
     def _view(self, running: list[SequenceState]) -> _Batch:
@@ -148,7 +154,7 @@ class AdaptiveK:
         others_expected = max(batch.expected - emitted, 0.0)
         others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
         sharing = max(batch.candidates.get(plan.method, 0), 1)
-        model = self.model(seq)
+        model = self.model(seq, len(running))
         cost = self.step_cost(step_kind_of(plan.method, seq.inp.sampling.greedy,
                                            plan.num_branches), len(running))
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after

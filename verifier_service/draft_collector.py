@@ -112,7 +112,8 @@ class DraftCollector:
         ms.round_trip_s = (time.perf_counter() - start
                            + self.in_target.take_observe_seconds(method))
         if wanted:  # each sequence's own: the states draft one after another
-            stats.add_round_trip(max(wanted.values()), ms.round_trip_s / len(wanted))
+            stats.add_round_trip(max(wanted.values()), ms.round_trip_s / len(wanted),
+                                 seqs=len(wanted))
         for seq, proposed in proposals.items():
             k = wanted[seq]
             _count_ask(stats, seq, k)
@@ -154,7 +155,7 @@ class DraftCollector:
             # The policy's round-trip model is of a step's usual answer; a sequence's first ask
             # (its whole history: a draft model prefills the prompt) would dominate the fit
             # while there are only a few calls, and make a fresh stack pause drafting.
-            stats.add_round_trip(max(s.k for s in group), ms.round_trip_s)
+            stats.add_round_trip(max(s.k for s in group), ms.round_trip_s, seqs=len(steps))
         out: dict[SequenceState, Draft] = {}
         for d in drafts:
             if d.seq_id not in wanted:

@@ -106,6 +106,8 @@ class MethodStats:
     sampled: AcceptanceCounts = field(default_factory=AcceptanceCounts)
     # answers received in time, by the largest k the call asked for: k -> [calls, seconds]
     round_trips: dict[int, list] = field(default_factory=dict)
+    # the same by (k, class of the sequences asked: goodput.seqs_class)
+    round_trips_by_seqs: dict[tuple[int, int], list] = field(default_factory=dict)
     # drafting ahead: drafts answered from the proposer's drafting ahead, and drafts it had drafted
     # ahead for other outcomes (drafted afresh); hit rate = hits / (hits + misses)
     ahead_hits: int = 0
@@ -142,7 +144,9 @@ class MethodStats:
                             len(self.accepted_per_position),
                             tuple((b, Acceptance.from_counters(t.greedy),
                                    Acceptance.from_counters(t.sampled))
-                                  for b, t in sorted(self.trees.items())))
+                                  for b, t in sorted(self.trees.items())),
+                            tuple((k, c, n, s) for (k, c), (n, s) in
+                                  self.round_trips_by_seqs.items()))
 
     def add_standing(self, seconds: float, sequences: int = 1) -> None:
         """`seconds` of such work for `sequences` sequence-steps together."""
@@ -154,10 +158,15 @@ class MethodStats:
         n, seconds = self.standing
         return seconds / n if n else 0.0
 
-    def add_round_trip(self, k: int, seconds: float) -> None:
-        entry = self.round_trips.setdefault(k, [0, 0.0])
-        entry[0] += 1
-        entry[1] += seconds
+    def add_round_trip(self, k: int, seconds: float, seqs: int = 0) -> None:
+        """An answer for a step that asked `seqs` sequences (0: not known) for up to k tokens:
+        `seconds` its time (an in-target method's: each sequence's share)."""
+        entries = [self.round_trips.setdefault(k, [0, 0.0])]
+        if seqs > 0:
+            entries.append(self.round_trips_by_seqs.setdefault((k, seqs_class(seqs)), [0, 0.0]))
+        for entry in entries:
+            entry[0] += 1
+            entry[1] += seconds
 
 
 @dataclass

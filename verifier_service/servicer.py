@@ -149,6 +149,11 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
                                               verifier_pb2.RoundTripBucket(
                                                   k=k, calls=n, seconds_total=sec)
                                               for k, (n, sec) in sorted(v.round_trips.items())],
+                                          round_trips_by_seqs=[
+                                              verifier_pb2.RoundTripBucket(
+                                                  k=k, calls=n, seconds_total=sec, max_seqs=c)
+                                              for (k, c), (n, sec)
+                                              in sorted(v.round_trips_by_seqs.items())],
                                           longest_draft=len(v.accepted_per_position),
                                           ahead_hits=v.ahead_hits,
                                           ahead_misses=v.ahead_misses,

@@ -221,6 +221,8 @@ def test_snapshot_from_the_wire():
                 drafts=4, accepted_tokens=6, rejections=4, asked=9, asked_at=[9, 9, 5],
                 drafted_at=[4, 3, 1], accepted_at=[3, 2, 1]),
             round_trips=[verifier_pb2.RoundTripBucket(k=3, calls=5, seconds_total=0.5)],
+            round_trips_by_seqs=[verifier_pb2.RoundTripBucket(k=3, calls=5, seconds_total=0.5,
+                                                              max_seqs=2)],
             longest_draft=2)],
         step_cost=[verifier_pb2.StepCostBucket(max_tokens=1, steps=3, tokens_total=3,
                                                seconds_total=0.03),
@@ -234,6 +236,7 @@ def test_snapshot_from_the_wire():
     assert snap.methods["ngram"].greedy == Acceptance(6, 10, 4, 9, (9, 9, 5), (4, 3, 1),
                                                       (3, 2, 1))
     assert snap.methods["ngram"].round_trips == ((3, 5.0, 0.5),)
+    assert snap.methods["ngram"].round_trips_by_seqs == ((3, 2, 5.0, 0.5),)
     assert snap.methods["ngram"].longest_draft == 2
     assert snap.methods["ngram"].draft_limit() == 0  # 4 drafts: too few to tell
     assert snap.step_cost == (("greedy", 3, 3.0, 0.03), ("tree", 2, 14.0, 0.05))

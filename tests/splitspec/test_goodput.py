@@ -121,6 +121,33 @@ def test_costs_that_ignore_the_batchs_sequences_fail_the_class_check(monkeypatch
         check_a_class_of_sequence_counts_has_its_own_curve()
 
 
+def check_a_class_of_sequence_counts_has_its_own_round_trip() -> None:
+    """A head in the verifier measured alone (10 ms a sequence) and among 16 (1 ms each:
+    drafted together) is priced at each batch's own share; a class with too few answers, or
+    no batch given, reads every answer; at 16 the head that pays there is chosen."""
+    counts = MethodCounts(round_trips=((3, 42.0, 0.23),), round_trips_by_seqs=(
+        (3, 1, 20.0, 0.2), (3, 16, 20.0, 0.02), (3, 8, 2.0, 0.01)))
+    alone, sixteen = counts.round_trip(True, 1), counts.round_trip(True, 12)
+    assert alone(3) == pytest.approx(0.010) and sixteen(3) == pytest.approx(0.001)
+    assert alone.per_sequence and sixteen.per_sequence
+    every = counts.round_trip(True)(3)
+    assert every == pytest.approx(0.23 / 42) and counts.round_trip(True, 5)(3) == every
+    cost = StepCost((16.0, 64.0), (0.030, 0.034), 0.0)
+    assert choose({"eagle": MethodModel(0.7, 1.0, sixteen)}, 16, cost, 3).method == "eagle"
+    assert choose({"eagle": MethodModel(0.7, 1.0, counts.round_trip(True))}, 16, cost,
+                  3).method is None
+
+
+def test_a_class_of_sequence_counts_has_its_own_round_trip():
+    check_a_class_of_sequence_counts_has_its_own_round_trip()
+
+
+def test_round_trips_that_ignore_the_batch_fail_the_class_check(monkeypatch):
+    bug.round_trip_class_ignored(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_a_class_of_sequence_counts_has_its_own_round_trip()
+
+
 def test_a_method_priced_at_its_own_kind_of_step():
     """A tree of a method that pays as a chain may not pay at the tree's own step cost."""
     model = MethodModel(0.6)

@@ -234,6 +234,25 @@ def test_a_step_of_many_sequences_is_priced_on_their_own_steps_and_sent_so(engin
     assert ("greedy", 16, 5, 200.0, pytest.approx(0.17)) in sent and len(sent) == 4
 
 
+def test_round_trips_are_kept_by_the_steps_sequences_and_sent_so(engine):
+    """A method's answers are kept apart by how many sequences the step asked it for too: the
+    per-step k of a sequence among 12 others reads the 9-16 class's fit, which the verifier
+    sends (WatchStats)."""
+    stats, adaptive = engine.stats, engine.adaptive
+    method = stats.method("ngram")
+    for seqs, seconds in ((1, 0.010), (16, 0.002)):
+        for _ in range(10):
+            method.add_round_trip(3, seconds, seqs=seqs)
+    stats.steps = 1
+    adaptive.begin_step()
+    assert adaptive.method_model("ngram", True, 1, 13).round_trip(3) == pytest.approx(0.002)
+    assert adaptive.method_model("ngram", True, 1, 1).round_trip(3) == pytest.approx(0.010)
+    assert adaptive.method_model("ngram", True).round_trip(3) == pytest.approx(0.006)
+    sent = snapshot_from_pb(_stats_to_pb(stats)).methods["ngram"]
+    assert sorted(sent.round_trips_by_seqs) == [(3, 1, 10.0, pytest.approx(0.1)),
+                                                (3, 16, 10.0, pytest.approx(0.02))]
+
+
 def check_pauses_only_where_pausing_pays_by_the_margin(engine, monkeypatch) -> None:
     """A request pauses (k = 0) only where that is expected to beat its best k >= 1 by
     PAUSE_MARGIN: the rows a pause saves are priced at the curve's mean slope, and on a CPU they

@@ -56,6 +56,8 @@ def test_greedy_chains_and_trees_equal_speculation_off(tiny_target_dir, head):
     c = engine.drafts.in_target.methods["eagle"].counters
     assert 0 < c["chain_batches_total"] < c["eager_chains_total"]
     assert 0 < c["advance_batches_total"] < c["eager_advances_total"]
+    # its drafting time is kept by how many sequences drafted together (priced per batch)
+    assert any(cls > 1 for _, cls in engine.stats.method("eagle").round_trips_by_seqs)
     # the head's learning from each verified step is its standing cost per sequence and step
     # (what a paused sequence still pays: adaptive k prices it on both sides)
     assert usage.standing[0] >= usage.drafts > 0 and usage.standing[1] > 0
