@@ -199,28 +199,19 @@ class EagleMethod(InTargetMethod):
             if i not in batched:
                 out[i] = state.propose(tokens, k)
         if replayed:
-            ks = [items[i][2] for i in replayed]
-            self.counters["drafted_tokens_total"] += sum(ks)
-            self.counters["graph_chains_total"] += len(ks)
-            self.counters["chain_batches_total"] += 1
+            ks = self._counted(items, replayed, replayed=True)
             rows = self.graphs.batch.chains([items[i][0].seq for i in replayed], ks)
             for i, row in zip(replayed, rows):  # fed to the step from the device
                 out[i] = PendingDraft([row], [], lambda got, _: got[0].tolist(), chain=row)
         if together:
             seqs = [items[i][0].seq for i in together]
-            ks = [items[i][2] for i in together]
-            self.counters["drafted_tokens_total"] += sum(ks)
-            self.counters["eager_chains_total"] += len(ks)
-            self.counters["chain_batches_total"] += 1
+            ks = self._counted(items, together, replayed=False)
             rows = chain_many(seqs, ks).tolist()  # the step's one read of its eager chains
             for i, row, k in zip(together, rows, ks):
                 out[i] = row[:k]
         if replayed_sampled:
             states = [items[i][0] for i in replayed_sampled]
-            ks = [items[i][2] for i in replayed_sampled]
-            self.counters["drafted_tokens_total"] += sum(ks)
-            self.counters["graph_chains_total"] += len(ks)
-            self.counters["chain_batches_total"] += 1
+            ks = self._counted(items, replayed_sampled, replayed=True)
             rows = self.graphs.batch.sampled_chains(
                 [st.seq for st in states], ks, [st.sampling for st in states],
                 [len(items[i][1]) for i in replayed_sampled])
@@ -229,10 +220,7 @@ class EagleMethod(InTargetMethod):
                     [tokens, ids], [probs], lambda got, f: sampled_draft(got[0], got[1], f[0])))
         if sampled:
             states = [items[i][0] for i in sampled]
-            ks = [items[i][2] for i in sampled]
-            self.counters["drafted_tokens_total"] += sum(ks)
-            self.counters["eager_chains_total"] += len(ks)
-            self.counters["chain_batches_total"] += 1
+            ks = self._counted(items, sampled, replayed=False)
             drafts = sampled_chain_many([st.seq for st in states], ks,
                                         [st.sampling for st in states],
                                         [len(items[i][1]) for i in sampled], DRAFT_TOP_K)
@@ -240,6 +228,15 @@ class EagleMethod(InTargetMethod):
                 draft.seq_id = st.request_id
                 out[i] = draft
         return out
+
+    def _counted(self, items, group: list[int], replayed: bool) -> list[int]:
+        """The ks of a group of chains drafted together (replayed as graphs or eagerly),
+        counted as one batched pass."""
+        ks = [items[i][2] for i in group]
+        self.counters["drafted_tokens_total"] += sum(ks)
+        self.counters["graph_chains_total" if replayed else "eager_chains_total"] += len(ks)
+        self.counters["chain_batches_total"] += 1
+        return ks
 
     def stats(self) -> dict[str, float]:
         pool = float(self.graphs.pool_bytes) if self.graphs is not None else 0.0
