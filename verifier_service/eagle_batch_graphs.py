@@ -163,16 +163,10 @@ class EagleBatch:
         if not sampled:
             tok = head.target_ids(self.logits[:b].argmax(-1))  # [b]
         else:
-            s = self.sampling
-            q = apply_sampling_params(self.logits[:b].float(), s["temperature"][:b],
-                                      s["top_k"][:b], s["top_p"][:b], s["min_p"][:b],
-                                      static=True)  # [b, Vd]
-            vals, idx = truncate(q, self.top_k)  # [b, K]
-            ids = head.target_ids(idx)  # [b, K]: the noise is keyed at target ids
-            halves = self.halves[:b].index_select(1, self.j)[:, 0]  # [b, 2]
-            noise = torch.where(s["keyed"][:b, None] > 0, keyed_exponentials_at(halves, ids),
-                                self.noise[:b].index_select(1, self.j)[:, 0])
-            tok = race(vals, ids, noise)  # [b]
+            tok, ids, vals = sampled_pick(
+                head, self.logits[:b], {n: t[:b] for n, t in self.sampling.items()},
+                self.halves[:b].index_select(1, self.j)[:, 0],
+                self.noise[:b].index_select(1, self.j)[:, 0], self.top_k)
             self.q_ids[:b].index_copy_(1, self.j, ids[:, None])
             self.q_probs[:b].index_copy_(1, self.j, vals[:, None])
         self.tokens[:b].index_copy_(1, self.j, tok[:, None])
@@ -387,6 +381,23 @@ class EagleBatch:
             s.length = end
             s.root_out, s.root_logits = roots[i], logits[i]
             s.root_token = ids[sum(sizes[:i + 1]) - 1]
+
+
+def sampled_pick(head: EagleHead, logits: torch.Tensor, sampling: dict[str, torch.Tensor],
+                 halves: torch.Tensor, noise: torch.Tensor, top_k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's token drawn from its truncated q, all on the device at fixed shapes (what a
+    captured pick records): its parameters (`sampling`, [n] each; keyed > 0 when seeded) over
+    logits [n, Vd], the top_k truncated q, and the exponential race over it with the noise keyed
+    at the target ids (halves [n, 2]) or the drawn Exp(1) noise [n, K]. -> (target ids [n], q
+    ids [n, K], q probabilities [n, K])"""
+    q = apply_sampling_params(logits.float(), sampling["temperature"], sampling["top_k"],
+                              sampling["top_p"], sampling["min_p"], static=True)  # [n, Vd]
+    vals, idx = truncate(q, top_k)  # [n, K]
+    ids = head.target_ids(idx)  # [n, K]: the noise is keyed at target ids
+    noise = torch.where(sampling["keyed"][:, None] > 0, keyed_exponentials_at(halves, ids),
+                        noise)
+    return race(vals, ids, noise), ids, vals
 
 
 def causal_columns_rows(columns: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

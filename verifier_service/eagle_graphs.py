@@ -62,19 +62,12 @@ from typing import Sequence
 import torch
 
 from kernels.eagle_tree import TreeState, first_level, next_level, num_candidates, select
-from kernels.sampling import (
-    apply_sampling_params,
-    key_halves,
-    keyed_exponentials_at,
-    noise_key,
-    race,
-    truncate,
-)
+from kernels.sampling import key_halves, noise_key
 from splitspec import device as dev
 from splitspec.graphs import powers_up_to
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
-from verifier_service.eagle_batch_graphs import EagleBatch
+from verifier_service.eagle_batch_graphs import EagleBatch, sampled_pick
 from verifier_service.eagle_head import EagleHead, EagleSequence, sampled_draft
 from verifier_service.in_target import PendingDraft
 
@@ -186,15 +179,9 @@ class EagleGraphs:
         if not sampled:
             tok = head.target_ids(self.logits.argmax(-1, keepdim=True))  # [1]: a gather
         else:
-            s = self.sampling
-            q = apply_sampling_params(self.logits[None].float(), s["temperature"], s["top_k"],
-                                      s["top_p"], s["min_p"], static=True)  # [1, Vd]
-            vals, idx = truncate(q, self.top_k)  # [1, K]
-            ids = head.target_ids(idx[0])[None]  # [1, K]: the noise is keyed at target ids
-            keyed = keyed_exponentials_at(self.halves.index_select(0, self.j), ids)
-            noise = torch.where(s["keyed"].bool()[:, None], keyed,
-                                self.noise.index_select(0, self.j))
-            tok = race(vals, ids, noise)  # [1]
+            tok, ids, vals = sampled_pick(head, self.logits[None], self.sampling,
+                                          self.halves.index_select(0, self.j),
+                                          self.noise.index_select(0, self.j), self.top_k)
             self.q_ids.index_copy_(0, self.j, ids)
             self.q_probs.index_copy_(0, self.j, vals)
         self.tokens.index_copy_(0, self.j, tok)
