@@ -65,6 +65,9 @@ class Proposer(abc.ABC):
     # further history lengths drafted greedily at warm-up (a draft model on an accelerator: its
     # prefill kernels specialize on the length, compiled at first use)
     warm_lengths: tuple[int, ...] = ()
+    # what a device that captures graphs drafted eagerly all the same (splitspec/graphs.py's
+    # EagerFallbacks), for proposers that capture; exported as a metric by reason
+    fallbacks = None
 
     def warm_up(self) -> None:
         """Draft for a short dummy history, greedy and sampled, chains and trees, in a session

@@ -42,6 +42,7 @@ from proposer_service.draft_loop import draft_loop
 from proposer_service.draft_session import DraftSession
 from splitspec.device import HostFetch, supports_graphs
 from splitspec.device import to_device as _to
+from splitspec.graphs import EagerFallbacks
 from splitspec.lean_llama import LeanDecoder
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
@@ -99,6 +100,7 @@ class DraftModelProposer(Proposer):
         self.graphs = (DraftGraphs(self.lean, device, min(self.max_positions, 4096),
                                    min(self.max_batch, 32), max_k, top_k=draft_top_k)
                        if self.lean is not None and supports_graphs(device) else None)
+        self.fallbacks = EagerFallbacks("the draft loop")  # steps the graphs did not serve
 
     from_config = classmethod(load_learned)  # the registry's constructor: flags -> load()
 
@@ -214,9 +216,11 @@ class DraftModelProposer(Proposer):
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
         b, lmax, kmax = len(work), max(lens), max(ks)
         s0 = max(len(p) for p in pending)
-        if (self.graphs is not None and self.graphs.captured
-                and self.graphs.serves(b, s0, lmax, kmax)):
-            return self._draft_replayed(work, lens, pending, ks, kmax)
+        if self.graphs is not None and self.graphs.captured:
+            why = self.graphs.why_not(b, s0, lmax, kmax)
+            if not why:
+                return self._draft_replayed(work, lens, pending, ks, kmax)
+            self.fallbacks.record(why, rows=b, width=s0, k=kmax)
         # One row (batch-1 decoding): its own cache as is, no padding, no mask, nothing to cut
         # out afterwards.
         single = b == 1
@@ -301,9 +305,11 @@ class DraftModelProposer(Proposer):
         all-accepted outcome). Needs the lean forward."""
         c, b = state.length(), len(rows)
         kmax = max(k for _, _, k in rows)
-        if (guess_row is None and self.graphs is not None and self.graphs.captured
-                and self.graphs.serves(b, 1, max(valid for valid, _, _ in rows), kmax)):
-            return self._shared_replayed(step, rows, state)
+        if guess_row is None and self.graphs is not None and self.graphs.captured:
+            why = self.graphs.why_not(b, 1, max(valid for valid, _, _ in rows), kmax)
+            if not why:
+                return self._shared_replayed(step, rows, state)
+            self.fallbacks.record(why, rows=b, width=1, k=kmax)
         kv = self.lean.buffers(state.kv, b, c + kmax)  # the shared columns copied once
         key_mask = torch.zeros(b, c + kmax, dtype=torch.bool)  # [B, columns]
         for i, (valid, _, _) in enumerate(rows):

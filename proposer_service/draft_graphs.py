@@ -108,8 +108,19 @@ class DraftGraphs:
         """Whether a step of `batch` rows with iteration-0 width `width` (the most tokens a row
         has not cached), its longest cache `longest_cached` columns, drafting k tokens, runs
         here: every column it writes fits the capacity."""
-        return (batch <= self.buckets[-1] and width in self.widths and 0 < k <= self.max_k
-                and longest_cached + width + k <= self.capacity)
+        return not self.why_not(batch, width, longest_cached, k)
+
+    def why_not(self, batch: int, width: int, longest_cached: int, k: int) -> str:
+        """Why such a step does not run here ("": it does; see `serves`)."""
+        if batch > self.buckets[-1]:
+            return "batch"
+        if width not in self.widths:
+            return "width"
+        if not 0 < k <= self.max_k:
+            return "k"
+        if longest_cached + width + k > self.capacity:
+            return "context"
+        return ""
 
     @property
     def captured(self) -> bool:

@@ -26,6 +26,7 @@ class ProposerMetrics:
         self.ahead_hits = 0  # drafts answered from drafting ahead
         self.ahead_misses = 0  # drafted ahead for other outcomes: drafted afresh
         self.streams = 0  # open Propose streams (one per connected verifier)
+        self.fallbacks = None  # the proposer's EagerFallbacks, where it captures graphs
         self._seconds = Histogram(
             "splitspec_proposer_propose_seconds",
             "Time a proposer took to answer one Propose message (all its sequences)",
@@ -72,5 +73,12 @@ class ProposerMetrics:
                       ["method"], [(m, self.ahead_misses)]), "splitspec_proposer_precompute_misses")
         yield counter("splitspec_proposer_released_sequences",
                       "Sequences the verifier said ended", ["method"], [(m, self.released)])
+        if self.fallbacks is not None:
+            yield counter("splitspec_proposer_eager_fallbacks",
+                          "Drafting batches a device that captures graphs ran eagerly, by "
+                          "reason (batch, width, k, context: outside the captured shapes; not "
+                          "captured; tree)", ["method", "reason"],
+                          [((self.method, reason), n)
+                           for reason, n in list(self.fallbacks.counts.items())])
         yield gauge("splitspec_proposer_streams", "Open Propose streams (connected verifiers)",
                     labels=["method"], samples=[(m, self.streams)])

@@ -50,7 +50,7 @@ from proposer_service.draft_sampling import DraftChooser, choose_static, draft_k
 from proposer_service.mlp_speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
 from splitspec.device import HostFetch
 from splitspec.device import to_device as _to
-from splitspec.graphs import Replay
+from splitspec.graphs import EagerFallbacks, Replay
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 
@@ -132,6 +132,7 @@ class MlpSpeculatorProposer(Proposer):
         # the heads (greedy, and sampled: choose_static) replayed as device graphs per batch
         # bucket where the device has them
         self.replay = Replay(device)
+        self.fallbacks = EagerFallbacks("the MLP speculator's heads")
         self.buckets = [b for b in (1, 2, 4, 8, 16, 32, 64) if b < self.max_batch] + [
             self.max_batch]
 
@@ -257,6 +258,8 @@ class MlpSpeculatorProposer(Proposer):
             return self._replayed(work, ks, bucket, dtype)
         if ("sampled", bucket) in self.replay:
             return self._replayed_sampled(work, ks, bucket, dtype)
+        if self.replay.enabled:
+            self.fallbacks.record("batch" if bucket is None else "not captured", rows=len(work))
         hidden = _to(torch.stack([h for _, _, h in work]), self.device).to(dtype)  # [B, H]
         tok = _to(torch.tensor([t for _, t, _ in work], dtype=torch.long), self.device)  # [B]
         state = self.model.input_state(hidden)  # [B, H]
@@ -323,7 +326,10 @@ class MlpSpeculatorProposer(Proposer):
     def draft_tree_batch(self, work: list[tuple[SequenceStep, int, torch.Tensor]]) -> list[Draft]:
         """A tree per row (steps with max_branch > 1): top-max_branch tokens per head, at most k
         nodes kept best-first by cumulative log-probability; deterministic nodes for greedy and
-        sampled requests alike."""
+        sampled requests alike. Eager (its top-k per head varies by row): counted as such on a
+        device that captures."""
+        if self.replay.enabled:
+            self.fallbacks.record("tree", rows=len(work))
         dtype = self.model.head[0].weight.dtype
         hidden = _to(torch.stack([h for _, _, h in work]), self.device).to(dtype)  # [B, H]
         tok = _to(torch.tensor([t for _, t, _ in work], dtype=torch.long), self.device)  # [B]

@@ -59,6 +59,8 @@ class ProposerServicer(proposer_pb2_grpc.ProposerServicer):
         self._tracer = tracer
         self._description = proposer.describe()
         self._slow = SlowMessages(self._description.method)
+        if metrics is not None:
+            metrics.fallbacks = getattr(proposer, "fallbacks", None)
 
     async def Propose(self, request_iterator, context):
         # One session per stream: a verifier's sequences live as long as its stream.

@@ -9,11 +9,15 @@ fn(inputs) -> a tensor or a tuple of tensors, computed from the inputs alone wit
 to the host. A replay returns the graph's own output tensors: read them before the next
 replay of that key. Where there is no graph for the key (no capture, or it failed: logged)
 fn runs eagerly on the values themselves.
+
+Work that a device able to capture runs eagerly all the same is counted by reason and logged
+once per reason and shape (`EagerFallbacks`), never silent.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import torch
 
@@ -29,6 +33,24 @@ def powers_up_to(top: int) -> tuple[int, ...]:
         out.append(n)
         n *= 2
     return (*out, top)
+
+
+class EagerFallbacks:
+    """What a device that captures graphs ran eagerly all the same: `counts` by reason (what a
+    metrics exporter reads) and a warning once per reason and shape."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.counts: Counter = Counter()
+        self._logged: set = set()
+
+    def record(self, reason: str, **shape: int) -> None:
+        self.counts[reason] += 1
+        key = (reason, tuple(shape.items()))
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning("%s ran eagerly (%s): %s", self.what, reason,
+                        ", ".join(f"{name} {value}" for name, value in shape.items()))
 
 
 class Replay:

@@ -176,3 +176,31 @@ def test_a_proposer_whose_loop_is_captured_does_not_offer_drafting_ahead(propose
     assert proposer.describe().drafts_ahead  # nothing captured: still eager
     monkeypatch.setattr(graphs, "_graphs", {(1, 1): object()})
     assert not proposer.describe().drafts_ahead
+
+
+def test_steps_the_captured_loop_does_not_serve_are_counted_and_logged_once(proposer,
+                                                                            monkeypatch, caplog):
+    """On a device that captures, a batch outside the captured shapes drafts eagerly: counted by
+    its reason in the proposer's metrics, logged once per reason and shape."""
+    from prometheus_client import CollectorRegistry
+
+    from proposer_service.metrics import ProposerMetrics
+    from splitspec.graphs import EagerFallbacks
+
+    graphs = DraftGraphs(proposer.lean, torch.device("cpu"), 64, 1, 4, capture=False)
+    monkeypatch.setattr(graphs, "_graphs", {(1, 1, False): object()})  # one row captured
+    monkeypatch.setattr(proposer, "graphs", graphs)
+    monkeypatch.setattr(proposer, "fallbacks", EagerFallbacks("the draft loop"))
+    registry = CollectorRegistry()
+    metrics = ProposerMetrics(registry, "draft")
+    metrics.fallbacks = proposer.fallbacks
+    with caplog.at_level("WARNING", logger="splitspec.graphs"):
+        for _ in range(2):
+            work = [(SequenceStep(f"s{i}", h, len(h), 3), h, SeqState())
+                    for i, h in enumerate(_histories()[:2])]
+            assert all(len(d.tokens) == 3 for d in proposer.draft_batch(work))
+    assert proposer.fallbacks.counts == {"batch": 2}
+    assert [r.getMessage() for r in caplog.records] == [
+        "the draft loop ran eagerly (batch): rows 2, width 1, k 3"]
+    assert registry.get_sample_value("splitspec_proposer_eager_fallbacks_total",
+                                     {"method": "draft", "reason": "batch"}) == 2

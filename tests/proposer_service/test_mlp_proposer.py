@@ -274,3 +274,16 @@ def test_replayed_heads_blind_to_seeds_fail_the_comparison(proposer, monkeypatch
     bug.static_draft_choice_ignores_seeds(monkeypatch)
     with pytest.raises(AssertionError):
         check_replayed_sampled_heads_match(proposer)
+
+
+def test_batches_no_graph_serves_are_counted_as_eager_on_a_device_that_captures(proposer,
+                                                                                 monkeypatch):
+    from splitspec.graphs import EagerFallbacks
+
+    monkeypatch.setattr(proposer, "fallbacks", EagerFallbacks("the MLP speculator's heads"))
+    proposer.draft_batch([(step("a", [5, 6, 7], 3), 7, hidden(0))])
+    assert not proposer.fallbacks.counts  # a CPU captures nothing: nothing fell back
+    monkeypatch.setattr(proposer.replay, "enabled", True)  # as on a device, none captured
+    proposer.draft_batch([(step("a", [5, 6, 7], 3), 7, hidden(0))])
+    proposer.draft_tree_batch([(step("b", [5, 6, 7], 3, max_branch=2), 7, hidden(1))])
+    assert proposer.fallbacks.counts == {"not captured": 1, "tree": 1}

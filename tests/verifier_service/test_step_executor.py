@@ -160,3 +160,25 @@ def test_bucketed_steps_serve_what_exact_steps_serve(target_model_dir):
     assert padded == exact
     stats = engine.executor.stats
     assert stats.bucket_steps > 10 and stats.captured_steps == 0  # no graphs on the CPU
+
+
+def test_eager_steps_on_a_device_that_captures_are_counted_by_reason_and_logged_once(model,
+                                                                                     caplog):
+    runner = _runner(model)
+    executor = StepExecutor(runner, LADDER)
+    executor.graphs_wanted = True  # as on a device that captures, where no graph was captured
+    _, tables = _prefilled(runner)
+    blocks = [t.blocks for t in tables]
+    verify = executor.plan(StepLayout.build(STEP["query_lens"], STEP["start"], STEP["ks"],
+                                            [True, True], STEP["trees"]), STEP["ids"], blocks)
+    chunk = executor.plan(StepLayout.build([3, 1], [13, 6], [0, 0], [False, False]),
+                          [1, 2, 3, 4], blocks)  # three more prompt tokens beside a decode row
+    with caplog.at_level("WARNING", logger="verifier_service.step_executor"):
+        for plan in (verify, verify, chunk):
+            executor.execute(plan)
+    assert verify.bucket == Bucket(4, 4) and chunk.bucket is None
+    assert executor.stats.eager_steps == {"not_captured": 2, "prefill": 1}
+    assert executor.stats.captured_steps == 0
+    assert len(caplog.records) == 2  # once per reason and shape
+    assert "not_captured" in caplog.records[0].getMessage()
+    assert "prefill" in caplog.records[1].getMessage()
