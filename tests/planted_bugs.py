@@ -581,3 +581,25 @@ def device_draft_ids_one_row_late(monkeypatch) -> None:
         return ids_at + 1, draft_at
 
     monkeypatch.setattr(step_plan.StepPlan, "draft_offsets", late)
+
+
+def sampler_reads_the_argmax_back(monkeypatch) -> None:
+    """The chain sampler reads the target's argmax back to the host (a sync per sampled step)."""
+    original = rejection._coupled_argmax
+
+    def coupled(target_probs, layout, seeded, seeds, target_argmax):
+        target_argmax.tolist()
+        return original(target_probs, layout, seeded, seeds, target_argmax)
+
+    monkeypatch.setattr(rejection, "_coupled_argmax", coupled)
+
+
+def sampler_copies_uniforms_in_blocking(monkeypatch) -> None:
+    """The acceptance uniforms are drawn on the host and copied in with a blocking copy (on a
+    device: the host waits for the stream before the copy)."""
+
+    def uniforms(layout, rows, device):
+        return torch.rand(layout.num_drafts).to(device)
+
+    monkeypatch.setattr(rejection, "draw_uniforms", uniforms)
+    monkeypatch.setattr(tree_rejection, "draw_uniforms", uniforms)
