@@ -15,8 +15,8 @@ A head directory holds a Llama-style `config.json` describing one decoder layer 
              post_attention_layernorm and mlp; fc.weight [H, 3 * target_hidden_size]; norm.weight;
              lm_head.weight [draft_vocab_size, H] (absent: the target's output head, which needs
              draft_vocab_size = vocab_size); d2t [draft_vocab_size] (target id = draft id +
-             d2t[draft id]); t2d [vocab_size] bool (which target ids the head can say; read for
-             checking only). Optional embed_tokens.weight.
+             d2t[draft id]); t2d [vocab_size] bool (which target ids the head can say: refused
+             unless it marks exactly the ids d2t maps to). Optional embed_tokens.weight.
 
 Config fields read: hidden_size, num_attention_heads, num_key_value_heads, head_dim,
 intermediate_size, rms_norm_eps, rope_theta / rope_parameters / rope_scaling (default, linear or
@@ -287,11 +287,29 @@ def check_shapes(spec: EagleSpec, w: dict[str, torch.Tensor]) -> None:
         if name in w and tuple(w[name].shape) != shape:
             raise ValueError(f"{name}: shape {list(w[name].shape)}, the config gives "
                              f"{list(shape)}")
+    if spec.hidden_size != spec.target_hidden_size:
+        borrowed = [name for name, own in (("embed_tokens", "embed" in w),
+                                           ("lm_head", spec.version == 3 and "lm_head" in w))
+                    if not own]
+        if borrowed:
+            raise ValueError(f"the head's hidden size is {H} and its target's "
+                             f"{spec.target_hidden_size}: it cannot use the target's "
+                             f"{' or '.join(borrowed)}, and the checkpoint has none of its own")
+    ids = torch.arange(spec.draft_vocab_size)  # the target id of each draft id
     if "d2t" in w:
-        ids = torch.arange(spec.draft_vocab_size) + w["d2t"].long()
+        ids = ids + w["d2t"].long()
         if bool((ids < 0).any()) or bool((ids >= spec.vocab_size).any()):
             raise ValueError(f"d2t maps a draft id outside the target vocabulary of "
                              f"{spec.vocab_size}")
+        if ids.unique().numel() != ids.numel():
+            raise ValueError("d2t maps two draft ids to one target id")
+    if "t2d" in w:  # the mask of the target ids the head can say: exactly d2t's image
+        said = torch.zeros(spec.vocab_size, dtype=torch.bool)
+        said[ids] = True
+        if not torch.equal(w["t2d"].bool(), said):
+            raise ValueError(f"t2d marks {int(w['t2d'].bool().sum())} target ids, "
+                             f"{int((w['t2d'].bool() != said).sum())} of them unlike the "
+                             f"{spec.draft_vocab_size} that d2t maps to")
 
 
 def load(path: str | Path) -> tuple[EagleSpec, EagleWeights]:

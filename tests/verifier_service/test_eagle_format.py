@@ -369,6 +369,11 @@ def test_default_feature_layers():
     (lambda cfg, w: cfg.__setitem__("hidden_size", "wide"), "hidden_size"),
     (lambda cfg, w: cfg.__setitem__("draft_vocab_size", 50), "lm_head: shape"),
     (lambda cfg, w: w.__setitem__("d2t", w["d2t"] + VOCAB), "d2t maps"),
+    (lambda cfg, w: w["d2t"].__setitem__(1, w["d2t"][0] - 1), "two draft ids"),
+    (lambda cfg, w: w["t2d"].__setitem__(w["t2d"].logical_not().nonzero()[0], True), "t2d marks"),
+    (lambda cfg, w: (cfg.__setitem__("target_hidden_size", 2 * H),  # features 2H wide, the
+                     w.__setitem__("fc.weight", torch.zeros(H, 6 * H))),  # target's embedding too
+     "cannot use the target's"),
     (lambda cfg, w: w.pop("midlayer.hidden_norm.weight"), "hidden_norm"),
     (lambda cfg, w: w.pop("lm_head.weight"), "needs lm_head"),
     (lambda cfg, w: cfg.__setitem__("eagle_aux_hidden_state_layer_ids", [1, 2]), "three"),
