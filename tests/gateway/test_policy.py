@@ -280,6 +280,27 @@ def test_auto_picks_token_trees_where_they_measured_better_and_chains_where_not(
     assert plan_to_pb(better.plan).num_branches == 3
 
 
+def test_auto_weighs_eagle_trees_beside_its_chains():
+    """EAGLE (in the target, token trees) is priced as chains and as trees like a proposer."""
+    info = verifier_pb2.VerifierInfo()
+    info.CopyFrom(INFO)
+    info.max_num_branches = 4
+    info.proposers.append(verifier_pb2.ProposerStatus(method="eagle"))
+
+    def snap(chain: tuple[float, float], tree: tuple[float, float]) -> ReplicaSnapshot:
+        s = snapshot(greedy={"ngram": (10, 1000), "mlp": (10, 1000)})
+        drafts = chain[1] - chain[0], tree[1] - tree[0]
+        eagle = MethodSnapshot(Acceptance(*chain, drafts[0], drafts[0]), Acceptance(), (),
+                               trees=((3, Acceptance(*tree, drafts[1], drafts[1]),
+                                       Acceptance()),))
+        return dataclasses.replace(s, methods={**s.methods, "eagle": eagle})
+
+    trees = policy(snap((300, 1000), (700, 1000))).decide(AUTO, info, True, load())
+    assert (trees.plan.method, trees.plan.num_branches, trees.reason) == ("eagle", 3, "goodput")
+    chains = policy(snap((700, 1000), (300, 1000))).decide(AUTO, info, True, load())
+    assert (chains.plan.method, chains.plan.num_branches) == ("eagle", 1)
+
+
 def test_tree_counts_travel_from_the_verifier_s_stats_to_the_estimates():
     tree = verifier_pb2.AcceptanceCounts(drafts=10, proposed_tokens=60, accepted_tokens=25,
                                          rejections=9, asked=10)

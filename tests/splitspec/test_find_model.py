@@ -35,3 +35,19 @@ def test_a_speculator_must_match_the_targets_width_and_vocabulary(tmp_path):
     _model(tmp_path / "mlp-speculator", "A", emb_dim=4, vocab_size=10)
     (tmp_path / "chat-mlp-speculator" / "config.json").write_text('{"emb_dim": 4}')
     assert find_model(mlp, target) is None
+
+
+def test_an_eagle_head_must_name_the_targets_vocabulary_and_feature_width(tmp_path):
+    target = _model(tmp_path / "chat", "A", hidden_size=8, vocab_size=10)
+    eagle = METHODS["eagle"]
+    head = _model(tmp_path / "chat-eagle", "A", hidden_size=8, vocab_size=10)
+    assert find_model(eagle, target) == str(head)  # features as wide as its own hidden state
+    (head / "config.json").write_text(json.dumps(
+        {"hidden_size": 4, "target_hidden_size": 8, "vocab_size": 10}))
+    assert find_model(eagle, target) == str(head)  # a narrower head over the target's width
+    (head / "config.json").write_text(json.dumps({"hidden_size": 8, "vocab_size": 12}))
+    assert find_model(eagle, target) is None
+
+
+def test_the_shipped_toy_head_is_found_beside_its_target():
+    assert find_model(METHODS["eagle"], "models/target") == "models/target-eagle"

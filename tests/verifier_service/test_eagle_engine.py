@@ -124,3 +124,34 @@ def test_deferred_rows_dropped_fail_the_comparison(monkeypatch, target_model_dir
     bug.eagle_deferred_rows_dropped(monkeypatch)
     with pytest.raises(AssertionError):
         check_sequences_drafted_together_verify_what_each_alone_verifies(target_model_dir)
+
+
+def test_malformed_drafts_from_the_head_cost_only_speculation(tiny_target_dir, head,
+                                                              monkeypatch):
+    """Whatever the head hands the step that cannot be verified (more tokens than asked, ids
+    outside the vocabulary, a tree that is not one, a q its token cannot come from) is dropped
+    as a proposer's would be: the output is plain decoding's, nothing is verified, and the
+    sequences' states are freed."""
+    from kernels.sparse_probs import SparseProbs
+    from splitspec.proposal import Draft
+
+    bad = [lambda k: list(range(3, k + 4)),
+           lambda k: [10 ** 6] * k,
+           lambda k: Draft("", [3, 4], parents=[1, 0]),
+           lambda k: Draft("", [3], q=SparseProbs.from_rows([([5], [1.0])]))]
+    handed = []
+
+    def propose_many(self, items):
+        self.flush()  # the states still learn from each verified step
+        handed.extend(bad[len(handed) % len(bad)](k) for _, _, k in items)
+        return handed[-len(items):]
+
+    off = _serve(make_engine(tiny_target_dir, proposers={}),
+                 [request_ids(f"o{i}", p, max_tokens=12) for i, p in enumerate(PROMPTS)])
+    monkeypatch.setattr(eagle.EagleMethod, "propose_many", propose_many)
+    engine = make_engine(tiny_target_dir, proposers={}, eagle=head)
+    got = _serve(engine, [request_ids(f"e{i}", p, max_tokens=12, method="eagle", k=3)
+                          for i, p in enumerate(PROMPTS)])
+    assert got == off and len(handed) >= 8
+    assert engine.stats.method("eagle").proposed_tokens == 0
+    assert drained(engine) and engine.drafts.in_target.num_states == 0
