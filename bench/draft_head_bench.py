@@ -28,7 +28,7 @@ from forward_profile import _best_ms  # noqa: E402
 
 from proposer_service.draft import DraftModelProposer  # noqa: E402
 from proposer_service.mlp import MlpSpeculatorProposer  # noqa: E402
-from proposer_service.vocab_subset import FREQUENCIES  # noqa: E402
+from splitspec.vocab_frequencies import FREQUENCIES  # noqa: E402
 
 CPU = torch.device("cpu")
 

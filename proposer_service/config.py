@@ -35,7 +35,7 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
         "must be a multiple); the proposer starts one process per device")
     linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
                          choices=("auto", "dense", "onednn", "fp16"))
-    # FR-Spec: a head scoring only the most frequent tokens (proposer_service/vocab_subset.py)
+    # FR-Spec: a head scoring only the most frequent tokens (splitspec/vocab_frequencies.py)
     vocab_subset: str = option("auto", "draft/mlp: score only the N most frequent tokens of the "
                                        "model directory's token_frequencies.json in the output "
                                        "head (auto: the size it recommends; 0: every token)")

@@ -108,13 +108,13 @@ class DraftModelProposer(Proposer):
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
              trust_remote_code: bool = False, vocab_subset: str = "auto",
              **kwargs) -> "DraftModelProposer":
-        from proposer_service.vocab_subset import resolve_subset
         from splitspec.modelio import (
             load_causal_lm,
             load_tokenizer,
             model_name,
             tokenizer_fingerprint,
         )
+        from splitspec.vocab_frequencies import resolve_subset
 
         model = load_causal_lm(path, device, dtype, trust_remote_code)
         tok = load_tokenizer(tokenizer or path, trust_remote_code)

@@ -144,8 +144,8 @@ class MlpSpeculatorProposer(Proposer):
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
              trust_remote_code: bool = False, vocab_subset: str = "auto",
              **kwargs) -> "MlpSpeculatorProposer":
-        from proposer_service.vocab_subset import resolve_subset
         from splitspec.modelio import load_tokenizer, model_name, tokenizer_fingerprint
+        from splitspec.vocab_frequencies import resolve_subset
 
         spec_dir = Path(path)
         config = MLPSpeculatorConfig.from_file(spec_dir / CONFIG_NAME)  # malformed: names the field

@@ -17,7 +17,7 @@ Stages:
          second round of phrasings and more docstrings follow the first round's prompts.
   freq   how often the target says each token in its training answers, ranked, into both
          speculators' token_frequencies.json (their heads may score only the most frequent
-         tokens: proposer_service/vocab_subset.py), with the held-out answers' coverage.
+         tokens: splitspec/vocab_frequencies.py), with the held-out answers' coverage.
   mlp    MLP speculator in the accelerators' format (proposer_service/mlp_speculator.py):
          emb_dim 576 (the target's hidden size), small inner_dim so the file stays under 64 MB,
          tied weights; head i learns the target's token i + 2 ahead given its state and tokens.
@@ -258,7 +258,7 @@ def stage_freq(a) -> None:
     """How often the target says each token in its own training answers, ranked, written next to
     both speculators (token_frequencies.json, read by --vocab-subset: an output head scoring the
     most frequent tokens only), with how much of the held-out answers the top N cover."""
-    from proposer_service.vocab_subset import FREQUENCIES, write_frequencies
+    from splitspec.vocab_frequencies import FREQUENCIES, write_frequencies
 
     counts = Counter(t for r in load_records(a, "train") for t in _answer_tokens(r))
     ranked = sorted(counts, key=lambda t: (-counts[t], t))
@@ -521,7 +521,7 @@ def stage_eval(a) -> None:
     from transformers import AutoModelForCausalLM
 
     from proposer_service.mlp_speculator import MLPSpeculator
-    from proposer_service.vocab_subset import resolve_subset
+    from splitspec.vocab_frequencies import resolve_subset
 
     val = load_records(a, "val")
     out = {"target": "SmolLM2-135M-Instruct", "held_out_answers": len(val)}
@@ -586,7 +586,7 @@ def model_card(name: str, d: Path, ev: dict) -> str:
         f"\n`token_frequencies.json` ranks the {len(freq['ranked_ids'])} tokens the target said "
         f"in its {freq['counted_tokens']} training answer tokens; the proposer's head scores the "
         f"{freq['recommended_subset']} most frequent by default (`--vocab-subset`, "
-        "proposer_service/vocab_subset.py). Held-out coverage by the top N, chat / code: "
+        "splitspec/vocab_frequencies.py). Held-out coverage by the top N, chat / code: "
         + ", ".join(f"{n}: {freq['heldout_coverage']['chat'][n]:.3f} / "
                     f"{freq['heldout_coverage']['code'][n]:.3f}"
                     for n in freq["heldout_coverage"]["chat"]) + ".\n")

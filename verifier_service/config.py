@@ -30,6 +30,10 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
     eagle: str = option("", "an EAGLE-1/2 or EAGLE-3 head for this target (a directory as "
                         "published): serves the in-target method eagle (empty: not served)")
+    eagle_vocab_subset: str = option(
+        "auto", "eagle: an EAGLE-1/2 head (scoring with the target's output head) scores only "
+        "the N most frequent tokens of its directory's token_frequencies.json (auto: the file's "
+        "recommended subset if there is one; 0: every token)")
     lookahead_window: int = option(3, "lookahead decoding: W, guesses per Jacobi level")
     lookahead_ngram: int = option(3, "lookahead decoding: N, n-gram size (N - 1 window levels)")
     lookahead_guesses: int = option(2, "lookahead decoding: G, pool n-grams verified per step")

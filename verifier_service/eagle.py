@@ -54,6 +54,7 @@ import torch
 from splitspec.device import supports_graphs, to_device
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
+from splitspec.vocab_frequencies import parse_setting, resolve_subset
 from verifier_service import eagle_format
 from verifier_service.eagle_graphs import EagleGraphs
 from verifier_service.eagle_head import (
@@ -78,8 +79,11 @@ DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tok
 
 class EagleMethod(InTargetMethod):
     def __init__(self, path: str, linear: str = "auto", max_k: int = 16, graphs: bool = True,
-                 max_num_seqs: int = 1):
+                 max_num_seqs: int = 1, vocab_subset: str = "auto"):
         self.path = path
+        # which rows of the target's output head an EAGLE-1/2 head scores with
+        # (splitspec/vocab_frequencies.py: the head directory's token_frequencies.json)
+        self.vocab_subset = vocab_subset
         self.linear = linear  # the head's matmul kernels (kernels/linear.py), as the target's
         self.max_k = max_k  # the longest chain a request may ask for
         self.capture = graphs  # --graphs: capture where the device can
@@ -103,7 +107,8 @@ class EagleMethod(InTargetMethod):
         return cls(path, getattr(config, "linear", "auto"),
                    getattr(config, "max_num_speculative_tokens", 16),
                    getattr(config, "graphs", "auto") != "off",
-                   getattr(config, "max_num_seqs", 1))
+                   getattr(config, "max_num_seqs", 1),
+                   getattr(config, "eagle_vocab_subset", "auto"))
 
     def bind(self, runner) -> None:
         """Load the head onto the target (ValueError with one line when it does not fit)."""
@@ -121,7 +126,8 @@ class EagleMethod(InTargetMethod):
             raise ValueError(f"--eagle {self.path}: {why}")
         if embed is None:  # the head has its own; this rank's shard only sets device and dtype
             embed = runner._lean.embed
-        self.head = EagleHead(spec, weights, embed, head, linear=self.linear)
+        self.head = EagleHead(spec, weights, embed, head, self._vocab_ids(spec, weights),
+                              linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
         if self.capture and supports_graphs(runner.device):
             depths = range(1, min(self.max_k, MAX_TREE_DEPTH) + 1)
@@ -133,6 +139,17 @@ class EagleMethod(InTargetMethod):
         log.info("EAGLE-%d head %s on the target's %s", spec.version, self.path,
                  f"layers {list(runner.feature_layers)} inputs" if runner.feature_layers
                  else "final hidden state")
+
+    def _vocab_ids(self, spec, weights) -> torch.Tensor | None:
+        """The target ids a head scoring with the target's output head scores (None: all of
+        them); a head with its own lm_head has its own draft vocabulary."""
+        flag = "--eagle-vocab-subset"
+        if "head" not in eagle_format.target_tables(spec, weights):
+            if parse_setting(self.vocab_subset, flag):
+                raise ValueError(f"{flag} {self.vocab_subset}: the head at {self.path} scores "
+                                 f"with its own lm_head over {spec.draft_vocab_size} tokens")
+            return None
+        return resolve_subset(self.path, self.vocab_subset, spec.vocab_size, flag)
 
     def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams,
               plan: SpeculationPlan) -> "EagleState":

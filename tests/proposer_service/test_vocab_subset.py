@@ -17,10 +17,10 @@ from kernels.linear import available, fp16_exact
 from kernels.vocab_subset import SubsetHead, scatter_logits, subset_ids
 from proposer_service.draft import DraftModelProposer
 from proposer_service.mlp import MlpSpeculatorProposer
-from proposer_service.vocab_subset import FREQUENCIES, resolve_subset, write_frequencies
 from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
+from splitspec.vocab_frequencies import FREQUENCIES, resolve_subset, write_frequencies
 
 CPU = torch.device("cpu")
 V = 1024  # tests/fixtures/tiny-llama's vocabulary

@@ -155,3 +155,42 @@ def test_malformed_drafts_from_the_head_cost_only_speculation(tiny_target_dir, h
     assert got == off and len(handed) >= 8
     assert engine.stats.method("eagle").proposed_tokens == 0
     assert drained(engine) and engine.drafts.in_target.num_states == 0
+
+
+def test_an_eagle1_head_scores_the_frequency_ranked_subset_of_the_targets_head(
+        tiny_target_dir, tmp_path, monkeypatch):
+    """An EAGLE-1/2 head scores with the target's output head: with a token_frequencies.json
+    in its directory it scores only the recommended top tokens (`--eagle-vocab-subset auto`),
+    drafts nothing else, and the output is still plain decoding's. An EAGLE-3 head has its own
+    draft vocabulary: a subset size for it is refused at start-up."""
+    from collections import Counter
+
+    from eagle_testlib import head_for_target
+
+    from splitspec.vocab_frequencies import FREQUENCIES, write_frequencies
+
+    d = head_for_target(tmp_path / "e1", tiny_target_dir, 1)
+    ranked = Counter({t: 1000 - t for t in range(5, 45)})  # 40 tokens, the lowest ids first
+    write_frequencies(d / FREQUENCIES, ranked, "test", recommended_subset=24)
+    engine = make_engine(tiny_target_dir, proposers={}, eagle=str(d))
+    method = engine.drafts.in_target.methods["eagle"]
+    assert method.head.ids.tolist() == list(range(5, 29))
+    drafted = []
+    original = eagle.EagleMethod.propose_many
+
+    def recording(self, items):
+        out = original(self, items)
+        drafted.extend(t for row in out if isinstance(row, list) for t in row)
+        return out
+
+    off = _serve(make_engine(tiny_target_dir, proposers={}),
+                 [request_ids(f"o{i}", p, max_tokens=12) for i, p in enumerate(PROMPTS)])
+    monkeypatch.setattr(eagle.EagleMethod, "propose_many", recording)
+    got = _serve(engine, [request_ids(f"e{i}", p, max_tokens=12, method="eagle", k=3)
+                          for i, p in enumerate(PROMPTS)])
+    assert got == off and drafted and set(drafted) <= set(range(5, 29))
+    everything = make_engine(tiny_target_dir, proposers={}, eagle=str(d), eagle_vocab_subset="0")
+    assert everything.drafts.in_target.methods["eagle"].head.ids is None
+    e3 = head_for_target(tmp_path / "e3", tiny_target_dir, 3)
+    with pytest.raises(ValueError, match="its own lm_head"):
+        make_engine(tiny_target_dir, proposers={}, eagle=str(e3), eagle_vocab_subset="24")

@@ -14,9 +14,9 @@ from engine_testlib import PROMPTS, make_engine, request, run_all
 
 from proposer_service.config import ProposerConfig
 from proposer_service.server import build_proposer
-from proposer_service.vocab_subset import FREQUENCIES, write_frequencies
 from splitspec.config import parse_config
 from splitspec.params import SamplingParams
+from splitspec.vocab_frequencies import FREQUENCIES, write_frequencies
 
 SUBSET = 96  # of the tiny target's 1024 tokens
 SEEDED = SamplingParams(temperature=0.8, seed=5)

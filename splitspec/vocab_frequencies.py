@@ -1,8 +1,10 @@
-"""Which vocabulary subset a learned proposer's output head scores (kernels/vocab_subset.py).
+"""Which vocabulary subset a drafter's output head scores (kernels/vocab_subset.py): the learned
+proposers' (`--vocab-subset`) and an EAGLE-1/2 head's, which scores with the target's output
+head (the verifier's `--eagle-vocab-subset`).
 
 A drafter's directory may carry `token_frequencies.json`: token ids ranked by how often the
 target itself says them (counted on the target's own answers), and the subset size that was
-measured to pay off. `--vocab-subset` picks the head:
+measured to pay off. The setting picks the head:
 
   auto  the file's `recommended_subset` when the file has one, else the whole vocabulary
   0     the whole vocabulary
@@ -25,27 +27,28 @@ FREQUENCIES = "token_frequencies.json"
 log = logging.getLogger(__name__)
 
 
-def parse_setting(setting: str) -> int | None:
-    """'auto' -> None; '0' -> 0; 'N' -> N (ValueError otherwise)."""
+def parse_setting(setting: str, flag: str = "--vocab-subset") -> int | None:
+    """'auto' -> None; '0' -> 0; 'N' -> N (ValueError naming `flag` otherwise)."""
     if setting == "auto":
         return None
     try:
         n = int(setting)
     except ValueError:
-        raise ValueError(f"--vocab-subset must be auto or a token count, not {setting!r}") from None
+        raise ValueError(f"{flag} must be auto or a token count, not {setting!r}") from None
     if n < 0:
-        raise ValueError(f"--vocab-subset must be auto or >= 0, not {n}")
+        raise ValueError(f"{flag} must be auto or >= 0, not {n}")
     return n
 
 
-def resolve_subset(model_dir: str | Path, setting: str, vocab_size: int) -> torch.Tensor | None:
+def resolve_subset(model_dir: str | Path, setting: str, vocab_size: int,
+                   flag: str = "--vocab-subset") -> torch.Tensor | None:
     """The sorted token ids the head scores, or None for the whole vocabulary."""
-    n = parse_setting(setting)
+    n = parse_setting(setting, flag)
     path = Path(model_dir) / FREQUENCIES
     if n == 0 or (n is None and not path.exists()):
         return None
     if not path.exists():
-        raise ValueError(f"--vocab-subset {n} needs {path} (token ids ranked by frequency)")
+        raise ValueError(f"{flag} {n} needs {path} (token ids ranked by frequency)")
     try:
         data = json.loads(path.read_text())
         ranked = [int(t) for t in data["ranked_ids"]]
