@@ -3,7 +3,7 @@
 Written by hand for evaluation only, in the style of MT-bench's categories (writing, role-play,
 reasoning, maths, extraction, science, humanities, coding), independently of the topic list the
 training prompts are generated from. The training script refuses to train on a prompt that shares
-a long word sequence with any of these (stage `prompts`, and tests/scripts/test_train_eagle.py),
+a long word sequence with any of these (stage `prompts`, and tests/scripts/test_eagle_ttt.py),
 so every number measured on them is on unseen requests. Each goes through the model's own chat
 template as one user turn.
 """
