@@ -180,6 +180,8 @@ SAMPLED_PLANS = {
     # suffix drafts reach the sampler as n-gram's do (deterministic: one-hot q); its chains are
     # in "mixed" and its trees in "trees", and a sample of its own cost 17 s of the suite
     "lookahead-k8": [("lookahead", 8)],  # in-target: a tree of pool candidates and the window
+    # in-target, sampled chains drawn from the head's own q (a step's chains drawn together)
+    "eagle-k4": [("eagle", 4)],
     "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8),
               ("eagle", 4)],
     # token trees (method, k, children per node): deterministic siblings (n-gram, suffix) and
