@@ -6,6 +6,7 @@ on meta tensors, so any host sync inside it (what a captured graph cannot hold) 
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import planted_bugs as bug
 import pytest
@@ -112,7 +113,7 @@ def test_the_trash_block_is_never_read_as_context(model):
 def _body_on_meta(model, ladder):
     """The step body (what a graph records) over meta tensors: values do not exist, so any read
     back to the host (.item(), .tolist(), int(t), a data-dependent shape) raises."""
-    meta = _runner(model.to("meta"), "meta")
+    meta = _runner(copy.deepcopy(model).to("meta"), "meta")  # the module's model stays real
     executor = StepExecutor(meta, ladder)
     layout = StepLayout.build(STEP["query_lens"], STEP["start"], STEP["ks"], [True, True],
                               STEP["trees"])
