@@ -8,8 +8,9 @@ models the repository ships, in one run of about ten minutes.
 It needs no network and uses the torch it finds (not the CPU build `make` pins): the service
 packages travel as wheels where the machine lacks them (docs/performance.md says how).
 
-Reported, for the toy family (`--model`, default models/target, with its draft and MLP
-speculator; the real model too when its directory is there and `--real` is given):
+Reported, for one model family per run (`--model`: default models/target, the toy family;
+models/smollm2-135m-instruct for the real model once imported), with the draft, MLP speculator
+and EAGLE head found beside its target:
   * start-up: each service's time to SERVING (the verifier's graph capture and warm-up apart,
     from its log), and the step graphs it captured;
   * the warm-up curve: the first requests after SERVING, each one's tokens/s;
@@ -420,6 +421,11 @@ def main() -> None:
     device_name = (torch.cuda.get_device_name(0) if args.device == "cuda"
                    and torch.cuda.is_available() else args.device)
     lines += [f"| device | {device_name}, {args.dtype} |", ""]
+    if args.device == "cpu":
+        lines += ["A dry run on the CPU: it checks the script end to end. Its speeds are this "
+                  "CPU's over a few prompts (fewer still with `--quick`), with no graph captured "
+                  "(the CPU has none) and beside whatever else the machine runs: the device's "
+                  "figures are in bench/reports/gpu.md.", ""]
 
     def save() -> None:  # after every section: a run cut short keeps what it measured
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
