@@ -76,8 +76,8 @@ class ProposerMetrics:
         if self.fallbacks is not None:
             yield counter("splitspec_proposer_eager_fallbacks",
                           "Drafting batches a device that captures graphs ran eagerly, by "
-                          "reason (batch, width, k, context: outside the captured shapes; not "
-                          "captured; tree)", ["method", "reason"],
+                          "reason (batch, width, k, context: outside the captured shapes; "
+                          "not_captured; tree)", ["method", "reason"],
                           [((self.method, reason), n)
                            for reason, n in list(self.fallbacks.counts.items())])
         yield gauge("splitspec_proposer_streams", "Open Propose streams (connected verifiers)",

@@ -259,7 +259,7 @@ class MlpSpeculatorProposer(Proposer):
         if ("sampled", bucket) in self.replay:
             return self._replayed_sampled(work, ks, bucket, dtype)
         if self.replay.enabled:
-            self.fallbacks.record("batch" if bucket is None else "not captured", rows=len(work))
+            self.fallbacks.record("batch" if bucket is None else "not_captured", rows=len(work))
         hidden = _to(torch.stack([h for _, _, h in work]), self.device).to(dtype)  # [B, H]
         tok = _to(torch.tensor([t for _, t, _ in work], dtype=torch.long), self.device)  # [B]
         state = self.model.input_state(hidden)  # [B, H]

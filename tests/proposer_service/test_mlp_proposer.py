@@ -286,4 +286,4 @@ def test_batches_no_graph_serves_are_counted_as_eager_on_a_device_that_captures(
     monkeypatch.setattr(proposer.replay, "enabled", True)  # as on a device, none captured
     proposer.draft_batch([(step("a", [5, 6, 7], 3), 7, hidden(0))])
     proposer.draft_tree_batch([(step("b", [5, 6, 7], 3, max_branch=2), 7, hidden(1))])
-    assert proposer.fallbacks.counts == {"not captured": 1, "tree": 1}
+    assert proposer.fallbacks.counts == {"not_captured": 1, "tree": 1}
