@@ -39,12 +39,13 @@ class EagerFallbacks:
     """What a device that captures graphs ran eagerly all the same: `counts` by reason (what a
     metrics exporter reads) and a warning once per reason and shape."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, counts: Counter | None = None):
+        """counts: a Counter kept elsewhere (a stats object's) to count into."""
         self.what = what
-        self.counts: Counter = Counter()
+        self.counts: Counter = Counter() if counts is None else counts
         self._logged: set = set()
 
-    def record(self, reason: str, **shape: int) -> None:
+    def record(self, reason: str, **shape) -> None:
         self.counts[reason] += 1
         key = (reason, tuple(shape.items()))
         if key not in self._logged:

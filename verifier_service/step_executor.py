@@ -34,6 +34,7 @@ import torch
 from kernels.layout import StepLayout
 from kernels.rejection import greedy_chain_verify
 from splitspec import device as dev
+from splitspec.graphs import EagerFallbacks
 from verifier_service.step_plan import Bucket, BucketLadder, StepPlan, plan_step
 from verifier_service.step_sampler import StepSampler
 
@@ -127,7 +128,8 @@ class StepExecutor:
         self.sampler = StepSampler(self.device, getattr(runner, "vocab_size", 1),
                                    max(self.ladder.seqs, default=1), enabled=self.graphs_wanted,
                                    counts=self.stats.sampler_steps)
-        self._logged: set = set()
+        # eager steps on a device that captures: counted by reason, logged once per shape
+        self.fallbacks = EagerFallbacks(f"a step on {self.device}", self.stats.eager_steps)
         # tensor parallel, rank 0 (verifier_service/tp_broadcast.py): every plan, and every
         # capture, is sent to the other ranks first; they run the same body on their shards
         self.broadcast = None
@@ -171,13 +173,11 @@ class StepExecutor:
             self.stats.captured_tokens += real
             return self.launch(plan)
         reason = self._eager_reason(plan)
-        self.stats.eager_steps[reason] += 1
         self.stats.eager_tokens[reason] += real
-        if reason and (reason, plan.bucket, plan.num_tokens) not in self._logged:
-            self._logged.add((reason, plan.bucket, plan.num_tokens))
-            log.warning("step ran eagerly on %s (%s): %d sequences, %d rows%s", self.device,
-                        reason, plan.layout.num_seqs, plan.num_tokens,
-                        f", bucket {plan.bucket}" if plan.bucket else "")
+        if reason:
+            self.fallbacks.record(reason, rows=plan.num_tokens, bucket=plan.bucket)
+        else:  # this device has no graphs: nothing fell back
+            self.stats.eager_steps[reason] += 1
         return self.launch(plan)
 
     def launch(self, plan: StepPlan) -> StepTensors:

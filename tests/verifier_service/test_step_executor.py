@@ -174,7 +174,7 @@ def test_eager_steps_on_a_device_that_captures_are_counted_by_reason_and_logged_
                                             [True, True], STEP["trees"]), STEP["ids"], blocks)
     chunk = executor.plan(StepLayout.build([3, 1], [13, 6], [0, 0], [False, False]),
                           [1, 2, 3, 4], blocks)  # three more prompt tokens beside a decode row
-    with caplog.at_level("WARNING", logger="verifier_service.step_executor"):
+    with caplog.at_level("WARNING", logger="splitspec.graphs"):
         for plan in (verify, verify, chunk):
             executor.execute(plan)
     assert verify.bucket == Bucket(4, 4) and chunk.bucket is None
