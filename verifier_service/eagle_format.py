@@ -307,9 +307,9 @@ def check_shapes(spec: EagleSpec, w: dict[str, torch.Tensor]) -> None:
         said = torch.zeros(spec.vocab_size, dtype=torch.bool)
         said[ids] = True
         if not torch.equal(w["t2d"].bool(), said):
-            raise ValueError(f"t2d marks {int(w['t2d'].bool().sum())} target ids, "
-                             f"{int((w['t2d'].bool() != said).sum())} of them unlike the "
-                             f"{spec.draft_vocab_size} that d2t maps to")
+            raise ValueError(f"t2d marks {int(w['t2d'].bool().sum())} target ids and d2t "
+                             f"maps to {spec.draft_vocab_size}: they disagree on "
+                             f"{int((w['t2d'].bool() != said).sum())}")
 
 
 def load(path: str | Path) -> tuple[EagleSpec, EagleWeights]:
