@@ -18,6 +18,7 @@ from splitspec.launcher import grpc_healthy
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["def f(x):\n", "class A:\n    def", "import os\n", "for i in range("]
+LONG = 400  # tokens of the requests in flight when A gets SIGTERM
 
 
 def ok(results) -> None:
@@ -29,7 +30,8 @@ def test_sigterm_lets_requests_in_flight_finish_and_routes_new_ones_elsewhere(
         replicas, replica_client):
     client = replica_client
     a, b = replicas.verifiers
-    reqs = [client.request(p, None, max_tokens=160) for p in PROMPTS]
+    # long enough that A still runs some when the last of them has started, on a loaded machine
+    reqs = [client.request(p, None, max_tokens=LONG) for p in PROMPTS]
     before_a, before_b = current(a.port), current(b.port)
     drained: dict = {}
     new_results: list = []
@@ -56,7 +58,7 @@ def test_sigterm_lets_requests_in_flight_finish_and_routes_new_ones_elsewhere(
 
     results = run_in_flight(client, reqs, 4, drain_a_and_send_more)
     ok(results)
-    assert all(len(r.token_ids) == 160 for r in results)
+    assert all(len(r.token_ids) == LONG for r in results)
     assert [len(r.token_ids) for r in new_results] == [4] * 4
     assert drained["code"] == 0
     # A finished exactly the requests it had when it got SIGTERM, and was sent nothing new
@@ -84,10 +86,12 @@ def test_requests_still_running_when_the_grace_period_ends_resume_elsewhere(
         ensure_all_serving(replicas, client)
     finally:
         a.argv = argv
-    before_b = current(b.port)
+    before_a, before_b = current(a.port), current(b.port)
+    follower: list[StatsFollower] = []
 
     def short_drain_of_a():
-        assert current(a.port).running > 0
+        follower.append(StatsFollower(a.port))
+        assert follower[0].first.running > 0
         a.proc.send_signal(signal.SIGTERM)
         assert a.proc.wait(60) == 0
 
@@ -96,5 +100,7 @@ def test_requests_still_running_when_the_grace_period_ends_resume_elsewhere(
     for r, ref in zip(results, refs):
         assert (r.token_ids, r.text, r.usage.completion_tokens) == \
             (ref.token_ids, ref.text, ref.usage.completion_tokens)
+    # what A did not finish (on a loaded machine it may finish one before the end), B did
+    finished_on_a = follower[0].ended(30).finished_requests - before_a.finished_requests
     after_b = watch_until(b.port, idle)
-    assert after_b.finished_requests - before_b.finished_requests == len(reqs)
+    assert after_b.finished_requests - before_b.finished_requests == len(reqs) - finished_on_a
