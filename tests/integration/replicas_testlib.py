@@ -42,8 +42,10 @@ class InFlight:
 
 def run_in_flight(client: GenClient, reqs: list[common_pb2.GenerateRequest], min_tokens: int,
                   while_streaming, timeout: float = 120.0) -> list[Result | grpc.RpcError]:
-    """Start every request, call while_streaming() once each has min_tokens tokens (none can
-    have finished: max_tokens must be larger), and return each one's result or error."""
+    """Start every request, call while_streaming() once each has min_tokens tokens, and return
+    each one's result or error. On a loaded machine a request that started early may already
+    have finished by then (another one was slow to start): callers count what is running from
+    the verifiers' stats, not from len(reqs)."""
     flight = InFlight(reqs, min_tokens)
 
     def one(i: int):
