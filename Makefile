@@ -37,6 +37,7 @@ run: $(STAMP) $(if $(filter $(REAL_MODEL),$(MODEL)),real-model)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) tests/import_graph.py
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist), a whole file to a worker (module
 # fixtures such as a started stack stay shared): most of its time is services starting up and

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from forward_profile import _best_ms  # noqa: E402
 
-from proposer_service.draft import DraftModelProposer  # noqa: E402
-from proposer_service.mlp import MlpSpeculatorProposer  # noqa: E402
+from proposer_service.draft.proposer import DraftModelProposer  # noqa: E402
+from proposer_service.mlp.proposer import MlpSpeculatorProposer  # noqa: E402
 from splitspec.vocab_frequencies import FREQUENCIES  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -1,5 +1,5 @@
 """Where the verifier's forward spends its time, for the comparison report: the target's paged
-forward (verifier_service.model_runner) in this process, one decode row and one verification of
+forward (verifier_service.model.runner) in this process, one decode row and one verification of
 k + 1 rows over a cached prompt, timed per matmul backend (kernels/linear.py); the default
 backend's cost for every row count up to 13 (the shape of the curve a verification pays: on
 a CPU it climbs in steps, one more pass over the weights per micro-kernel tile of rows, see
@@ -28,9 +28,9 @@ def _runner(model_dir: str, linear: str):
     import torch
 
     from splitspec.modelio import load_causal_lm
-    from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
-    from verifier_service.model_runner import ModelRunner
-    from verifier_service.paged_attention import ATTENTION_NAME, register
+    from verifier_service.kv.cache import KVCacheSpec, PagedKVCache
+    from verifier_service.kv.paged_attention import ATTENTION_NAME, register
+    from verifier_service.model.runner import ModelRunner
 
     register()
     device = torch.device("cpu")
@@ -47,7 +47,7 @@ def _runner(model_dir: str, linear: str):
 def _steps(runner, context: int, rows: int):
     """A function running one forward of `rows` rows after `context` cached tokens."""
     from kernels.layout import StepLayout
-    from verifier_service.kv_cache import BlockTable
+    from verifier_service.kv.cache import BlockTable
 
     table = BlockTable()
     runner.kv.reserve(table, context + rows)

@@ -308,12 +308,12 @@ def sync_check(args) -> list[str]:
         return ["- not run: needs a CUDA device (a GPU-only figure)"]
     import asyncio
 
-    import verifier_service.eagle as eagle_module
     import verifier_service.engine as engine_module
+    import verifier_service.methods.eagle.method as eagle_module
     from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria
     from verifier_service.config import VerifierConfig
     from verifier_service.server import build_engine
-    from verifier_service.warmup import warm_up
+    from verifier_service.step.warmup import warm_up
 
     head = Path(f"{args.model}-eagle")
     eagle = str(head) if (head / "config.json").exists() else ""
@@ -497,7 +497,7 @@ def main() -> None:
                   "|---|" + "---:|" * len(conc)]
         chosen = [f"- batch 1 passes: {auto_choices({auto: passes[-1][auto]}, 0.0)}"]
         # EAGLE's smallest chain beside them: its chains over a step's sequences replay
-        # together (eagle_batch_graphs.py)
+        # together (methods/eagle/batch_graphs.py)
         eagle = next((c for c in cfgs if c.name == "eagle" and c.branches == 1), None)
         extra = [eagle] if eagle is not None and (best is None or eagle != best[0]) else []
         for c in [off] + ([best[0]] if best else []) + extra + [auto]:

@@ -103,14 +103,14 @@ def observer_costs(steps: int = 64, requests: int = 200) -> dict[str, float]:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from prometheus_client import CollectorRegistry
 
-    from verifier_service.engine_stats import (
+    from verifier_service.telemetry.metrics import VerifierMetrics
+    from verifier_service.telemetry.stats import (
         MethodStepStats,
         RequestTimeline,
         StepRecord,
         StepStats,
     )
-    from verifier_service.metrics import VerifierMetrics
-    from verifier_service.tracing import VerifierTracer
+    from verifier_service.telemetry.tracing import VerifierTracer
 
     out: dict[str, float] = {}
     metrics = VerifierMetrics(CollectorRegistry())

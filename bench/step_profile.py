@@ -111,7 +111,7 @@ def main() -> None:
 
     from verifier_service.config import VerifierConfig
     from verifier_service.server import build_engine
-    from verifier_service.warmup import warm_up
+    from verifier_service.step.warmup import warm_up
 
     head = Path(f"{args.model}-eagle")
     eagle = str(head) if (head / "config.json").exists() else ""

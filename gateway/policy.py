@@ -5,7 +5,7 @@ goodput (splitspec/goodput.py) for the batch the request is about to join: accep
 measured online and kept apart for greedy and sampled requests, the verifier's measured step
 time by batch tokens and each proposer's round trip (gateway/estimates.py, fed by
 gateway/stats_watch.py). The verifier then re-decides k every step from the request's own
-acceptance and the actual batch (SpeculationPlan.adaptive; verifier_service/adaptive_k.py).
+acceptance and the actual batch (SpeculationPlan.adaptive; verifier_service/drafts/adaptive_k.py).
 The decision is a `splitspec.params.SpeculationPlan`, the one type the verifier's engine runs;
 the front door sends it as GenerateRequest.speculation_plan (splitspec/wire.py `plan_to_pb`).
 

@@ -25,14 +25,14 @@ sequence's cached tokens, its ancestors and itself. For a chain (parents i - 1, 
 is the causal mask and the attention path builds it arithmetically; any other tree carries the
 relation as `ancestors` [B, max_q, max_q], once per step, shared by every layer. A sequence's fed
 row j is stored in the cache column start_pos + j whatever its position, so after verification the
-rows to keep are named by their fed index (verifier_service/kv_cache.py `keep`).
+rows to keep are named by their fed index (verifier_service/kv/cache.py `keep`).
 
 Example: sequence 0 above with draft_parents [-1, -1] (two alternatives for one position):
     positions    [p p+1 p+1 | ...]          d1 and d2 both at depth 1; d2 does not see d1
 
-Attention reads only `query_positions` and the relation (verifier_service/paged_attention.py), not
-the parents, so rows whose visibility is not a tree (lookahead decoding's 2-D window) need only a
-way to fill the relation; rows whose K/V is scratch are simply left out of the kept rows.
+Attention reads only `query_positions` and the relation (verifier_service/kv/paged_attention.py),
+not the parents, so rows whose visibility is not a tree (lookahead decoding's 2-D window) need only
+a way to fill the relation; rows whose K/V is scratch are simply left out of the kept rows.
 """
 
 from __future__ import annotations

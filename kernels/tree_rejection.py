@@ -91,7 +91,7 @@ class TreeResult(RejectionResult):
         return [row[:n] for row, n in zip(nodes, self.num_accepted.cpu().tolist())]
 
     def kept_rows(self) -> list[list[int]]:
-        """Per sequence, the fed rows to keep in the KV cache (verifier_service/kv_cache.py
+        """Per sequence, the fed rows to keep in the KV cache (verifier_service/kv/cache.py
         `keep`): `path_rows` of its path."""
         return [path_rows(n, path) for n, path in zip(self.fed_before.tolist(), self.paths())]
 

@@ -29,7 +29,7 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     draft_top_k: int = option(32, "K of the sparse draft distribution sent with sampled drafts")
     max_batch: int = option(32, "sequences drafted together in one forward pass")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
-    # draft only: its lean forward split over N devices (proposer_service/tp_draft.py)
+    # draft only: its lean forward split over N devices (proposer_service/draft/tp.py)
     tensor_parallel_size: int = option(
         1, "draft: devices the draft model is split over (tensor parallel; its KV head count "
         "must be a multiple); the proposer starts one process per device")

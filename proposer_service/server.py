@@ -13,7 +13,7 @@ from typing import Sequence
 from proposer_service.base import Proposer
 from proposer_service.config import ProposerConfig
 from proposer_service.servicer import ProposerServicer
-from proposer_service.telemetry import ProposerTelemetry, service_name
+from proposer_service.telemetry.service import ProposerTelemetry, service_name
 from protos import proposer_pb2, proposer_pb2_grpc
 from splitspec.device import trim_host_heap
 from splitspec.grpc_server import add_health_and_reflection, listen, make_server, mark_serving
@@ -34,7 +34,7 @@ def proposer_class(method: str) -> type[Proposer]:
 
 def build_proposer(config: ProposerConfig) -> Proposer:
     if config.tensor_parallel_size > 1:  # the draft split over devices: this is rank 0
-        from proposer_service.tp_draft import start
+        from proposer_service.draft.tp import start
 
         return start(config)
     return proposer_class(config.method).from_config(config)

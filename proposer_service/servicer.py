@@ -9,8 +9,8 @@ import time
 
 from proposer_service.ahead import AheadRunner
 from proposer_service.base import Proposer
-from proposer_service.metrics import ProposerMetrics
-from proposer_service.tracing import ProposerTracer
+from proposer_service.telemetry.metrics import ProposerMetrics
+from proposer_service.telemetry.tracing import ProposerTracer
 from protos import proposer_pb2, proposer_pb2_grpc
 from splitspec.proposal import (
     ahead_to_pb,

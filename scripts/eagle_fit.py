@@ -9,8 +9,8 @@ train     a head the target's own size (one Llama decoder layer over 2H inputs, 
 eval      held-out acceptance per position of greedy chains (exact, from the training-time
           test's forward), tokens per step of chains and of EAGLE-2 trees at several node
           budgets (greedy decoding simulated against the target's own answer, the trees drafted
-          by the verifier's code, verifier_service/eagle_head.py), the MLP speculator and the
-          draft on the same answers where they fit, then the head's README.md.
+          by the verifier's code, verifier_service/methods/eagle/head.py), the MLP speculator and
+          the draft on the same answers where they fit, then the head's README.md.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import eagle_data as ed
 import eagle_ttt
 import torch
 
-from verifier_service.eagle_format import EagleSpec, EagleWeights, save_eagle3
-from verifier_service.eagle_head import EagleHead
+from verifier_service.methods.eagle.checkpoint import EagleSpec, EagleWeights, save_eagle3
+from verifier_service.methods.eagle.head import EagleHead
 
 PARAMS = ("fc", "q", "k", "v", "o", "input_norm", "hidden_norm", "post_norm", "gate", "up",
           "down", "norm", "lm_head")
@@ -297,7 +297,7 @@ def other_speculators(a, val: list[dict], log) -> dict:
     import train_real as tr
     from transformers import AutoModelForCausalLM
 
-    from proposer_service.mlp_speculator import MLPSpeculator
+    from proposer_service.mlp.speculator import MLPSpeculator
 
     base = a.target.parent / a.target.name
     out = {}

@@ -15,7 +15,7 @@ target's tokens fed back (the drafted ones, whenever they were right). So one fo
 loss of every drafting depth on the head's own fed-back states, and, with argmax in place of the
 loss, the exact greedy acceptance of every chain rooted in the answer (`chain_hits`).
 
-The head's plain-tensor code (verifier_service/eagle_head.py) is the forward; only `attend`
+The head's plain-tensor code (verifier_service/methods/eagle/head.py) is the forward; only `attend`
 differs: the diagonal keys are scored one by one instead of being written to a cache.
 """
 

@@ -48,7 +48,7 @@ def log(msg: str) -> None:
 def load_models(models: Path):
     from transformers import AutoModelForCausalLM
 
-    from proposer_service.mlp_speculator import MLPSpeculator
+    from proposer_service.mlp.speculator import MLPSpeculator
 
     tok = mf.load_tokenizer(models / "target")
     target = AutoModelForCausalLM.from_pretrained(

@@ -14,7 +14,7 @@ Stages (in order):
   distill    the target's greedy continuations of train-split prompts -> <work>/data/distill.pt
   draft      small Llama trained on corpus + target continuations, with the target's soft targets
   mlp        MLP speculator trained on the frozen target's final hidden states and greedy tokens,
-             stored in the accelerators' mlp_speculator format (proposer_service/mlp_speculator.py)
+             stored in the accelerators' mlp_speculator format (proposer_service/mlp/speculator.py)
 
 Everything is trained in fp32 and stored as fp16 safetensors. Seeds are fixed; the split is by
 file. Wall-clock caps (--*-minutes) stop a stage early if the machine is slower than expected,
@@ -417,7 +417,7 @@ def stage_draft(a: TrainArgs) -> None:
 
 
 def stage_mlp(a: TrainArgs) -> None:
-    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+    from proposer_service.mlp.speculator import MLPSpeculator, MLPSpeculatorConfig
 
     target = load_target(a)
     seqs, prompt_len = load_distill(a)

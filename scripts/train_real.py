@@ -18,7 +18,7 @@ Stages:
   freq   how often the target says each token in its training answers, ranked, into both
          speculators' token_frequencies.json (their heads may score only the most frequent
          tokens: splitspec/vocab_frequencies.py), with the held-out answers' coverage.
-  mlp    MLP speculator in the accelerators' format (proposer_service/mlp_speculator.py):
+  mlp    MLP speculator in the accelerators' format (proposer_service/mlp/speculator.py):
          emb_dim 576 (the target's hidden size), small inner_dim so the file stays under 64 MB,
          tied weights; head i learns the target's token i + 2 ahead given its state and tokens.
   draft  small Llama sharing the tokenizer (tied embeddings initialised from a PCA projection of
@@ -343,7 +343,7 @@ def _fit(name: str, model, a, weight_decay: float, batch_loss, evaluate, unit: s
 def stage_mlp(a) -> None:
     from transformers import AutoTokenizer
 
-    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+    from proposer_service.mlp.speculator import MLPSpeculator, MLPSpeculatorConfig
 
     tok = AutoTokenizer.from_pretrained(TARGET, local_files_only=True)
     tcfg = json.loads((TARGET / "config.json").read_text())
@@ -520,7 +520,7 @@ def draft_acceptance(model, records, k: int, mask: torch.Tensor | None = None) -
 def stage_eval(a) -> None:
     from transformers import AutoModelForCausalLM
 
-    from proposer_service.mlp_speculator import MLPSpeculator
+    from proposer_service.mlp.speculator import MLPSpeculator
     from splitspec.vocab_frequencies import resolve_subset
 
     val = load_records(a, "val")

@@ -4,7 +4,7 @@ Its one home: the verifier's counters become acceptance here (`Acceptance.from_c
 the engine's counters and their WatchStats protobuf alike; `MethodCounts` for one method),
 acceptance becomes a method's model (`MethodModel.from_acceptance`), and draft limits and the
 step-cost curve are fitted here; the gateway's per-request choice (gateway/policy.py) and the
-verifier's per-step k (verifier_service/adaptive_k.py) both read the model through these.
+verifier's per-step k (verifier_service/drafts/adaptive_k.py) both read the model through these.
 
 Goodput is output tokens per second of verifier time (SmartSpec, "Optimizing Speculative
 Decoding for Serving LLMs Using Goodput"). For a draft of k tokens whose tokens are each
@@ -341,7 +341,7 @@ def draft_limit(longest_draft: int, largest_asked: int, drafts: float,
 @dataclass(frozen=True)
 class MethodCounts:
     """What the verifier counted of one proposer method since it started, as its per-step k
-    (verifier_service/adaptive_k.py) and the gateway's policy (gateway/estimates.py, from
+    (verifier_service/drafts/adaptive_k.py) and the gateway's policy (gateway/estimates.py, from
     WatchStats) both read it."""
 
     greedy: Acceptance = Acceptance()

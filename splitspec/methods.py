@@ -13,7 +13,7 @@ Two kinds:
     file in proposer_service/ (a `Proposer` with `from_config`) plus one entry below.
   * `in_target`: candidates produced inside the verifier, from the target's own step (lookahead
     decoding, heads on the target): no process, no port. Adding one = its own file in
-    verifier_service/ (a `verifier_service.in_target.InTargetMethod`) plus one entry below.
+    verifier_service/ (a `verifier_service.methods.in_target.InTargetMethod`) plus one entry below.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class HiddenState(str, enum.Enum):
 
 class Kind(str, enum.Enum):
     PROPOSER = "proposer"  # a proposer process (proposer_service/), started by the launcher
-    IN_TARGET = "in_target"  # inside the verifier (verifier_service/in_target.py): no process
+    IN_TARGET = "in_target"  # in the verifier (verifier_service/methods/in_target.py): no process
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class MethodSpec:
     name: str
     summary: str
     # "module:Class", imported lazily: a proposer_service.base.Proposer for a proposer, a
-    # verifier_service.in_target.InTargetMethod for an in-target method
+    # verifier_service.methods.in_target.InTargetMethod for an in-target method
     implementation: str
     capabilities: Capabilities
     default_port: int = 0  # the launcher's port for a proposer (in-target methods have none)
@@ -81,7 +81,7 @@ def _same_tokenizer(target: Path, model: Path) -> bool:
 
 def _eagle_fits(target: Path, model: Path) -> bool:
     """A head's config.json names the target's vocabulary and reads features of its width
-    (verifier_service/eagle_format.py checks the rest when it loads)."""
+    (verifier_service/methods/eagle/checkpoint.py checks the rest when it loads)."""
     try:
         tcfg = json.loads((target / "config.json").read_text())
         hcfg = json.loads((model / "config.json").read_text())
@@ -106,12 +106,12 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                "sequence's suffix", "proposer_service.ngram:NgramProposer",
                Capabilities(), default_port=50052),
     MethodSpec("draft", "a small causal LM with its own KV cache per sequence",
-               "proposer_service.draft:DraftModelProposer",
+               "proposer_service.draft.proposer:DraftModelProposer",
                Capabilities(sampled_drafts=True, drafts_ahead=True, needs_model=True),
                default_port=50053,
                model_dir="draft", fits=_same_tokenizer),
     MethodSpec("mlp", "an MLP speculator conditioned on the target's last hidden state",
-               "proposer_service.mlp:MlpSpeculatorProposer",
+               "proposer_service.mlp.proposer:MlpSpeculatorProposer",
                Capabilities(hidden_state=HiddenState.FINAL, sampled_drafts=True,
                             needs_model=True), default_port=50054,
                model_dir="mlp-speculator", fits=_speculator_fits),
@@ -119,10 +119,11 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                "drafting more when the match is frequent", "proposer_service.suffix:SuffixProposer",
                Capabilities(cross_request=True), default_port=50055),
     MethodSpec("lookahead", "lookahead decoding: a Jacobi window and an n-gram pool inside the "
-               "target's own forward, no draft model", "verifier_service.lookahead:LookaheadMethod",
+               "target's own forward, no draft model",
+               "verifier_service.methods.lookahead:LookaheadMethod",
                Capabilities(always_trees=True), kind=Kind.IN_TARGET),
     MethodSpec("eagle", "EAGLE heads on the target's own features, inside the verifier: chains "
-               "and EAGLE-2 dynamic trees", "verifier_service.eagle:EagleMethod",
+               "and EAGLE-2 dynamic trees", "verifier_service.methods.eagle.method:EagleMethod",
                Capabilities(sampled_drafts=True, needs_model=True, token_trees=True),
                model_dir="eagle", fits=_eagle_fits, kind=Kind.IN_TARGET),
 )}

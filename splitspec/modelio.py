@@ -11,7 +11,7 @@ import torch
 from splitspec.errors import BadModel
 
 
-def _require_local_dir(path: str | os.PathLike) -> Path:
+def require_local_dir(path: str | os.PathLike) -> Path:
     p = Path(path)
     if not (p / "config.json").is_file():
         raise BadModel(f"{p} is not a model directory (no config.json); "
@@ -55,7 +55,7 @@ def read_weight_files(path: Path, weights_name: str = "model.safetensors"
 def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
-    p = _require_local_dir(path)
+    p = require_local_dir(path)
     return _loading(p, "tokenizer", lambda: AutoTokenizer.from_pretrained(
         p, local_files_only=True, trust_remote_code=trust_remote_code))
 
@@ -66,7 +66,7 @@ def load_causal_lm(path: str | os.PathLike, device: torch.device, dtype: torch.d
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    p = _require_local_dir(path)
+    p = require_local_dir(path)
     # safetensors only: a pickled checkpoint (pytorch_model.bin) could run code when loaded
     model = _loading(p, "model", lambda: AutoModelForCausalLM.from_pretrained(
         p, local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True,

@@ -19,7 +19,7 @@ So a forward costs 2 all-reduces per layer, one for the embedding and one all-ga
 head, all on the device's collective backend (NCCL, CNCL, gloo: splitspec/device.py). After each
 all-reduce every rank holds the same residual stream, so the final hidden states rank 0 hands to
 hidden-state proposers are the whole ones. What the host sends (a step's plan) travels over a
-second group that is always gloo (verifier_service/tp_broadcast.py). Sharding needs the lean
+second group that is always gloo (verifier_service/tp/broadcast.py). Sharding needs the lean
 forward and a KV head count that N divides (`check_shardable`); the transformers forward is not
 sharded.
 """

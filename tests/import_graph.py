@@ -4,7 +4,12 @@ rules it keeps:
 - no cycle among product modules;
 - a service package (gateway, verifier_service, proposer_service) imports no other service's;
 - a shared package (splitspec, kernels, protos) imports no service;
-- the launcher app (splitspec.launcher) is imported by nothing outside it.
+- the launcher app (splitspec.launcher) is imported by nothing outside it;
+- inside a service, the directions of ROOMS below: a room (a subpackage, such as
+  verifier_service.kv) imports only what its row names of its own service, a shared module at
+  the service's top (one that a room may import, such as verifier_service.config) imports no
+  room, and the rest of the top (the servicer, the server, the engine) may import any room;
+- no module imports another room's private name (one that starts with `_`).
 
 Every import statement counts, wherever it stands: in a function, under TYPE_CHECKING, relative.
 `python tests/import_graph.py` prints the graph's size and what breaks a rule.
@@ -21,6 +26,28 @@ SHARED = ("splitspec", "kernels", "protos")
 LAUNCHER = "splitspec.launcher"
 
 Graph = dict[str, set[str]]  # module -> the product modules it imports
+
+# The rooms of each service, bottom up, and what each may import of its own service: a room
+# ("kv"), one module of a room ("methods.in_target": that module and what lies inside it, no
+# other), or a module at the service's top ("config"). Within a room imports are free. Each
+# package's __init__.py says the same in words.
+ROOMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "verifier_service": {
+        "kv": (),
+        "telemetry": (),
+        "batching": ("kv", "telemetry"),
+        "methods": ("batching",),
+        "step": ("batching", "methods.in_target"),
+        "model": ("config", "kv", "step", "methods.eagle.checkpoint"),
+        "drafts": ("batching", "telemetry", "methods.in_target"),
+        "tp": ("config", "kv", "step", "model"),
+    },
+    "proposer_service": {
+        "telemetry": (),
+        "draft": ("base", "config", "sampling", "tree_builder"),
+        "mlp": ("base", "sampling", "tree_builder"),
+    },
+}
 
 
 def module_files(root: Path, packages=SERVICES + SHARED) -> dict[str, Path]:
@@ -76,6 +103,65 @@ def _in(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+def room_of(module: str) -> str | None:
+    """The room a service module lies in ("verifier_service.kv"), or None at a service's top."""
+    service, _, rest = module.partition(".")
+    head = rest.partition(".")[0]
+    return f"{service}.{head}" if head in ROOMS.get(service, {}) else None
+
+
+def _shared_top(service: str) -> set[str]:
+    """The modules at a service's top that some room may import: they import no room."""
+    return {f"{service}.{name}" for allowed in ROOMS[service].values() for name in allowed
+            if name.partition(".")[0] not in ROOMS[service]}
+
+
+def direction(a: str, b: str) -> str | None:
+    """Why the import a -> b goes against its service's directions (None: it does not)."""
+    service = _top(a)
+    if service not in ROOMS or _top(b) != service:
+        return None
+    ra, rb = room_of(a), room_of(b)
+    if ra is None:
+        if a in _shared_top(service) and rb is not None:
+            return f"a shared module of the top imports a room: {a} -> {b}"
+        return None
+    if ra == rb:
+        return None
+    allowed = [f"{service}.{name}" for name in ROOMS[service][ra.partition(".")[2]]]
+    if any(_in(b, name) for name in allowed):
+        return None
+    return f"import against the rooms' directions: {a} -> {b} ({ra} may import " \
+           f"{', '.join(allowed) or 'nothing of its service'})"
+
+
+def private_imports(root: Path = REPO, packages=SERVICES + SHARED) -> list[str]:
+    """`from m import _name` where m lies in another room (or another package) than the
+    importer: one line each."""
+    files = module_files(root, packages)
+    modules = set(files)
+    out = []
+    for module, path in files.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            source = _target(base, modules)
+            if source is None or source == module:
+                continue
+            same_room = (room_of(source) or _top(source)) == (room_of(module) or _top(module))
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__") \
+                        and not same_room:
+                    out.append(f"private name imported across rooms: {module} -> "
+                               f"{source}.{alias.name}")
+    return sorted(out)
+
+
 def cycles(graph: Graph) -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan), sorted."""
     index: dict[str, int] = {}
@@ -120,13 +206,18 @@ def violations(graph: Graph) -> list[str]:
                 out.append(f"shared package imports a service: {a} -> {b}")
             if _in(b, LAUNCHER) and not _in(a, LAUNCHER):
                 out.append(f"the launcher app is imported: {a} -> {b}")
+            if (why := direction(a, b)) is not None:
+                out.append(why)
     return out
 
 
 if __name__ == "__main__":
+    # `make lint` runs this: exit status 1 when a rule is broken
     g = build()
-    found = violations(g)
-    print(f"{len(g)} product modules, {sum(map(len, g.values()))} imports between them; "
-          f"{len(found)} broken rules")
+    found = violations(g) + private_imports()
+    print(f"import directions: {len(g)} product modules, {sum(map(len, g.values()))} imports "
+          f"between them; {len(found)} broken rules")
     print("\n".join(found) or "no cycle, no service importing another, no shared package "
-          "importing a service, the launcher imported by nothing else")
+          "importing a service, the launcher imported by nothing else, every room's imports "
+          "in its direction, no private name across rooms")
+    raise SystemExit(1 if found else 0)

@@ -15,25 +15,25 @@ import kernels.rejection as rejection
 import kernels.sampling as sampling
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
-import proposer_service.draft_graphs as draft_graphs
-import proposer_service.draft_sampling as draft_sampling
-import proposer_service.mlp as mlp
+import proposer_service.draft.graphs as draft_graphs
+import proposer_service.mlp.proposer as mlp
+import proposer_service.sampling as draft_sampling
 import splitspec.goodput as goodput
-import verifier_service.adaptive_k as adaptive_k
-import verifier_service.eagle as eagle
-import verifier_service.eagle_batch_graphs as eagle_batch_graphs
-import verifier_service.eagle_format as eagle_format
-import verifier_service.eagle_graphs as eagle_graphs
-import verifier_service.eagle_head as eagle_head
-import verifier_service.step_executor as step_executor
-import verifier_service.step_plan as step_plan
-import verifier_service.step_sampler as step_sampler
-import verifier_service.verify as verify
+import verifier_service.drafts.adaptive_k as adaptive_k
+import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
+import verifier_service.methods.eagle.checkpoint as eagle_format
+import verifier_service.methods.eagle.graphs as eagle_graphs
+import verifier_service.methods.eagle.head as eagle_head
+import verifier_service.methods.eagle.method as eagle
+import verifier_service.step.executor as step_executor
+import verifier_service.step.plan as step_plan
+import verifier_service.step.sampler as step_sampler
+import verifier_service.step.verify as verify
 from kernels.sampling import keyed_argmax, noise_key
-from proposer_service.draft import DraftSession
-from proposer_service.mlp_speculator import SpeculatorNorm
-from verifier_service.draft_collector import DraftCollector
-from verifier_service.model_runner import ModelRunner
+from proposer_service.draft.proposer import DraftSession
+from proposer_service.mlp.speculator import SpeculatorNorm
+from verifier_service.drafts.collector import DraftCollector
+from verifier_service.model.runner import ModelRunner
 
 
 def residual_from_p(monkeypatch) -> None:
@@ -456,26 +456,26 @@ def tp_vocab_rows_off_by_one(monkeypatch) -> None:
 def tp_follower_drops_moves(monkeypatch) -> None:
     """The other ranks of a tensor-parallel verifier skip rank 0's kept-row moves: after a tree
     or lookahead step their KV cache shards hold rows rank 0's no longer does."""
-    import verifier_service.tp_broadcast as tpb
-    import verifier_service.tp_worker as worker
+    import verifier_service.kv.journal as journal_ops
+    import verifier_service.tp.worker as worker
 
     def zero_only(kv, journal):
         at, kept = 0, []
         while at < len(journal):
             op, n = int(journal[at]), int(journal[at + 1])
-            width = 2 + (n if op == tpb.ZERO else 2 * n)
-            if op == tpb.ZERO:
+            width = 2 + (n if op == journal_ops.ZERO else 2 * n)
+            if op == journal_ops.ZERO:
                 kept.append(journal[at:at + width])
             at += width
         if kept:
-            tpb.replay_journal(kv, np.concatenate(kept))
+            journal_ops.replay_journal(kv, np.concatenate(kept))
 
     monkeypatch.setattr(worker, "replay_journal", zero_only)
 
 
 def tp_journal_sent_apart(monkeypatch) -> None:
     """Rank 0 sends each step's cache journal in a broadcast of its own before the plan."""
-    import verifier_service.tp_broadcast as tpb
+    import verifier_service.tp.broadcast as tpb
 
     def step(self, plan):
         self.steps += 1

@@ -67,7 +67,7 @@ def make_mlp_speculator(target_dir: str | Path, out: Path, n_predict: int = 4,
     """A randomly initialised speculator for the target (fp32), recording the target's dir."""
     from transformers import AutoConfig
 
-    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+    from proposer_service.mlp.speculator import MLPSpeculator, MLPSpeculatorConfig
 
     tc = AutoConfig.from_pretrained(target_dir, local_files_only=True)
     torch.manual_seed(seed)
@@ -108,7 +108,7 @@ def make_trained_mlp_speculator(target_dir: str | Path, out: Path, n_predict: in
     hidden-state contract that a random speculator cannot give.
     """
 
-    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+    from proposer_service.mlp.speculator import MLPSpeculator, MLPSpeculatorConfig
 
     tc, target, seqs = greedy_continuations(target_dir, seed, 32, 40)
     with torch.no_grad():
@@ -171,8 +171,8 @@ def make_trained_eagle_head(target_dir: str | Path, out: Path, steps: int = 40,
     import eagle_fit
     import eagle_ttt
 
-    from verifier_service.eagle_format import save_eagle3
-    from verifier_service.eagle_head import EagleHead
+    from verifier_service.methods.eagle.checkpoint import save_eagle3
+    from verifier_service.methods.eagle.head import EagleHead
 
     layers = [0, 1, 1]
     tc, target, seqs = greedy_continuations(target_dir, seed, 16, 28)

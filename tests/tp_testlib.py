@@ -4,7 +4,7 @@
 collectives (a barrier and the ranks' tensors summed in rank order): the sharded forward's
 arithmetic without processes, for cheap tests of any N. `TPServe` is the real thing: a verifier
 engine as rank 0 of a gloo group with rank 1 in a process of its own
-(verifier_service/tp_worker.py), shared by a module's tests.
+(verifier_service/tp/worker.py), shared by a module's tests.
 
 `tiny_family` makes a tiny random checkpoint of a lean family with the tiny Llama's tokenizer
 (as tests/verifier_service/test_model_families.py does).
@@ -118,7 +118,7 @@ class TPServe:
         from proposer_service.ngram import NgramProposer
         from verifier_service.config import VerifierConfig
         from verifier_service.server import build_engine
-        from verifier_service.tp_worker import start_group
+        from verifier_service.tp.worker import start_group
 
         config = VerifierConfig(model=model_dir, threads=1, tensor_parallel_size=size,
                                 warmup=False, **overrides)
@@ -169,7 +169,7 @@ def teacher_forced_argmax(engine, token_ids: list[int]) -> list[int]:
     executor (fed as the first token plus a chain of drafts: every row gets logits), on a
     table reserved and released around it."""
     from kernels.layout import StepLayout
-    from verifier_service.kv_cache import BlockTable
+    from verifier_service.kv.cache import BlockTable
 
     n = len(token_ids)
     kv, executor = engine.runner.kv, engine.executor
@@ -190,18 +190,18 @@ def teacher_forced_argmax(engine, token_ids: list[int]) -> list[int]:
 def serve_in_threads(model_dir: str, make_inputs, size: int = 2, **overrides):
     """A tensor-parallel verifier whose ranks are threads of this process (ThreadRanks): rank 0
     builds the engine and serves make_inputs(engine) (then tells the others to stop), the others
-    follow it (verifier_service/tp_worker.follow). Returns (outputs, rank 0's engine, rank 0's
+    follow it (verifier_service/tp/worker.follow). Returns (outputs, rank 0's engine, rank 0's
     group, the steps each other rank ran)."""
     from engine_testlib import run_all
     from proposer_testlib import InProcessProposerClient
 
     from proposer_service.ngram import NgramProposer
     from verifier_service.config import VerifierConfig
+    from verifier_service.model.target import build_runner
     from verifier_service.server import build_engine
-    from verifier_service.step_executor import StepExecutor
-    from verifier_service.target import build_runner
-    from verifier_service.tp_broadcast import PlanReceiver
-    from verifier_service.tp_worker import follow
+    from verifier_service.step.executor import StepExecutor
+    from verifier_service.tp.broadcast import PlanReceiver
+    from verifier_service.tp.worker import follow
 
     config = VerifierConfig(model=model_dir, threads=1, tensor_parallel_size=size,
                             warmup=False, **overrides)

@@ -50,7 +50,8 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     )
     # Drafting ahead: proposers that declare drafts_ahead draft the next step for the likely
     # outcomes while this one is verified; a hit saves the proposer's drafting time.
-    # auto: per method, whichever measures cheaper per token (verifier_service/ahead_policy.py)
+    # auto: per method, whichever measures cheaper per token
+    # (verifier_service/drafts/ahead_policy.py)
     draft_ahead: str = option("auto", "ask proposers that can to draft ahead while verifying",
                               choices=("auto", "on", "off"), aliases=("--overlap",))
     max_num_seqs: int = option(8, "sequences decoded together (running batch)")
@@ -70,13 +71,13 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
     # (powers of two up to --max-num-seqs x (1 + --max-num-speculative-tokens)), each captured
-    # once at start-up and replayed: verifier_service/step_executor.py; an EAGLE head's greedy
-    # chain and advance too (verifier_service/eagle_graphs.py).
+    # once at start-up and replayed: verifier_service/step/executor.py; an EAGLE head's greedy
+    # chain and advance too (verifier_service/methods/eagle/graphs.py).
     graphs: str = option("auto", "capture decode steps (and an EAGLE head's greedy drafting) "
                          "as device graphs (auto: where the device supports them)",
                          choices=("auto", "off"),
                          aliases=("--cuda-graphs",))
-    # Tensor parallelism (verifier_service/tp_worker.py): the target's weights and KV heads
+    # Tensor parallelism (verifier_service/tp/worker.py): the target's weights and KV heads
     # split over N devices, one process per device, started by the verifier itself.
     tensor_parallel_size: int = option(
         1, "devices the target is split over (tensor parallel; the KV head count must be a "

@@ -4,17 +4,17 @@ forward, and streams the accepted tokens.
 One step (see docs/architecture.md):
   1. the scheduler admits waiting requests while KV blocks allow and reserves each running
      sequence's slots for this step (preempting the youngest when blocks run out);
-  2. draft_collector.py: in-target methods' per-sequence states (in_target.py) are asked in
+  2. drafts/collector.py: in-target methods' per-sequence states (methods/in_target.py) are asked in
      place; per proposer, one message carrying every speculating sequence's new tokens and k
      (for requests the gateway's policy marked adaptive, the goodput-best k of this step:
-     adaptive_k.py), sent
+     drafts/adaptive_k.py), sent
      concurrently and awaited until the per-step deadline; answers are checked;
-  3. verify.py, on the model thread: the step layout, one target forward over the packed ragged
+  3. step/verify.py, on the model thread: the step layout, one target forward over the packed ragged
      batch ([uncached tokens..., d1..dk] per sequence), the rejection sampler (kernels/), which
      keeps an accepted prefix plus one recovered or bonus token;
   4. _apply: the KV cache keeps the fed rows verification accepted (the rest are rolled back,
      emptied blocks freed), detokenization, stop checks, streaming; then the step's and finished
-     requests' records go to the observers (engine_stats.py: metrics, traces).
+     requests' records go to the observers (telemetry/stats.py: metrics, traces).
 A proposer that is late, gone or wrong costs only speculation: its sequences decode plainly.
 """
 
@@ -33,10 +33,18 @@ from typing import Sequence as Seq
 from splitspec.errors import InvalidArgument, Unavailable
 from splitspec.params import GenerationInput
 from splitspec.proposal import Draft
-from verifier_service.adaptive_k import AdaptiveK
+from verifier_service.batching.output import OutputTracker
+from verifier_service.batching.scheduler import Scheduled, Scheduler
+from verifier_service.batching.sequence import SequenceState, StepOutput
 from verifier_service.config import VerifierConfig
-from verifier_service.draft_collector import DraftCollector
-from verifier_service.engine_stats import (
+from verifier_service.drafts.adaptive_k import AdaptiveK
+from verifier_service.drafts.client import ProposerClient
+from verifier_service.drafts.collector import DraftCollector
+from verifier_service.methods.in_target import InTargetDrafts
+from verifier_service.model.runner import ModelRunner
+from verifier_service.step.executor import StepExecutor
+from verifier_service.step.verify import SeqResult, verify_step
+from verifier_service.telemetry.stats import (
     EngineObserver,
     EngineStats,
     MethodStats,
@@ -44,14 +52,6 @@ from verifier_service.engine_stats import (
     StepRecord,
     StepStats,
 )
-from verifier_service.in_target import InTargetDrafts
-from verifier_service.model_runner import ModelRunner
-from verifier_service.output import OutputTracker
-from verifier_service.proposer_client import ProposerClient
-from verifier_service.scheduler import Scheduled, Scheduler
-from verifier_service.sequence import SequenceState, StepOutput
-from verifier_service.step_executor import StepExecutor
-from verifier_service.verify import SeqResult, verify_step
 
 __all__ = ["Engine", "EngineStats", "MethodStats"]
 

@@ -2,7 +2,7 @@
 --proposer ngram=127.0.0.1:50052`.
 
 Each `--proposer METHOD=TARGET` becomes a `ProposerPool` over every address TARGET resolves to
-(one, for a plain HOST:PORT); see verifier_service/proposer_pool.py."""
+(one, for a plain HOST:PORT); see verifier_service/drafts/pool.py."""
 
 from __future__ import annotations
 
@@ -31,17 +31,17 @@ from splitspec.tls import client_tls, server_tls
 from splitspec.tp_ranks import exit_now
 from verifier_service.config import VerifierConfig
 from verifier_service.config_check import check_config
+from verifier_service.drafts.addresses import split_target
+from verifier_service.drafts.client import GrpcProposerClient, ProposerClient, ProposerMismatch
+from verifier_service.drafts.pool import ProposerPool
 from verifier_service.engine import Engine
-from verifier_service.proposer_addresses import split_target
-from verifier_service.proposer_client import GrpcProposerClient, ProposerClient, ProposerMismatch
-from verifier_service.proposer_pool import ProposerPool
+from verifier_service.model.target import build_runner
 from verifier_service.servicer import VerifierServicer
-from verifier_service.target import build_runner
-from verifier_service.telemetry import SERVICE_NAME as TELEMETRY_NAME
-from verifier_service.telemetry import VerifierTelemetry
-from verifier_service.tp_broadcast import PlanBroadcast
-from verifier_service.tp_worker import serve_node, start_group
-from verifier_service.warmup import warm_up
+from verifier_service.step.warmup import warm_up
+from verifier_service.telemetry.service import SERVICE_NAME as TELEMETRY_NAME
+from verifier_service.telemetry.service import VerifierTelemetry
+from verifier_service.tp.broadcast import PlanBroadcast
+from verifier_service.tp.worker import serve_node, start_group
 
 log = logging.getLogger("splitspec.verifier")
 SERVICE_NAME = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name

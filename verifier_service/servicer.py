@@ -5,7 +5,7 @@ request without one comes from a direct client and its SpeculationConfig is reso
 
 With tracing on, Generate starts the request's span under the incoming context (the gRPC
 server span, whose parent came in the metadata); the engine's RequestTimeline completes it
-(verifier_service/tracing.py)."""
+(verifier_service/telemetry/tracing.py)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from splitspec.wire import (
     speculation_from_pb,
     stopping_from_pb,
 )
+from verifier_service.batching.sequence import StepOutput
 from verifier_service.engine import Engine
-from verifier_service.engine_stats import AcceptanceCounts, EngineStats
 from verifier_service.prompt import PromptEncoder
-from verifier_service.sequence import StepOutput
-from verifier_service.tracing import VerifierTracer
+from verifier_service.telemetry.stats import AcceptanceCounts, EngineStats
+from verifier_service.telemetry.tracing import VerifierTracer
 
 IN_TARGET_ADDRESS = "in-target"  # ProposerStatus.address of a method the verifier runs itself
 

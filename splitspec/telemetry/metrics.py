@@ -2,9 +2,9 @@
 the service's `--metrics-port`, and the buckets of the latency histograms.
 
 Each service keeps its counters in its own exporter (gateway/metrics.py,
-verifier_service/metrics.py, proposer_service/metrics.py); hot paths add to plain integers and a
-collector turns them into counter families when Prometheus scrapes, so a step costs a few
-additions, not a lock per counter.
+verifier_service/telemetry/metrics.py, proposer_service/telemetry/metrics.py); hot paths add to
+plain integers and a collector turns them into counter families when Prometheus scrapes, so a step
+costs a few additions, not a lock per counter.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ Nothing is recorded or exported unless the environment asks for it:
 The exporters read their own variables as usual (headers, timeout, compression, insecure), and
 the batch span processor its OTEL_BSP_* ones. Context crosses services in gRPC metadata
 (W3C traceparent, via opentelemetry-instrumentation-grpc) on the Generate calls; the
-verifier -> proposer stream carries it per message instead (see verifier_service/tracing.py).
+verifier -> proposer stream carries it per message instead (see
+verifier_service/telemetry/tracing.py).
 
 Tracing is process-wide, as OpenTelemetry's own state is: `setup_tracing` installs the tracer
 provider and records which gRPC interceptors servers and channels of this process get

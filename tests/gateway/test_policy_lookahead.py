@@ -15,7 +15,7 @@ from protos import common_pb2, verifier_pb2
 from splitspec.errors import InvalidArgument
 from splitspec.goodput import Acceptance
 from splitspec.params import LookaheadParams, SpeculationMode, SpeculationRequest
-from verifier_service.lookahead import LookaheadMethod, LookaheadShape
+from verifier_service.methods.lookahead import LookaheadMethod, LookaheadShape
 
 ADDRESS = "replica-0"
 COST = tuple(("greedy", *b) for b in ((100, 100.0, 1.0), (100, 800.0, 1.05), (100, 1600.0, 1.1),

@@ -30,7 +30,7 @@ from protos import proposer_pb2, proposer_pb2_grpc, verifier_pb2_grpc
 from splitspec.launcher import REPO_ROOT, Service, Stack
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.net import free_port
-from verifier_service.proposer_pool import REVIVE_BACKOFF_S
+from verifier_service.drafts.pool import REVIVE_BACKOFF_S
 
 pytestmark = pytest.mark.integration
 VOCAB = 1024  # tests/fixtures/tiny-llama

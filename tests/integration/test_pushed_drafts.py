@@ -20,7 +20,7 @@ from protos import common_pb2, proposer_pb2_grpc
 from splitspec.launcher import Service
 from splitspec.net import free_port
 from splitspec.proposal import AHEAD_PUSHED, SequenceStep, description_from_pb
-from verifier_service.proposer_client import GrpcProposerClient
+from verifier_service.drafts.client import GrpcProposerClient
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from kernels.layout import StepLayout
-from verifier_service.paged_attention import PagedBatch
-from verifier_service.step_plan import plan_step
+from verifier_service.kv.paged_attention import PagedBatch
+from verifier_service.step.plan import plan_step
 
 
 def _reference(num_new, ks, starts, parents):

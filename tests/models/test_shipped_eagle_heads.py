@@ -36,7 +36,7 @@ def _present(family: str):
 def test_the_head_loads_and_fits_its_target(family):
     from safetensors import safe_open
 
-    from verifier_service.eagle_format import MAX_FILE_BYTES, load, misfit
+    from verifier_service.methods.eagle.checkpoint import MAX_FILE_BYTES, load, misfit
 
     target, head = _present(family)
     spec, _ = load(head)
@@ -55,7 +55,7 @@ def test_the_toy_head_drafts_the_targets_continuations():
     import model_family as mf
     from transformers import AutoModelForCausalLM
 
-    from verifier_service.eagle_head import EagleHead
+    from verifier_service.methods.eagle.head import EagleHead
 
     target_dir, head_dir = _present("toy")
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()

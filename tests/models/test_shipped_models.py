@@ -88,7 +88,7 @@ def test_heldout_loss_below_card_threshold(name, lms, sample, card):
 
 
 def test_family_shares_one_tokenizer(tokenizer, lms):
-    from proposer_service.mlp_speculator import MLPSpeculatorConfig
+    from proposer_service.mlp.speculator import MLPSpeculatorConfig
 
     fp = mf.vocab_fingerprint(tokenizer)
     assert mf.vocab_fingerprint(mf.load_tokenizer(MODELS / "draft")) == fp
@@ -119,7 +119,7 @@ def test_tokenizer_round_trips_python_source(tokenizer, sample):
 
 @pytest.fixture(scope="module")
 def spec():
-    from proposer_service.mlp_speculator import MLPSpeculator
+    from proposer_service.mlp.speculator import MLPSpeculator
 
     return MLPSpeculator.from_pretrained(MODELS / "mlp-speculator", dtype=torch.float32)
 

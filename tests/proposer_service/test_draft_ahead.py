@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_draft_proposer import reference_greedy
 
-from proposer_service.draft import DraftModelProposer
+from proposer_service.draft.proposer import DraftModelProposer
 from splitspec.modelio import load_tokenizer
 from splitspec.params import SamplingParams
 from splitspec.proposal import AHEAD_HIT, AHEAD_MISS, SequenceStep
@@ -158,7 +158,7 @@ def test_after_a_tree_a_taken_leaf_and_the_kept_chain_hit(proposer, prompt):
     """A tree step (max_branch 2) sends the chain with leaves; drafting ahead follows that tree:
     the chain as far as it was kept, all accepted, and each leaf accepted with a bonus token
     after it. Both outcomes are answered from the drafting ahead, with the fresh continuation."""
-    from proposer_service.draft_session import _spine_and_leaves
+    from proposer_service.draft.session import _spine_and_leaves
 
     def tree_step(session):
         (tree,) = session.propose([SequenceStep("s", list(prompt), len(prompt), 6,

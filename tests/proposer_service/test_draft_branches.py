@@ -9,8 +9,8 @@ import torch
 
 from kernels.sparse_probs import SparseProbs
 from kernels.tree_rejection import tree_rejection_sample
-from proposer_service.draft import DraftModelProposer
-from proposer_service.draft_branches import branch_chain
+from proposer_service.draft.branches import branch_chain
+from proposer_service.draft.proposer import DraftModelProposer
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft, SequenceStep
 

@@ -1,4 +1,4 @@
-"""The draft model's fixed-cache drafting loop (proposer_service/draft_graphs.py), run eagerly
+"""The draft model's fixed-cache drafting loop (proposer_service/draft/graphs.py), run eagerly
 on the CPU: the same greedy drafts, alternatives and caches as the proposer's own loop, for a
 batch of rows with different cache lengths and catch-up widths; sampled rows beside greedy ones
 drafting what the eager loop's chooser drafts (seeded rows: the very tokens; every row: the
@@ -15,8 +15,8 @@ import torch
 from capture_rules import GraphSafe
 
 from proposer_service.config import ProposerConfig
-from proposer_service.draft_cache import SeqState
-from proposer_service.draft_graphs import DraftGraphs
+from proposer_service.draft.cache import SeqState
+from proposer_service.draft.graphs import DraftGraphs
 from proposer_service.server import build_proposer
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
@@ -184,7 +184,7 @@ def test_steps_the_captured_loop_does_not_serve_are_counted_and_logged_once(prop
     its reason in the proposer's metrics, logged once per reason and shape."""
     from prometheus_client import CollectorRegistry
 
-    from proposer_service.metrics import ProposerMetrics
+    from proposer_service.telemetry.metrics import ProposerMetrics
     from splitspec.graphs import EagerFallbacks
 
     graphs = DraftGraphs(proposer.lean, torch.device("cpu"), 64, 1, 4, capture=False)

@@ -12,8 +12,8 @@ from tiny_proposer_models import make_random_draft
 
 from kernels.sampling import apply_sampling_params
 from proposer_service.base import HistoryStore
-from proposer_service.draft import DraftModelProposer
-from proposer_service.draft_sampling import choose_tokens, draft_keys
+from proposer_service.draft.proposer import DraftModelProposer
+from proposer_service.sampling import choose_tokens, draft_keys
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
@@ -220,7 +220,7 @@ def test_release_and_idle_eviction_drop_the_state(draft_dir, prompts, monkeypatc
 
 
 def test_info_reports_vocab_and_the_tokenizer_fingerprint(proposer, tiny_target_dir, tmp_path):
-    from verifier_service.proposer_client import ProposerMismatch, check_compatible
+    from verifier_service.drafts.client import ProposerMismatch, check_compatible
 
     desc = proposer.describe()
     fp = tokenizer_fingerprint(load_tokenizer(tiny_target_dir))

@@ -1,4 +1,4 @@
-"""proposer_service/draft_sampling.py: a sampled draft token really is a sample of the q sent
+"""proposer_service/sampling.py: a sampled draft token really is a sample of the q sent
 with it (the one property rejection sampling needs from a proposer), for unseeded and seeded
 requests."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from proposer_service.draft_sampling import choose_tokens, draft_keys
+from proposer_service.sampling import choose_tokens, draft_keys
 from splitspec.params import SamplingParams
 
 

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_proposer_models import TINY_TARGET
 
-from proposer_service.mlp import MlpSpeculatorProposer
+from proposer_service.mlp.proposer import MlpSpeculatorProposer
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
 
@@ -200,7 +200,7 @@ def test_the_projects_own_checkpoints_are_written_in_the_format(tmp_path):
     """save_pretrained writes what the format's loaders expect: the config fields and the weight
     names (no norm weights for ln0), and reading those raw tensors with the reference forward
     gives the module's own drafts."""
-    from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+    from proposer_service.mlp.speculator import MLPSpeculator, MLPSpeculatorConfig
 
     torch.manual_seed(0)
     spec = MLPSpeculator(MLPSpeculatorConfig(emb_dim=EMB, inner_dim=INNER, vocab_size=VOCAB,

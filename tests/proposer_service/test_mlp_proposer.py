@@ -15,8 +15,8 @@ from clocks import FakeClock
 from tiny_proposer_models import TINY_TARGET, make_mlp_speculator
 
 from proposer_service.base import HistoryStore
-from proposer_service.mlp import MlpSpeculatorProposer
-from proposer_service.mlp_speculator import MLPSpeculator
+from proposer_service.mlp.proposer import MlpSpeculatorProposer
+from proposer_service.mlp.speculator import MLPSpeculator
 from proposer_service.tree_builder import reindex, select
 from splitspec.modelio import load_tokenizer, tokenizer_fingerprint
 from splitspec.params import SamplingParams

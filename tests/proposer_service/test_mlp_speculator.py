@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from proposer_service.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+from proposer_service.mlp.speculator import MLPSpeculator, MLPSpeculatorConfig
 
 
 def make(tie: bool = True, n_predict: int = 3, seed: int = 0) -> MLPSpeculator:

@@ -12,10 +12,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proposer_service.metrics import ProposerMetrics
 from proposer_service.ngram import NgramProposer
 from proposer_service.servicer import ProposerServicer
-from proposer_service.tracing import ProposerTracer
+from proposer_service.telemetry.metrics import ProposerMetrics
+from proposer_service.telemetry.tracing import ProposerTracer
 from protos import proposer_pb2
 
 TRACE_A = "0af7651916cd43dd8448eb211c80319c"

@@ -4,7 +4,7 @@ hundredth: a stalled proposer shows where its time went without flooding the log
 import logging
 
 from proposer_service.servicer import SlowMessages
-from verifier_service.proposer_client import GrpcProposerClient
+from verifier_service.drafts.client import GrpcProposerClient
 
 
 def test_a_slow_message_is_logged_with_where_its_time_went(caplog):
@@ -29,7 +29,7 @@ def test_slow_messages_are_logged_first_three_then_every_hundredth(caplog):
 
 def test_a_missed_deadline_is_counted_and_logged_rate_limited(caplog):
     client = GrpcProposerClient("draft", "127.0.0.1:1", vocab_size=10, fingerprint="x")
-    with caplog.at_level(logging.WARNING, logger="verifier_service.proposer_client"):
+    with caplog.at_level(logging.WARNING, logger="verifier_service.drafts.client"):
         for _ in range(120):
             client._missed(2.0, 3)
     assert client.missed_deadlines == 120

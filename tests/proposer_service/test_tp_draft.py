@@ -1,4 +1,4 @@
-"""The draft-model proposer split over two ranks (proposer_service/tp_draft.py: rank 0 here, rank
+"""The draft-model proposer split over two ranks (proposer_service/draft/tp.py: rank 0 here, rank
 1 in a process of its own, gloo): over several steps of deltas it drafts what the whole draft
 drafts (greedy and seeded sampled: the same tokens; q up to float rounding), unseeded sampled
 steps keep the ranks in step (no hang), a rank holds at most 0.55x of the whole draft's weight
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from proposer_service.config import ProposerConfig
-from proposer_service.draft import DraftModelProposer
-from proposer_service.tp_draft import start
+from proposer_service.draft.proposer import DraftModelProposer
+from proposer_service.draft.tp import start
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep
 from splitspec.tensor_parallel import weight_bytes

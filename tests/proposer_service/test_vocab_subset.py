@@ -15,8 +15,8 @@ from tiny_proposer_models import make_mlp_speculator
 
 from kernels.linear import available, fp16_exact
 from kernels.vocab_subset import SubsetHead, scatter_logits, subset_ids
-from proposer_service.draft import DraftModelProposer
-from proposer_service.mlp import MlpSpeculatorProposer
+from proposer_service.draft.proposer import DraftModelProposer
+from proposer_service.mlp.proposer import MlpSpeculatorProposer
 from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import SequenceStep

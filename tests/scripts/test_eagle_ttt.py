@@ -28,8 +28,8 @@ import eagle_topics  # noqa: E402
 import eagle_ttt  # noqa: E402
 from eagle_testlib import HEAD_DIM, HEADS, INTER, KV, VOCAB, H, random_weights  # noqa: E402
 
-from verifier_service.eagle_format import EagleSpec, EagleWeights, canonical_names  # noqa: E402
-from verifier_service.eagle_head import EagleHead  # noqa: E402
+from verifier_service.methods.eagle.checkpoint import EagleSpec, EagleWeights, canonical_names  # noqa: E402
+from verifier_service.methods.eagle.head import EagleHead  # noqa: E402
 
 T, P = 18, 5
 
@@ -137,7 +137,7 @@ def test_a_trained_head_saves_and_loads_as_it_trained(tmp_path):
     through the verifier's loader and draft the same chain (fp16 weights, float32 compute)."""
     import eagle_fit
 
-    from verifier_service.eagle_format import save_eagle3
+    from verifier_service.methods.eagle.checkpoint import save_eagle3
 
     spec = EagleSpec(3, H, HEADS, KV, HEAD_DIM, INTER, VOCAB, 48, H, aux_layer_ids=(0, 1, 2))
     g = torch.Generator().manual_seed(5)

@@ -94,7 +94,7 @@ def toy_args(out: Path, work: Path, *extra: str) -> list[str]:
 def test_every_stage_writes_a_loadable_checkpoint(train_models, work, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from proposer_service.mlp_speculator import MLPSpeculator
+    from proposer_service.mlp.speculator import MLPSpeculator
 
     out = tmp_path / "models"
     train_models.main(toy_args(out, work, "--stages", "target,distill,draft,mlp"))

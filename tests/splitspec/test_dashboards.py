@@ -11,12 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.metrics import GatewayMetrics
-from proposer_service.metrics import ProposerMetrics
+from proposer_service.telemetry.metrics import ProposerMetrics
 from splitspec.telemetry import dashboards
-from verifier_service.engine_stats import EngineStats, MethodStepStats, StepStats
-from verifier_service.metrics import VerifierMetrics
+from verifier_service.telemetry.metrics import VerifierMetrics
+from verifier_service.telemetry.stats import EngineStats, MethodStepStats, StepStats
 
-SPAN_SOURCES = ["gateway/tracing.py", "verifier_service/tracing.py", "proposer_service/tracing.py"]
+SPAN_SOURCES = ["gateway/tracing.py", "verifier_service/telemetry/tracing.py",
+                "proposer_service/telemetry/tracing.py"]
 
 
 @pytest.fixture(scope="module")

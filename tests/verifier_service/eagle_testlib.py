@@ -293,8 +293,8 @@ def eagle3_sequence(prompt: list[int], draft_vocab: int = 48, seed: int = 21):
 
 def eagle3_sequences(prompts: list[list[int]], draft_vocab: int = 48, seed: int = 21):
     """eagle3_sequence for several prompts, on one head: an EagleSequence per prompt."""
-    from verifier_service.eagle_format import EagleSpec, EagleWeights, canonical_names
-    from verifier_service.eagle_head import EagleHead
+    from verifier_service.methods.eagle.checkpoint import EagleSpec, EagleWeights, canonical_names
+    from verifier_service.methods.eagle.head import EagleHead
 
     model = tiny_target(seed=seed)
     w = canonical_names(random_weights(3, seed=seed, draft_vocab=draft_vocab))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from verifier_service.paged_attention import ATTENTION_NAME, register
+from verifier_service.kv.paged_attention import ATTENTION_NAME, register
 
 SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

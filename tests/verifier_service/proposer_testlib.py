@@ -4,7 +4,7 @@ worker thread as the proposer service does, without gRPC."""
 from __future__ import annotations
 
 from proposer_service.ahead import AheadRunner
-from verifier_service.proposer_client import ProposerClient
+from verifier_service.drafts.client import ProposerClient
 
 
 class InProcessProposerClient(ProposerClient):

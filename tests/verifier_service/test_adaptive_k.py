@@ -1,5 +1,5 @@
-"""Per-step k for adaptive requests (verifier_service/adaptive_k.py) and the engine counters it
-and the gateway's policy read: acceptance apart for greedy and sampled requests, proposer round
+"""Per-step k for adaptive requests (verifier_service/drafts/adaptive_k.py) and the engine counters
+it and the gateway's policy read: acceptance apart for greedy and sampled requests, proposer round
 trips, step time by batch tokens. Adaptive greedy requests stay lossless."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import planted_bugs as bug
 import pytest
 from engine_testlib import PROMPTS, make_engine, request, run_all
 
-import verifier_service.adaptive_k as adaptive_k
+import verifier_service.drafts.adaptive_k as adaptive_k
 from gateway.stats_watch import snapshot_from_pb
 from protos import common_pb2
 from splitspec.errors import InvalidArgument
 from splitspec.goodput import Acceptance
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.wire import plan_to_pb
-from verifier_service.adaptive_k import PROBE_AFTER
-from verifier_service.engine_stats import EngineStats
+from verifier_service.drafts.adaptive_k import PROBE_AFTER
 from verifier_service.servicer import VerifierServicer, _stats_to_pb
+from verifier_service.telemetry.stats import EngineStats
 
 
 def adaptive(inp, k: int = 3, k_min: int = 0, method: str = "ngram"):

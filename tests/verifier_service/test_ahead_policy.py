@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from verifier_service.ahead_policy import FIRST_PERIOD, PERIOD, PROBE, AheadPolicy
+from verifier_service.drafts.ahead_policy import FIRST_PERIOD, PERIOD, PROBE, AheadPolicy
 
 
 def drive(policy: AheadPolicy, steps: int, cost: dict[bool, float], method: str = "draft"

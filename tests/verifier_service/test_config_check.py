@@ -14,7 +14,7 @@ from splitspec.errors import StartupError
 from splitspec.params import SpeculationMode, SpeculationRequest, resolve_speculation
 from verifier_service.config import VerifierConfig
 from verifier_service.config_check import check_config, config_problems
-from verifier_service.lookahead import LookaheadMethod
+from verifier_service.methods.lookahead import LookaheadMethod
 
 SERVED = ("ngram", "lookahead")
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_testlib import PROMPTS, make_engine, request, run_all
 
-from proposer_service.draft import DraftModelProposer
+from proposer_service.draft.proposer import DraftModelProposer
 from splitspec.params import SamplingParams
 
 

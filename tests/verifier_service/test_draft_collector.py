@@ -1,4 +1,4 @@
-"""verifier_service/draft_collector.py: a proposer that turns incompatible while the verifier
+"""verifier_service/drafts/collector.py: a proposer that turns incompatible while the verifier
 runs (a pod replaced by a wrong image) costs only speculation: no request fails, outputs stay the
 target's, the method shows as unavailable in stats and usage, and it is used again once
 compatible."""
@@ -12,8 +12,8 @@ from engine_testlib import PROMPTS, collect, make_engine, request
 from proposer_testlib import InProcessProposerClient
 
 from proposer_service.ngram import NgramProposer
-from verifier_service.draft_collector import INCOMPATIBLE
-from verifier_service.proposer_client import ProposerMismatch
+from verifier_service.drafts.client import ProposerMismatch
+from verifier_service.drafts.collector import INCOMPATIBLE
 
 
 class ReplaceableClient(InProcessProposerClient):

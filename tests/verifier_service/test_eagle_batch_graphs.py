@@ -1,4 +1,4 @@
-"""The batched chains and advance (verifier_service/eagle_batch_graphs.py): a step's
+"""The batched chains and advance (verifier_service/methods/eagle/batch_graphs.py): a step's
 sequences drafted together over one static cache, one iteration per level for all of them,
 draft each sequence's own chain (different lengths and k, more sequences than the largest
 bucket) and leave the sequences' own state as it was; sampled, each row draws what the head's
@@ -25,9 +25,9 @@ from eagle_testlib import (
 from engine_testlib import make_engine
 
 from splitspec.params import SamplingParams
-from verifier_service.eagle_batch_graphs import EagleBatch
-from verifier_service.eagle_graphs import EagleGraphs
-from verifier_service.eagle_head import sampled_chain_many
+from verifier_service.methods.eagle.batch_graphs import EagleBatch
+from verifier_service.methods.eagle.graphs import EagleGraphs
+from verifier_service.methods.eagle.head import sampled_chain_many
 
 PROMPTS = [PROMPT_TOKENS, [40, 21, 33, 7, 9, 11] * 2, PROMPT_TOKENS[:3], list(range(50, 75)),
            [8, 8, 9, 60, 2]]

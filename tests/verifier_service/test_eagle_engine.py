@@ -1,6 +1,6 @@
-"""EAGLE heads inside the engine (verifier_service/eagle.py, registry method `eagle`): random
-heads of both formats on the tiny target, chains and EAGLE-2 trees, batched with plain
-requests: greedy output equals speculation off, seeded sampled output is identical on and off
+"""EAGLE heads inside the engine (verifier_service/methods/eagle/method.py, registry method
+`eagle`): random heads of both formats on the tiny target, chains and EAGLE-2 trees, batched with
+plain requests: greedy output equals speculation off, seeded sampled output is identical on and off
 (sampled chains drawn together too), and nothing leaks; a step's sequences drafted and
 advanced together draft what each drafts on its own (the toy target's trained head); a head
 that does not fit the target is refused at start-up."""
@@ -17,7 +17,8 @@ from eagle_testlib import head_for_target, serve_eagle_beside_plain
 from engine_testlib import drained, make_engine, request_ids, run_all
 
 from splitspec.params import SamplingParams
-from verifier_service import eagle, eagle_head
+from verifier_service.methods.eagle import head as eagle_head
+from verifier_service.methods.eagle import method as eagle
 
 PROMPTS = [[5, 17, 42, 8, 33, 61, 12, 70, 3, 25] * 2, [100, 200, 300, 7, 9, 11] * 3,
            list(range(40, 70))]

@@ -40,8 +40,8 @@ from eagle_testlib import (
 )
 
 from kernels.linear import available
-from verifier_service.eagle_format import load
-from verifier_service.eagle_head import EagleHead, advance_many, chain_many
+from verifier_service.methods.eagle.checkpoint import load
+from verifier_service.methods.eagle.head import EagleHead, advance_many, chain_many
 
 PROMPT = [5, 17, 42, 8, 33, 61, 12, 70, 3, 25]
 FEATURE_LAYERS = [0, 2, 4]
@@ -354,7 +354,7 @@ def test_loaded_spec(tmp_path):
 
 
 def test_default_feature_layers():
-    from verifier_service.eagle_format import EagleSpec
+    from verifier_service.methods.eagle.checkpoint import EagleSpec
 
     spec = EagleSpec(3, H, HEADS, KV, HEAD_DIM, INTER, VOCAB, VOCAB, H)
     assert spec.feature_layers(30) == (2, 15, 27)
@@ -389,7 +389,7 @@ def test_malformed_checkpoints_are_refused_by_name(tmp_path, change, match):
 
 
 def test_misfit_names_what_does_not_fit(tmp_path):
-    from verifier_service.eagle_format import misfit
+    from verifier_service.methods.eagle.checkpoint import misfit
 
     spec, _ = load(case_checkpoint(tmp_path, "eagle3")[3])
     target = {"vocab_size": VOCAB, "hidden_size": H, "num_hidden_layers": 6}
@@ -410,7 +410,7 @@ def test_scaled_rope_is_transformers_rope(tmp_path, scaling):
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from verifier_service.eagle_format import rope_inv_freq
+    from verifier_service.methods.eagle.checkpoint import rope_inv_freq
 
     cfg = config(3, 48, rope_theta=50000.0, rope_scaling=scaling)
     path = write_checkpoint(tmp_path / "rope", cfg, random_weights(3, seed=2, draft_vocab=48))

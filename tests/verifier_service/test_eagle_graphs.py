@@ -1,8 +1,8 @@
 """The EAGLE head's chain, tree and advance over static buffers (verifier_service/
-eagle_graphs.py), run eagerly here as they run before capture: the same tokens as the head's own
-chain at every k and root, the same trees as its own at every shape and budget, sampled chains
-with the same q (seeded: the same tokens) as its own sampled chain, the same cache and root as
-its own advance at every width (padding rows included), nothing read back inside what a graph
+methods/eagle/graphs.py), run eagerly here as they run before capture: the same tokens as the
+head's own chain at every k and root, the same trees as its own at every shape and budget, sampled
+chains with the same q (seeded: the same tokens) as its own sampled chain, the same cache and root
+as its own advance at every width (padding rows included), nothing read back inside what a graph
 records, and shapes past the buffers left to the eager code."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from engine_testlib import drained, make_engine, request_ids, run_all
 
 from kernels.eagle_tree import num_candidates
 from splitspec.params import SamplingParams
-from verifier_service.eagle_graphs import EagleGraphs
-from verifier_service.in_target import InTargetDrafts
+from verifier_service.methods.eagle.graphs import EagleGraphs
+from verifier_service.methods.in_target import InTargetDrafts
 
 PROMPTS = [PROMPT_TOKENS, PROMPT_TOKENS[::-1], [7, 7, 7, 9, 11], PROMPT_TOKENS[3:] * 3]
 
@@ -254,7 +254,7 @@ def test_shapes_past_the_buffers_are_left_to_the_eager_code():
 
 
 def test_the_heads_own_loops_read_nothing_back_until_the_draft_is_handed_over():
-    """As eagle_head.py promises for its eager chain and tree (an indexing of the draft
+    """As methods/eagle/head.py promises for its eager chain and tree (an indexing of the draft
     vocabulary by a 0-d tensor was such a read, once per drafted token)."""
     seq = eagle3_sequence(PROMPT_TOKENS)
     with GraphSafe():

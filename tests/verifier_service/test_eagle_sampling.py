@@ -1,5 +1,5 @@
-"""A sampled EAGLE chain (verifier_service/eagle_head.py, sampled_chain) carries exactly the q
-each token was drawn from: the request's sampling parameters applied to the head's own logits,
+"""A sampled EAGLE chain (verifier_service/methods/eagle/head.py, sampled_chain) carries exactly
+the q each token was drawn from: the request's sampling parameters applied to the head's own logits,
 truncated to its top tokens, indices in the target's vocabulary. Drawn tokens follow that q
 (unseeded, and seeded over positions), and a seeded chain is a function of (seed, position).
 Chains of several sequences drafted together (sampled_chain_many) are each what the sequence
@@ -13,7 +13,7 @@ from eagle_testlib import PROMPT_TOKENS, eagle3_sequence, eagle3_sequences
 
 from kernels.sampling import apply_sampling_params, keyed_exponentials, noise_key
 from splitspec.params import SamplingParams
-from verifier_service.eagle_head import sampled_chain_many
+from verifier_service.methods.eagle.head import sampled_chain_many
 
 TOP_K = 8
 

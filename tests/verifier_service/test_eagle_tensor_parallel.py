@@ -23,8 +23,8 @@ from eagle_testlib import head_for_target
 from tp_testlib import ThreadRanks, tiny_family
 
 from verifier_service.config import VerifierConfig
-from verifier_service.eagle import EagleMethod
-from verifier_service.target import build_runner
+from verifier_service.methods.eagle.method import EagleMethod
+from verifier_service.model.target import build_runner
 
 
 def _bound(config: VerifierConfig, group=None):

@@ -11,7 +11,7 @@ from test_draft_collector import (
 )
 from test_seeded_sampling import check_seeded_output_ignores_speculation
 
-from verifier_service.proposer_client import ProposerMismatch
+from verifier_service.drafts.client import ProposerMismatch
 
 
 @pytest.mark.parametrize("plant, check, failure", [

@@ -11,7 +11,7 @@ import pytest
 from engine_testlib import PROMPTS, collect, drained, make_engine, request, run_all
 
 from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec
-from verifier_service.in_target import InTargetMethod, InTargetState, StepOutcome
+from verifier_service.methods.in_target import InTargetMethod, InTargetState, StepOutcome
 
 NAME = "fixed-chain"
 

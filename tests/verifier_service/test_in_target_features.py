@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec
 from splitspec.proposal import Draft
-from verifier_service.in_target import InTargetMethod, InTargetState
+from verifier_service.methods.in_target import InTargetMethod, InTargetState
 
 NAME = "feature-recorder"
 LAYERS = (1, 3)

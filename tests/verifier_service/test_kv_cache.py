@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verifier_service.kv_cache import (
+from verifier_service.kv.cache import (
     BlockAllocator,
     BlockTable,
     KVCacheSpec,

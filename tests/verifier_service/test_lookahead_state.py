@@ -1,11 +1,12 @@
-"""A lookahead sequence's state on its own (verifier_service/lookahead.py): the pool is bounded and
-most-recent-first, the drafted tree is candidates then the window within the node budget, and a
-window driven by a deterministic greedy 'target' through many steps finds and proposes the target's
-repeating continuation (the Jacobi window converges and its n-grams reach the pool)."""
+"""A lookahead sequence's state on its own (verifier_service/methods/lookahead.py): the pool is
+bounded and most-recent-first, the drafted tree is candidates then the window within the node
+budget, and a window driven by a deterministic greedy 'target' through many steps finds and
+proposes the target's repeating continuation (the Jacobi window converges and its n-grams reach the
+pool)."""
 
 from __future__ import annotations
 
-from verifier_service.lookahead import LookaheadShape, LookaheadState, NGramPool
+from verifier_service.methods.lookahead import LookaheadShape, LookaheadState, NGramPool
 
 
 def test_pool_keeps_the_most_recent_continuations_per_key_and_bounds_keys():

@@ -1,5 +1,5 @@
 from splitspec.params import StoppingCriteria
-from verifier_service.output import OutputTracker
+from verifier_service.batching.output import OutputTracker
 
 
 class CharTokenizer:

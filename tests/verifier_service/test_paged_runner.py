@@ -16,8 +16,8 @@ from transformers import (
 )
 
 from kernels.layout import StepLayout
-from verifier_service.kv_cache import BlockTable, KVCacheSpec, OutOfBlocks, PagedKVCache
-from verifier_service.model_runner import ModelRunner
+from verifier_service.kv.cache import BlockTable, KVCacheSpec, OutOfBlocks, PagedKVCache
+from verifier_service.model.runner import ModelRunner
 
 
 @pytest.mark.parametrize("cls, config", [

@@ -13,9 +13,9 @@ from proposer_testlib import InProcessProposerClient
 from proposer_service.ngram import NgramProposer
 from splitspec.proposal import SequenceStep
 from verifier_service.config import VerifierConfig
-from verifier_service.proposer_addresses import resolve_dns, split_target
-from verifier_service.proposer_client import ProposerMismatch
-from verifier_service.proposer_pool import ProposerPool
+from verifier_service.drafts.addresses import resolve_dns, split_target
+from verifier_service.drafts.client import ProposerMismatch
+from verifier_service.drafts.pool import ProposerPool
 
 TARGET = "ngram-pool.test:50052"
 

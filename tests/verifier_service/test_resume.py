@@ -13,7 +13,7 @@ from engine_testlib import make_engine, request, stream
 
 from splitspec.errors import InvalidArgument
 from splitspec.params import SamplingParams, StoppingCriteria
-from verifier_service.output import OutputTracker
+from verifier_service.batching.output import OutputTracker
 
 PROMPT = "def fib(n):\n    if n < 2:\n        return n\n"
 

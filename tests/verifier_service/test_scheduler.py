@@ -9,9 +9,9 @@ import torch
 
 from splitspec.errors import ResourceExhausted
 from splitspec.params import GenerationInput, SpeculationPlan
-from verifier_service.kv_cache import KVCacheSpec, PagedKVCache
-from verifier_service.scheduler import Scheduler
-from verifier_service.sequence import SequenceState
+from verifier_service.batching.scheduler import Scheduler
+from verifier_service.batching.sequence import SequenceState
+from verifier_service.kv.cache import KVCacheSpec, PagedKVCache
 
 BLOCK = 4
 

@@ -1,4 +1,4 @@
-"""The step executor (verifier_service/step_executor.py) on a tiny random Llama: a padded bucket
+"""The step executor (verifier_service/step/executor.py) on a tiny random Llama: a padded bucket
 step computes what the exact step computes for every real row and touches no cache slot but its
 own rows' and the trash block's; the trash block is never read as context; the step body runs
 on meta tensors, so any host sync inside it (what a captured graph cannot hold) fails here."""
@@ -16,10 +16,10 @@ from paged_testlib import SMALL, plain_and_paged
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kernels.layout import StepLayout
-from verifier_service.kv_cache import BlockTable, KVCacheSpec, PagedKVCache
-from verifier_service.model_runner import ModelRunner
-from verifier_service.step_executor import StepExecutor
-from verifier_service.step_plan import Bucket, BucketLadder
+from verifier_service.kv.cache import BlockTable, KVCacheSpec, PagedKVCache
+from verifier_service.model.runner import ModelRunner
+from verifier_service.step.executor import StepExecutor
+from verifier_service.step.plan import Bucket, BucketLadder
 
 BS = 4
 LADDER = BucketLadder((1, 4), (1, 2, 4, 8))

@@ -1,4 +1,4 @@
-"""The step plan (verifier_service/step_plan.py): bucket choice at every boundary, fixed array
+"""The step plan (verifier_service/step/plan.py): bucket choice at every boundary, fixed array
 offsets per bucket, and the arrays of a known step, padding included."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernels.layout import StepLayout
-from verifier_service.step_plan import (
+from verifier_service.step.plan import (
     MAX_BUCKET_NODES,
     Bucket,
     BucketLadder,

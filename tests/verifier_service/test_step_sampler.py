@@ -1,4 +1,4 @@
-"""The captured sampler of steps that verify nothing (verifier_service/step_sampler.py), run
+"""The captured sampler of steps that verify nothing (verifier_service/step/sampler.py), run
 eagerly on the CPU: the same p as the eager sampler bit for bit, hence the same token for every
 greedy and seeded row; unseeded rows draw within their support; nothing read back inside; and a
 seeded request's output the same with speculation on and off through the engine."""
@@ -14,11 +14,11 @@ from capture_rules import GraphSafe
 from test_seeded_sampling import check_seeded_output_ignores_speculation
 
 import kernels.sampling as sampling
-import verifier_service.step_executor as step_executor
+import verifier_service.step.executor as step_executor
 from kernels.layout import StepLayout
 from splitspec.params import SamplingParams
-from verifier_service.step_sampler import StepSampler
-from verifier_service.verify import _sample_tokens, _target_probs
+from verifier_service.step.sampler import StepSampler
+from verifier_service.step.verify import _sample_tokens, _target_probs
 
 PARAMS = [SamplingParams(temperature=0.0),
           SamplingParams(temperature=0.8, seed=3),

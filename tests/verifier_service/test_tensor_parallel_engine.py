@@ -1,4 +1,4 @@
-"""A tensor-parallel verifier (verifier_service/tp_worker.py) serving at TP 2 over gloo, rank 0
+"""A tensor-parallel verifier (verifier_service/tp/worker.py) serving at TP 2 over gloo, rank 0
 in this process and rank 1 in its own, for the toy family and a tiny random checkpoint of each
 lean family (Llama, Mistral, Qwen2):
 

@@ -1,6 +1,7 @@
 """What rank 0 of a tensor-parallel verifier sends the other ranks (verifier_service/
-tp_broadcast.py): a plan comes out as it went in (exact, tree and bucket steps, with the cache
-journal), a message longer than the buffer grows it on both sides, and, over a whole engine run
+tp/broadcast.py, kv/journal.py): a plan comes out as it went in (exact, tree and bucket steps, with
+the cache journal), a message longer than the buffer grows it on both sides, and, over a whole
+engine run
 with the ranks as threads of this process (tests/tp_testlib.py):
 
 - every step costs exactly one broadcast (a journal sent apart fails the count);
@@ -23,17 +24,16 @@ from tp_testlib import ThreadRanks, serve_in_threads
 
 from kernels.layout import StepLayout
 from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec
-from verifier_service.kv_cache import BlockTable, KVCacheSpec, PagedKVCache
-from verifier_service.step_plan import BucketLadder, plan_step
-from verifier_service.tp_broadcast import (
+from verifier_service.kv.cache import BlockTable, KVCacheSpec, PagedKVCache
+from verifier_service.kv.journal import JournaledKVCache, replay_journal
+from verifier_service.step.plan import BucketLadder, plan_step
+from verifier_service.tp.broadcast import (
     STEP,
     STOP,
-    JournaledKVCache,
     PlanReceiver,
     _Channel,
     decode,
     encode,
-    replay_journal,
 )
 
 BS = 4
@@ -168,7 +168,7 @@ def test_the_check_catches_a_follower_that_drops_the_moves(target_model_dir, gre
 def check_one_broadcast_per_step(model_dir) -> None:
     """Rank 0 an engine at TP 1 arithmetic whose executor broadcasts (what the host sends is
     independent of the sharding); rank 1 only counts the messages."""
-    from verifier_service.tp_broadcast import PlanBroadcast
+    from verifier_service.tp.broadcast import PlanBroadcast
 
     def rank(r, group):
         if r == 0:

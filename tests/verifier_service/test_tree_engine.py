@@ -18,7 +18,7 @@ from engine_testlib import PROMPTS, collect, drained, make_engine, request, run_
 from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
-from verifier_service.in_target import InTargetMethod, InTargetState
+from verifier_service.methods.in_target import InTargetMethod, InTargetState
 
 NAME = "oracle-tree"
 

@@ -10,8 +10,13 @@ import tracemalloc
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from verifier_service.engine_stats import EngineStats, MethodStepStats, RequestTimeline, StepStats
-from verifier_service.metrics import VerifierMetrics
+from verifier_service.telemetry.metrics import VerifierMetrics
+from verifier_service.telemetry.stats import (
+    EngineStats,
+    MethodStepStats,
+    RequestTimeline,
+    StepStats,
+)
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple], float]:
@@ -128,7 +133,7 @@ def test_a_step_allocates_nothing_once_its_methods_are_known():
     finally:
         tracemalloc.stop()
     grown = sum(d.size_diff for d in after.compare_to(before, "filename")
-                if d.traceback[0].filename.endswith(("verifier_service/metrics.py",
+                if d.traceback[0].filename.endswith(("verifier_service/telemetry/metrics.py",
                                                      "prometheus_client/metrics.py",
                                                      "prometheus_client/values.py")))
     assert grown < 2048, grown  # small ints and floats only; nothing kept per step

@@ -16,8 +16,8 @@ from opentelemetry.trace import StatusCode
 
 from protos import proposer_pb2
 from splitspec.telemetry.tracing import ns
-from verifier_service.engine_stats import RequestTimeline, StepRecord
-from verifier_service.tracing import ProposeContextInterceptor, VerifierTracer
+from verifier_service.telemetry.stats import RequestTimeline, StepRecord
+from verifier_service.telemetry.tracing import ProposeContextInterceptor, VerifierTracer
 
 GRACE_S = 5.0  # the tracer's default: how long a settled request waits for its timeline
 

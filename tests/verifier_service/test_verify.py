@@ -9,10 +9,10 @@ import torch
 
 from splitspec.params import GenerationInput, SamplingParams
 from splitspec.proposal import Draft
-from verifier_service.scheduler import Scheduled
-from verifier_service.sequence import SequenceState
-from verifier_service.step_executor import StepExecutor
-from verifier_service.verify import verify_step
+from verifier_service.batching.scheduler import Scheduled
+from verifier_service.batching.sequence import SequenceState
+from verifier_service.step.executor import StepExecutor
+from verifier_service.step.verify import verify_step
 
 V = 32
 

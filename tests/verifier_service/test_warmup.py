@@ -1,4 +1,4 @@
-"""The verifier's warm-up (verifier_service/warmup.py) on the toy target: every part runs, the
+"""The verifier's warm-up (verifier_service/step/warmup.py) on the toy target: every part runs, the
 samplers once on the device, and the warm-up requests leave no sequence or KV block behind."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import torch
 from engine_testlib import drained, make_engine
 
-from verifier_service.warmup import warm_samplers, warm_up
+from verifier_service.step.warmup import warm_samplers, warm_up
 
 
 def test_warm_up_runs_every_part_and_leaves_nothing_behind(target_model_dir):

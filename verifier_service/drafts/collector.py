@@ -1,0 +1,290 @@
+"""Collecting one step's drafts from the proposers and the in-target methods, and never trusting
+them.
+
+In-target methods (verifier_service/methods/in_target.py) are asked in place, each for its step's
+sequences together (first learning what the last step kept for it). Per proposer, one message
+carries every speculating sequence's new tokens and k (plus what the proposer declared it
+conditions on, e.g. the target's hidden state); all proposers are asked
+concurrently and awaited until the per-step deadline. Whatever comes back is checked before the
+verifier uses it: wrong lengths, unknown ids, or a q that cannot have produced its token drop
+that sequence's draft, and the step decodes it plainly.
+
+A proposer that is late, gone, or incompatible (a different vocabulary: e.g. a pod replaced by
+a wrong image) costs only speculation. An incompatible one is refused at every reconnection
+attempt until a compatible one answers; meanwhile its method counts as unavailable in the stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Sequence
+
+import torch
+
+from kernels.sparse_probs import SparseProbs
+from splitspec.proposal import (
+    AHEAD_HIT,
+    AHEAD_MISS,
+    AHEAD_PUSHED,
+    Draft,
+    SequenceStep,
+)
+from verifier_service.batching.scheduler import Scheduled
+from verifier_service.batching.sequence import SequenceState
+from verifier_service.drafts.ahead_policy import AheadPolicy
+from verifier_service.drafts.client import ProposerClient, ProposerMismatch
+from verifier_service.methods.in_target import InTargetDrafts, StepOutcome
+from verifier_service.telemetry.stats import EngineStats, MethodStats, MethodStepStats
+
+log = logging.getLogger(__name__)
+
+UNAVAILABLE = "proposer_unavailable"
+INCOMPATIBLE = "proposer_incompatible"
+
+
+class DraftCollector:
+    def __init__(self, proposers: dict[str, ProposerClient], vocab_size: int, timeout_s: float,
+                 stats: EngineStats, draft_ahead: str = "auto",
+                 in_target: InTargetDrafts | None = None):
+        self.proposers = proposers
+        self.in_target = in_target if in_target is not None else InTargetDrafts({})
+        # whether to ask proposers that declare drafts_ahead to draft ahead, per method
+        self.ahead_policy = AheadPolicy(draft_ahead)
+        self.vocab_size = vocab_size
+        self.timeout_s = timeout_s
+        self.stats = stats
+        self.incompatible: dict[str, str] = {}  # method -> why it is refused right now
+
+    def serves(self, method: str | None) -> bool:
+        """Whether drafts for `method` can be had here (a proposer or an in-target method)."""
+        return method in self.proposers or self.in_target.serves(method)
+
+    def served_methods(self) -> tuple[str, ...]:
+        """Every method drafts can be asked of: the proposers, then the in-target methods."""
+        return (*self.proposers, *(m for m in self.in_target.methods if m not in self.proposers))
+
+    def needs_hidden_state(self, seq: SequenceState) -> bool:
+        """Whether the sequence's proposer declared that it conditions on the target's state."""
+        client = self.proposers.get(seq.inp.speculation.method or "")
+        desc = client.description if client is not None else None
+        return desc is not None and desc.needs_hidden_state
+
+    async def collect(self, plan: list[Scheduled]
+                      ) -> tuple[dict[SequenceState, Draft], dict[str, MethodStepStats]]:
+        # in-target states that kept the last step's outcome learn from it now, together,
+        # whether or not they draft this step: a standing cost of their sequences
+        for method, (seconds, sequences) in self.in_target.flush().items():
+            self.stats.method(method).add_standing(seconds, sequences)
+        by_method: dict[str, list[Scheduled]] = {}
+        for s in plan:
+            if s.k > 0:
+                by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
+        for method, client in self.proposers.items():
+            if method not in by_method and client.has_released:
+                await client.flush_released()
+        step_stats = {m: MethodStepStats() for m in by_method}
+        results = await asyncio.gather(*(self._ask(m, group, step_stats[m])
+                                         for m, group in by_method.items()
+                                         if not self.in_target.serves(m)))
+        merged: dict[SequenceState, Draft] = {}
+        for m, group in by_method.items():
+            if self.in_target.serves(m):
+                merged.update(self._in_target(m, group, step_stats[m]))
+        for r in results:
+            merged.update(r)
+        return merged, step_stats
+
+    def _in_target(self, method: str, group: list[Scheduled], ms: MethodStepStats
+                   ) -> dict[SequenceState, Draft]:
+        """Candidates from an in-target method's per-sequence states, checked as a proposer's."""
+        stats = self.stats.method(method)
+        stats.steps += 1
+        out: dict[SequenceState, Draft] = {}
+        wanted = {s.seq: s.k for s in group}
+        start = time.perf_counter()
+        proposals = self.in_target.propose(group)
+        # its drafting runs inside the step, before the forward: priced like a proposer's
+        # answer time (an EAGLE head's k forwards cost a share of a target step), together with
+        # what its states spent learning from the last verified step (the head's layer over the
+        # kept rows): work the method alone costs a step
+        ms.round_trip_s = (time.perf_counter() - start
+                           + self.in_target.take_observe_seconds(method))
+        if wanted:  # each sequence's own: the states draft one after another
+            stats.add_round_trip(max(wanted.values()), ms.round_trip_s / len(wanted),
+                                 seqs=len(wanted))
+        for seq, proposed in proposals.items():
+            k = wanted[seq]
+            _count_ask(stats, seq, k)
+            draft = (proposed if isinstance(proposed, Draft)
+                     else Draft(seq.request_id, list(proposed)))
+            if not draft.tokens:
+                continue
+            checked = self.checked(draft, k, max_branch=k)  # its own shape, within budget
+            if checked is not None:
+                out[seq] = checked
+            else:
+                ms.garbage += 1
+        return out
+
+    async def _ask(self, method: str, group: list[Scheduled], ms: MethodStepStats
+                   ) -> dict[SequenceState, Draft]:
+        client = self.proposers[method]
+        stats = self.stats.method(method)
+        stats.steps += 1
+        if not await self._connected(method, client, group):
+            stats.missed_steps += 1
+            ms.missed = True
+            return {}
+        desc = client.description
+        ms.ahead = desc is not None and desc.drafts_ahead and self.ahead_policy.use(method)
+        steps, wanted = self._messages(client, group, ms.ahead)
+        if not steps:
+            return {}
+        for seq, k in wanted.values():  # sent a request for a draft: answered or not
+            _count_ask(stats, seq, k)
+        start = time.perf_counter()
+        drafts = await client.propose(steps, self.timeout_s)
+        if drafts is None:
+            stats.missed_steps += 1
+            ms.missed = True
+            return {}
+        ms.round_trip_s = time.perf_counter() - start
+        if not any(st.full_history for st in steps):
+            # The policy's round-trip model is of a step's usual answer; a sequence's first ask
+            # (its whole history: a draft model prefills the prompt) would dominate the fit
+            # while there are only a few calls, and make a fresh stack pause drafting.
+            stats.add_round_trip(max(s.k for s in group), ms.round_trip_s, seqs=len(steps))
+        out: dict[SequenceState, Draft] = {}
+        for d in drafts:
+            if d.seq_id not in wanted:
+                continue
+            seq, k = wanted.pop(d.seq_id)
+            if d.ahead_outcome in (AHEAD_HIT, AHEAD_PUSHED):
+                stats.ahead_hits += 1
+                ms.ahead_hits += 1
+                if d.ahead_outcome == AHEAD_PUSHED:
+                    stats.ahead_pushed += 1
+                    ms.ahead_pushed += 1
+            elif d.ahead_outcome == AHEAD_MISS:
+                stats.ahead_misses += 1
+                ms.ahead_misses += 1
+            if d.resync:
+                seq.proposer_epoch = -1  # full history on the next step
+                ms.resyncs += 1
+                continue
+            checked = (self.checked(d, k, seq.inp.speculation.num_branches) if d.tokens
+                       else None)
+            if checked is not None:
+                out[seq] = checked
+            elif d.tokens:
+                ms.garbage += 1
+        return out
+
+    async def _connected(self, method: str, client: ProposerClient,
+                         group: list[Scheduled]) -> bool:
+        try:
+            ok = await client.ensure_connected()
+        except ProposerMismatch as exc:
+            if self.incompatible.get(method) != str(exc):
+                log.error("disabling speculation with %s: %s", method, exc)
+            self.incompatible[method] = str(exc)
+            self.stats.method(method).unavailable = INCOMPATIBLE
+            for s in group:
+                s.seq.speculation_reason = INCOMPATIBLE
+            return False
+        if method in self.incompatible and ok:
+            log.info("%s proposer is compatible again", method)
+            del self.incompatible[method]
+        self.stats.method(method).unavailable = "" if ok else UNAVAILABLE
+        if not ok:
+            for s in group:
+                s.seq.speculation_reason = s.seq.speculation_reason or UNAVAILABLE
+        return ok
+
+    @staticmethod
+    def _messages(client: ProposerClient, group: list[Scheduled], ahead: bool
+                  ) -> tuple[list[SequenceStep], dict[str, tuple[SequenceState, int]]]:
+        """One SequenceStep per sequence: only what the proposer has not heard yet, unless its
+        stream is new (another epoch), then the whole history. With `ahead`, the proposer is
+        asked to draft the next step ahead while this one is verified."""
+        desc = client.description
+        needs_hidden = desc is not None and desc.needs_hidden_state
+        steps, wanted = [], {}
+        for s in group:
+            seq = s.seq
+            if needs_hidden and seq.target_hidden is None:
+                continue  # before the first verification there is no hidden state yet
+            full = seq.proposer_epoch != client.epoch
+            new = seq.tokens if full else seq.tokens[seq.proposer_heard:]
+            steps.append(SequenceStep(seq.request_id, list(new), len(seq.tokens), s.k,
+                                      full_history=full, sampling=seq.inp.sampling,
+                                      hidden_state=seq.target_hidden if needs_hidden else None,
+                                      draft_ahead=ahead,
+                                      max_branch=seq.inp.speculation.num_branches))
+            wanted[seq.request_id] = (seq, s.k)
+            seq.proposer_heard, seq.proposer_epoch = len(seq.tokens), client.epoch
+        return steps, wanted
+
+    def checked(self, d: Draft, k: int, max_branch: int = 1) -> Draft | None:
+        """The draft with its q renormalised, or None (not used) for wrong lengths, unknown ids,
+        a tree that is not one (or branches more than the step allows), or a q that cannot have
+        produced its token."""
+        if len(d.tokens) > k or any(not 0 <= t < self.vocab_size for t in d.tokens):
+            return None
+        if d.tree_error(k, max_branch) is not None:
+            return None
+        if d.q is None:
+            return d
+        idx, p = d.q.indices, d.q.probs.to(torch.float32)
+        if idx.shape[0] != len(d.tokens) or idx.numel() == 0:
+            return None
+        if bool((idx < 0).any() or (idx >= self.vocab_size).any()):
+            return None
+        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()):
+            return None
+        total = p.sum(-1, keepdim=True)
+        if bool(((total - 1.0).abs() > 1e-3).any()):
+            return None
+        q = SparseProbs(idx, p / total)
+        # each token must have positive probability under the q it claims to come from
+        if not bool((q.prob_of(torch.tensor(d.tokens)) > 0).all()):
+            return None
+        return Draft(d.seq_id, list(d.tokens), q, parents=list(d.parents))
+
+    # -- a sequence's life: in-target states live while it runs; proposers hear of its end ----
+
+    def admitted(self, seq: SequenceState) -> None:
+        """It joined the running batch (new, or re-admitted after a preemption)."""
+        self.in_target.admit(seq)
+
+    def preempted(self, seq: SequenceState) -> None:
+        """It left the running batch to be recomputed later (a proposer keeps its history)."""
+        self.in_target.free(seq)
+
+    def observe(self, seq: SequenceState, draft: Draft | None, num_accepted: int,
+                emitted: list[int], path: Sequence[int] = (),
+                node_argmax: Sequence[int] = (), features=None, position: int = 0) -> None:
+        """A verified step's outcome, for the in-target state that drafted (or may draft) it:
+        what learning from it took is the method's standing cost per sequence and step."""
+        spent = self.in_target.observe(seq, StepOutcome(
+            list(draft.tokens) if draft else [], num_accepted, list(emitted),
+            list(draft.parents) if draft else [], list(path), list(node_argmax), seq.tokens,
+            features, position))
+        if spent is not None:
+            self.stats.method(seq.inp.speculation.method).add_standing(spent)
+
+    def release(self, seq: SequenceState) -> None:
+        """It finished, was aborted or failed."""
+        self.in_target.free(seq)
+        client = self.proposers.get(seq.inp.speculation.method or "")
+        if client is not None and seq.proposer_epoch == client.epoch:
+            client.release([seq.request_id])
+
+
+def _count_ask(stats: MethodStats, seq: SequenceState, k: int) -> None:
+    """The sequence asked its method for k tokens this step (answered or not)."""
+    seq.asked += 1
+    seq.asked_k = k
+    (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1

@@ -1,0 +1,324 @@
+"""Methods whose candidates are produced inside the verifier (registry kind `in_target`).
+
+Some methods need no proposer process: their candidates come from the target's own steps
+(lookahead decoding's Jacobi window and n-gram pool; later, heads on the target's hidden state).
+Such a method is a class implementing `InTargetMethod`, named in splitspec/methods.py with
+`kind=Kind.IN_TARGET`; the verifier makes one per method it serves (`InTargetDrafts.from_registry`).
+Each sequence whose plan names the method gets its own `InTargetState`:
+
+    the verifier starts             method = from_verifier(vocab_size, config) (None: not served
+                                                                 here, e.g. no head configured);
+                                    method.bind(runner)       (the target: its weights, and the
+                                                                 features it should hand over)
+    a request arrives               method.check_plan(plan, max_k)  (InvalidArgument if the
+                                                                 method cannot run its plan here)
+    admitted to the running batch   method.admit(...)        -> state
+    a prefill chunk was cached      state.prefilled(features, position)  (states that read the
+                                                                 target's features: its rows')
+    a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids,
+                                                                 or a Draft tree of <= k nodes,
+                                                                 or either left on the device
+                                                                 (PendingDraft: read back in
+                                                                 one copy for the step; a
+                                                                 greedy chain fed to the step
+                                                                 from there, DeviceDraft)
+    the step was verified           state.observe(outcome)    (with the target's argmax after
+                                                                 every node: what the method
+                                                                 learns from its own rows; True:
+                                                                 kept for the method's flush)
+    a step starts drafting          method.flush()            (what states kept, learnt for
+                                                                 all of them at once)
+                                    method.propose_many(...)  (the step's states of the method
+                                                                 together; by default each
+                                                                 state's propose)
+    finished, aborted, failed or    state.free()              (a preempted sequence gets a
+    preempted                                                  fresh state when re-admitted)
+
+Candidates are deterministic (one-hot q), as lookahead's are, and are checked like a proposer's
+before the verifier uses them: a state that returns garbage costs only that step's speculation.
+A tree may branch as the method likes within its node budget (the request's num_branches bounds
+what proposers send; an in-target method owns its own shape).
+The engine reaches this through verifier_service/drafts/collector.py, beside the proposer clients,
+and never names a method.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+from typing import Sequence as Seq
+
+from splitspec import device as dev
+from splitspec.methods import in_target_methods
+from splitspec.params import SamplingParams, SpeculationPlan
+from splitspec.proposal import Draft
+from verifier_service.batching.scheduler import Scheduled
+from verifier_service.batching.sequence import SequenceState
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one verified step did to a sequence, as its state is told."""
+
+    draft: list[int]  # the candidates verified this step (empty: none)
+    num_accepted: int  # how many of them were accepted (the depth of the accepted path)
+    emitted: list[int]  # the tokens the step emitted: accepted candidates + recovered/bonus
+    parents: list[int] = field(default_factory=list)  # the draft's tree (a chain: i - 1)
+    path: list[int] = field(default_factory=list)  # accepted nodes, root first
+    node_argmax: list[int] = field(default_factory=list)  # target's argmax after each node
+    history: Seq[int] = ()  # the sequence's tokens after the step
+    # states that read the target's features: the kept rows' features [n, F] on the target's
+    # device (the step's uncached tokens, then the accepted path), the first at `position`
+    features: object = None
+    position: int = 0
+
+
+@dataclass(frozen=True)
+class PendingDraft:
+    """Candidates a state left on the device: `ints` and `floats` (device tensors) to bring to
+    the host, and `finish`, which makes the candidates (ids or a Draft) from their host copies
+    (numpy arrays, in the same order). A step's pending candidates, over every sequence, come
+    over together: one copy and one wait for the batch, not one per sequence."""
+
+    ints: list
+    floats: list
+    finish: Callable[[list, list], "list[int] | Draft"]
+    # a greedy chain's token ids [k] on the device: the step may feed them to its forward
+    # without reading them first (a DeviceDraft); None: read back with the step's others
+    chain: object = None
+
+
+@dataclass
+class DeviceDraft(Draft):
+    """A greedy chain whose token ids are still on the target's device (an in-target method
+    drew them there): `tokens` holds k placeholders until the step that verifies it reads the
+    ids back with its results. A step of greedy chains copies them into its input on the device
+    (verifier_service/step/verify.py); any other step reads them first (`read_back`)."""
+
+    device_tokens: object = None  # int64 [k] on the device; None once read back
+
+
+def read_back(drafts: "Seq[DeviceDraft]", fetch) -> None:
+    """The drafts' ids into their `tokens`, in one copy (fetch: splitspec.device.HostFetch)."""
+    got, _ = fetch([d.device_tokens for d in drafts])
+    for d, ids in zip(drafts, got):
+        d.tokens[:] = ids.tolist()
+        d.device_tokens = None
+
+
+class InTargetState(abc.ABC):
+    """One sequence's drafting state inside the verifier; bounded in memory by its method."""
+
+    # whether it reads the target's features (ModelRunner.feature_layers): then each step's
+    # outcome carries its kept rows' features and every prefill chunk's rows come to `prefilled`
+    features: bool = False
+
+    @abc.abstractmethod
+    def propose(self, tokens: Seq[int], k: int) -> "list[int] | Draft | PendingDraft":
+        """Up to k candidate tokens to follow `tokens` (the sequence's whole history, the last
+        one not yet cached), as a chain of ids or a Draft tree, or either still on the device
+        (PendingDraft); [] for none this step."""
+
+    def prefilled(self, features, position: int) -> None:
+        """A prefill chunk cached rows from `position` on; their features [n, F] (for states
+        with `features`; each row's next token is already in the history)."""
+
+    def observe(self, outcome: StepOutcome) -> bool | None:
+        """The step's outcome (called after every step that emitted tokens for the sequence).
+        True: the state kept it for its method's next `flush` (which learns from the step's
+        sequences together) instead of learning from it now."""
+
+    def free(self) -> None:
+        """The sequence left the running batch; drop what the state holds."""
+
+
+class InTargetMethod(abc.ABC):
+    """An in-target method: one instance per verifier, a state per running sequence."""
+
+    @classmethod
+    def from_verifier(cls, vocab_size: int, config=None) -> "InTargetMethod | None":
+        """The method as the verifier creates it, knowing the target's vocabulary and the
+        verifier's configuration (verifier_service/config.py; None in tests: defaults); None
+        when this verifier does not serve it (e.g. a head it was not given)."""
+        return cls()
+
+    def bind(self, runner) -> None:
+        """The verifier's ModelRunner, once, before any request: a method that drafts from
+        the target's weights or features takes them here (runner.feature_layers)."""
+
+    def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
+        """Raise InvalidArgument (naming the field) if this verifier cannot run `plan`'s
+        method-specific parameters; `max_k` is its node budget limit. Called on arrival."""
+
+    @abc.abstractmethod
+    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams,
+              plan: SpeculationPlan) -> InTargetState:
+        """A state for a sequence joining the running batch with history `tokens`, run as
+        `plan` (already checked) says."""
+
+    def propose_many(self, items: "Seq[tuple[InTargetState, Seq[int], int]]") -> list:
+        """(state, tokens, k) -> state.propose(tokens, k) for a step's sequences of this method,
+        in order; a method that drafts several sequences at once overrides it."""
+        return [state.propose(tokens, k) for state, tokens, k in items]
+
+    def flush(self) -> int:
+        """Learn what states kept from their observe (True) or prefilled; called at the start of
+        every step's drafting, before its forward. Returns how many states learnt."""
+        return 0
+
+    def stats(self) -> dict[str, float]:
+        """Counters (names ending `_total`) and gauges of the method, for /metrics
+        (`splitspec_in_target_<name>{method}`); read at scrape time, from another thread."""
+        return {}
+
+
+def _load(implementation: str) -> type[InTargetMethod]:
+    module, _, name = implementation.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class InTargetDrafts:
+    """The verifier's in-target methods and their per-sequence states."""
+
+    def __init__(self, methods: dict[str, InTargetMethod]):
+        self.methods = methods
+        self._states: dict[SequenceState, InTargetState] = {}
+        # seconds the states spent learning from verified steps (observe), per method, not yet
+        # taken into its drafting cost; and the whole of it since the last step's account
+        self._observe_s: dict[str, float] = {}
+        self.step_observe_s = 0.0
+        self._fetch: dict = {}  # per device: the one copy of a step's pending candidates
+
+    @classmethod
+    def from_registry(cls, vocab_size: int, config=None, runner=None) -> "InTargetDrafts":
+        """Every in-target method of the registry this verifier serves, bound to `runner`."""
+        methods = {}
+        for name, spec in in_target_methods().items():
+            method = _load(spec.implementation).from_verifier(vocab_size, config)
+            if method is None:
+                continue
+            if runner is not None:
+                method.bind(runner)
+            methods[name] = method
+        return cls(methods)
+
+    def serves(self, method: str | None) -> bool:
+        return method in self.methods
+
+    @property
+    def num_states(self) -> int:
+        return len(self._states)
+
+    def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
+        if plan.method in self.methods:
+            self.methods[plan.method].check_plan(plan, max_k)
+
+    def admit(self, seq: SequenceState) -> None:
+        """A sequence joined the running batch: a state if its plan names one of these methods."""
+        plan = seq.inp.speculation
+        if plan.enabled and plan.method in self.methods and seq not in self._states:
+            self._states[seq] = self.methods[plan.method].admit(seq.request_id, seq.tokens,
+                                                                seq.inp.sampling, plan)
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Each method's counters and gauges (InTargetMethod.stats)."""
+        return {name: m.stats() for name, m in self.methods.items()}
+
+    def wants_argmax(self, seq: SequenceState) -> bool:
+        """Whether the sequence's state learns from the target's argmax at its nodes."""
+        return seq in self._states
+
+    def wants_features(self, seq: SequenceState) -> bool:
+        """Whether the sequence's state reads the target's features."""
+        state = self._states.get(seq)
+        return state is not None and state.features
+
+    def prefilled(self, seq: SequenceState, features, position: int) -> None:
+        state = self._states.get(seq)
+        if state is not None:
+            state.prefilled(features, position)
+
+    def propose(self, group: list[Scheduled]) -> "dict[SequenceState, list[int] | Draft]":
+        """Candidates for each scheduled sequence that wants k > 0 (unchecked); what the states
+        left on the device comes over in one copy after all of them have drafted."""
+        out, pending = {}, {}
+        by_method: dict[str, list[Scheduled]] = {}
+        for s in group:
+            if s.seq in self._states:
+                by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
+        proposed = []
+        for name, members in by_method.items():
+            got = self.methods[name].propose_many(
+                [(self._states[s.seq], s.seq.tokens, s.k) for s in members])
+            proposed += zip(members, got)
+        for s, got in proposed:
+            if isinstance(got, PendingDraft) and got.chain is not None:
+                k = got.chain.shape[0]
+                out[s.seq] = DeviceDraft(s.seq.request_id, [0] * k, device_tokens=got.chain)
+                continue
+            (pending if isinstance(got, PendingDraft) else out)[s.seq] = got
+        if pending:
+            out.update(self._resolve(pending))
+        return out
+
+    def _resolve(self, pending: "dict[SequenceState, PendingDraft]"
+                 ) -> "dict[SequenceState, list[int] | Draft]":
+        ints = [t for p in pending.values() for t in p.ints]
+        floats = [t for p in pending.values() for t in p.floats]
+        device = (ints or floats)[0].device
+        fetch = self._fetch.get(device)
+        if fetch is None:
+            fetch = self._fetch[device] = dev.HostFetch(device)
+        got_i, got_f = fetch(ints, floats)
+        out, at_i, at_f = {}, 0, 0
+        for seq, p in pending.items():
+            out[seq] = p.finish(got_i[at_i:at_i + len(p.ints)], got_f[at_f:at_f + len(p.floats)])
+            at_i, at_f = at_i + len(p.ints), at_f + len(p.floats)
+        return out
+
+    def observe(self, seq: SequenceState, outcome: StepOutcome) -> float | None:
+        """The sequence's state learns from its verified step; returns the seconds that took
+        (None: the sequence has no in-target state, or it kept the step for its method's
+        flush, which is timed there)."""
+        state = self._states.get(seq)
+        if state is None:
+            return None
+        start = time.perf_counter()
+        kept = state.observe(outcome)
+        spent = time.perf_counter() - start
+        method = seq.inp.speculation.method
+        self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
+        self.step_observe_s += spent
+        return None if kept else spent
+
+    def flush(self) -> dict[str, tuple[float, int]]:
+        """Every method's flush (the start of a step's drafting): per method that learnt, the
+        seconds it took and for how many sequences. Priced with the method's drafting (it runs
+        inside the step's drafting time, so it is not the step's observe time)."""
+        done = {}
+        for name, method in self.methods.items():
+            start = time.perf_counter()
+            n = method.flush()
+            if n:
+                spent = time.perf_counter() - start
+                self._observe_s[name] = self._observe_s.get(name, 0.0) + spent
+                done[name] = (spent, n)
+        return done
+
+    def take_observe_seconds(self, method: str) -> float:
+        """What `method`'s states spent in observe since last asked: work of the method's own
+        (an EAGLE head's layer over the kept rows), priced with its drafting, not the step's."""
+        return self._observe_s.pop(method, 0.0)
+
+    def take_step_observe_seconds(self) -> float:
+        """Every method's observe seconds since last asked (out of a step's measured cost)."""
+        spent, self.step_observe_s = self.step_observe_s, 0.0
+        return spent
+
+    def free(self, seq: SequenceState) -> None:
+        state = self._states.pop(seq, None)
+        if state is not None:
+            state.free()

@@ -1,0 +1,329 @@
+"""One verification on the model thread: plan the step, run the target once over the packed
+batch, rejection-sample, hand back what each sequence emits.
+
+Reads top to bottom like the step it is (gpt-fast's speculative_decode, for a ragged batch):
+    1. plan     where every sequence's rows sit (kernels.StepLayout), and the step's arrays in
+                one host buffer (verifier_service/step/plan.py), without touching the device;
+    2. execute  one target pass: [uncached tokens..., d1..dk] per sequence, with greedy chain
+                verification on the device (verifier_service/step/executor.py: one copy in, a
+                replayed graph or the same body run eagerly);
+    3. sample   sampled requests and trees: target probabilities p per verified row, then the
+                lossless rejection sampler, launched after the forward without a sync;
+    4. fetch    one copy out and the step's one wait: per sequence, accepted drafts + one
+                recovered/bonus token, the accepted path, and, for proposers that condition on
+                it, the hidden state that produced the last token; for in-target methods the
+                target's argmax after every node; for requests that ask, each emitted token's
+                log-probability from the same logits rows (kernels/logprobs.py; no extra
+                forward, one more read back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from kernels import tree_rejection
+from kernels.layout import RejectionResult, StepLayout
+from kernels.logprobs import token_logprobs
+from kernels.rejection import greedy_verify, rejection_sample
+from kernels.sampling import SamplingTensors, noise_key, sample
+from kernels.sparse_probs import SparseProbs
+from kernels.tree_rejection import TreeResult, tree_rejection_sample
+from splitspec.device import to_device
+from splitspec.proposal import Draft
+from verifier_service.batching.scheduler import Scheduled
+from verifier_service.methods.in_target import DeviceDraft, read_back
+from verifier_service.step.executor import StepExecutor
+
+
+@dataclass
+class SeqResult:
+    tokens: list[int]  # accepted drafts, then one recovered or bonus token
+    num_accepted: int
+    # fed rows whose K/V the sequence keeps, in order (kv_cache.keep): its uncached tokens, then
+    # the accepted drafts' rows (a chain's: a prefix of what was fed, range(n))
+    kept_rows: Sequence[int]
+    hidden: torch.Tensor | None = None  # [H] the state that produced tokens[-1], when asked
+    # per token, when the request asked: (logprob, [(token id, logprob), ...] most likely first)
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    # the draft nodes accepted, root first (a chain's: 0 .. num_accepted - 1)
+    path: Sequence[int] = ()
+    branch_hit: bool = False  # the accepted path left a node's first-ranked child somewhere
+    # when asked (in-target methods learn from their own rows): the target's argmax after each
+    # draft node, in node order
+    node_argmax: Sequence[int] = ()
+    # when asked (heads on the target's features): the kept rows' features [len(kept_rows), F],
+    # on the target's device
+    features: torch.Tensor | None = None
+
+
+@dataclass
+class ChunkFeatures:
+    """A prefill chunk's result where its features were asked for: every fed row's [n, F]
+    (a chunk emits nothing; its rows are all kept)."""
+
+    features: torch.Tensor
+
+
+def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Draft | None],
+                keep_hidden: list[bool], keep_argmax: Sequence[bool] = (),
+                keep_features: Sequence[bool] = ()) -> list[SeqResult | ChunkFeatures | None]:
+    """Per batch entry: its SeqResult, or for a prefill chunk (cached, emits nothing) None, or
+    its ChunkFeatures when keep_features asks."""
+    # 0. greedy chains still on the device (an in-target head's): fed to the forward from
+    # there when the whole step is greedy chains, else read back first
+    held = [i for i, d in enumerate(drafts)
+            if isinstance(d, DeviceDraft) and d.device_tokens is not None]
+    if held and not (executor.broadcast is None
+                     and all(s.seq.inp.sampling.greedy for s in batch)
+                     and all(d is None or d.is_chain for d in drafts)):
+        read_back([drafts[i] for i in held], executor.fetch)
+        held = []
+    # 1. plan (trees: each node at the position of its depth, seeing its ancestors only)
+    ks = [len(d.tokens) if d else 0 for d in drafts]
+    trees = [None if d is None or d.is_chain else d.parents for d in drafts]
+    layout = StepLayout.build([s.num_new + k for s, k in zip(batch, ks)],
+                              [s.seq.num_computed for s in batch], ks, [s.emits for s in batch],
+                              trees if any(t is not None for t in trees) else None)
+    input_ids = [t for s, d in zip(batch, drafts)
+                 for t in s.seq.tokens[s.seq.num_computed:s.seq.num_computed + s.num_new]
+                 + (d.tokens if d else [])]
+    plan = executor.plan(layout, input_ids, [s.seq.blocks.blocks for s in batch])
+    if held:
+        rows = {seq: r for r, seq in enumerate(layout.seq_index.tolist())}
+        top = executor.runner.vocab_size - 1
+        for i in held:
+            d = drafts[i]
+            # any id the target knows keeps greedy verification exact: an unknown one clamped
+            d.device_tokens = d.device_tokens.clamp(0, top)
+            for at in plan.draft_offsets(i, rows[i], ks[i]):
+                plan.device_ids.append((at, d.device_tokens))
+    # 2. execute
+    step = executor.execute(plan)
+    chunks = _chunk_features(step, plan, batch, keep_features)
+    if not layout.batch_size:
+        executor.fetch([])  # the step's wait: its writes to the cache are done
+        return chunks
+    emitting = layout.seq_index.tolist()
+    n = len(emitting)
+    # 3. sample (a step of greedy chains only is verified already, inside the forward)
+    ragged = (step.logits if plan.bucket is None else
+              step.logits.index_select(0, step.views["real_rows"][:layout.logits_indices.numel()]))
+    nodes = None
+    params = [batch[i].seq.inp.sampling for i in emitting]
+    if plan.chain and all(p.greedy for p in params):
+        tokens, num_accepted = step.tokens[:n], step.num_accepted[:n]
+    elif plan.chain and not layout.num_drafts and executor.sampler.serves(n):
+        # nothing to verify: one token per row, the sampler's graph replayed
+        tokens = executor.sampler(ragged, params, layout.sample_positions.tolist())[:, None]
+        num_accepted = torch.zeros(n, dtype=torch.int64, device=tokens.device)
+    else:
+        result = sample_step(ragged, layout, [batch[i] for i in emitting],
+                             [drafts[i] for i in emitting])
+        tokens, num_accepted = result.output_token_ids, result.num_accepted
+        if isinstance(result, TreeResult):
+            nodes = result.accepted_nodes
+    # 4. fetch: the last kept row's hidden state (logits row base + its node + 1), the
+    # argmax rows, the tokens: one copy
+    base_dev = step.views["bonus_base"][:n]
+    wants_hidden = any(keep_hidden[i] for i in emitting)
+    wants_argmax = any(keep_argmax[i] for i in emitting if i < len(keep_argmax))
+    floats = []
+    if wants_hidden:
+        if nodes is None or not nodes.shape[1]:
+            last = base_dev + num_accepted
+        else:
+            picked = nodes.gather(1, (num_accepted - 1).clamp(min=0)[:, None])[:, 0]
+            last = base_dev + torch.where(num_accepted > 0, picked + 1, 0)
+        floats.append(step.hidden.index_select(0, last))
+    ints = [tokens, num_accepted] + ([nodes] if nodes is not None else [])
+    ints += [step.argmax] if wants_argmax else []
+    ints += [drafts[i].device_tokens for i in held]  # the drafts' ids, read back with the rest
+    got, got_f = executor.fetch(ints, floats)
+    for i, ids in zip(held, got[len(got) - len(held):]):
+        drafts[i].tokens[:] = ids.tolist()
+        drafts[i].device_tokens = None
+    got = got[:len(got) - len(held)]
+    rows_h, n_acc_h = got[0], got[1].tolist()
+    nodes_h = got[2] if nodes is not None else None
+    argmax_h = got[-1] if wants_argmax else None
+    hidden_h = got_f[0] if wants_hidden else None
+    base = plan.arrays["bonus_base"][:n]  # the host's copy of the offsets
+    # 5. results
+    results: list[SeqResult | ChunkFeatures | None] = chunks
+    rows = [row[:a + 1].tolist() for row, a in zip(rows_h, n_acc_h)]
+    fed_before = (layout.query_lens[layout.seq_index] - layout.num_draft_tokens).tolist()
+    for r, (i, n_acc) in enumerate(zip(emitting, n_acc_h)):
+        path = nodes_h[r, :n_acc].tolist() if nodes_h is not None else list(range(n_acc))
+        kept = (range(batch[i].num_new + n_acc) if nodes_h is None
+                else tree_rejection.path_rows(fed_before[r], path))
+        h = torch.from_numpy(hidden_h[r]) if keep_hidden[i] else None
+        results[i] = SeqResult(rows[r], n_acc, kept, h, path=path,
+                               branch_hit=bool(n_acc) and nodes_h is not None
+                               and _left_first_child(drafts[i].parents, path))
+        if argmax_h is not None and i < len(keep_argmax) and keep_argmax[i]:
+            results[i].node_argmax = argmax_h[base[r] + 1:base[r] + 1 + ks[i]].tolist()
+    _kept_features(step, plan, emitting, results, keep_features)
+    _add_logprobs(ragged, layout, batch, emitting, rows, results)
+    return results
+
+
+def _fed_row(plan, seq: int, fed: int) -> int:
+    """The packed row of a sequence's fed row (exact: from query_start; bucket: seq * R)."""
+    if plan.bucket is None:
+        return int(plan.layout.query_start[seq]) + fed
+    return seq * plan.bucket.rows + fed
+
+
+def _chunk_features(step, plan, batch: list[Scheduled], keep: Sequence[bool]
+                    ) -> list[ChunkFeatures | None]:
+    """Every non-emitting sequence that asks gets its fed rows' features (device slices)."""
+    out: list[ChunkFeatures | None] = [None] * len(batch)
+    if step.features is None:
+        return out
+    for i, s in enumerate(batch):
+        if i < len(keep) and keep[i] and not s.emits:
+            first = _fed_row(plan, i, 0)
+            out[i] = ChunkFeatures(step.features[first:first + s.num_new])
+    return out
+
+
+def _kept_features(step, plan, emitting: list[int], results: list, keep: Sequence[bool]
+                   ) -> None:
+    """The kept rows' features of each emitting sequence that asks, in one gather."""
+    if step.features is None:
+        return
+    wanted = [i for i in emitting if i < len(keep) and keep[i]]
+    if not wanted:
+        return
+    rows = [_fed_row(plan, i, j) for i in wanted for j in results[i].kept_rows]
+    gathered = step.features.index_select(
+        0, torch.tensor(rows).to(step.features.device, non_blocking=True))
+    at = 0
+    for i in wanted:
+        n = len(results[i].kept_rows)
+        results[i].features = gathered[at:at + n]
+        at += n
+
+
+def _left_first_child(parents: Sequence[int], path: Sequence[int]) -> bool:
+    """Whether some accepted node is not its parent's first-ranked child."""
+    first: dict[int, int] = {}
+    for node, parent in enumerate(parents):
+        first.setdefault(parent, node)
+    return any(first[parents[node]] != node for node in path)
+
+
+def _add_logprobs(logits: torch.Tensor, layout: StepLayout, batch: list[Scheduled],
+                  emitting: list[int], rows: list[list[int]],
+                  results: list[SeqResult | None]) -> None:
+    """Row j of an emitting sequence picked its token j: gather those rows of the sequences
+    that ask for logprobs and score their tokens (one small batch for the whole step)."""
+    wanted = [r for r, i in enumerate(emitting) if batch[i].seq.inp.top_logprobs is not None]
+    if not wanted:
+        return
+    offsets = layout.target_offsets.tolist()
+    # token j of a sequence was picked by the logits row of the accepted node before it
+    picks = {r: [0, *(p + 1 for p in results[emitting[r]].path)] for r in wanted}
+    index = [offsets[r] + picks[r][j] for r in wanted for j in range(len(rows[r]))]
+    params = [batch[emitting[r]].seq.inp.sampling for r in wanted for _ in rows[r]]
+    scored = token_logprobs(
+        logits[torch.tensor(index, device=logits.device)],
+        SamplingTensors.from_lists([p.temperature for p in params], [p.top_k for p in params],
+                                   [p.top_p for p in params], [p.min_p for p in params]),
+        torch.tensor([t for r in wanted for t in rows[r]]),
+        max(batch[emitting[r]].seq.inp.top_logprobs for r in wanted))
+    chosen, ids = scored.chosen.tolist(), scored.top_ids.tolist()
+    values = scored.top_values.tolist()
+    at = 0
+    for r in wanted:
+        n_top = batch[emitting[r]].seq.inp.top_logprobs
+        out = []
+        for _ in rows[r]:
+            out.append((chosen[at], list(zip(ids[at][:n_top], values[at][:n_top]))))
+            at += 1
+        results[emitting[r]].logprobs = out
+
+
+def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Scheduled],
+                drafts: Sequence[Draft | None]) -> RejectionResult:
+    """logits [T_out, V] of the emitting sequences -> their accepted tokens."""
+    params = [s.seq.inp.sampling for s in batch]
+    if not layout.chain:
+        return _sample_trees(logits, layout, params, drafts)
+    if all(p.greedy for p in params):
+        # every row greedy: the sampler would pick argmax(one-hot at argmax(logits)); skip
+        # building p and the random numbers (the no-speculation path: just the argmax)
+        if layout.num_drafts == 0:
+            tokens = logits.argmax(dim=-1)  # [S]
+            return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
+        draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
+        return greedy_verify(logits, to_device(draft_ids, logits.device), layout)
+    probs = _target_probs(logits, layout, params)
+    if layout.num_drafts == 0:
+        return _sample_tokens(logits, probs, layout, params)
+    device = logits.device
+    draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
+    return rejection_sample(
+        probs, to_device(draft_ids, device), layout, draft_distribution(drafts, device),
+        torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
+        [p.seed for p in params])
+
+
+def _sample_tokens(logits: torch.Tensor, probs: torch.Tensor, layout: StepLayout, params
+                   ) -> RejectionResult:
+    """sample_step for a step with no drafts and a sampled row (speculation off, or every draft
+    dropped): one token per row, what the rejection sampler gives a row with nothing to verify
+    in about half the launches. A seeded row takes the keyed race at its position (the token
+    its coupled verification emits there: seeded output stays the same on and off), an unseeded
+    row a race with fresh noise, a greedy row its argmax."""
+    positions = layout.sample_positions.tolist()
+    keys = [noise_key(p.seed, at) if p.seed is not None and not p.greedy else None
+            for p, at in zip(params, positions)]
+    tokens = sample(probs, keys)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:  # the argmax itself, not a race over its one-hot p
+        tokens = torch.where(
+            to_device(torch.tensor([p.greedy for p in params]), logits.device),
+            logits.argmax(dim=-1), tokens)
+    return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
+
+
+def _sample_trees(logits: torch.Tensor, layout: StepLayout, params, drafts) -> TreeResult:
+    """sample_step for a step with a tree among its drafts (kernels/tree_rejection.py; chains in
+    the same step are trees with parents i - 1)."""
+    device = logits.device
+    draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
+    greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
+    if bool(greedy.all()):  # argmax of the logits is the argmax of the one-hot p
+        return tree_rejection_sample(logits, to_device(draft_ids, device), None, layout, None,
+                                     greedy)
+    return tree_rejection_sample(_target_probs(logits, layout, params),
+                                 to_device(draft_ids, device),
+                                 None, layout,
+                                 draft_distribution(drafts, device), greedy,
+                                 [p.seed for p in params])
+
+
+def _target_probs(logits: torch.Tensor, layout: StepLayout, params) -> torch.Tensor:
+    """p per logits row [T_out, V]: each sequence's sampling parameters on its k + 1 rows."""
+    rows = (layout.num_draft_tokens + 1).tolist()
+
+    def per_row(values):  # one value per sequence -> one per logits row
+        return [v for v, n in zip(values, rows) for _ in range(n)]
+
+    return SamplingTensors.from_lists(  # host tensors: the kernel picks its fast paths
+        per_row([p.temperature for p in params]), per_row([p.top_k for p in params]),
+        per_row([p.top_p for p in params]), per_row([p.min_p for p in params])).apply(logits)
+
+
+def draft_distribution(drafts: Sequence[Draft | None], device: torch.device
+                       ) -> SparseProbs | None:
+    """None when every draft is one-hot; else all drafts' q rows, one-hot ones as K = 1."""
+    if not any(d is not None and d.q is not None for d in drafts):
+        return None
+    parts = [d.q if d.q is not None else SparseProbs.one_hot(torch.tensor(d.tokens))
+             for d in drafts if d is not None and d.tokens]
+    return SparseProbs.cat(parts).to(device)
