@@ -39,13 +39,24 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) tests/import_graph.py
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist), a whole file to a worker (module
-# fixtures such as a started stack stay shared): most of its time is services starting up and
-# answering, which two workers overlap. TEST_WORKERS=0 runs it in this process.
+# The suite in two tiers, each in TEST_WORKERS processes (pytest-xdist), a whole file to a
+# worker (module fixtures such as a started stack stay shared): most of its time is services
+# starting up and answering, which the workers overlap. TEST_WORKERS=0 runs it in this process.
+#   make test       lint, then every test outside the soak tier: what a change is checked with
+#   make test-soak  the soak tier (marker `soak`): statistical samples of thousands of requests
+#                   or rows, processes killed, drained or restarted under live streams, the
+#                   short soak; CI (.ci/run) runs it after make test
+#   make test-all   both
 TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+.PHONY: test-soak test-all
 test: $(STAMP) lint
-	$(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
-		$(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not soak" $(PYTEST_ARGS)
+
+test-soak: $(STAMP)
+	$(PY) -m pytest $(XDIST) -m soak $(PYTEST_ARGS)
+
+test-all: test test-soak
 
 protos: $(STAMP)
 	PYTHON=$(PY) scripts/gen_protos.sh
@@ -182,7 +193,8 @@ clean:
 
 # Soak: concurrent streams while proposers and verifier replicas are SIGKILLed (restarted by the
 # supervisor) and clients cancel; nothing may fail, differ or leak. About 6 minutes; writes
-# bench/reports/soak.md. `python bench/soak.py --short` is the test suite's 1-minute version.
+# bench/reports/soak.md. `python bench/soak.py --short` is the soak tier's 1-minute version
+# (make test-soak).
 .PHONY: soak
 soak: $(STAMP)
 	$(PY) bench/soak.py

@@ -12,7 +12,7 @@ import pytest
 
 from splitspec.launcher import REPO_ROOT, Stack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
 
 def test_short_soak_loses_nothing(tmp_path):

@@ -59,6 +59,7 @@ def test_up_serves_and_sigint_stops_everything(target_model_dir, tmp_path):
         stop_launcher(proc)
 
 
+@pytest.mark.soak
 def test_services_do_not_outlive_a_killed_launcher(target_model_dir, tmp_path):
     """Even SIGKILL of `splitspec up` (no chance to clean up) takes the services down."""
     port = free_port()

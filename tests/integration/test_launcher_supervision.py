@@ -18,7 +18,7 @@ from procs_testlib import alive, children_of, proposer_port_flags, stop_launcher
 
 from splitspec.net import bindable, free_port
 
-pytestmark = [pytest.mark.integration,
+pytestmark = [pytest.mark.integration, pytest.mark.soak,
               pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")]
 ROOT = Path(__file__).resolve().parents[2]
 

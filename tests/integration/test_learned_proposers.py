@@ -160,15 +160,26 @@ def sampled_prompt(client) -> str:
     return prefix + greedy.text + "\n" + prefix
 
 
+def off_sample(client, prompt: str, n: int) -> list:
+    """n seeded requests (seeds 20,000 + i) with speculation off."""
+    return client.generate_all(
+        [client.request(prompt, None, seed=20_000 + i, **SAMPLED) for i in range(n)], workers=8)
+
+
 @pytest.fixture(scope="module")
 def sampled_off(client, sampled_prompt) -> list:
-    return client.generate_all(
-        [
-            client.request(sampled_prompt, None, seed=20_000 + i, **SAMPLED)
-            for i in range(SAMPLED_N)
-        ],
-        workers=8,
-    )
+    """The distribution tests' sample (soak tier): N seeded requests, speculation off."""
+    return off_sample(client, sampled_prompt, SAMPLED_N)
+
+
+SEEDED_N = 96  # requests per plan of the seeded comparison
+
+
+@pytest.fixture(scope="module")
+def seeded_off(client, sampled_prompt) -> list:
+    """The seeded comparison's reference: its SEEDED_N requests with speculation off (the first
+    SEEDED_N of sampled_off, drawn apart so that the default tier does not draw the rest)."""
+    return off_sample(client, sampled_prompt, SEEDED_N)
 
 
 # (method, k) of each request of a sample, cycled: one method and k, or a batch mixing all of them
@@ -210,6 +221,7 @@ def draft_paths_ran(responses, methods) -> None:
     assert 0 < accepted < proposed, (accepted, proposed)
 
 
+@pytest.mark.soak  # 800 requests per plan
 @pytest.mark.parametrize("plan", list(SAMPLED_PLANS))
 def test_sampled_speculation_has_the_targets_distribution(
     stack, client, sampled_prompt, sampled_off, plan
@@ -249,24 +261,24 @@ def test_sampled_speculation_has_the_targets_distribution(
 
 @pytest.mark.parametrize("plan", list(SAMPLED_PLANS))
 def test_seeded_sampled_output_is_identical_with_speculation_on_and_off(
-    client, sampled_prompt, sampled_off, plan
+    client, sampled_prompt, seeded_off, plan
 ):
     """A seeded request's token at position t is argmax(p_t / E(seed, t)) whatever was drafted
     (kernels/rejection.py): with speculation on, any method, any k and any batch, it gives the
     very tokens it gives with speculation off."""
     steps = SAMPLED_PLANS[plan]
-    n = 96
     on = client.generate_all(
         [
             plan_request(client, sampled_prompt, steps[i % len(steps)], seed=20_000 + i,
                          **SAMPLED)
-            for i in range(n)
+            for i in range(SEEDED_N)
         ]
     )
     draft_paths_ran(on, {m for m, *_ in steps})
-    assert [r.token_ids for r in on] == [r.token_ids for r in sampled_off[:n]]
+    assert [r.token_ids for r in on] == [r.token_ids for r in seeded_off]
 
 
+@pytest.mark.soak  # 800 more requests
 def test_the_distribution_test_tells_temperatures_apart(client, sampled_prompt, sampled_off):
     """Power of the test above, checked on the spot: it tells temperature 0.8 from temperature
     1.0 (speculation off, N more requests), a smaller difference than a broken acceptance rule

@@ -19,7 +19,7 @@ from services_testlib import start_healthy
 from splitspec.launcher import Service
 from splitspec.net import free_port, wait_for_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
 MAX_TOKENS = 48
 # No /metrics listeners (fixed default ports) in tests, where the services take the flag.
 NO_METRICS = (["--metrics-port", "0"] if importlib.util.find_spec("splitspec.telemetry.config")

@@ -45,6 +45,7 @@ RESUME_WAIT_S = 30.0  # requests until speculation is seen again (each is slow o
 
 # -- a killed proposer -------------------------------------------------------------------------
 
+@pytest.mark.soak
 def test_killing_proposers_mid_generation_fails_no_request_and_speculation_resumes(
         learned_stack):
     stack = learned_stack

@@ -15,7 +15,7 @@ from stats_testlib import current, idle, watch_until
 
 from splitspec.launcher import grpc_healthy
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
 PROMPTS = ["def f(x):\n", "class A:\n    def", "import os\n", "for i in range("]
 LONG = 400  # tokens of the requests in flight when A gets SIGTERM

@@ -22,7 +22,7 @@ from protos import common_pb2
 from splitspec.launcher import Stack
 from splitspec.modelio import load_tokenizer
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
 PROMPTS = ["def f(x):\n", "class A:\n    def", "import os\n", "for i in range(",
            "# add two numbers\n", "x = [", "while True:\n", "if __name__ =="]

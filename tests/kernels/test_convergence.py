@@ -20,7 +20,6 @@ import torch
 from kernels import SparseProbs, rejection_sample
 from kernels.sampling import keyed_argmax, noise_key
 
-pytestmark = pytest.mark.slow  # statistical; still part of the default run
 NS = [10, 100, 1_000, 10_000, 100_000]
 
 
@@ -194,6 +193,7 @@ def test_every_position_converges_including_the_bonus():
     check_every_position_converges()
 
 
+@pytest.mark.soak  # 100,000 seeded rows: the soak tier
 def test_seeded_rows_converge_to_target():
     # seeded rows are sampled by keyed noise (one key per seed and position): across seeds each
     # position is distributed as p, the bonus row included
