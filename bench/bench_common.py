@@ -108,3 +108,11 @@ def write_markdown(out: str | Path, lines: list[str]) -> None:
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def markdown_table(columns: dict[str, str], rows: list[list[object]]) -> list[str]:
+    """A Markdown table's lines: `columns` maps each header to its alignment ("l" or "r"),
+    every row is that many cells (str() of each)."""
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join("---:" if a == "r" else "---" for a in columns.values()) + "|"]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

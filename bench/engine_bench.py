@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_common import bench_parser, write_markdown  # noqa: E402
+from bench_common import bench_parser, markdown_table, write_markdown  # noqa: E402
 
 from splitspec.params import GenerationInput, SamplingParams, SpeculationPlan, StoppingCriteria  # noqa: E402
 from verifier_service.config import VerifierConfig  # noqa: E402
@@ -119,21 +119,21 @@ def main() -> None:
         f"Machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}. Produced by `python bench/engine_bench.py "
         f"{' '.join(sys.argv[1:])}`.", "",
-        f"| concurrency | configuration | output tokens | seconds | tokens/s | x {base_name} | "
-        f"tokens / engine step | ms/token per client | {base_name} x vs C={args.concurrency[0]} |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     for c, totals in levels.items():
         ref = totals[base_name]["tokens"] / totals[base_name]["seconds"]
         for name, t in totals.items():
             tok_s = t["tokens"] / t["seconds"]
             scale = (f"{tok_s / (base['tokens'] / base['seconds']):.2f}" if name == base_name
                      else "")
-            lines.append(
-                f"| {c} | {name} | {t['tokens']} | {t['seconds']:.2f} | {tok_s:.1f} | "
-                f"{tok_s / ref:.2f} | {t['tokens'] / max(t['steps'], 1):.2f} | "
-                f"{1000 * sum(t['per_token']) / max(len(t['per_token']), 1):.2f} | {scale} |")
-    write_markdown(args.out, lines)
+            rows.append([c, name, t["tokens"], f"{t['seconds']:.2f}", f"{tok_s:.1f}",
+                         f"{tok_s / ref:.2f}", f"{t['tokens'] / max(t['steps'], 1):.2f}",
+                         f"{1000 * sum(t['per_token']) / max(len(t['per_token']), 1):.2f}", scale])
+    columns = {"concurrency": "r", "configuration": "l", "output tokens": "r", "seconds": "r",
+               "tokens/s": "r", f"x {base_name}": "r", "tokens / engine step": "r",
+               "ms/token per client": "r", f"{base_name} x vs C={args.concurrency[0]}": "r"}
+    write_markdown(args.out, lines + markdown_table(columns, rows))
 
 
 if __name__ == "__main__":

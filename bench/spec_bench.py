@@ -23,7 +23,14 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_common import Totals, bench_parser, identical, timed_completion, write_markdown  # noqa: E402
+from bench_common import (  # noqa: E402
+    Totals,
+    bench_parser,
+    identical,
+    markdown_table,
+    timed_completion,
+    write_markdown,
+)
 
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
 
@@ -109,17 +116,17 @@ def main() -> None:
         f"tokens each, one request at a time through gateway -> verifier -> proposer over gRPC "
         f"on 127.0.0.1 ({platform.machine()} CPU). Configurations interleaved per prompt; ratios "
         f"are within this run. Produced by `python bench/spec_bench.py`.", "",
-        "| method | k | ms / token | speedup vs off | tokens / step | acceptance rate | "
-        "identical to off |",
-        "|---|---:|---:|---:|---:|---:|---|",
     ]
+    table = []
     for (method, k), rows in results.items():
         t = Totals.of(rows)
-        lines.append(f"| {method} | {k or '-'} | {t.ms_per_token:.2f} | "
-                     f"{off_ms / t.ms_per_token:.2f}x | {t.tokens / t.steps:.2f} | "
-                     f"{(t.accepted / t.proposed) if t.proposed else 0:.2f} | "
-                     f"{identical(rows, off)} |")
-    write_markdown(args.out, lines)
+        table.append([method, k or "-", f"{t.ms_per_token:.2f}", f"{off_ms / t.ms_per_token:.2f}x",
+                      f"{t.tokens / t.steps:.2f}",
+                      f"{(t.accepted / t.proposed) if t.proposed else 0:.2f}",
+                      identical(rows, off)])
+    columns = {"method": "l", "k": "r", "ms / token": "r", "speedup vs off": "r",
+               "tokens / step": "r", "acceptance rate": "r", "identical to off": "l"}
+    write_markdown(args.out, lines + markdown_table(columns, table))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from splitspec.goodput import (
     Acceptance,
     MethodCounts,
+    ReplicaLoad,
     RoundTrip,
     StepCost,
     StepCosts,
@@ -41,11 +42,10 @@ class MethodSnapshot(MethodCounts):
     unavailable: str = ""
 
 
-@dataclass(frozen=True)
-class ReplicaSnapshot:
-    running: int = 0
-    waiting: int = 0
-    max_num_seqs: int = 0
+@dataclass
+class ReplicaSnapshot(ReplicaLoad):
+    """One replica's WatchStats snapshot: its load, and its counters since it started."""
+
     steps: int = 0
     methods: dict[str, MethodSnapshot] = field(default_factory=dict)
     # (kind, steps, tokens, seconds) per kind of step and bucket of batch tokens

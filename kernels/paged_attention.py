@@ -16,19 +16,38 @@ Inputs (one step, T packed query rows over B sequences, each feeding at most max
                                     m's column and bit m of its node_bits is set (its ancestors
                                     and itself). A chain has first_node = its fed rows: causal.
 
-`visibility` builds that relation, `paged_attention_reference` is the plain PyTorch version
-(a gather through the tables, one masked SDPA), and kernels/triton_paged_attention.py computes
-the same per query row in one Triton program that walks the table itself: the kernel a captured
-graph replays (its loop bounds are read on the device, so one graph serves every context length
-of its bucket). A query row that sees nothing (padding) gets zeros.
+`paged_attention` takes them (the one signature; the addressing travels on as `PagedRows`) and
+runs one of two implementations: the plain PyTorch reference (a gather through the tables, one
+masked SDPA, built on `visibility`, the relation above) or kernels/triton_paged_attention.py,
+which computes the same per query row in one Triton program that walks the table itself: the
+kernel a captured graph replays (its loop bounds are read on the device, so one graph serves
+every context length of its bucket). A query row that sees nothing (padding) gets zeros.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["context_slots", "paged_attention", "paged_attention_reference", "visibility"]
+__all__ = ["PagedRows", "context_slots", "paged_attention", "paged_attention_reference",
+           "visibility"]
+
+
+class PagedRows(NamedTuple):
+    """Where a step's packed query rows and their context lie in the paged cache (the module
+    docstring's inputs but the query, the caches and the scale)."""
+
+    block_tables: torch.Tensor  # [B, NB] int64
+    block_size: int
+    start: torch.Tensor  # [B]
+    context_lens: torch.Tensor  # [B]
+    packed_index: torch.Tensor  # [T]
+    max_q: int
+    first_node: torch.Tensor  # [B]
+    node_bits: torch.Tensor  # [T]
 
 
 def context_slots(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -53,12 +72,10 @@ def visibility(start: torch.Tensor, context_lens: torch.Tensor, first_node: torc
     return (causal | tree) & (col < context_lens[:, None, None])
 
 
-def paged_attention_reference(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              block_tables: torch.Tensor, block_size: int, start: torch.Tensor,
-                              context_lens: torch.Tensor, packed_index: torch.Tensor, max_q: int,
-                              first_node: torch.Tensor, node_bits: torch.Tensor,
-                              scale: float) -> torch.Tensor:
+def _reference(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               rows: PagedRows, scale: float) -> torch.Tensor:
     """[T, Hq, D] attention outputs (see the module docstring), in plain PyTorch."""
+    block_tables, block_size, start, context_lens, packed_index, max_q, first_node, node_bits = rows
     t, hq, d = query.shape
     b, nb = block_tables.shape
     hkv = k_cache.shape[1]
@@ -85,16 +102,18 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                     context_lens: torch.Tensor, packed_index: torch.Tensor, max_q: int,
                     first_node: torch.Tensor, node_bits: torch.Tensor, scale: float,
                     impl: str = "auto") -> torch.Tensor:
-    """`paged_attention_reference`, or on CUDA / MLU with Triton the Triton kernel (impl:
-    "auto" | "reference" | "triton")."""
+    """[T, Hq, D] attention outputs (see the module docstring): the PyTorch reference, or on
+    CUDA / MLU with Triton the Triton kernel (impl: "auto" | "reference" | "triton")."""
     from kernels.rejection import _use_triton
 
+    rows = PagedRows(block_tables, block_size, start, context_lens, packed_index, max_q,
+                     first_node, node_bits)
     if _use_triton(query.device, impl):
         from kernels.triton_paged_attention import paged_attention_triton
 
-        return paged_attention_triton(query, k_cache, v_cache, block_tables, block_size, start,
-                                      context_lens, packed_index, max_q, first_node, node_bits,
-                                      scale)
-    return paged_attention_reference(query, k_cache, v_cache, block_tables, block_size, start,
-                                     context_lens, packed_index, max_q, first_node, node_bits,
-                                     scale)
+        return paged_attention_triton(query, k_cache, v_cache, rows, scale)
+    return _reference(query, k_cache, v_cache, rows, scale)
+
+
+# the same contract with the plain PyTorch implementation chosen (what the kernel is held to)
+paged_attention_reference = functools.partial(paged_attention, impl="reference")

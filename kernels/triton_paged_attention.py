@@ -1,5 +1,6 @@
 """Triton paged attention: one program per (query row, query head), walking its sequence's block
-table on the device. Same inputs and result as kernels.paged_attention.paged_attention_reference.
+table on the device. Same inputs and result as kernels.paged_attention.paged_attention_reference:
+kernels.paged_attention.paged_attention(..., impl="triton") calls it.
 
 Program (t, h): the row's sequence b = packed_index[t] // max_q and fed index j; it reads keys
 and values of columns 0 .. context_lens[b] - 1 in BLOCK_N chunks through block_tables[b] (the
@@ -83,11 +84,10 @@ def _paged_attention_kernel(
 
 
 def paged_attention_triton(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, block_size: int, start: torch.Tensor,
-                           context_lens: torch.Tensor, packed_index: torch.Tensor, max_q: int,
-                           first_node: torch.Tensor, node_bits: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """kernels.paged_attention.paged_attention_reference's contract, as one Triton launch."""
+                           rows, scale: float) -> torch.Tensor:
+    """kernels.paged_attention.paged_attention's contract, as one Triton launch (`rows`: its
+    PagedRows)."""
+    block_tables, block_size, start, context_lens, packed_index, max_q, first_node, node_bits = rows
     t, hq, d = query.shape
     hkv = k_cache.shape[1]
     if k_cache.stride() != v_cache.stride() or k_cache.stride(2) != 1 or query.stride(2) != 1:

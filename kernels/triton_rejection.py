@@ -25,9 +25,53 @@ from kernels.layout import PLACEHOLDER_TOKEN_ID, RejectionResult
 from kernels.sampler_inputs import SamplerInputs
 from kernels.sparse_probs import SparseProbs
 
-__all__ = ["rejection_sample_triton"]
+__all__ = ["KernelInputs", "program_sequence", "q_at", "q_chunk", "rejection_sample_triton"]
 
 _Q_ONE_HOT, _Q_DENSE, _Q_SPARSE = 0, 1, 2
+
+
+@triton.jit
+def program_sequence(draft_off_ptr, target_off_ptr, flag_ptr):
+    """Program i's sequence i: where its drafts and its target rows start, and its int8 flag as
+    a bool (greedy for chains; greedy or seeded for trees). Both kernels start with it."""
+    i = tl.program_id(0).to(tl.int64)
+    return i, tl.load(draft_off_ptr + i), tl.load(target_off_ptr + i), tl.load(flag_ptr + i) != 0
+
+
+@triton.jit
+def q_at(q_ptr, stride_q, q_idx_ptr, stride_qi, node, tok, koffs, K_SPARSE, valid,
+         Q_MODE: tl.constexpr):
+    """q of draft node `node` at token `tok` (one-hot: 1; 0 where not valid). Both kernels'
+    acceptance test reads it: chains here, trees in triton_tree_rejection.py."""
+    if Q_MODE == 0:
+        q = tl.where(valid, 1.0, 0.0)
+    elif Q_MODE == 1:
+        q = tl.load(q_ptr + node * stride_q + tok, mask=valid, other=0.0).to(tl.float32)
+    else:
+        km = koffs < tl.where(valid, K_SPARSE, 0)
+        idx = tl.load(q_idx_ptr + node * stride_qi + koffs, mask=km, other=-1)
+        pr = tl.load(q_ptr + node * stride_q + koffs, mask=km, other=0.0).to(tl.float32)
+        q = tl.sum(tl.where(idx == tok, pr, 0.0), axis=0)
+    return q
+
+
+@triton.jit
+def q_chunk(q_ptr, stride_q, q_idx_ptr, stride_qi, node, tok, offs, koffs, K_SPARSE, V, valid,
+            Q_MODE: tl.constexpr):
+    """q of draft node `node` over the vocabulary chunk `offs` (zero where not valid; one-hot:
+    1 at `tok`): what a rejection's residual max(0, p - q) subtracts, in both kernels."""
+    if Q_MODE == 0:
+        q = tl.where(offs == tl.where(valid, tok, -1), 1.0, 0.0)
+    elif Q_MODE == 1:
+        q = tl.load(q_ptr + node * stride_q + offs, mask=offs < tl.where(valid, V, 0),
+                    other=0.0).to(tl.float32)
+    else:
+        km = koffs < tl.where(valid, K_SPARSE, 0)
+        idx = tl.load(q_idx_ptr + node * stride_qi + koffs, mask=km, other=-1)
+        pr = tl.load(q_ptr + node * stride_q + koffs, mask=km, other=0.0).to(tl.float32)
+        q = tl.sum(tl.where(idx[:, None] == offs[None, :], pr[:, None], 0.0), axis=0)
+    return q
+
 
 
 # the draft length and the output's row stride change per step: no variant per value (see
@@ -62,11 +106,8 @@ def _rejection_kernel(
     BLOCK_K: tl.constexpr,
 ):
     # masks are built by comparisons only (bool-block & bool-scalar misbehaves in the interpreter)
-    i = tl.program_id(0).to(tl.int64)
+    i, d_off, t_off, greedy = program_sequence(draft_off_ptr, target_off_ptr, greedy_ptr)
     k = tl.load(num_draft_ptr + i)
-    d_off = tl.load(draft_off_ptr + i)
-    t_off = tl.load(target_off_ptr + i)
-    greedy = tl.load(greedy_ptr + i) != 0
     koffs = tl.arange(0, BLOCK_K)
 
     n_acc = k * 0
@@ -78,19 +119,8 @@ def _rejection_kernel(
         acc = valid
         if HAS_SAMPLED:
             p = tl.load(target_ptr + row * stride_t + d, mask=valid, other=0.0).to(tl.float32)
-            if Q_MODE == 0:
-                q = 1.0
-            elif Q_MODE == 1:
-                q = tl.load(q_ptr + (d_off + j) * stride_q + d, mask=valid, other=0.0).to(
-                    tl.float32
-                )
-            else:
-                km = koffs < tl.where(valid, K_SPARSE, 0)
-                idx = tl.load(q_idx_ptr + (d_off + j) * stride_qi + koffs, mask=km, other=-1)
-                pr = tl.load(q_ptr + (d_off + j) * stride_q + koffs, mask=km, other=0.0).to(
-                    tl.float32
-                )
-                q = tl.sum(tl.where(idx == d, pr, 0.0), axis=0)
+            q = q_at(q_ptr, stride_q, q_idx_ptr, stride_qi, d_off + j, d, koffs, K_SPARSE, valid,
+                     Q_MODE)
             u = tl.load(uniform_ptr + d_off + j, mask=valid & (greedy == 0), other=1.0)
             # accept with prob min(1, p / q)
             acc = u * q < p
@@ -116,23 +146,14 @@ def _rejection_kernel(
         best_p = -1.0
         best_p_idx = 0
         any_pos = 0
-        v_q = tl.where(rejected, V, 0)  # q only matters at a rejection
         v_end = tl.where(greedy, 0, V)  # greedy rows skip the vocabulary loop
         for start in range(0, v_end, BLOCK_V):
             offs = start + tl.arange(0, BLOCK_V)
             vm = offs < V
             p = tl.load(target_ptr + row * stride_t + offs, mask=vm, other=0.0).to(tl.float32)
-            if Q_MODE == 0:
-                q = tl.where(offs == d_rej, 1.0, 0.0)  # d_rej = -1 when all were accepted
-            elif Q_MODE == 1:
-                q = tl.load(q_ptr + x_draft * stride_q + offs, mask=offs < v_q, other=0.0).to(
-                    tl.float32
-                )
-            else:
-                km = koffs < tl.where(rejected, K_SPARSE, 0)
-                idx = tl.load(q_idx_ptr + x_draft * stride_qi + koffs, mask=km, other=-1)
-                pr = tl.load(q_ptr + x_draft * stride_q + koffs, mask=km, other=0.0).to(tl.float32)
-                q = tl.sum(tl.where(idx[:, None] == offs[None, :], pr[:, None], 0.0), axis=0)
+            # q only matters at a rejection (zero when all were accepted)
+            q = q_chunk(q_ptr, stride_q, q_idx_ptr, stride_qi, x_draft, d_rej, offs, koffs,
+                        K_SPARSE, V, rejected, Q_MODE)
             # residual max(0, p - q), raced with the row's Exp(1) noise
             r = tl.maximum(p - q, 0.0)
             e = tl.load(exp_ptr + i * stride_e + offs, mask=vm, other=1.0)

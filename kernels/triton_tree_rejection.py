@@ -25,42 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_rejection import KernelInputs
+from kernels.triton_rejection import KernelInputs, program_sequence, q_at, q_chunk
 
 __all__ = ["tree_rejection_sample_triton"]
-
-
-@triton.jit
-def _q_at(q_ptr, stride_q, q_idx_ptr, stride_qi, node, tok, koffs, K_SPARSE, valid,
-          Q_MODE: tl.constexpr):
-    """q of draft node `node` at token `tok` (one-hot: 1)."""
-    if Q_MODE == 0:
-        q = tl.where(valid, 1.0, 0.0)
-    elif Q_MODE == 1:
-        q = tl.load(q_ptr + node * stride_q + tok, mask=valid, other=0.0).to(tl.float32)
-    else:
-        km = koffs < tl.where(valid, K_SPARSE, 0)
-        idx = tl.load(q_idx_ptr + node * stride_qi + koffs, mask=km, other=-1)
-        pr = tl.load(q_ptr + node * stride_q + koffs, mask=km, other=0.0).to(tl.float32)
-        q = tl.sum(tl.where(idx == tok, pr, 0.0), axis=0)
-    return q
-
-
-@triton.jit
-def _q_chunk(q_ptr, stride_q, q_idx_ptr, stride_qi, node, tok, offs, koffs, K_SPARSE, V, valid,
-             Q_MODE: tl.constexpr):
-    """q of draft node `node` over the vocabulary chunk `offs` (zero where not valid)."""
-    if Q_MODE == 0:
-        q = tl.where(offs == tl.where(valid, tok, -1), 1.0, 0.0)
-    elif Q_MODE == 1:
-        q = tl.load(q_ptr + node * stride_q + offs, mask=offs < tl.where(valid, V, 0),
-                    other=0.0).to(tl.float32)
-    else:
-        km = koffs < tl.where(valid, K_SPARSE, 0)
-        idx = tl.load(q_idx_ptr + node * stride_qi + koffs, mask=km, other=-1)
-        pr = tl.load(q_ptr + node * stride_q + koffs, mask=km, other=0.0).to(tl.float32)
-        q = tl.sum(tl.where(idx[:, None] == offs[None, :], pr[:, None], 0.0), axis=0)
-    return q
 
 
 # the tree's depth, width and the outputs' row strides change per step: no variant per value
@@ -91,10 +58,7 @@ def _tree_kernel(
 ):
     # block masks are built by comparisons only (bool-block & bool-scalar misbehaves in the
     # interpreter)
-    i = tl.program_id(0).to(tl.int64)
-    d_off = tl.load(draft_off_ptr + i)
-    t_off = tl.load(target_off_ptr + i)
-    det = tl.load(det_ptr + i) != 0
+    i, d_off, t_off, det = program_sequence(draft_off_ptr, target_off_ptr, det_ptr)
     koffs = tl.arange(0, BLOCK_K)
     work = work_ptr + i * stride_w
 
@@ -122,8 +86,8 @@ def _tree_kernel(
             if HAS_SAMPLED:
                 tries = trying & (det == 0)
                 p_tok = tl.load(work + buf * V + tok, mask=tries, other=0.0) / z
-                q_tok = _q_at(q_ptr, stride_q, q_idx_ptr, stride_qi, safe, tok, koffs, K_SPARSE,
-                              tries, Q_MODE)
+                q_tok = q_at(q_ptr, stride_q, q_idx_ptr, stride_qi, safe, tok, koffs, K_SPARSE,
+                             tries, Q_MODE)
                 u = tl.load(uniform_ptr + safe, mask=tries, other=1.0)
                 accept = u * q_tok < p_tok
                 rejected = tries & (accept == 0)
@@ -136,8 +100,8 @@ def _tree_kernel(
                     offs = start + tl.arange(0, BLOCK_V)
                     vm = offs < tl.where(rejected, V, 0)
                     r = tl.load(work + buf * V + offs, mask=vm, other=0.0)
-                    q = _q_chunk(q_ptr, stride_q, q_idx_ptr, stride_qi, safe, tok, offs, koffs,
-                                 K_SPARSE, V, rejected, Q_MODE)
+                    q = q_chunk(q_ptr, stride_q, q_idx_ptr, stride_qi, safe, tok, offs, koffs,
+                                K_SPARSE, V, rejected, Q_MODE)
                     rz = r / z
                     res = tl.maximum(rz - q, 0.0)
                     tl.store(work + other * V + offs, res, mask=vm)

@@ -338,6 +338,18 @@ def draft_limit(longest_draft: int, largest_asked: int, drafts: float,
     return 0
 
 
+@dataclass
+class ReplicaLoad:
+    """A verifier replica's load as it reports it (Verifier/WatchStats): the sequences in its
+    running batch, those waiting for admission and its batch limit. The engine keeps its own
+    up to date (verifier_service/telemetry/stats.py, EngineStats); the gateway reads each
+    replica's from its snapshots (gateway/estimates.py, ReplicaSnapshot)."""
+
+    running: int = 0
+    waiting: int = 0
+    max_num_seqs: int = 0
+
+
 @dataclass(frozen=True)
 class MethodCounts:
     """What the verifier counted of one proposer method since it started, as its per-step k

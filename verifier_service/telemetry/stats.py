@@ -23,6 +23,7 @@ from splitspec.goodput import (
     STEP_KINDS,
     Acceptance,
     MethodCounts,
+    ReplicaLoad,
     seqs_class,
     tried_positions,
 )
@@ -170,8 +171,9 @@ class MethodStats:
 
 
 @dataclass
-class EngineStats:
-    """Counters since start (monotonic) plus gauges filled in by Engine.snapshot()."""
+class EngineStats(ReplicaLoad):
+    """Counters since start (monotonic) plus gauges filled in by Engine.snapshot(): the load
+    (ReplicaLoad's running, waiting, max_num_seqs) and the KV cache's blocks."""
 
     steps: int = 0
     generated_tokens: int = 0
@@ -180,11 +182,8 @@ class EngineStats:
     per_method: dict[str, MethodStats] = field(default_factory=dict)
     preemptions: int = 0
     step_seconds_total: float = 0.0
-    running: int = 0
-    waiting: int = 0
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
-    max_num_seqs: int = 0
     # in-target methods' own counters and gauges (InTargetMethod.stats), by method
     in_target: dict[str, dict[str, float]] = field(default_factory=dict)
     # how steps ran: replayed graphs or eager, and why (verifier_service/step/executor.py)
