@@ -321,6 +321,7 @@ def test_up_finds_a_fitting_draft_and_speculator_next_to_the_target(stack, tiny_
 SHIPPED = Path(__file__).resolve().parents[2] / "models"
 
 
+@pytest.mark.soak  # a second stack, of the shipped family (tests/models measures its acceptance)
 @pytest.mark.skipif(
     not all((SHIPPED / d / "config.json").is_file() for d in ("target", "draft", "mlp-speculator")),
     reason="the trained models are not in models/ (make models)",
