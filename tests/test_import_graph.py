@@ -16,6 +16,13 @@ import pytest
 from import_graph import REPO, ROOMS, build, private_imports, room_of, violations
 
 
+def write_tree(root, files: dict[str, str]) -> None:
+    """A small source tree: path -> text."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 @pytest.fixture(scope="module")
 def graph():
     return build()
@@ -100,9 +107,7 @@ def test_the_scanner_sees_imports_in_functions_under_type_checking_and_relative(
         "splitspec/launcher/__init__.py": "",
         "splitspec/launcher/up.py": "from proposer_service.server import main\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(textwrap.dedent(text))
+    write_tree(tmp_path, {name: textwrap.dedent(text) for name, text in files.items()})
     found = build(tmp_path, packages=("gateway", "verifier_service", "proposer_service",
                                       "splitspec"))
     assert violations(found) == [
@@ -133,9 +138,7 @@ def test_a_private_name_across_rooms_is_reported(tmp_path):
         "kernels/__init__.py": "",
         "kernels/ngram.py": "_table = {}\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    write_tree(tmp_path, files)
     assert private_imports(tmp_path, packages=("verifier_service", "kernels")) == [
         "private name imported across rooms: verifier_service.engine -> "
         "verifier_service.step.plan._fields",
