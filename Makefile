@@ -50,6 +50,7 @@ lint: $(STAMP)
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 .PHONY: test-soak test-all
+# (a PYTEST_ARGS with its own -m replaces the tier's; `-k` narrows within it)
 test: $(STAMP) lint
 	$(PY) -m pytest $(XDIST) -m "not soak" $(PYTEST_ARGS)
 

@@ -26,7 +26,6 @@ every context length of its bucket). A query row that sees nothing (padding) get
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -115,5 +114,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     return _reference(query, k_cache, v_cache, rows, scale)
 
 
-# the same contract with the plain PyTorch implementation chosen (what the kernel is held to)
-paged_attention_reference = functools.partial(paged_attention, impl="reference")
+def paged_attention_reference(*args, **kwargs) -> torch.Tensor:
+    """`paged_attention` with the plain PyTorch implementation chosen: what the kernel is held
+    to (the same arguments, impl aside)."""
+    return paged_attention(*args, **kwargs, impl="reference")

@@ -119,7 +119,7 @@ class Acceptance:
     @classmethod
     def from_counters(cls, counts) -> "Acceptance":
         """From one kind of request's counters as the verifier keeps and streams them: its
-        `engine_stats.AcceptanceCounts`, or their protobuf (the same field names)."""
+        `telemetry.stats.AcceptanceCounts`, or their protobuf (the same field names)."""
         return cls.from_counts(counts.accepted_tokens, counts.rejections, counts.drafts,
                                counts.asked, counts.asked_at, counts.drafted_at,
                                counts.accepted_at)

@@ -9,6 +9,8 @@ rules it keeps:
   verifier_service.kv) imports only what its row names of its own service, a shared module at
   the service's top (one that a room may import, such as verifier_service.config) imports no
   room, and the rest of the top (the servicer, the server, the engine) may import any room;
+- a shared module of the top imports no other module of the top but the shared ones, a service's
+  package __init__.py imports nothing, and every subpackage of a service is a room of ROOMS;
 - no module imports another room's private name (one that starts with `_`).
 
 Every import statement counts, wherever it stands: in a function, under TYPE_CHECKING, relative.
@@ -123,8 +125,12 @@ def direction(a: str, b: str) -> str | None:
         return None
     ra, rb = room_of(a), room_of(b)
     if ra is None:
-        if a in _shared_top(service) and rb is not None:
+        shared = _shared_top(service)
+        if a in shared and rb is not None:
             return f"a shared module of the top imports a room: {a} -> {b}"
+        if a in shared and b not in shared and b != service:
+            # else a room would reach the whole top through the module it may import
+            return f"a shared module of the top imports the rest of the top: {a} -> {b}"
         return None
     if ra == rb:
         return None
@@ -195,10 +201,22 @@ def cycles(graph: Graph) -> list[list[str]]:
     return sorted(out)
 
 
+def unlisted_rooms(root: Path = REPO) -> list[str]:
+    """A service's subpackages that ROOMS does not list (their imports would go unchecked)."""
+    return [f"a package the directions do not list: {service}.{d.name}"
+            for service in ROOMS for d in sorted((root / service).iterdir())
+            if (d / "__init__.py").is_file() and d.name not in ROOMS[service]]
+
+
 def violations(graph: Graph) -> list[str]:
     """One line per broken rule (empty: the graph is clean)."""
     out = [f"cycle: {' <-> '.join(c)}" for c in cycles(graph)]
     for a in sorted(graph):
+        # importing a module runs its packages' __init__.py: they stay free of imports, so
+        # that an import of one module brings nothing else along
+        if (_top(a) in ROOMS and graph[a]
+                and any(m.startswith(a + ".") for m in graph)):
+            out.append(f"a package's __init__.py imports: {a} -> {', '.join(sorted(graph[a]))}")
         for b in sorted(graph[a]):
             if _top(a) in SERVICES and _top(b) in SERVICES and _top(a) != _top(b):
                 out.append(f"service imports another service: {a} -> {b}")
@@ -214,7 +232,7 @@ def violations(graph: Graph) -> list[str]:
 if __name__ == "__main__":
     # `make lint` runs this: exit status 1 when a rule is broken
     g = build()
-    found = violations(g) + private_imports()
+    found = violations(g) + private_imports() + unlisted_rooms()
     print(f"import directions: {len(g)} product modules, {sum(map(len, g.values()))} imports "
           f"between them; {len(found)} broken rules")
     print("\n".join(found) or "no cycle, no service importing another, no shared package "

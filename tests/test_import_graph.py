@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import pytest
-from import_graph import REPO, ROOMS, build, private_imports, room_of, violations
+from import_graph import REPO, ROOMS, build, private_imports, room_of, unlisted_rooms, violations
 
 
 def write_tree(root, files: dict[str, str]) -> None:
@@ -41,6 +41,7 @@ def test_the_product_import_graph_keeps_its_rules(graph):
     # ... and it breaks no rule
     assert violations(graph) == []
     assert private_imports() == []
+    assert unlisted_rooms() == []
 
 
 @pytest.mark.parametrize("edge, expected", [
@@ -85,6 +86,12 @@ def test_the_product_import_graph_keeps_its_rules(graph):
     (("proposer_service.sampling", "proposer_service.mlp.speculator"),
      "a shared module of the top imports a room: proposer_service.sampling -> "
      "proposer_service.mlp.speculator"),
+    (("proposer_service.sampling", "proposer_service.servicer"),
+     "a shared module of the top imports the rest of the top: proposer_service.sampling -> "
+     "proposer_service.servicer"),
+    (("verifier_service.methods", "verifier_service.methods.in_target"),
+     "a package's __init__.py imports: verifier_service.methods -> "
+     "verifier_service.methods.in_target"),
 ])
 def test_a_planted_crossing_is_reported(graph, edge, expected):
     planted = {m: set(targets) for m, targets in graph.items()}
@@ -165,3 +172,12 @@ def test_the_lint_command_fails_on_a_planted_wrong_way_import(tmp_path):
     assert planted.returncode == 1
     assert ("import against the rooms' directions: verifier_service.kv.cache -> "
             "verifier_service.batching.scheduler") in planted.stdout
+
+
+def test_a_package_the_directions_do_not_list_is_reported(tmp_path):
+    write_tree(tmp_path, {f"{s}/__init__.py": "" for s in ROOMS}
+               | {f"verifier_service/{room}/__init__.py": "" for room in ROOMS["verifier_service"]}
+               | {f"proposer_service/{room}/__init__.py": "" for room in ROOMS["proposer_service"]}
+               | {"verifier_service/prefix/__init__.py": "", "verifier_service/notes/x.txt": ""})
+    assert unlisted_rooms(tmp_path) == [
+        "a package the directions do not list: verifier_service.prefix"]

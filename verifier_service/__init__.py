@@ -17,6 +17,6 @@ tests/import_graph.py holds these directions and `make lint` fails on an import 
 
 At the top: the one config object (config.py, importable from any folder that names it) and its
 checks, the engine that ties the folders into a step loop (engine.py), the gRPC edge
-(servicer.py, prompt.py: protobuf converted there and nowhere below) and the process
-(server.py). Nothing in a folder imports the top but config.py.
+(servicer.py, prompt.py: the Verifier API's protobuf converted there; the Propose stream's
+in drafts/client.py) and the process (server.py). Nothing in a folder imports the top but config.py.
 """

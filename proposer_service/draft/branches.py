@@ -3,7 +3,7 @@ chain node (up to max_branch - 1 of them), the node budget spent by cumulative d
 (tree_builder.select).
 
 The drafting loop already records, per drafted position, the draft model's likeliest tokens and
-their probabilities (draft_loop.Alternatives). Where the draft's mass splits, the others are good
+their probabilities (loop.Alternatives). Where the draft's mass splits, the others are good
 second guesses at that position: they cost no extra draft forward, only a node each.
 Scores (an estimate of reaching and accepting the node):
     chain node i     reach_i * P(d_i),     reach_i = prod_{j < i} P(d_j)

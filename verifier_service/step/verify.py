@@ -42,7 +42,7 @@ from verifier_service.step.executor import StepExecutor
 class SeqResult:
     tokens: list[int]  # accepted drafts, then one recovered or bonus token
     num_accepted: int
-    # fed rows whose K/V the sequence keeps, in order (kv_cache.keep): its uncached tokens, then
+    # fed rows whose K/V the sequence keeps, in order (kv/cache.py keep): its uncached tokens, then
     # the accepted drafts' rows (a chain's: a prefix of what was fed, range(n))
     kept_rows: Sequence[int]
     hidden: torch.Tensor | None = None  # [H] the state that produced tokens[-1], when asked

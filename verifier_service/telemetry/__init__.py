@@ -3,5 +3,6 @@ dataclasses the engine fills (stats.py), their Prometheus exporter (metrics.py),
 request and a step (tracing.py), and the two wired together for the server (service.py).
 
 Imports nothing of the verifier (splitspec.telemetry for the shared plumbing); the stats are
-imported by batching/, drafts/ and the top (engine, servicer), the exporters by the server.
+imported by batching/, drafts/ and the top (engine, servicer), the exporters by the server
+and the servicer (its spans).
 """

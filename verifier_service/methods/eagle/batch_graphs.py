@@ -27,7 +27,7 @@ from there, verifier_service/methods/in_target.py DeviceDraft). A sequence askin
 tokens takes the first of its row.
 
 A step's sampled chains replay a second iteration per bucket that picks each row's token j as
-eagle_head.sampled_chain_many does: the row's own temperature, top-k, top-p and min-p (copied
+head.sampled_chain_many does: the row's own temperature, top-k, top-p and min-p (copied
 in once per step, [B_max] each) over its logits, its top-K truncated q, and the exponential
 race over that q with the keyed noise of the token's position (a seeded row: keys [B_max,
 max_k, 2] computed on the host, the noise at the target ids inside the graph) or Exp(1) noise
@@ -43,7 +43,7 @@ logits; the new columns and those roots are copied out into the sequences (what
 `EagleSequence.advance` leaves). More sequences than the largest bucket run in groups.
 
 On the CPU they run eagerly over the same buffers (what the tests compare with
-eagle_head.chain_many and advance_many); the head batches its eager work itself there.
+head.chain_many and advance_many); the head batches its eager work itself there.
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ class EagleBatch:
                        ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Each sequence's sampled chain of ks[i] tokens (serves() must hold for each), as
         (target ids [k], q ids [k, K], q probabilities [k, K]) on the device: a seeded row the
-        very tokens eagle_head.sampled_chain_many draws with this K, an unseeded one draws from
+        very tokens head.sampled_chain_many draws with this K, an unseeded one draws from
         the same q."""
         top = self.buckets[-1]
         out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []

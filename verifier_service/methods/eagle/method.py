@@ -28,7 +28,7 @@ A step's sequences are batched: what `prefilled` and `observe` hand over is kept
 and advanced at the method's next `flush` (the start of the next step's drafting, before its
 forward) for every sequence at once, and the step's chains are drafted together
 (`propose_many`). Where the head runs eagerly (a CPU, or --graphs off) that is one pass of the
-head's layer per drafted level over every sequence (eagle_head.advance_many, chain_many, and
+head's layer per drafted level over every sequence (head.advance_many, chain_many, and
 for sampled requests sampled_chain_many: each row its own parameters, q and keyed noise), so a
 batch of B reads the head's weights once per level instead of B times; where the device
 captures graphs, one replay per level for the step's greedy chains, one per level for its
