@@ -19,6 +19,7 @@ from splitspec.methods import method_names
 
 # Limits every front door enforces alike (the wire types are 32-bit).
 MAX_INT32 = 2**31 - 1
+MAX_CACHE_SALT_CHARS = 256  # a request's cache_salt (prefix-cache isolation), as vLLM allows
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API allows
 # A prompt text longer than max_model_len * this many characters cannot fit the context (a
 # token covers a few characters in practice): rejected before it is tokenized.
@@ -217,11 +218,24 @@ class GenerationInput:
     # client already has (tokens, and characters of text), continued from, never sent again.
     resumed_output_ids: tuple[int, ...] = ()
     resumed_text_chars: int = 0
+    # prefix caching: KV blocks are shared only between requests with the same salt
+    cache_salt: str | None = None
 
 
 def check_token_ids(name: str, ids) -> None:
     if any(not 0 <= t <= MAX_INT32 for t in ids):
         raise InvalidArgument(name, "token ids must be in [0, 2**31)")
+
+
+def check_cache_salt(name: str, salt) -> None:
+    """A cache salt is a string of at most MAX_CACHE_SALT_CHARS characters (or absent)."""
+    if salt is None:
+        return
+    if not isinstance(salt, str):
+        raise InvalidArgument(name, "must be a string")
+    if len(salt) > MAX_CACHE_SALT_CHARS:
+        raise InvalidArgument(name, f"is {len(salt)} characters; at most "
+                              f"{MAX_CACHE_SALT_CHARS}")
 
 
 def check_top_logprobs(name: str, n: int | None) -> None:

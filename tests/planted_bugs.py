@@ -19,7 +19,9 @@ import proposer_service.draft.graphs as draft_graphs
 import proposer_service.mlp.proposer as mlp
 import proposer_service.sampling as draft_sampling
 import splitspec.goodput as goodput
+import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
+import verifier_service.kv.cache as kv_cache
 import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
 import verifier_service.methods.eagle.checkpoint as eagle_format
 import verifier_service.methods.eagle.graphs as eagle_graphs
@@ -603,3 +605,89 @@ def sampler_copies_uniforms_in_blocking(monkeypatch) -> None:
 
     monkeypatch.setattr(rejection, "draw_uniforms", uniforms)
     monkeypatch.setattr(tree_rejection, "draw_uniforms", uniforms)
+
+
+def prefix_key_without_parent(monkeypatch) -> None:
+    """A block's prefix key digests its own tokens only: equal blocks after different prefixes
+    share one key (and one block of keys and values)."""
+    from verifier_service.kv import prefix
+
+    def extend(keys, root, tokens, block_size, num_tokens):
+        for i in range(len(keys), num_tokens // block_size):
+            keys.append(prefix.block_key(root, tokens[i * block_size:(i + 1) * block_size]))
+        return keys
+
+    monkeypatch.setattr(prefix_cache, "extend_keys", extend)
+
+
+def prefix_cache_ignores_the_salt(monkeypatch) -> None:
+    """Every request's keys are rooted as if it gave no cache salt."""
+    from verifier_service.kv import prefix
+
+    monkeypatch.setattr(prefix_cache, "root_key", lambda model, salt: prefix.root_key(model, None))
+
+
+def prefix_commit_past_the_kept_rows(monkeypatch) -> None:
+    """Blocks are offered to the cache up to the sequence's newest token, whose row is not
+    computed yet: the block ending there holds a rejected draft's row (or nothing)."""
+    def commit(self, seq):
+        n = len(seq.tokens)
+        if n // self.kv.block_size > seq.blocks.num_final:
+            self.kv.commit(seq.blocks, self.keys(seq, n), n)
+
+    monkeypatch.setattr(prefix_cache.PrefixCache, "commit", commit)
+
+
+def prefix_hit_rewrites_the_last_shared_row(monkeypatch) -> None:
+    """A sequence admitted on cached blocks starts computing one row early: its first step
+    writes into, and rolls back from, the last block it shares."""
+    admitted = prefix_cache.PrefixCache.admitted
+
+    def admit(self, seq, hits):
+        admitted(self, seq, hits)
+        if hits:
+            seq.num_computed -= 1
+
+    monkeypatch.setattr(prefix_cache.PrefixCache, "admitted", admit)
+
+
+def cached_block_handed_out_while_held(monkeypatch) -> None:
+    """Taking a cached block leaves it on the free queue: an allocation can hand it out while
+    a sequence still reads it."""
+    def acquire(self, blocks):
+        for block in blocks:
+            self._refs[block] += 1
+
+    monkeypatch.setattr(kv_cache.BlockAllocator, "acquire", acquire)
+
+
+def draft_prefix_one_column_off(monkeypatch) -> None:
+    """A reused draft cache is copied from one column on: every position's keys and values are
+    its successor's."""
+    from proposer_service.draft import prefix as draft_prefix
+
+    seed = draft_prefix.DraftPrefixCache.seed
+
+    def shifted(self, history, live):
+        state = seed(self, history, live)
+        if state.kv is not None:
+            state.kv = [(torch.cat([k[:, :, 1:], k[:, :, -1:]], 2),
+                         torch.cat([v[:, :, 1:], v[:, :, -1:]], 2)) for k, v in state.kv]
+        return state
+
+    monkeypatch.setattr(draft_prefix.DraftPrefixCache, "seed", shifted)
+
+
+def eagle_rows_restored_as_blocks(monkeypatch) -> None:
+    """An EAGLE state restored on cached blocks counts its rows in blocks, not positions: the
+    target's rows that follow no longer line up, and the head drafts nothing."""
+    from verifier_service.methods.eagle import method as eagle_method
+
+    restore = eagle_method.EagleState.restore
+
+    def counted_in_blocks(self, keys, num_tokens):
+        restore(self, keys, num_tokens)
+        if self.seq is not None and self.seq.length:
+            self.seq.length //= self.method.rows.block_size
+
+    monkeypatch.setattr(eagle_method.EagleState, "restore", counted_in_blocks)

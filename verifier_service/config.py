@@ -64,6 +64,11 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     block_size: int = option(16, "tokens per KV cache block")
     kv_cache_memory_mb: int = option(512, "memory for the paged KV cache (K and V, all layers)")
     num_kv_blocks: int = option(0, "KV cache blocks (0: from --kv-cache-memory-mb)")
+    # Full blocks of kept rows stay cached after their request, named by their whole prefix;
+    # a prompt that starts the same way takes them instead of computing them again
+    # (verifier_service/batching/prefix_cache.py). vLLM's flag.
+    enable_prefix_caching: bool = option(
+        True, "reuse the KV blocks of prompt prefixes computed before (LRU-evicted)")
     max_model_len: int = option(0, "context length limit (0: the model's own)")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
     linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",

@@ -34,6 +34,7 @@ from splitspec.errors import InvalidArgument, Unavailable
 from splitspec.params import GenerationInput
 from splitspec.proposal import Draft
 from verifier_service.batching.output import OutputTracker
+from verifier_service.batching.prefix_cache import PrefixCache
 from verifier_service.batching.scheduler import Scheduled, Scheduler
 from verifier_service.batching.sequence import SequenceState, StepOutput
 from verifier_service.config import VerifierConfig
@@ -79,12 +80,17 @@ class Engine:
                                      draft_ahead=config.draft_ahead,
                                      in_target=InTargetDrafts.from_registry(
                                          runner.vocab_size, config, runner))
+        # prefix caching: what a method drafting from the target's features can restore of
+        # its own rows bounds what a sequence reuses (methods/in_target.py: reuse_limit)
+        self.prefix = (PrefixCache(runner.kv, config.model, self.drafts.in_target.reuse_limit)
+                       if config.enable_prefix_caching else None)
         self.scheduler = Scheduler(runner.kv, config.max_num_seqs, config.max_waiting,
                                    config.max_num_batched_tokens,
                                    on_admit=self.drafts.admitted,
                                    on_preempt=self.drafts.preempted,
                                    # a captured decode step holds no prompt rows
-                                   mix_prefill=not self.executor.graphs_wanted)
+                                   mix_prefill=not self.executor.graphs_wanted,
+                                   prefix=self.prefix)
         self._by_id: dict[str, SequenceState] = {}
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -108,6 +114,11 @@ class Engine:
         s.preemptions = self.scheduler.num_preemptions
         s.kv_blocks_total = self.runner.kv.num_blocks
         s.kv_blocks_free = self.runner.kv.num_free_blocks
+        alloc = self.runner.kv.allocator
+        s.prefix_cache_blocks, s.prefix_cache_evictions = alloc.num_cached, alloc.evictions
+        if self.prefix is not None:
+            s.prefix_cache_queries = self.prefix.stats.queries
+            s.prefix_cache_hits = self.prefix.stats.hits
         s.in_target = self.drafts.in_target.stats()
         s.executor = self.executor.stats
         return s
@@ -339,6 +350,7 @@ class Engine:
                     self.drafts.in_target.prefilled(s.seq, result.features,
                                                     s.seq.num_computed)
                 s.seq.num_computed += s.num_new
+                self._commit(s.seq)
                 continue
             step.emitted_tokens += self._apply(s.seq, draft, result, per_method.get(method))
         return step
@@ -389,6 +401,7 @@ class Engine:
             seq.asked_k = 0
         appended = seq.tracker.append(result.tokens)
         seq.tokens.extend(appended.token_ids)
+        self._commit(seq)
         # a stop condition may keep only a prefix of the tokens: their logprobs alike
         logprobs = (result.logprobs[:len(appended.token_ids)]
                     if result.logprobs is not None else None)
@@ -404,6 +417,12 @@ class Engine:
             seq.outputs.put_nowait(StepOutput(appended.token_ids, appended.text,
                                               logprobs=logprobs))
         return len(appended.token_ids)
+
+    def _commit(self, seq: SequenceState) -> None:
+        """Offer the blocks the sequence's kept rows filled to the prefix cache."""
+        if self.prefix is not None:
+            self.prefix.commit(seq)
+            self.drafts.in_target.committed(seq)
 
     def _release(self, seq: SequenceState) -> None:
         seq.finished = True

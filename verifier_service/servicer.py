@@ -17,6 +17,7 @@ from splitspec.params import (
     GenerationInput,
     LookaheadParams,
     SpeculationPlan,
+    check_cache_salt,
     check_top_logprobs,
     resolve_speculation,
 )
@@ -51,6 +52,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         top_logprobs = (req.options.top_logprobs if req.options.HasField("top_logprobs")
                         else None)
         check_top_logprobs("top_logprobs", top_logprobs)
+        salt = req.cache_salt if req.HasField("cache_salt") else None
+        check_cache_salt("cache_salt", salt)
         ids = await self._prompts.encode(req)
         plan = self._plan(req)
         return GenerationInput(
@@ -60,7 +63,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             stopping=stopping_from_pb(req.stopping, req.HasField("stopping")).validate(),
             speculation=plan, top_logprobs=top_logprobs,
             resumed_output_ids=tuple(req.resume.output_token_ids),
-            resumed_text_chars=req.resume.sent_text_chars)
+            resumed_text_chars=req.resume.sent_text_chars, cache_salt=salt)
 
     def _plan(self, req: common_pb2.GenerateRequest) -> SpeculationPlan:
         """The gateway's plan, taken as it is (Engine.add_request checks it against this
@@ -192,6 +195,7 @@ def _output_to_pb(request_id: str, out: StepOutput,
         u = out.usage
         msg.usage.prompt_tokens = u.prompt_tokens
         msg.usage.completion_tokens = u.completion_tokens
+        msg.usage.cached_tokens = u.cached_tokens
         spec = msg.usage.speculation
         spec.method = u.method or ""
         spec.num_speculative_tokens = u.num_speculative_tokens

@@ -52,3 +52,15 @@ def test_resolve_speculation_defaults_and_off():
     assert (auto.method, auto.k, auto.adaptive, auto.details) == ("ngram", 4, False, True)
     with pytest.raises(InvalidArgument, match="speculation.mode"):
         resolve_speculation(SpeculationRequest(mode=SpeculationMode.ON), (), 4)
+
+
+@pytest.mark.parametrize("salt, ok", [(None, True), ("", True), ("t" * 256, True),
+                                      ("t" * 257, False), (7, False), (["a"], False)])
+def test_a_cache_salt_is_a_string_of_at_most_256_characters(salt, ok):
+    from splitspec.params import check_cache_salt
+
+    if ok:
+        check_cache_salt("cache_salt", salt)
+    else:
+        with pytest.raises(InvalidArgument, match="cache_salt"):
+            check_cache_salt("cache_salt", salt)

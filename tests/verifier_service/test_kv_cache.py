@@ -135,3 +135,72 @@ def test_keeping_nothing_rolls_back_to_the_start():
     kv.reserve(table, 9)
     kv.keep(table, 4, [])
     assert len(table) == 1 and kv.num_free_blocks == kv.num_blocks - 1
+
+
+# -- the prefix cache's side of the allocator ------------------------------------------------
+
+
+def _identity(kv: PagedKVCache) -> tuple[int, int, int]:
+    held, cached_free, free = kv.allocator.accounting()
+    assert held + cached_free + free == kv.num_blocks
+    assert kv.num_free_blocks == cached_free + free
+    return held, cached_free, free
+
+
+def test_committed_blocks_outlive_their_table_and_are_shared_by_count():
+    kv = _cache(8)
+    a = BlockTable()
+    kv.reserve(a, 10)  # 3 blocks, the last one partial
+    assert kv.commit(a, [b"k0", b"k1", b"k2"], 10) == 2  # only full blocks of kept rows
+    kv.release(a)
+    assert _identity(kv) == (0, 2, 6)
+    hits = kv.lookup([b"k0", b"k1", b"other"])
+    assert len(hits) == 2 and kv.lookup([b"other", b"k1"]) == []  # from the first block only
+    b, c = BlockTable(), BlockTable()
+    for t in (b, c):
+        assert kv.can_admit(t, 12, hits)
+        kv.share(t, hits)
+        kv.reserve(t, 12)
+    assert b.blocks[:2] == c.blocks[:2] == hits and b.num_final == 2
+    assert [kv.allocator.refs(x) for x in hits] == [2, 2]
+    assert _identity(kv) == (4, 0, 4)
+    with pytest.raises(ValueError):  # nothing writes into a shared block
+        kv.keep(b, 7, range(1))
+    kv.release(b)
+    assert _identity(kv) == (3, 0, 5)  # still held by c
+    kv.release(c)
+    assert _identity(kv) == (0, 2, 6)
+
+
+def test_eviction_takes_free_blocks_first_then_the_least_recently_used_tail_first():
+    kv = _cache(4)
+    a = BlockTable()
+    kv.reserve(a, 12)
+    kv.commit(a, [b"a0", b"a1", b"a2"], 12)
+    kv.release(a)  # freed tail first: a2 is the oldest on the queue, a0 the youngest
+    x = BlockTable()
+    kv.reserve(x, 4)  # the one never-cached block
+    assert kv.allocator.evictions == 0
+    kv.reserve(x, 8)
+    assert kv.allocator.evictions == 1 and len(kv.lookup([b"a0", b"a1", b"a2"])) == 2
+    y = BlockTable()
+    hits = kv.lookup([b"a0"])
+    kv.share(y, hits)  # taken: no longer evictable
+    kv.reserve(x, 12)  # evicts a1, never the held a0
+    assert kv.lookup([b"a0", b"a1"]) == hits
+    assert not kv.can_reserve(x, 16)  # nothing left: the held block is not free
+    kv.release(x)
+    kv.release(y)
+    assert _identity(kv) == (0, 1, 3)
+
+
+def test_admission_counts_idle_hits_out_of_the_free_blocks():
+    kv = _cache(3)
+    a = BlockTable()
+    kv.reserve(a, 8)
+    kv.commit(a, [b"a0", b"a1"], 8)
+    kv.release(a)
+    hits = kv.lookup([b"a0", b"a1"])
+    assert kv.can_admit(BlockTable(), 12, hits)  # 2 hits + the 1 free block
+    assert not kv.can_admit(BlockTable(), 16, hits)  # 2 more would evict its own hits
+    assert kv.can_admit(BlockTable(), 12, [])  # without hits: evicting them is fine

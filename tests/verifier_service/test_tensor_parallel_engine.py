@@ -17,13 +17,14 @@ The numbers are printed (`pytest -s`); docs/architecture.md reports them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from engine_testlib import PROMPTS, make_engine, request, request_ids
+from engine_testlib import PROMPTS, make_engine, request, request_ids, run_all
 from test_conditioning import RecordingProposer
 from tp_testlib import TPServe, teacher_forced_argmax, tiny_family
 from transformers import AutoModelForCausalLM
@@ -173,3 +174,25 @@ def test_no_rank_exited(family):
     _, _, served, _ = family
     assert served.exits == []
     assert all(p.is_alive() for p in served.ranks.procs.values())
+
+
+def test_prefix_cache_hits_at_tp2_give_the_output_of_tp1_without_caching(family):
+    """Rank 0 decides the hits; every rank reads the same shared block ids (the plan's block
+    tables), and rows kept on a hit are never moved into a shared block on any rank."""
+    name, path, served, _ = family
+    if name != "target":
+        pytest.skip("checked on the toy family")
+    engine = served.engine
+    base = _prompts(name, engine)[0] * 3  # a few full blocks
+    seed = request_ids("p-seed", base, 8, k=3, ignore_eos=True)
+    wave = [request_ids(f"p{i}", base[:len(base) - 3 * i] + [5 + i, 9], 8, k=3 * (i % 2),
+                        ignore_eos=True) for i in range(4)]
+    hits, steps, broadcasts = (engine.prefix.stats.hits, engine.stats.steps,
+                               served.group.counts["broadcast"])
+    got = served.run([seed]) + served.run(wave)
+    assert engine.prefix.stats.hits > hits
+    assert served.group.counts["broadcast"] - broadcasts == engine.stats.steps - steps
+    single = make_engine(path, max_num_seqs=8, num_kv_blocks=64, enable_prefix_caching=False)
+    want = [t for t, _, _ in asyncio.run(run_all(single, [seed, *wave]))]
+    assert [t for t, _, _ in got] == want
+    assert [last.usage.cached_tokens > 0 for _, _, last in got[1:]] == [True] * 4

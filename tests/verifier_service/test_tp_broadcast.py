@@ -176,6 +176,7 @@ def check_one_broadcast_per_step(model_dir) -> None:
             kv = engine.runner.kv
             journaled = JournaledKVCache(kv.spec, kv.k.device)
             engine.runner.kv = engine.scheduler.kv = engine.executor.kv = journaled
+            engine.prefix.kv = journaled
             engine.executor.broadcast = PlanBroadcast(group, journaled)
             try:
                 asyncio.run(run_all(engine, _plain_requests(engine)))

@@ -97,7 +97,8 @@ def test_gauges_come_from_the_engine_snapshot_at_scrape_time():
     m = VerifierMetrics(registry)
     assert ("splitspec_num_requests_running", ()) not in scrape(registry)  # not bound yet
     snap = EngineStats(running=3, waiting=2, kv_blocks_total=100, kv_blocks_free=75,
-                       preemptions=4)
+                       preemptions=4, prefix_cache_queries=500, prefix_cache_hits=320,
+                       prefix_cache_blocks=30, prefix_cache_evictions=7)
     m.bind(lambda: snap)
     s = scrape(registry)
     assert s[("splitspec_num_requests_running", ())] == 3
@@ -106,6 +107,11 @@ def test_gauges_come_from_the_engine_snapshot_at_scrape_time():
     assert s[("splitspec_kv_cache_blocks_total", ())] == 100
     assert s[("splitspec_kv_cache_usage_perc", ())] == 0.25
     assert s[("splitspec_num_preemptions_total", ())] == 4
+    # prefix caching, in prompt tokens (vLLM's prefix_cache_queries / prefix_cache_hits)
+    assert s[("splitspec_prefix_cache_queries_total", ())] == 500
+    assert s[("splitspec_prefix_cache_hits_total", ())] == 320
+    assert s[("splitspec_prefix_cache_evictions_total", ())] == 7
+    assert s[("splitspec_prefix_cache_blocks", ())] == 30
 
 
 def test_in_target_methods_stats_are_counters_and_gauges_labelled_by_method():

@@ -10,7 +10,8 @@ token and asks no proposer.
 When blocks run short, a sequence first gives up its speculation for the step, and then the
 youngest sequences not yet scheduled this step are preempted: their blocks are freed and they go
 back to the front of the queue, to be recomputed from their tokens when re-admitted (nothing
-already streamed is lost or repeated).
+already streamed is lost or repeated; with prefix caching, verifier_service/batching/
+prefix_cache.py, the blocks they had filled are found again rather than recomputed).
 
 On a device that replays captured graphs (verifier_service/step/executor.py) a decode step is a
 graph and a step with prompt rows is not: there prefill is scheduled apart (`mix_prefill`
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from splitspec.errors import ResourceExhausted
+from verifier_service.batching.prefix_cache import PrefixCache
 from verifier_service.batching.sequence import SequenceState
 from verifier_service.kv.cache import PagedKVCache
 
@@ -49,8 +51,9 @@ class Scheduler:
                  max_num_batched_tokens: int = 0,
                  on_admit: Callable[[SequenceState], None] | None = None,
                  on_preempt: Callable[[SequenceState], None] | None = None,
-                 mix_prefill: bool = True):
+                 mix_prefill: bool = True, prefix: PrefixCache | None = None):
         self.kv = kv
+        self.prefix = prefix  # None: no prefix caching (every prompt computed in full)
         # told when a sequence joins the running batch and when it is preempted out of it
         self.on_admit = on_admit
         self.on_preempt = on_preempt
@@ -123,9 +126,12 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.kv.can_reserve(seq.blocks, len(seq.tokens)):
+            hits = self.prefix.hits(seq) if self.prefix is not None else []
+            if not self.kv.can_admit(seq.blocks, len(seq.tokens), hits):
                 break  # FIFO: no overtaking, so a long prompt is not starved
             self.waiting.popleft()
+            if self.prefix is not None:
+                self.prefix.admitted(seq, hits)
             keys = [s.arrival for s in self.running]
             self.running.insert(bisect.bisect(keys, seq.arrival), seq)
             if self.on_admit is not None:

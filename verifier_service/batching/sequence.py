@@ -40,6 +40,7 @@ class Usage:
     reason: str = ""  # why speculation did not run although planned, e.g. proposer_incompatible
     branch_hits: int = 0  # token trees: steps whose accepted path left a first-ranked child
     num_branches: int = 1  # token trees: the plan's children per node at most (1: chains)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(eq=False)
@@ -50,6 +51,11 @@ class SequenceState:
     tokens: list[int] = field(default_factory=list)  # prompt + output, last one not cached yet
     num_computed: int = 0  # leading tokens whose KV is in the cache
     blocks: BlockTable = field(default_factory=BlockTable)
+    # prefix caching (batching/prefix_cache.py): the keys of its full blocks so far, their
+    # root (model and cache salt), and the prompt tokens its first admission found cached
+    block_keys: list[bytes] = field(default_factory=list)
+    block_root: bytes | None = None
+    cached_tokens: int | None = None
     # Proposer bookkeeping: how many tokens the proposer's stream has heard of, on which epoch.
     proposer_heard: int = 0
     proposer_epoch: int = -1
@@ -104,4 +110,4 @@ class SequenceState:
                      self.proposed_tokens, self.accepted, self.steps,
                      list(self.accepted_per_position), list(self.step_counts),
                      self.speculation_reason, self.branch_hits,
-                     plan.num_branches if plan.enabled else 1)
+                     plan.num_branches if plan.enabled else 1, self.cached_tokens or 0)

@@ -8,6 +8,12 @@ before the step, across block boundaries. After it, the engine names the fed row
 nothing moves; a tree's accepted path, or rows around scratch rows, are moved within or across
 blocks) and whole blocks left empty go back to the free list.
 
+Full blocks whose rows are all kept (final) are offered to the prefix cache under a key that
+names the whole prefix (verifier_service/kv/prefix.py); a later request whose prompt starts
+with the same blocks takes them instead of computing them (`lookup`, `share`). A shared block
+is read-only: a sequence writes only from its own first non-final block on (`keep` refuses
+anything else), so a rollback never touches one.
+
 One block more than the allocator hands out is the *trash block*: padded steps (a bucket's
 padding rows and sequences, verifier_service/step/plan.py) write their keys and values there and
 attention reads it only for them, never as a real sequence's context.
@@ -15,6 +21,7 @@ attention reads it only for them, never as a real sequence's context.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -28,33 +35,124 @@ class OutOfBlocks(RuntimeError):
 @dataclass
 class BlockTable:
     blocks: list[int] = field(default_factory=list)
+    # leading blocks whose contents are final: taken from the prefix cache, or full of kept
+    # rows and offered to it (`PagedKVCache.commit`). Nothing writes into them again.
+    num_final: int = 0
 
     def __len__(self) -> int:
         return len(self.blocks)
 
 
 class BlockAllocator:
-    """A free list of block ids. Every block is either free or in exactly one table."""
+    """Block ids and who holds them. Every block is in exactly one of three states:
+
+        held         in one or more block tables (a reference count each; only a block of
+                     the prefix cache is ever in more than one)
+        cached free  its contents named by a prefix key (verifier_service/kv/prefix.py) and
+                     held by no table: on a least-recently-used queue, reused by a request
+                     whose prompt starts the same way, evicted only when an allocation needs it
+        free         nothing in it anyone wants
+
+    so held + cached free + free = all blocks (`accounting`). An allocation takes free blocks
+    first, then evicts cached free ones, oldest first: caching never makes a request wait."""
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))  # pop() hands out low ids first
+        self._lru: OrderedDict[int, None] = OrderedDict()  # cached free: oldest first
+        self._refs = [0] * num_blocks
+        self._key_of: dict[int, bytes] = {}
+        self._block_of: dict[bytes, int] = {}
+        self.evictions = 0  # cached blocks whose contents were dropped for an allocation
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can have: free and cached free."""
+        return len(self._free) + len(self._lru)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks whose contents the prefix cache names (held or not)."""
+        return len(self._key_of)
+
+    @property
+    def num_cached_free(self) -> int:
+        return len(self._lru)
+
+    def accounting(self) -> tuple[int, int, int]:
+        """(held, cached free, free): they add up to num_blocks."""
+        held = sum(1 for r in self._refs if r > 0)
+        return held, len(self._lru), len(self._free)
+
+    def refs(self, block: int) -> int:
+        return self._refs[block]
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise OutOfBlocks(f"need {n} blocks, {len(self._free)} free")
-        return [self._free.pop() for _ in range(n)]
+        if n > self.num_free:
+            raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
+        out = []
+        for _ in range(n):
+            if self._free:
+                block = self._free.pop()
+            else:  # evict the least recently used cached block
+                block, _ = self._lru.popitem(last=False)
+                del self._block_of[self._key_of.pop(block)]
+                self.evictions += 1
+            self._refs[block] = 1
+            out.append(block)
+        return out
 
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        """Drop one reference to each block; a block no table holds any more stays cached
+        when it has a key. The last block goes first, so a sequence's tail is evicted
+        before its head (the head is what other prompts share)."""
+        for block in reversed(blocks):
+            if self._refs[block] <= 0:
+                raise RuntimeError(f"block {block} freed more often than it was handed out")
+            self._refs[block] -= 1
+            if self._refs[block]:
+                continue
+            if block in self._key_of:
+                self._lru[block] = None
+            else:
+                self._free.append(block)
+
+    # -- the prefix cache ----------------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[bytes]) -> list[int]:
+        """The cached blocks of the longest run of `keys` from the first."""
+        out = []
+        for key in keys:
+            block = self._block_of.get(key)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def acquire(self, blocks: Sequence[int]) -> None:
+        """One more reference to each cached block (taking it off the queue if no table held
+        it)."""
+        for block in blocks:
+            if block not in self._key_of:
+                raise RuntimeError(f"block {block} is not in the prefix cache")
+            if self._refs[block] == 0:
+                del self._lru[block]
+            self._refs[block] += 1
+
+    def cache(self, block: int, key: bytes) -> bool:
+        """Name a held block's (final) contents by `key`; False when another block already
+        has that key (the duplicate stays private and is freed as usual)."""
+        if self._refs[block] <= 0:
+            raise RuntimeError(f"block {block} is not held: only a table's block is cached")
+        if key in self._block_of or block in self._key_of:
+            return False
+        self._key_of[block] = key
+        self._block_of[key] = block
+        return True
 
 
 @dataclass(frozen=True)
@@ -107,6 +205,7 @@ class PagedKVCache:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks an allocation can have (cached ones that no table holds among them)."""
         return self.allocator.num_free
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -126,11 +225,46 @@ class PagedKVCache:
             table.blocks.extend(new)
 
     def truncate(self, table: BlockTable, num_tokens: int) -> None:
-        """Keep positions [0, num_tokens); blocks left empty go back to the free list."""
+        """Keep positions [0, num_tokens); blocks left empty go back to the allocator."""
         keep = self.blocks_for(num_tokens)
+        if keep < table.num_final:
+            if keep:  # only a release (to 0) may drop final blocks
+                raise ValueError(f"truncating to {num_tokens} tokens would drop final blocks")
+            table.num_final = 0
         if keep < len(table.blocks):
             self.allocator.free(table.blocks[keep:])
             del table.blocks[keep:]
+
+    # -- the prefix cache ------------------------------------------------------------------------
+
+    def lookup(self, keys: Sequence[bytes]) -> list[int]:
+        """The cached blocks of the longest run of `keys` (verifier_service/kv/prefix.py)."""
+        return self.allocator.lookup(keys)
+
+    def can_admit(self, table: BlockTable, num_tokens: int, hits: Sequence[int]) -> bool:
+        """Whether an empty table can take the cached blocks `hits` and reserve the rest of
+        positions [0, num_tokens): the hits that no table holds leave the free count."""
+        idle = sum(1 for b in hits if self.allocator.refs(b) == 0)
+        return self.blocks_for(num_tokens) - len(hits) <= self.allocator.num_free - idle
+
+    def share(self, table: BlockTable, hits: Sequence[int]) -> None:
+        """An empty table starts with the cached blocks `hits` (read-only to it)."""
+        if table.blocks:
+            raise ValueError("cached blocks start a table: this one already has blocks")
+        self.allocator.acquire(hits)
+        table.blocks.extend(hits)
+        table.num_final = len(hits)
+
+    def commit(self, table: BlockTable, keys: Sequence[bytes], num_tokens: int) -> int:
+        """Offer the table's full blocks within positions [0, num_tokens), whose keys and
+        values are final (kept rows only: never a draft row still to be verified), to the
+        prefix cache under `keys` (one per block, at least that many); returns how many
+        blocks are final now."""
+        final = min(num_tokens // self.block_size, len(keys), len(table.blocks))
+        for i in range(table.num_final, final):
+            self.allocator.cache(table.blocks[i], keys[i])
+        table.num_final = max(table.num_final, final)
+        return table.num_final
 
     def keep(self, table: BlockTable, start: int, rows: Sequence[int]) -> None:
         """After a step that fed rows at positions start, start + 1, ...: keep the fed rows
@@ -138,6 +272,9 @@ class PagedKVCache:
         start .. start + len(rows) - 1 and drop every other fed row (rejected drafts, other
         branches, scratch rows)."""
         n = len(rows)
+        if start < table.num_final * self.block_size:
+            raise ValueError(f"rows kept from position {start} would overwrite a final block "
+                             f"(the table's first {table.num_final} are)")
         if isinstance(rows, range) and rows.start == 0 and rows.step == 1:
             return self.truncate(table, start + n)  # a prefix (a chain, a prompt): no move
         if any(b <= a for a, b in zip(rows, rows[1:])) or (rows and rows[0] < 0):

@@ -134,6 +134,16 @@ class InTargetState(abc.ABC):
     def free(self) -> None:
         """The sequence left the running batch; drop what the state holds."""
 
+    # prefix caching (verifier_service/batching/prefix_cache.py): a state with rows of its
+    # own per position (features) takes back those of the cached blocks the sequence reused,
+    # and offers its own for the blocks that became final
+    def restore(self, keys: Seq[bytes], num_tokens: int) -> None:
+        """The sequence was admitted with its first num_tokens tokens cached (the blocks of
+        `keys`, their prefix keys, and more): the state's rows for them, where it keeps any."""
+
+    def offer(self, keys: Seq[bytes]) -> None:
+        """The sequence's blocks of `keys` are final: keep the state's rows for them."""
+
 
 class InTargetMethod(abc.ABC):
     """An in-target method: one instance per verifier, a state per running sequence."""
@@ -148,6 +158,12 @@ class InTargetMethod(abc.ABC):
     def bind(self, runner) -> None:
         """The verifier's ModelRunner, once, before any request: a method that drafts from
         the target's weights or features takes them here (runner.feature_layers)."""
+
+    def reuse_limit(self, keys: Seq[bytes]) -> int:
+        """Prefix caching: how many of a prompt's leading cached blocks (of these prefix keys)
+        a sequence of this method may reuse; a method whose states keep rows of their own per
+        position answers how many it can restore (the target computes the rest)."""
+        return len(keys)
 
     def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
         """Raise InvalidArgument (naming the field) if this verifier cannot run `plan`'s
@@ -220,8 +236,24 @@ class InTargetDrafts:
         """A sequence joined the running batch: a state if its plan names one of these methods."""
         plan = seq.inp.speculation
         if plan.enabled and plan.method in self.methods and seq not in self._states:
-            self._states[seq] = self.methods[plan.method].admit(seq.request_id, seq.tokens,
-                                                                seq.inp.sampling, plan)
+            state = self._states[seq] = self.methods[plan.method].admit(
+                seq.request_id, seq.tokens, seq.inp.sampling, plan)
+            if seq.num_computed:  # admitted on cached blocks
+                state.restore(seq.block_keys, seq.num_computed)
+
+    def reuse_limit(self, seq: SequenceState, keys: Seq[bytes]) -> int:
+        """How many of its cached leading blocks the sequence's method lets it reuse."""
+        plan = seq.inp.speculation
+        if plan.enabled and plan.method in self.methods:
+            return self.methods[plan.method].reuse_limit(keys)
+        return len(keys)
+
+    def committed(self, seq: SequenceState) -> None:
+        """The sequence's blocks up to len(seq.block_keys) are final (its state may keep its
+        rows for them)."""
+        state = self._states.get(seq)
+        if state is not None:
+            state.offer(seq.block_keys)
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Each method's counters and gauges (InTargetMethod.stats)."""

@@ -16,6 +16,9 @@ left to PromQL:
       sum by (method, position) (rate(splitspec_spec_decode_num_accepted_tokens_per_pos_total[5m]))
         / on (method) group_left sum by (method) (rate(splitspec_spec_decode_num_drafts_total[5m]))
 
+    prefix-cache hit rate (of prompt tokens):
+      rate(splitspec_prefix_cache_hits_total[5m]) / rate(splitspec_prefix_cache_queries_total[5m])
+
 Cost per engine step: a few integer additions per method and one histogram observation per
 method asked plus one for the step; no allocation once a method's counters exist.
 """
@@ -231,6 +234,16 @@ class VerifierMetrics:
         yield gauge("splitspec_kv_cache_usage_perc", "KV cache usage (0 to 1)",
                     (s.kv_blocks_total - s.kv_blocks_free) / s.kv_blocks_total
                     if s.kv_blocks_total else 0.0)
+        yield counter("splitspec_prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                      "cache, at each admission (vLLM's prefix_cache_queries)",
+                      samples=[((), s.prefix_cache_queries)])
+        yield counter("splitspec_prefix_cache_hits", "Of the prompt tokens looked up, those "
+                      "whose KV was found cached (vLLM's prefix_cache_hits)",
+                      samples=[((), s.prefix_cache_hits)])
+        yield counter("splitspec_prefix_cache_evictions", "Cached KV blocks whose contents an "
+                      "allocation took", samples=[((), s.prefix_cache_evictions)])
+        yield gauge("splitspec_prefix_cache_blocks", "KV cache blocks the prefix cache names "
+                    "(held by requests or free to reuse)", s.prefix_cache_blocks)
         yield from _in_target_families(s.in_target)
         if s.executor is not None:
             yield from _executor_families(s.executor)

@@ -183,7 +183,13 @@ class EngineStats(ReplicaLoad):
     preemptions: int = 0
     step_seconds_total: float = 0.0
     kv_blocks_total: int = 0
-    kv_blocks_free: int = 0
+    kv_blocks_free: int = 0  # cached blocks no sequence holds count as free
+    # prefix caching (verifier_service/batching/prefix_cache.py): prompt tokens looked up at
+    # admission and found cached, blocks the cache names, cached blocks evicted
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_blocks: int = 0
+    prefix_cache_evictions: int = 0
     # in-target methods' own counters and gauges (InTargetMethod.stats), by method
     in_target: dict[str, dict[str, float]] = field(default_factory=dict)
     # how steps ran: replayed graphs or eager, and why (verifier_service/step/executor.py)

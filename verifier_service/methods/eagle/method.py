@@ -65,6 +65,7 @@ from verifier_service.methods.eagle.head import (
     sampled_chain_many,
     sampled_draft,
 )
+from verifier_service.methods.eagle.row_cache import HeadRowCache
 from verifier_service.methods.in_target import (
     InTargetMethod,
     InTargetState,
@@ -101,6 +102,9 @@ class EagleMethod(InTargetMethod):
                          "graph_advances_total": 0.0, "eager_advances_total": 0.0,
                          "chain_batches_total": 0.0, "advance_batches_total": 0.0}
         self.sequences = 0
+        # prefix caching: the head's rows of cached target blocks (None: caching off)
+        self.prefix_caching = True
+        self.rows: HeadRowCache | None = None
         # states whose target rows wait for the next flush, in arrival order
         self.deferred: dict[EagleState, None] = {}
 
@@ -109,11 +113,13 @@ class EagleMethod(InTargetMethod):
         path = getattr(config, "eagle", "") if config is not None else ""
         if not path:
             return None
-        return cls(path, getattr(config, "linear", "auto"),
-                   getattr(config, "max_num_speculative_tokens", 16),
-                   getattr(config, "graphs", "auto") != "off",
-                   getattr(config, "max_num_seqs", 1),
-                   getattr(config, "eagle_vocab_subset", "auto"))
+        method = cls(path, getattr(config, "linear", "auto"),
+                     getattr(config, "max_num_speculative_tokens", 16),
+                     getattr(config, "graphs", "auto") != "off",
+                     getattr(config, "max_num_seqs", 1),
+                     getattr(config, "eagle_vocab_subset", "auto"))
+        method.prefix_caching = getattr(config, "enable_prefix_caching", True)
+        return method
 
     def bind(self, runner) -> None:
         """Load the head onto the target (ValueError with one line when it does not fit)."""
@@ -134,6 +140,8 @@ class EagleMethod(InTargetMethod):
         self.head = EagleHead(spec, weights, embed, head, self._vocab_ids(spec, weights),
                               linear=self.linear)
         runner.feature_layers = spec.feature_layers(runner.config.num_hidden_layers)
+        if self.prefix_caching:  # as many blocks of the head's rows as the target has blocks
+            self.rows = HeadRowCache(runner.kv.block_size, runner.kv.num_blocks)
         if self.capture and supports_graphs(runner.device):
             depths = range(1, min(self.max_k, MAX_TREE_DEPTH) + 1)
             self.graphs = EagleGraphs(self.head, runner.max_model_len, self.max_k,
@@ -155,6 +163,11 @@ class EagleMethod(InTargetMethod):
                                  f"with its own lm_head over {spec.draft_vocab_size} tokens")
             return None
         return resolve_subset(self.path, self.vocab_subset, spec.vocab_size, flag)
+
+    def reuse_limit(self, keys: Seq[bytes]) -> int:
+        """The target blocks whose head rows are kept (row_cache.py): a prompt's last cached
+        block, at least, is computed again for its features."""
+        return self.rows.reusable(keys) if self.rows is not None else 0
 
     def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams,
               plan: SpeculationPlan) -> "EagleState":
@@ -280,6 +293,29 @@ class EagleState(InTargetState):
         # their count: the head runs eagerly, and advances them with other sequences' at flush
         self.pending: list[tuple[torch.Tensor, list[int]]] = []
         self.pending_rows = 0
+        self.offered = 0  # leading blocks whose rows the method's row cache has
+
+    def restore(self, keys: Seq[bytes], num_tokens: int) -> None:
+        rows = self.method.rows
+        if rows is None or self.seq is None:
+            return
+        n = num_tokens // rows.block_size
+        self.seq._reserve(num_tokens)
+        if rows.restore(keys, n, self.seq.keys, self.seq.values):
+            self.seq.length, self.offered = n * rows.block_size, n
+        # else the head starts empty: rows from num_tokens on do not follow, so it drafts
+        # nothing for this sequence (lossless; speculation lost)
+
+    def offer(self, keys: Seq[bytes]) -> None:
+        rows, seq = self.method.rows, self.seq
+        if rows is None or seq is None:
+            return
+        bs = rows.block_size
+        while self.offered + 1 < len(keys) and (self.offered + 1) * bs <= seq.length:
+            b = self.offered
+            rows.put(keys[b + 1], seq.keys[:, :, b * bs:(b + 1) * bs],
+                     seq.values[:, :, b * bs:(b + 1) * bs])
+            self.offered += 1
 
     def _align(self, position: int) -> bool:
         """Whether rows from `position` follow what the head holds; rows it never saw, or saw
