@@ -45,6 +45,10 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     method_option: tuple[str, ...] = option(
         (), "a method-specific setting as KEY=VALUE (see the method's docs), e.g. max_depth=32")
     idle_timeout_s: float = option(600.0, "forget a sequence not heard of for this long")
+    # draft: a new sequence starts from the draft cache of one (running or finished) whose
+    # tokens it starts with (proposer_service/draft/prefix.py); vLLM's flag name
+    enable_prefix_caching: bool = option(True, "draft: reuse the draft's KV of shared prefixes")
+    prefix_cache_memory_mb: int = option(256, "draft: memory for finished sequences' draft KV")
     log_level: str = option("INFO", "logging level")
 
     def method_options(self) -> dict[str, str]:

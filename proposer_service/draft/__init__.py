@@ -1,5 +1,6 @@
 """The draft-model proposer: a smaller causal LM of the target's tokenizer drafting k tokens
-(proposer.py), its KV cache per sequence (cache.py, session.py), the k-step loop (loop.py) and
+(proposer.py), its KV cache per sequence (cache.py, session.py) and the reuse of a shared prefix's
+(prefix.py), the k-step loop (loop.py) and
 its captured graphs (graphs.py), branching into trees where its mass splits (branches.py), and
 the draft sharded over tensor-parallel ranks (tp.py).
 

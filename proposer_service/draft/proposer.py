@@ -39,6 +39,7 @@ from proposer_service.base import Proposer, load_learned
 from proposer_service.draft.cache import KV, Buffers, SeqState, common_prefix, padded_cache, row_kv
 from proposer_service.draft.graphs import DraftGraphs
 from proposer_service.draft.loop import draft_loop
+from proposer_service.draft.prefix import DraftPrefixCache
 from proposer_service.draft.session import DraftSession
 from splitspec.device import HostFetch, supports_graphs
 from splitspec.device import to_device as _to
@@ -56,9 +57,10 @@ class DraftModelProposer(Proposer):
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
                  max_batch: int = 32, idle_timeout_s: float = 600.0, drafts_ahead: bool = True,
                  ahead_rejections: int = 3, linear: str = "auto",
-                 vocab_subset: torch.Tensor | None = None):
+                 vocab_subset: torch.Tensor | None = None, prefix_cache_mb: int = 256):
         """vocab_subset: token ids the draft's head scores (kernels/vocab_subset.py), None for
-        the whole vocabulary; needs the lean forward."""
+        the whole vocabulary; needs the lean forward. prefix_cache_mb: memory for finished
+        sequences' draft caches (proposer_service/draft/prefix.py; 0: none)."""
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
@@ -101,8 +103,16 @@ class DraftModelProposer(Proposer):
                                    min(self.max_batch, 32), max_k, top_k=draft_top_k)
                        if self.lean is not None and supports_graphs(device) else None)
         self.fallbacks = EagerFallbacks("the draft loop")  # steps the graphs did not serve
+        # a new sequence starts from the draft cache of one that began the same way
+        self.prefixes = DraftPrefixCache(prefix_cache_mb << 20)
 
-    from_config = classmethod(load_learned)  # the registry's constructor: flags -> load()
+    @classmethod
+    def from_config(cls, config) -> "DraftModelProposer":
+        """The registry's constructor: flags -> load()."""
+        proposer = load_learned(cls, config)
+        mb = config.prefix_cache_memory_mb if config.enable_prefix_caching else 0
+        proposer.prefixes = DraftPrefixCache(mb << 20)
+        return proposer
 
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",

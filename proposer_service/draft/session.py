@@ -23,6 +23,7 @@ from kernels.sparse_probs import SparseProbs
 from proposer_service.base import HistoryStore, ProposerSession, draft_in_batches
 from proposer_service.draft.branches import branch_chain, kept_leaves
 from proposer_service.draft.cache import SeqState
+from proposer_service.draft.prefix import DraftPrefixCache
 from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import (
@@ -45,6 +46,7 @@ class Drafter(Protocol):
     max_k: int
     max_positions: int
     drafts_ahead: bool
+    prefixes: DraftPrefixCache  # finished sequences' caches, to start new ones from
 
     def draft_batch(self, work: list[tuple[SequenceStep, list[int], SeqState]],
                     cancel: threading.Event | None = None) -> list[Draft] | None: ...
@@ -110,7 +112,7 @@ class DraftSession(ProposerSession):
 
     def propose(self, steps: list[SequenceStep]) -> list[Draft]:
         for sid in self._store.evict_idle():
-            self._states.pop(sid, None)
+            self._p.prefixes.keep(self._states.pop(sid, None))
             self._ready.pop(sid, None)
         self._plans.clear()
         drafts: dict[str, Draft] = {}
@@ -123,7 +125,10 @@ class DraftSession(ProposerSession):
                 self._states.pop(step.seq_id, None)
                 drafts[step.seq_id] = Draft(step.seq_id, resync=True)
                 continue
-            state = self._states.setdefault(step.seq_id, SeqState())
+            state = self._states.get(step.seq_id)
+            if state is None:  # new (or resynced): from a cached prefix where one matches
+                state = self._states[step.seq_id] = self._p.prefixes.seed(
+                    history, self._states.values())
             k = min(step.k, self._p.max_k)
             if k <= 0 or len(history) + k > self._p.max_positions:
                 # k = 0: just recorded (caught up lazily); past the draft's context: no drafts
@@ -266,7 +271,7 @@ class DraftSession(ProposerSession):
     def release(self, seq_ids: list[str]) -> None:
         self._store.release(seq_ids)
         for sid in seq_ids:
-            self._states.pop(sid, None)
+            self._p.prefixes.keep(self._states.pop(sid, None))
             self._ready.pop(sid, None)
             self._plans.pop(sid, None)
 

@@ -84,6 +84,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--metrics-port", type=int, default=d.metrics_port,
                     help="Prometheus /metrics of the gateway; the verifier and proposers get the "
                     "next ports (0: off)")
+    up.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                    default=True, help="reuse the KV of prompt prefixes computed before, in "
+                    "the verifiers and the draft proposer (--no-enable-prefix-caching: off)")
     for name, spec in proposer_methods().items():  # per proposer: on/off, port, model, device
         up.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True,
                         help=f"run the {name} proposer ({spec.summary})"
@@ -111,6 +114,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:
 def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None) -> StackConfig:
     """The stack `up` starts for these flags (model-backed methods found next to the target)."""
     found = sibling_proposer_models(args.model)
+    caching = [] if args.enable_prefix_caching else ["--no-enable-prefix-caching"]
     launches = {}
     for name, spec in proposer_methods().items():
         opt = name.replace("-", "_")
@@ -121,7 +125,7 @@ def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None)
         device = getattr(args, f"{opt}_device", None)
         launches[name] = ProposerLaunch(getattr(args, f"{opt}_port"), model,
                                         [*(["--device", device] if device else []),
-                                         *shlex.split(args.proposer_args),
+                                         *caching, *shlex.split(args.proposer_args),
                                          *shlex.split(getattr(args, f"{opt}_args"))])
     in_target = {}
     for name, spec in in_target_methods().items():
@@ -137,7 +141,7 @@ def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None)
         log_dir=args.log_dir, proposers=launches, metrics_port=args.metrics_port, tls=tls,
         verifier_replicas=args.verifier_replicas,
         tensor_parallel_size=args.tensor_parallel_size,
-        verifier_args=shlex.split(args.verifier_args),
+        verifier_args=[*caching, *shlex.split(args.verifier_args)],
         gateway_args=["--resume-wait-s", str(args.resume_wait_s),
                       *shlex.split(args.gateway_args)])
 

@@ -84,3 +84,19 @@ def test_services_start_in_tiers_each_after_what_it_dials(target_model_dir, flag
     tiers = s.tiers()
     assert [svc.name for t in tiers for svc in t] == [svc.name for svc in s.services]
     assert tiers == [list(s.proposers.values()), s.verifiers, [s.gateway]]
+
+
+def test_no_enable_prefix_caching_reaches_every_verifier_and_proposer(target_model_dir):
+    """`up --no-enable-prefix-caching` (vLLM's flag) turns reuse off where KV is kept: each
+    verifier replica and the proposers (the draft model's cache) get it, and parse it."""
+    from proposer_service.config import ProposerConfig
+    from splitspec.config import parse_config
+    from verifier_service.config import VerifierConfig
+
+    off = stack("--no-enable-prefix-caching", "--verifier-replicas", "2", model=target_model_dir)
+    for svc in [*off.verifiers, *off.proposers.values()]:
+        assert "--no-enable-prefix-caching" in svc.argv, svc.name
+    assert not parse_config(VerifierConfig, ["--no-enable-prefix-caching"]).enable_prefix_caching
+    assert not parse_config(ProposerConfig, ["--no-enable-prefix-caching"]).enable_prefix_caching
+    on = stack(model=target_model_dir)
+    assert not any("prefix-caching" in a for s in on.services for a in s.argv)
