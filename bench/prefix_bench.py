@@ -5,8 +5,9 @@ gateway's gRPC API, greedy.
     system prompt   a ~1,500-token system prompt before short questions, batch 1: time to
                     first token and decode tok/s (the first question, which fills the cache,
                     reported apart)
-    multi-turn      chat conversations of three turns, each re-sending the history with the
-                    model's own answers: time per conversation
+    multi-turn      chat conversations of three turns about a document (~800 tokens), each
+                    turn re-sending the history with the model's own answers: time per
+                    conversation
     distinct        raw-text prompts that share no block (0 % hits): throughput
     concurrent      16 clients sharing the system prompt, two questions each: throughput
     replicas        two verifier replicas, conversations interleaved: hit rate and TTFT p50
@@ -48,15 +49,17 @@ QUESTIONS = [
     "What does tensor parallelism split?",
 ]
 
+# three turns each: a document to read, then two follow-ups (the document is re-sent with the
+# history every turn, as chat clients do)
 CONVERSATIONS = [
-    ["Write a short poem about the sea.", "Now make it rhyme better.",
-     "Give it a title and explain the title."],
-    ["What is a hash table?", "How does it handle collisions?",
-     "Compare it with a binary search tree."],
-    ["Plan a three-day trip to Rome.", "Make day two cheaper.",
-     "Summarize the plan in three bullet points."],
-    ["Explain photosynthesis simply.", "What would happen without it?",
-     "Write a quiz question about it."],
+    ["Summarize this text in two sentences.", "What is its most important point?",
+     "Write one question a reader might still have."],
+    ["List three facts from this text.", "Which of them surprised you, and why?",
+     "Explain the first fact to a child."],
+    ["What is this text about?", "Who would need to read it?",
+     "Give it a short title."],
+    ["Give a one-line summary of this text.", "What does it leave out?",
+     "Rewrite the summary for an expert."],
 ]
 
 
@@ -176,12 +179,21 @@ class Bench:
         return [client.run(self.chat(system, q), self.args.max_tokens, method)
                 for q in QUESTIONS[:self.args.questions]]
 
+    def document(self, i: int) -> str:
+        """Conversation i's document: about --document-tokens tokens of the project's docs."""
+        ids = self.tokenizer.encode((ROOT / "docs/reliability.md").read_text(),
+                                    add_special_tokens=False)
+        n = self.args.document_tokens
+        start = (i * n) % max(1, len(ids) - n)
+        return self.tokenizer.decode(ids[start:start + n])
+
     def multi_turn(self, client: Client) -> list[tuple[float, list[Result]]]:
         out = []
-        for conv in CONVERSATIONS[:self.args.conversations]:
+        for i, conv in enumerate(CONVERSATIONS[:self.args.conversations]):
             history, results, start = [], [], time.perf_counter()
-            for turn in conv:
-                history.append({"role": "user", "content": turn})
+            for t, turn in enumerate(conv):
+                text = f"{turn}\n\n{self.document(i)}" if t == 0 else turn
+                history.append({"role": "user", "content": text})
                 r = client.run(list(history), self.args.turn_tokens)
                 results.append(r)
                 history.append({"role": "assistant", "content": self.tokenizer.decode(
@@ -240,6 +252,7 @@ def main() -> None:
     ap = bench_parser(__doc__)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--turn-tokens", type=int, default=48)
+    ap.add_argument("--document-tokens", type=int, default=800)
     ap.add_argument("--system-tokens", type=int, default=1500)
     ap.add_argument("--questions", type=int, default=8)
     ap.add_argument("--conversations", type=int, default=4)
@@ -256,6 +269,7 @@ def main() -> None:
     if args.quick:
         args.questions, args.conversations, args.distinct, args.clients = 3, 2, 3, 4
         args.max_tokens, args.turn_tokens, args.system_tokens = 8, 8, 400
+        args.document_tokens = 200
     b = Bench(args)
     system = system_prompt(b.tokenizer, args.system_tokens)
     sys_tokens = len(b.tokenizer.encode(system, add_special_tokens=False))
@@ -316,8 +330,8 @@ def main() -> None:
              [x for _, rs in on["multi-turn"] for x in rs])
         c_off = statistics.mean(t for t, _ in off["multi-turn"])
         c_on = statistics.mean(t for t, _ in on["multi-turn"])
-        lines += ["", f"## Multi-turn chat ({args.conversations} conversations of 3 turns, "
-                  f"{args.turn_tokens} tokens a turn)", ""]
+        lines += ["", f"## Multi-turn chat ({args.conversations} conversations of 3 turns about a "
+                  f"{args.document_tokens}-token document, {args.turn_tokens} tokens a turn)", ""]
         lines += markdown_table({"caching": "l", "s per conversation": "r",
                                  "turn 3 TTFT p50 s": "r", "cached tokens, turn 3 (mean)": "r"}, [
             [name, f"{statistics.mean(t for t, _ in res):.2f}",
