@@ -135,3 +135,27 @@ def test_route_prefers_the_longest_match_within_the_load_bound():
     assert route(key, [Candidate(0, 0), Candidate(10, 0)], 0, off) == (0, LEAST_LOAD)
     with pytest.raises(ValueError):
         PrefixRoutingConfig(threshold=1.5)
+
+
+def test_the_flags_reach_the_gateways_pool(target_model_dir):
+    import argparse
+
+    from gateway.config import GatewayConfig
+    from splitspec.config import parse_config
+    from splitspec.launcher import Stack
+    from splitspec.launcher.up import add_command, stack_config
+
+    config = parse_config(GatewayConfig, ["--no-prefix-routing", "--prefix-routing-threshold",
+                                          "0.5", "--prefix-routing-max-blocks", "64"])
+    assert config.prefix_routing_config() == PrefixRoutingConfig(False, 0.5, 8, 64)
+    assert parse_config(GatewayConfig, []).prefix_routing_config() == PrefixRoutingConfig()
+
+    def gateway_argv(*flags: str) -> list[str]:
+        parser = argparse.ArgumentParser()
+        add_command(parser.add_subparsers())
+        args = parser.parse_args(["up", "--model", target_model_dir, *flags])
+        (gateway,) = [s for s in Stack(stack_config(args)).services if s.name == "gateway"]
+        return gateway.argv
+
+    assert "--no-prefix-routing" in gateway_argv("--no-prefix-routing")
+    assert "--no-prefix-routing" not in gateway_argv()
