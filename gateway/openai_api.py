@@ -168,6 +168,8 @@ def parse_generation(body: dict, max_tokens_field: str = "max_tokens",
         raise InvalidArgument("stream_options.include_usage", "must be a boolean")
     cache_salt = body.get("cache_salt")
     check_cache_salt("cache_salt", cache_salt)
+    if cache_salt is not None and not _utf8(cache_salt):  # JSON may escape a lone surrogate
+        raise InvalidArgument("cache_salt", "must be valid Unicode (no lone surrogates)")
     return Generation(
         model=_get(body, "model", str, None), sampling=sampling, stopping=stopping,
         speculation=speculation, n=n, stream=_get(body, "stream", bool, False),
@@ -247,6 +249,14 @@ def _parse_lookahead(body) -> LookaheadParams | None:
 
 _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a string",
                dict: "an object"}
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(v: Any) -> bool:

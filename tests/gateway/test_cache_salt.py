@@ -7,6 +7,7 @@ client parses it."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import planted_bugs as bug
 import pytest
@@ -82,7 +83,7 @@ def salts(pool: RecordingPool) -> list[str | None]:
 
 # -- validation ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("salt", [5, ["a"], {"a": 1}, True, "s" * 257])
+@pytest.mark.parametrize("salt", [5, ["a"], {"a": 1}, True, "s" * 257, "a\ud800"])
 def test_a_bad_salt_is_refused_naming_the_field(salt):
     for parse in (lambda: parse_completion_request({"prompt": "x", "cache_salt": salt}),
                   lambda: parse_chat_request({"messages": CHAT, "cache_salt": salt})):
@@ -96,8 +97,10 @@ def check_salt_validation_over_the_wire():
     with TestClient(rest_app(pool), raise_server_exceptions=False) as client:
         for path, body in (("/v1/completions", {"prompt": "x"}),
                            ("/v1/chat/completions", {"messages": CHAT})):
-            for salt in (7, "s" * 257):
-                r = client.post(path, json={**body, "max_tokens": 2, "cache_salt": salt})
+            for salt in (7, "s" * 257, "a\ud800"):
+                r = client.post(path, content=json.dumps(  # a lone surrogate, escaped
+                    {**body, "max_tokens": 2, "cache_salt": salt}),
+                    headers={"Content-Type": "application/json"})
                 assert r.status_code == 400, r.text
                 assert r.json()["error"]["param"] == "cache_salt"
             r = client.post(path, json={**body, "max_tokens": 2, "cache_salt": "s" * 256})
