@@ -57,7 +57,7 @@ class GatewayConfig(TlsServerOptions, TlsClientOptions):
         8, "a prefix match is ignored when its replica has more than this many requests in "
         "flight beyond the least loaded one")
     prefix_routing_max_blocks: int = option(
-        262144, "prefix blocks remembered per verifier replica (LRU; 16-byte keys)")
+        65536, "prefix blocks remembered per verifier replica (LRU; about 140 bytes each)")
     tls_front_door_ca: str = option(
         "", "PEM CA bundle: clients of the REST and gRPC front doors must present a certificate "
         "it signed (needs --tls-cert; default: none, API keys authenticate them)", group=TLS_GROUP)

@@ -9,12 +9,12 @@ The chain's root digests the prompt's kind and the request's cache salt, so requ
 different salts never share a key, whatever their text. A key names its whole prefix, so
 "replica R holds the first m blocks" is m leading keys found in R's index.
 
-Each replica's index is an LRU set of keys capped at `max_blocks` (16-byte keys: a few tens of
-MiB at the default). A chain is inserted from its last block to its first, so the first blocks
-are the most recent and eviction takes a chain's tail before its head, as a verifier's own
-cache does. The index is approximate by design: it records what was routed, not what the
-replica's cache still holds (the verifier may have evicted it), as SGLang's cache-aware router's
-radix tree does.
+Each replica's index is an LRU set of keys capped at `max_blocks` (16-byte keys, about 140
+bytes each with the set's own: some 9 MiB at the default). A chain is inserted from its last
+block to its first, so the first blocks are the most recent and eviction takes a chain's tail
+before its head, as a verifier's own cache does. The index is approximate by design: it
+records what was routed, not what the replica's cache still holds (the verifier may have
+evicted it), as SGLang's cache-aware router's radix tree does.
 
 The choice (route): the replica whose index matches the longest prefix, when that covers at
 least `threshold` of the prompt and the replica has at most `max_imbalance` more requests in
@@ -47,7 +47,7 @@ class PrefixRoutingConfig:
     enabled: bool = True
     threshold: float = 0.3  # least share of the prompt matched to route by prefix
     max_imbalance: int = 8  # most extra requests in flight on the matched replica
-    max_blocks: int = 262_144  # keys per replica's index
+    max_blocks: int = 65_536  # keys per replica's index (about 9 MiB)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
