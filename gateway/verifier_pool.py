@@ -229,7 +229,8 @@ class VerifierPool:
                     if resuming:
                         self.resumed_streams += 1
                         resuming = False
-                    text.append(msg.text)
+                    if key is not None:
+                        text.append(msg.text)
                     yield progress.observe(msg)
                 if key is not None:  # what its cache holds now: the prompt and the answer
                     self.indexes[replica].insert(
