@@ -1,10 +1,16 @@
 """Optional API keys: a request must carry one of them as `Authorization: Bearer KEY` (REST) or
 `authorization: Bearer KEY` metadata (gRPC). Keys come from --api-key-file (one per line; blank
 lines and lines starting with # are skipped) and the SPLITSPEC_API_KEYS environment variable
-(comma-separated). No keys configured: every request is let in."""
+(comma-separated). No keys configured: every request is let in.
+
+With keys on, each request's prefix-cache salt (GenerateRequest.cache_salt) defaults to one
+derived from its key (request_salt), so requests under different keys never share KV blocks in
+a verifier: a tenant cannot time another's prompts through the cache (the side channel of
+CVE-2025-46570). The derived salt is a keyed hash of the key, never the key itself."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from pathlib import Path
@@ -12,6 +18,17 @@ from pathlib import Path
 from splitspec.errors import Unauthenticated
 
 API_KEYS_ENV = "SPLITSPEC_API_KEYS"
+# domain separation of the salts derived from API keys (the same on every gateway, so the
+# replicas behind several gateways see one salt per key)
+_SALT_CONTEXT = b"splitspec prefix-cache salt v1"
+
+
+def request_salt(own: str | None, key: str) -> str | None:
+    """The cache salt a request is sent with: its own when it gives one; else, with API keys
+    on (key non-empty), one derived from its key; else none (all keyless requests share)."""
+    if own is not None or not key:
+        return own
+    return "key:" + hmac.new(_SALT_CONTEXT, key.encode(), hashlib.sha256).hexdigest()
 
 
 class ApiKeys:

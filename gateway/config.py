@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.prefix_index import PrefixRoutingConfig
 from splitspec.config import option
 from splitspec.tls_options import GROUP as TLS_GROUP
 from splitspec.tls_options import TlsClientOptions, TlsServerOptions
@@ -46,7 +47,23 @@ class GatewayConfig(TlsServerOptions, TlsClientOptions):
     resume_wait_s: float = option(
         0.0, "how long a stream whose verifier went away waits for one to serve again, when no "
         "other replica can take it over (e.g. one replica restarted by a supervisor)")
+    prefix_routing: bool = option(
+        True, "send a request to the verifier replica recently sent its longest prompt prefix "
+        "(its KV is likely cached there); --no-prefix-routing: least requests in flight only")
+    prefix_routing_threshold: float = option(
+        0.3, "least share of a prompt (0-1) that must match a replica's recent prefixes to "
+        "route by prefix")
+    prefix_routing_max_imbalance: int = option(
+        8, "a prefix match is ignored when its replica has more than this many requests in "
+        "flight beyond the least loaded one")
+    prefix_routing_max_blocks: int = option(
+        65536, "prefix blocks remembered per verifier replica (LRU; about 140 bytes each)")
     tls_front_door_ca: str = option(
         "", "PEM CA bundle: clients of the REST and gRPC front doors must present a certificate "
         "it signed (needs --tls-cert; default: none, API keys authenticate them)", group=TLS_GROUP)
     log_level: str = option("INFO", "logging level")
+
+    def prefix_routing_config(self) -> PrefixRoutingConfig:
+        return PrefixRoutingConfig(self.prefix_routing, self.prefix_routing_threshold,
+                                   self.prefix_routing_max_imbalance,
+                                   self.prefix_routing_max_blocks)

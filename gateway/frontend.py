@@ -28,6 +28,7 @@ from splitspec.params import (
     SamplingParams,
     SpeculationRequest,
     StoppingCriteria,
+    check_cache_salt,
     check_prompt_chars,
     check_token_ids,
     check_top_logprobs,
@@ -81,7 +82,7 @@ class Frontend:
                              sampling: SamplingParams, stopping: StoppingCriteria,
                              speculation: SpeculationRequest, span=None,
                              samplings: list[SamplingParams] | None = None,
-                             top_logprobs: int | None = None
+                             top_logprobs: int | None = None, cache_salt: str | None = None
                              ) -> list[common_pb2.GenerateRequest]:
         """REST: one GenerateRequest per prompt from the parsed, validated dataclasses (converted
         to protobuf here, once), each with its own speculation decision; `samplings` (one per
@@ -89,26 +90,29 @@ class Frontend:
         samplings = samplings or [sampling] * len(prompts)
         return await self._build(request_ids, prompts,
                                  [(sampling_to_pb(p), p.greedy) for p in samplings],
-                                 stopping_to_pb(stopping), speculation, span, top_logprobs)
+                                 stopping_to_pb(stopping), speculation, span, top_logprobs,
+                                 cache_salt)
 
     async def build_request(self, request_id: str, prompt: str | list[int] | Chat,
                             sampling: common_pb2.SamplingParams | None, greedy: bool,
                             stopping: common_pb2.StoppingCriteria | None,
                             speculation: SpeculationRequest, span=None,
-                            top_logprobs: int | None = None) -> common_pb2.GenerateRequest:
+                            top_logprobs: int | None = None, cache_salt: str | None = None
+                            ) -> common_pb2.GenerateRequest:
         """gRPC: the client's own sampling and stopping messages (None: not set, the verifier's
         defaults), already checked by the caller, forwarded as they are."""
         (req,) = await self._build([request_id], [prompt], [(sampling, greedy)], stopping,
-                                   speculation, span, top_logprobs)
+                                   speculation, span, top_logprobs, cache_salt)
         return req
 
     async def _build(self, request_ids: list[str], prompts: list[str | list[int] | Chat],
                      samplings: list[tuple[common_pb2.SamplingParams | None, bool]],
                      stopping: common_pb2.StoppingCriteria | None,
-                     speculation: SpeculationRequest, span, top_logprobs: int | None
-                     ) -> list[common_pb2.GenerateRequest]:
+                     speculation: SpeculationRequest, span, top_logprobs: int | None,
+                     cache_salt: str | None) -> list[common_pb2.GenerateRequest]:
         info = await self.pool.info()
         check_top_logprobs("top_logprobs", top_logprobs)
+        check_cache_salt("cache_salt", cache_salt)
         for prompt in prompts:  # what the verifier would refuse, refused before it is sent
             if isinstance(prompt, Chat):
                 check_prompt_chars("messages", prompt.chars, info.max_model_len)
@@ -134,6 +138,8 @@ class Frontend:
                 req.stopping.CopyFrom(stopping)
             if top_logprobs is not None:
                 req.options.top_logprobs = top_logprobs
+            if cache_salt is not None:
+                req.cache_salt = cache_salt
             if isinstance(prompt, Chat):
                 req.options.messages.extend(common_pb2.ChatMessage(role=r, content=c)
                                             for r, c in prompt.turns)

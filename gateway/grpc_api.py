@@ -1,6 +1,7 @@
 """The public gRPC Generation service: the same front door as REST, protobuf in and out, with
 the same validation (splitspec.params, splitspec.wire, Frontend.build_request) and the same
-optional API keys (`authorization: Bearer KEY` metadata) and per-key concurrency limit.
+optional API keys (`authorization: Bearer KEY` metadata), per-key concurrency limit and
+prefix-cache salt (`cache_salt`, the caller's own or derived from its key).
 
 The request's sampling and stopping messages are checked where they stand (each error names
 the public field) and forwarded to the verifier unchanged; its SpeculationConfig becomes the
@@ -13,7 +14,7 @@ import uuid
 import grpc
 from opentelemetry import trace
 
-from gateway.auth import ApiKeys
+from gateway.auth import ApiKeys, request_salt
 from gateway.chat import Chat
 from gateway.frontend import Frontend
 from gateway.limits import ConcurrencyLimit
@@ -49,7 +50,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             key = self._authorize(context)
             self._concurrency.acquire(key)
             try:
-                async for msg in self._generate(request, span):
+                async for msg in self._generate(request, span, key):
                     if msg.finish_reason:
                         usage, reason = msg.usage, FINISH_REASON_NAMES[msg.finish_reason]
                     yield msg
@@ -69,7 +70,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
                 tracer.finish(span, None, None, [usage] if usage is not None else [],
                               [reason], error, code.name)
 
-    async def _generate(self, request, span):
+    async def _generate(self, request, span, key: str):
         which = request.WhichOneof("prompt")
         if request.options.messages:
             if which is not None:
@@ -92,7 +93,9 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             request.sampling if has_sampling else None, sampling.greedy,
             request.stopping if has_stopping else None, speculation_from_pb(request.speculation),
             span, top_logprobs=(request.options.top_logprobs
-                                if request.options.HasField("top_logprobs") else None))
+                                if request.options.HasField("top_logprobs") else None),
+            cache_salt=request_salt(
+                request.cache_salt if request.HasField("cache_salt") else None, key))
         stream = self._frontend.stream(pb)
         if span is None:
             async for msg in stream:

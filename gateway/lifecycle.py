@@ -41,7 +41,8 @@ class GatewayLifecycle:
         # TLS: the front doors' (the REST door's HTTPS too) and the one to the verifiers
         self.front_tls = server_tls(config, "gateway front doors", config.tls_front_door_ca)
         self.pool = VerifierPool(config.verifier, config.info_ttl_s, config.max_pending,
-                                 config.resume_wait_s, client_tls(config, "gateway to verifiers"))
+                                 config.resume_wait_s, client_tls(config, "gateway to verifiers"),
+                                 config.prefix_routing_config())
         self.telemetry = GatewayTelemetry(config.host, self.pool, telemetry_config)
         estimates = Estimates()
         policy = SpeculationPolicy(estimates,

@@ -1,5 +1,6 @@
 """The gateway's Prometheus exporter: requests per API and status, the speculation policy's
-decisions by reason, tokens as clients received them, and client-side latencies.
+decisions by reason, verifier replicas chosen by reason, tokens as clients received them, and
+client-side latencies.
 
 Share of output tokens generated with speculation on:
     sum(rate(splitspec_gateway_generation_tokens_total{method!="none"}[5m]))
@@ -18,13 +19,15 @@ from splitspec.telemetry.metrics import LATENCY_BUCKETS, counter, gauge, histogr
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry,
                  in_flight: Callable[[], dict[str, int]] | None = None,
-                 resumed_streams: Callable[[], int] | None = None):
+                 resumed_streams: Callable[[], int] | None = None,
+                 routing_decisions: Callable[[], dict[str, int]] | None = None):
         self.requests: dict[tuple[str, str], int] = {}  # (api, code) -> requests
         self.decisions: dict[tuple[str, str, str], int] = {}  # (decision, reason, method)
         self.generation_tokens: dict[str, int] = {}  # method ("none": off) -> tokens
         self.prompt_tokens = 0
         self._in_flight = in_flight
         self._resumed_streams = resumed_streams
+        self._routing_decisions = routing_decisions
         sent = "Time from the gateway sending a request to a verifier"
         self._ttft = histogram(registry, "splitspec_gateway_time_to_first_token_seconds",
                                f"{sent} to its first token", LATENCY_BUCKETS)
@@ -70,6 +73,14 @@ class GatewayMetrics:
             yield counter("splitspec_gateway_stream_resumes",
                           "Generations continued on another verifier replica after theirs went "
                           "away mid-stream", samples=[((), self._resumed_streams())])
+        if self._routing_decisions is not None:
+            yield counter("splitspec_gateway_routing_decisions",
+                          "Verifier replicas chosen for generations, by reason: prefix_hit (the "
+                          "replica recently sent its longest prefix), least_load (no prefix "
+                          "match: the least requests in flight), load_imbalance (a match on a "
+                          "replica too busy beside the others), fallback (its replica was gone, "
+                          "draining or failed it)", ["reason"],
+                          [((r,), n) for r, n in list(self._routing_decisions().items())])
         if self._in_flight is not None:
             yield gauge("splitspec_gateway_verifier_requests_in_flight",
                         "Generations in flight per verifier replica", labels=["verifier"],

@@ -7,7 +7,9 @@ Extensions beyond OpenAI's fields: `top_k`, `min_p`, `ignore_eos`, `stop_token_i
 `speculation` (`{"mode": "on"|"off"|"auto", "method": "ngram"|"draft"|"mlp",
 "num_speculative_tokens": k, "details": bool}`); the response's `usage.speculation` reports
 proposed and accepted draft tokens, and with `details` also acceptance per draft position and per
-step.
+step. `cache_salt` (vLLM's name) keeps a request's prefix-cache blocks apart from those of
+requests with another salt; `usage.prompt_tokens_details.cached_tokens` (OpenAI's field) says how
+many prompt tokens the prefix cache served.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from splitspec.params import (
     SpeculationMode,
     SpeculationRequest,
     StoppingCriteria,
+    check_cache_salt,
     check_token_ids,
 )
 
@@ -41,7 +44,7 @@ LOOKAHEAD_FIELDS = ("window", "ngram", "guesses")
 NEUTRAL_FIELDS = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None}
 IGNORED_FIELDS = {"user", "model", "stream_options"}
 GENERATION_FIELDS = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-                     "n", "stream", "ignore_eos", "speculation", "stop_token_ids",
+                     "n", "stream", "ignore_eos", "speculation", "stop_token_ids", "cache_salt",
                      *NEUTRAL_FIELDS, *IGNORED_FIELDS}
 # Completions only.
 _COMPLETION_NEUTRAL = {"best_of": 1, "echo": False, "suffix": None}
@@ -60,6 +63,7 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     top_logprobs: int | None = None  # set: report logprobs with this many alternatives
+    cache_salt: str | None = None  # prefix-cache isolation (None: the gateway's default)
 
     @property
     def speculation_details(self) -> bool:
@@ -162,10 +166,14 @@ def parse_generation(body: dict, max_tokens_field: str = "max_tokens",
     include_usage = stream_options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise InvalidArgument("stream_options.include_usage", "must be a boolean")
+    cache_salt = body.get("cache_salt")
+    check_cache_salt("cache_salt", cache_salt)
+    if cache_salt is not None and not _utf8(cache_salt):  # JSON may escape a lone surrogate
+        raise InvalidArgument("cache_salt", "must be valid Unicode (no lone surrogates)")
     return Generation(
         model=_get(body, "model", str, None), sampling=sampling, stopping=stopping,
         speculation=speculation, n=n, stream=_get(body, "stream", bool, False),
-        include_usage=include_usage, top_logprobs=top_logprobs)
+        include_usage=include_usage, top_logprobs=top_logprobs, cache_salt=cache_salt)
 
 
 def _parse_prompts(body: dict, max_prompts: int) -> list[Prompt]:
@@ -243,6 +251,14 @@ _KIND_NAMES = {float: "a number", int: "an integer", bool: "a boolean", str: "a 
                dict: "an object"}
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -289,7 +305,8 @@ class SpeculationDetails:
 def usage_body(prompt_tokens: int, completion_tokens: int, method: str | None, k: int,
                proposed_tokens: int, accepted: int, steps: int,
                details: SpeculationDetails | None = None, reason: str = "", mode: str = "",
-               policy_reason: str = "", branch_hits: int = 0, num_branches: int = 0) -> dict:
+               policy_reason: str = "", branch_hits: int = 0, num_branches: int = 0,
+               cached_tokens: int = 0) -> dict:
     speculation = {"method": method, "num_speculative_tokens": k,
                    "proposed_tokens": proposed_tokens, "accepted_tokens": accepted,
                    "acceptance_rate": (accepted / proposed_tokens) if proposed_tokens else None,
@@ -305,6 +322,8 @@ def usage_body(prompt_tokens: int, completion_tokens: int, method: str | None, k
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        # of the prompt tokens, those whose KV the verifier's prefix cache held
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
         "speculation": speculation,
     }
 

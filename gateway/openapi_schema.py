@@ -10,6 +10,7 @@ from gateway.chat import CHAT_ROLES
 from gateway.openai_api import MAX_N
 from splitspec.methods import method_names
 from splitspec.params import (
+    MAX_CACHE_SALT_CHARS,
     MAX_INT32,
     MAX_LOOKAHEAD_GUESSES,
     MAX_LOOKAHEAD_NGRAM,
@@ -81,6 +82,9 @@ GENERATION_PROPERTIES = {
         "include_usage": {"type": "boolean"}}},
     "ignore_eos": _nullable({"type": "boolean", "description": "extension"}),
     "speculation": SPECULATION,
+    "cache_salt": _nullable({"type": "string", "maxLength": MAX_CACHE_SALT_CHARS,
+                             "description": "prefix-cache isolation: KV blocks are shared only "
+                             "between requests with the same salt (vLLM's name)"}),
     "user": {"type": "string", "nullable": True, "description": "accepted and ignored"},
     "presence_penalty": _only(0, "only 0"),
     "frequency_penalty": _only(0, "only 0"),

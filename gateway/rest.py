@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from gateway.auth import ApiKeys
+from gateway.auth import ApiKeys, request_salt
 from gateway.chat import chat_delta
 from gateway.fanout import Fanout
 from gateway.frontend import Collected, Frontend
@@ -137,7 +137,7 @@ class RestHandlers:
             concurrency.acquire(key)
             release = _once(lambda: concurrency.release(key))
             try:
-                response, streaming = await self._generate(api, request, span, release)
+                response, streaming = await self._generate(api, request, span, release, key)
             except BaseException:
                 release()
                 raise
@@ -157,9 +157,10 @@ class RestHandlers:
         return response
 
     async def _generate(self, api: GenerationApi, request: Request, span,
-                        release: Callable[[], None]) -> tuple:
+                        release: Callable[[], None], key: str) -> tuple:
         """(response, streaming); a streaming response ends the span and releases the
-        request's concurrency slot when its stream ends."""
+        request's concurrency slot when its stream ends. `key`: the caller's API key ("" when
+        keys are off), which salts its prefix cache unless it gives a cache_salt."""
         frontend, tracer, limits = self.frontend, self.tracer, self.limits
         body = parse_json(await read_body(request, limits.max_body_bytes, limits.body_timeout_s))
         prompts, gen = api.parse(body, self.max_prompts)
@@ -172,7 +173,8 @@ class RestHandlers:
         pbs = await frontend.build_requests(
             [f"{cid}-{i}" for i in range(len(choices))], choices, gen.sampling, gen.stopping,
             gen.speculation, span,
-            samplings=gen.choice_sampling() * len(prompts), top_logprobs=gen.top_logprobs)
+            samplings=gen.choice_sampling() * len(prompts), top_logprobs=gen.top_logprobs,
+            cache_salt=request_salt(gen.cache_salt, key))
         fan = Fanout(frontend, pbs, span)
         if gen.stream:
             # an error before the first token raises here: it becomes the response's status

@@ -30,7 +30,8 @@ from protos import common_pb2
 
 
 def request_usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) -> dict:
-    """One usage for a request's generations; its n choices of a prompt count the prompt once."""
+    """One usage for a request's generations; its n choices of a prompt count the prompt (and
+    its cached tokens) once."""
     methods = {u.speculation.method for u in usages if u.speculation.method}
     reasons = {u.speculation.reason for u in usages if u.speculation.reason}
     modes = {u.speculation.mode for u in usages if u.speculation.mode}
@@ -55,7 +56,8 @@ def request_usage(usages: list[common_pb2.Usage], details: bool = False, n: int 
         sum(u.speculation.steps for u in usages), detail, ",".join(sorted(reasons)),
         mode=",".join(sorted(modes)), policy_reason=",".join(sorted(policy)),
         branch_hits=sum(u.speculation.branch_hits for u in usages),
-        num_branches=max((u.speculation.num_branches for u in usages), default=0))
+        num_branches=max((u.speculation.num_branches for u in usages), default=0),
+        cached_tokens=sum(u.cached_tokens for u in usages) // n)
 
 
 @dataclass

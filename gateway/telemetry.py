@@ -20,6 +20,7 @@ class GatewayTelemetry(ServiceTelemetry):
         super().__init__(host, config or TelemetryConfig(GATEWAY_METRICS_PORT))
         self.metrics = GatewayMetrics(  # --metrics-port 0: no exporter at all
             self.registry, lambda: {r.address: r.in_flight for r in pool.replicas},
-            lambda: pool.resumed_streams) if self.config.metrics_port else None
+            lambda: pool.resumed_streams,
+            lambda: pool.routing_decisions) if self.config.metrics_port else None
         active = tracing.active()
         self.tracer = GatewayTracer(active.tracer("splitspec.gateway")) if active else None

@@ -1,8 +1,11 @@
-"""Routing over verifier replicas: least requests in flight first among the replicas whose
-health says SERVING (each one's grpc.health Watch stream is followed, so a draining or dead
-replica gets no new requests), a stream resumed on another replica when its own goes away
-mid-stream (gateway/resume.py), a bound on requests in flight at the gateway, and a cached view
-of what the replicas serve (model, proposers, limits)."""
+"""Routing over verifier replicas: among the replicas whose health says SERVING (each one's
+grpc.health Watch stream is followed, so a draining or dead replica gets no new requests), the
+one that was recently sent the request's longest prefix when that is long enough and it is not
+too busy (gateway/prefix_index.py), else the one with the fewest requests in flight; a stream
+resumed on another replica when its own goes away mid-stream (gateway/resume.py), a bound on
+requests in flight at the gateway, and a cached view of what the replicas serve (model,
+proposers, limits). A replica seen not serving loses its prefix index: whatever comes back has
+an empty cache."""
 
 from __future__ import annotations
 
@@ -16,6 +19,17 @@ from typing import AsyncIterator
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.prefix_index import (
+    FALLBACK,
+    LEAST_LOAD,
+    REASONS,
+    Candidate,
+    PrefixIndex,
+    PrefixKey,
+    PrefixRoutingConfig,
+    request_key,
+    route,
+)
 from gateway.resume import StreamProgress, resumable
 from protos import common_pb2, verifier_pb2, verifier_pb2_grpc
 from splitspec.errors import ResourceExhausted, Unavailable, from_rpc_error
@@ -82,10 +96,15 @@ class Replica:
 
 class VerifierPool:
     def __init__(self, addresses: tuple[str, ...], info_ttl_s: float = 5.0,
-                 max_pending: int = 0, resume_wait_s: float = 0.0, tls: ClientTls | None = None):
+                 max_pending: int = 0, resume_wait_s: float = 0.0, tls: ClientTls | None = None,
+                 prefix: PrefixRoutingConfig | None = None):
         if not addresses:
             raise ValueError("at least one verifier address is needed")
         self.replicas = [Replica(a, tls) for a in addresses]
+        self.prefix = prefix or PrefixRoutingConfig()
+        self.indexes = {r: PrefixIndex(self.prefix.max_blocks) for r in self.replicas}
+        # counter: replicas chosen for a generation's attempts, by reason (prefix_index.REASONS)
+        self.routing_decisions = dict.fromkeys(REASONS, 0)
         self.max_pending = max_pending  # 0: no bound
         self.pending = 0  # requests in flight through this pool
         # counter: continuations of a stream on another replica after its own went away
@@ -109,20 +128,42 @@ class VerifierPool:
                 replica.watcher = asyncio.get_running_loop().create_task(
                     replica.watch_health(), name=f"health-watch-{replica.address}")
 
-    async def _pick(self, failed: set[Replica]) -> Replica | None:
-        """The next replica to try: one that has not failed this request yet, else (a stream
-        to resume) one that failed but serves again, waiting up to resume_wait_s for it."""
-        for replica in self._ordered():
-            if replica not in failed:
-                return replica
+    async def _pick(self, failed: set[Replica], key: PrefixKey | None = None
+                    ) -> Replica | None:
+        """The next replica to try: one that has not failed this request yet (by prefix, else
+        the least loaded), else (a stream to resume) one that failed but serves again, waiting
+        up to resume_wait_s for it. The choice is counted by its reason; every try after the
+        first counts as a fallback."""
+        ordered = self._ordered()
+        least = next((r for r in ordered if r not in failed), None)
+        if least is not None:
+            replica, reason = self._by_prefix(ordered, least, failed, key)
+            self._count(FALLBACK if failed else reason)
+            return replica
         deadline = time.monotonic() + self.resume_wait_s
         while True:
             serving = [r for r in self._ordered() if r.serving]
             if serving:
+                self._count(FALLBACK)
                 return serving[0]
             if time.monotonic() >= deadline:
                 return None
             await asyncio.sleep(0.1)
+
+    def _by_prefix(self, ordered: list[Replica], least: Replica, failed: set[Replica],
+                   key: PrefixKey | None) -> tuple[Replica, str]:
+        if key is None or not self.prefix.enabled:
+            return least, LEAST_LOAD
+        candidates = [Candidate(self.indexes[r].match(key), r.in_flight,
+                                r.serving and r not in failed) for r in ordered]
+        i, reason = route(key, candidates, ordered.index(least), self.prefix)
+        for r in ordered:  # its cache is gone, or going: what comes back starts empty
+            if not r.serving:
+                self.indexes[r].clear()
+        return ordered[i], reason
+
+    def _count(self, reason: str) -> None:
+        self.routing_decisions[reason] += 1
 
     async def info(self) -> verifier_pb2.VerifierInfo:
         if self._info is not None and time.monotonic() - self._info_at < self._info_ttl_s:
@@ -173,10 +214,14 @@ class VerifierPool:
         first: grpc.aio.AioRpcError | None = None  # why the stream broke: the error to report
         last: grpc.aio.AioRpcError | None = None
         resuming = False  # output was sent and its replica went away: count the continuation
+        key = request_key(request) if self.prefix.enabled else None
+        text: list[str] = []  # the output so far, for the prefix index
         for _ in range(MAX_ATTEMPTS):
-            replica = await self._pick(failed)
+            replica = await self._pick(failed, key)
             if replica is None:
                 break
+            if key is not None:
+                self.indexes[replica].insert(key)
             replica.in_flight += 1
             call = replica.stub.Generate(progress.next_request())
             try:
@@ -184,7 +229,12 @@ class VerifierPool:
                     if resuming:
                         self.resumed_streams += 1
                         resuming = False
+                    if key is not None:
+                        text.append(msg.text)
                     yield progress.observe(msg)
+                if key is not None:  # what its cache holds now: the prompt and the answer
+                    self.indexes[replica].insert(
+                        request_key(request, progress.output_ids, "".join(text)))
                 return
             except grpc.aio.AioRpcError as exc:
                 if not resumable(exc, retrying=first is not None):

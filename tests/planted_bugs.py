@@ -236,6 +236,71 @@ def policy_ignores_the_lookahead_limit(monkeypatch) -> None:
     monkeypatch.setattr(policy, "_lookahead_unfit", lambda req, info, k_max: None)
 
 
+def cache_salt_ignores_the_key(monkeypatch) -> None:
+    """The gateway forwards a request's own cache salt only: with API keys on, requests under
+    different keys that give none share one (unsalted) prefix cache."""
+    import gateway.grpc_api as grpc_api
+    import gateway.rest as rest
+
+    for module in (rest, grpc_api):
+        monkeypatch.setattr(module, "request_salt", lambda own, key: own)
+
+
+def cache_salt_unchecked(monkeypatch) -> None:
+    """The gateway takes any cache_salt (a number, an overlong string) as it came."""
+    import gateway.frontend as frontend
+    import gateway.openai_api as openai_api
+
+    for module in (openai_api, frontend):
+        monkeypatch.setattr(module, "check_cache_salt", lambda name, salt: None)
+
+
+def resume_drops_the_cache_salt(monkeypatch) -> None:
+    """A stream resumed on another replica is sent there without its cache salt."""
+    import gateway.resume as resume
+
+    original = resume.StreamProgress.next_request
+
+    def next_request(self):
+        req = original(self)
+        if req is not self.request:
+            req.ClearField("cache_salt")
+        return req
+
+    monkeypatch.setattr(resume.StreamProgress, "next_request", next_request)
+
+
+def prefix_index_ignores_the_salt(monkeypatch) -> None:
+    """The gateway's prefix index roots every chain as if no salt were given: requests with
+    different salts count as sharing a prefix."""
+    import gateway.prefix_index as prefix_index
+
+    root = prefix_index._root
+    monkeypatch.setattr(prefix_index, "_root", lambda kind, salt: root(kind, None))
+
+
+def prefix_index_evicts_the_newest(monkeypatch) -> None:
+    """Past its cap, a replica's prefix index drops the keys it recorded last."""
+    import gateway.prefix_index as prefix_index
+
+    def insert(self, key):
+        for k in reversed(key.keys):
+            self._keys[k] = None
+            self._keys.move_to_end(k)
+        while len(self._keys) > self.max_blocks:
+            self._keys.popitem(last=True)
+
+    monkeypatch.setattr(prefix_index.PrefixIndex, "insert", insert)
+
+
+def prefix_routing_ignored(monkeypatch) -> None:
+    """The gateway routes every request to the least loaded replica, whatever its prefix."""
+    import gateway.verifier_pool as verifier_pool
+
+    monkeypatch.setattr(verifier_pool, "route",
+                        lambda key, candidates, least, config: (least, "least_load"))
+
+
 def verifier_accepts_any_lookahead_default(monkeypatch) -> None:
     """The verifier's start-up check forgets lookahead's default window."""
     import verifier_service.config_check as config_check

@@ -75,6 +75,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     up.add_argument("--resume-wait-s", type=float, default=30.0,
                     help="how long the gateway lets a stream whose verifier died wait for one "
                     "to serve again (the supervisor restarts it)")
+    up.add_argument("--prefix-routing", action=argparse.BooleanOptionalAction, default=True,
+                    help="the gateway sends a request to the verifier replica recently sent its "
+                    "longest prompt prefix (--no-prefix-routing: least requests in flight)")
     up.add_argument("--device", default=d.device)
     up.add_argument("--tls", action="store_true",
                     help="mutual TLS on every hop and HTTPS at the front door, with a throwaway "
@@ -143,6 +146,7 @@ def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None)
         tensor_parallel_size=args.tensor_parallel_size,
         verifier_args=[*caching, *shlex.split(args.verifier_args)],
         gateway_args=["--resume-wait-s", str(args.resume_wait_s),
+                      *([] if args.prefix_routing else ["--no-prefix-routing"]),
                       *shlex.split(args.gateway_args)])
 
 

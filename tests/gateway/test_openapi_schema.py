@@ -44,7 +44,8 @@ def test_a_body_with_every_described_field_parses():
               "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": False,
               "speculation": {"mode": "on", "method": "ngram", "num_speculative_tokens": 2,
                               "details": True},
-              "user": "u", "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None}
+              "user": "u", "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None,
+              "cache_salt": "tenant-a"}
     completion = {**common, "prompt": "x", "logprobs": 2, "best_of": 1, "echo": False,
                   "suffix": None}
     assert set(completion) == COMPLETION_FIELDS

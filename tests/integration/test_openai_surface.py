@@ -1,6 +1,7 @@
 """The OpenAI surface through the real processes and the official `openai` client: chat and
 completions, streaming and not, logprobs (equal with speculation on and off), n > 1 with
-per-choice seeds, `extra_body` speculation, /ready and /openapi.json."""
+per-choice seeds, `extra_body` speculation, prefix caching's cached_tokens per cache_salt,
+/ready and /openapi.json."""
 
 from __future__ import annotations
 
@@ -63,6 +64,23 @@ def test_chat_renders_the_default_template_documented_in_the_api_docs(oa, model)
     plain = oa.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0)
     assert chat.choices[0].message.content == plain.choices[0].text
     assert chat.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_a_repeated_prompt_reports_cached_tokens_within_its_salt(oa, model):
+    """What a user sees of prefix caching: the same long prompt again has most of its tokens in
+    usage.prompt_tokens_details.cached_tokens, with the same greedy reply; under another
+    cache_salt nothing is shared."""
+    prompt = "A long system prompt shared by many requests. " * 8 + "Question: what is 2 + 2?"
+
+    def ask(salt: str):
+        return oa.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0,
+                                     extra_body={"cache_salt": salt})
+
+    first, again, other = ask("surface-a"), ask("surface-a"), ask("surface-b")
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens // 2
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    assert first.choices[0].text == again.choices[0].text == other.choices[0].text
 
 
 def _completion_logprobs(oa, model, spec):

@@ -24,7 +24,8 @@ SPAN_SOURCES = ["gateway/tracing.py", "verifier_service/telemetry/tracing.py",
 def exported() -> set[str]:
     """Every sample name the three services' exporters can produce."""
     registry = CollectorRegistry()
-    GatewayMetrics(registry, lambda: {"127.0.0.1:50051": 0})
+    GatewayMetrics(registry, lambda: {"127.0.0.1:50051": 0}, lambda: 0,
+                   lambda: {"prefix_hit": 0})
     verifier = VerifierMetrics(registry, lambda: EngineStats(kv_blocks_total=8))
     verifier.on_step(StepStats(0.0, 0.01, 1, 4, 2, {"ngram": MethodStepStats(
         3, 1, 1, [1, 0, 0], 0.002)}))
@@ -56,7 +57,9 @@ def test_the_dashboard_covers_what_operators_ask_for(metrics_dashboard):
                    "splitspec_policy_decisions_total", "splitspec_time_to_first_token_seconds",
                    "splitspec_time_per_output_token_seconds", "splitspec_kv_cache_blocks_used",
                    "splitspec_spec_decode_proposer_round_trip_seconds",
-                   'splitspec_gateway_generation_tokens_total{method!="none"}']:
+                   'splitspec_gateway_generation_tokens_total{method!="none"}',
+                   "splitspec_prefix_cache_hits_total", "splitspec_prefix_cache_queries_total",
+                   "splitspec_gateway_routing_decisions_total"]:
         assert needed in text, needed
 
 
