@@ -99,12 +99,28 @@ def parse_json(raw: bytes) -> Any:
     """The request body as JSON; what json cannot represent (an integer of thousands of digits,
     nesting deeper than the parser's recursion limit) is a 400 like malformed JSON."""
     try:
-        return json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         reason = ("nests too deeply" if isinstance(exc, RecursionError)
                   else "is not valid JSON" if isinstance(exc, json.JSONDecodeError)
                   else "has a number out of range")
         raise InvalidArgument("body", reason) from None
+    _check_unicode(body)
+    return body
+
+
+def _check_unicode(body: Any) -> None:
+    """JSON may escape a lone surrogate ("\\ud800"), which no text encoding (nor protobuf)
+    takes: a 400 naming the top-level field that holds one, before anything reads it."""
+    todo = [(k, v) for k, v in body.items()] if isinstance(body, dict) else [("body", body)]
+    while todo:
+        field, value = todo.pop()
+        if isinstance(value, str) and not _utf8(value):
+            raise InvalidArgument(field, "must be valid Unicode (no lone surrogates)")
+        if isinstance(value, dict):
+            todo += [(field, k) for k in value] + [(field, v) for v in value.values()]
+        elif isinstance(value, list):
+            todo += [(field, v) for v in value]
 
 
 def parse_completion_request(body: Any, max_prompts: int = 16) -> CompletionRequest:

@@ -756,3 +756,10 @@ def eagle_rows_restored_as_blocks(monkeypatch) -> None:
             self.seq.length //= self.method.rows.block_size
 
     monkeypatch.setattr(eagle_method.EagleState, "restore", counted_in_blocks)
+
+
+def lone_surrogates_let_through(monkeypatch) -> None:
+    """The REST door no longer checks its strings' Unicode: protobuf meets the lone surrogate."""
+    import gateway.openai_api as openai_api
+
+    monkeypatch.setattr(openai_api, "_check_unicode", lambda body: None)

@@ -208,3 +208,30 @@ def test_cached_tokens_reach_every_usage_and_the_openai_client_parses_them():
     # the gRPC door passes the verifier's usage through
     (_, last) = grpc_send(pool, common_pb2.GenerateRequest(text="x"))
     assert last.usage.cached_tokens == 5
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/v1/completions", {"prompt": "a\ud800b"}, "prompt"),
+    ("/v1/completions", {"prompt": ["ok", "x\udfff"]}, "prompt"),
+    ("/v1/completions", {"prompt": "x", "stop": ["\ud83d"]}, "stop"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi \ud800"}]},
+     "messages"),
+])
+def test_a_lone_surrogate_in_any_string_is_a_400_naming_its_field(path, body, field):
+    """JSON can escape a lone surrogate, which protobuf cannot encode: refused at the door
+    (not a 500 from the wire), and the service keeps serving."""
+    pool = RecordingPool()
+    with TestClient(rest_app(pool), raise_server_exceptions=False) as client:
+        r = client.post(path, content=json.dumps({**body, "max_tokens": 2}),
+                        headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == field
+        ok = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert ok.status_code == 200
+
+
+def test_the_surrogate_check_fails_when_the_door_lets_them_through(monkeypatch):
+    bug.lone_surrogates_let_through(monkeypatch)
+    with pytest.raises(AssertionError):
+        test_a_lone_surrogate_in_any_string_is_a_400_naming_its_field(
+            "/v1/completions", {"prompt": "a\ud800b"}, "prompt")
