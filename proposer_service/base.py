@@ -121,13 +121,19 @@ def load_learned(cls, config: "ProposerConfig"):
     if config.threads > 0:
         torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
+    extra = {}
+    if config.load_format != "auto":
+        if config.method != "draft":
+            raise SystemExit(f"error: --load-format {config.load_format} serves --method draft "
+                             "only")
+        extra = {"load_format": config.load_format, "load_seed": config.load_seed}
     try:
         return cls.load(config.model, device, resolve_dtype(config.dtype, device),
                         tokenizer=config.tokenizer, trust_remote_code=config.trust_remote_code,
                         max_k=config.max_num_speculative_tokens,
                         draft_top_k=config.draft_top_k, max_batch=config.max_batch,
                         idle_timeout_s=config.idle_timeout_s, linear=config.linear,
-                        vocab_subset=config.vocab_subset)
+                        vocab_subset=config.vocab_subset, **extra)
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: cannot load the {config.method} proposer: {exc}") from None
 

@@ -24,6 +24,12 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     device: str = option("auto", "cpu | cuda | mlu | auto")
     dtype: str = option("auto", "float32 | bfloat16 | float16 | auto (fp32 on cpu, bf16 otherwise)")
     trust_remote_code: bool = option(False, "allow model code shipped in the model directory")
+    # draft only: the model from config.json alone, seeded random weights
+    # (splitspec/dummy_weights.py)
+    load_format: str = option("auto", "draft: auto (the directory's weights) | dummy (random "
+                              "weights from config.json alone; drafts meaningless)",
+                              choices=("auto", "dummy"))
+    load_seed: int = option(0, "seed of --load-format dummy's random weights")
     # Sampled drafts send their distribution restricted to its K most likely tokens: larger K
     # keeps more of q (higher acceptance) at the price of a larger message per draft token.
     draft_top_k: int = option(32, "K of the sparse draft distribution sent with sampled drafts")

@@ -13,8 +13,9 @@ that overhead is paid k times per step on the critical path. This runs the same 
 per-layer (K, V) tensors [B, H_kv, L, D], which a forward extends by concatenation (the caller's
 tensors are never written, so states may share them).
 
-Supported: model_type llama, mistral, qwen2 without sliding windows or rope scaling beyond a
-constant factor (`LeanDecoder.supports`); anything else uses the transformers forward.
+Supported: model_type llama, mistral, qwen2 without sliding windows, with RoPE whose frequencies
+are fixed at load time (default, linear, llama3, yarn: `LeanDecoder.supports`); anything else
+uses the transformers forward.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from kernels.vocab_subset import SubsetHead
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, H_kv, L, D]
 
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+# RoPE variants whose frequencies (the rotary module's inv_freq, which the lean forward reads)
+# and attention scaling are fixed at load time: llama3 (Llama 3.1 and 3.2) and linear rescale
+# the frequencies, yarn also scales; dynamic and longrope change them with the length
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
 @torch.no_grad()
@@ -123,7 +128,7 @@ class LeanDecoder:
         rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         return (getattr(cfg, "model_type", "") in SUPPORTED_TYPES
                 and not getattr(cfg, "sliding_window", None)
-                and rope.get("rope_type", "default") == "default"
+                and rope.get("rope_type", "default") in STATIC_ROPE
                 and getattr(cfg, "hidden_act", "silu") == "silu"
                 and not getattr(cfg, "mlp_bias", False))
 

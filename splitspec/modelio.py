@@ -52,21 +52,38 @@ def read_weight_files(path: Path, weights_name: str = "model.safetensors"
                      "pytorch_model.bin")
 
 
-def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False):
+def load_tokenizer(path: str | os.PathLike, trust_remote_code: bool = False,
+                   load_format: str = "auto"):
+    """The directory's tokenizer; under --load-format dummy a directory without one gets the
+    byte-level tokenizer of its config's vocab_size (splitspec/dummy_weights.py)."""
     from transformers import AutoTokenizer
 
     p = require_local_dir(path)
+    if load_format == "dummy":
+        from splitspec import dummy_weights
+        if not dummy_weights.has_tokenizer(p):
+            import json
+            cfg = json.loads((p / "config.json").read_text())
+            eos = cfg.get("eos_token_id")
+            return dummy_weights.byte_tokenizer(int(cfg["vocab_size"]),
+                                                eos if isinstance(eos, int) else None)
     return _loading(p, "tokenizer", lambda: AutoTokenizer.from_pretrained(
         p, local_files_only=True, trust_remote_code=trust_remote_code))
 
 
 def load_causal_lm(path: str | os.PathLike, device: torch.device, dtype: torch.dtype,
-                   trust_remote_code: bool = False, attn_implementation: str | None = "sdpa"):
+                   trust_remote_code: bool = False, attn_implementation: str | None = "sdpa",
+                   load_format: str = "auto", seed: int = 0):
+    """The directory's causal LM on `device`; load_format "dummy": built from its config.json
+    alone with random weights of `seed` (splitspec/dummy_weights.py)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     p = require_local_dir(path)
+    if load_format == "dummy":
+        from splitspec.dummy_weights import dummy_causal_lm
+        return dummy_causal_lm(p, device, dtype, seed, trust_remote_code, attn_implementation)
     # safetensors only: a pickled checkpoint (pytorch_model.bin) could run code when loaded
     model = _loading(p, "model", lambda: AutoModelForCausalLM.from_pretrained(
         p, local_files_only=True, trust_remote_code=trust_remote_code, use_safetensors=True,

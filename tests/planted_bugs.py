@@ -763,3 +763,39 @@ def lone_surrogates_let_through(monkeypatch) -> None:
     import gateway.openai_api as openai_api
 
     monkeypatch.setattr(openai_api, "_check_unicode", lambda body: None)
+
+
+def dummy_weights_ignore_the_seed(monkeypatch) -> None:
+    """--load-format dummy draws its weights from the process's global generator: the seed is
+    not honoured (two loads with one seed differ; the run is not reproducible)."""
+    import splitspec.dummy_weights as dummy_weights
+
+    @torch.no_grad()
+    def unseeded(module, seed):
+        for p in module.parameters():
+            p.uniform_(dummy_weights.LOW, dummy_weights.HIGH)
+        return module
+
+    monkeypatch.setattr(dummy_weights, "fill_dummy_", unseeded)
+
+
+def lean_rope_unscaled(monkeypatch) -> None:
+    """The lean forward recomputes RoPE's default frequencies from rope_theta instead of reading
+    the model's (llama3 / linear / yarn scaling dropped)."""
+    import splitspec.lean_llama as lean_llama
+
+    real = lean_llama.LeanDecoder.__init__
+
+    def unscaled(self, model, *args, **kwargs):
+        cfg, rotary = model.config, model.get_decoder().rotary_emb
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        scaled, scale = rotary.inv_freq, rotary.attention_scaling
+        rotary.inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        rotary.attention_scaling = 1.0
+        try:
+            real(self, model, *args, **kwargs)
+        finally:
+            rotary.inv_freq, rotary.attention_scaling = scaled, scale
+
+    monkeypatch.setattr(lean_llama.LeanDecoder, "__init__", unscaled)

@@ -21,6 +21,12 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     device: str = option("auto", "cpu | cuda | mlu | auto")
     dtype: str = option("auto", "float32 | bfloat16 | float16 | auto (fp32 on cpu, bf16 otherwise)")
     trust_remote_code: bool = option(False, "allow model code shipped in the model directory")
+    # dummy: the model (and an --eagle head) from config.json alone with seeded random weights
+    # made on the device, for measuring real shapes (models/shapes/; splitspec/dummy_weights.py)
+    load_format: str = option("auto", "auto: the directory's weights; dummy: random weights "
+                              "from config.json alone (output meaningless)",
+                              choices=("auto", "dummy"))
+    load_seed: int = option(0, "seed of --load-format dummy's random weights")
     proposer: tuple[str, ...] = option(
         (),
         "a proposer as METHOD=HOST:PORT, e.g. ngram=127.0.0.1:50052; a HOST with several "

@@ -90,7 +90,7 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
                  observers: Sequence = (), group: TPGroup | None = None):
     """Load the target and tokenizer; returns (engine, fingerprint, device, dtype). With a
     tensor-parallel group this is rank 0: each step's plan is broadcast to the other ranks."""
-    tokenizer = load_tokenizer(config.model, config.trust_remote_code)
+    tokenizer = load_tokenizer(config.model, config.trust_remote_code, config.load_format)
     runner, model, dtype = build_runner(config, group)
     fingerprint = tokenizer_fingerprint(tokenizer)
     if proposers is None:

@@ -117,6 +117,7 @@ class DraftModelProposer(Proposer):
     @classmethod
     def load(cls, path: str, device: torch.device, dtype: torch.dtype, tokenizer: str = "",
              trust_remote_code: bool = False, vocab_subset: str = "auto",
+             load_format: str = "auto", load_seed: int = 0,
              **kwargs) -> "DraftModelProposer":
         from splitspec.modelio import (
             load_causal_lm,
@@ -126,8 +127,9 @@ class DraftModelProposer(Proposer):
         )
         from splitspec.vocab_frequencies import resolve_subset
 
-        model = load_causal_lm(path, device, dtype, trust_remote_code)
-        tok = load_tokenizer(tokenizer or path, trust_remote_code)
+        model = load_causal_lm(path, device, dtype, trust_remote_code, load_format=load_format,
+                               seed=load_seed)
+        tok = load_tokenizer(tokenizer or path, trust_remote_code, load_format)
         vocab = model.get_output_embeddings().weight.shape[0]
         if vocab_subset == "auto" and not LeanDecoder.supports(model):
             subset = None  # auto keeps the whole head where there is no lean forward

@@ -89,3 +89,46 @@ def test_the_fused_projections_share_the_models_memory(tiny_target_dir):
     torch.testing.assert_close(hf_logits(model, ids), before_logits, atol=0, rtol=0)
     logits, _ = lean.forward(torch.tensor([ids]), torch.arange(9)[None], None, None, 9)
     torch.testing.assert_close(logits[0], before_logits, atol=1e-4, rtol=1e-4)
+
+
+ROPES = {"llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+         "linear": {"rope_type": "linear", "factor": 4.0},
+         "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}}
+
+
+def scaled_rope_model(kind: str):
+    """A tiny random Llama (normal init) with a scaled RoPE: Llama 3.1's llama3 and others whose
+    frequencies are fixed at load time."""
+    from transformers import LlamaConfig
+
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      rope_theta=10000.0, rope_scaling=ROPES[kind])
+    return AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def check_scaled_rope(kind: str) -> None:
+    model = scaled_rope_model(kind)
+    assert LeanDecoder.supports(model)
+    lean = LeanDecoder(model, "dense")
+    ids = torch.randint(3, 128, (1, 12))
+    pos = torch.arange(300, 312)[None]  # far past the original context: the scaling matters
+    with torch.inference_mode():
+        want = model(input_ids=ids, position_ids=pos).logits[0]
+    got, _ = lean.forward(ids, pos, None, None, 12)
+    torch.testing.assert_close(got[0], want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(ROPES))
+def test_a_scaled_rope_fixed_at_load_matches_the_transformers_forward(kind):
+    check_scaled_rope(kind)
+
+
+def test_the_check_catches_a_lean_forward_that_drops_the_rope_scaling(monkeypatch):
+    import planted_bugs as bug
+
+    bug.lean_rope_unscaled(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_scaled_rope("llama3")

@@ -17,6 +17,7 @@ from verifier_service.kv.journal import JournaledKVCache
 from verifier_service.kv.paged_attention import ATTENTION_NAME
 from verifier_service.kv.paged_attention import register as register_paged_attention
 from verifier_service.methods.eagle import checkpoint as eagle_format
+from verifier_service.methods.eagle import dummy as eagle_dummy
 from verifier_service.model.runner import ModelRunner
 
 
@@ -31,7 +32,8 @@ def build_runner(config: VerifierConfig, group: TPGroup | None = None):
     tp = group.size if group is not None else 1
     # a sharded target is read on the host and only each rank's shard goes to its device
     model = load_causal_lm(config.model, torch.device("cpu") if tp > 1 else device, dtype,
-                           config.trust_remote_code, attn_implementation=ATTENTION_NAME)
+                           config.trust_remote_code, attn_implementation=ATTENTION_NAME,
+                           load_format=config.load_format, seed=config.load_seed)
     kv_cls = JournaledKVCache if tp > 1 and group.leader else PagedKVCache
     kv = kv_cls(KVCacheSpec.for_model(model.config, dtype, config.block_size,
                                       config.kv_cache_memory_mb << 20, config.num_kv_blocks,
@@ -49,7 +51,7 @@ def _drafting_tables(config: VerifierConfig, group: TPGroup | None) -> tuple[str
     if not config.eagle or group is None or group.size < 2 or not group.leader:
         return ()
     try:
-        spec, weights = eagle_format.load(config.eagle)
+        spec, weights = eagle_dummy.load(config.eagle, config.load_format, config.load_seed)
     except ValueError:
         return ()
     return eagle_format.target_tables(spec, weights)

@@ -56,6 +56,7 @@ from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from splitspec.vocab_frequencies import parse_setting, resolve_subset
 from verifier_service.methods.eagle import checkpoint as eagle_format
+from verifier_service.methods.eagle import dummy as eagle_dummy
 from verifier_service.methods.eagle.graphs import EagleGraphs
 from verifier_service.methods.eagle.head import (
     EagleHead,
@@ -85,8 +86,10 @@ DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tok
 
 class EagleMethod(InTargetMethod):
     def __init__(self, path: str, linear: str = "auto", max_k: int = 16, graphs: bool = True,
-                 max_num_seqs: int = 1, vocab_subset: str = "auto"):
+                 max_num_seqs: int = 1, vocab_subset: str = "auto", load_format: str = "auto",
+                 load_seed: int = 0):
         self.path = path
+        self.load_format, self.load_seed = load_format, load_seed  # dummy: eagle/dummy.py
         # which rows of the target's output head an EAGLE-1/2 head scores with
         # (splitspec/vocab_frequencies.py: the head directory's token_frequencies.json)
         self.vocab_subset = vocab_subset
@@ -117,13 +120,14 @@ class EagleMethod(InTargetMethod):
                      getattr(config, "max_num_speculative_tokens", 16),
                      getattr(config, "graphs", "auto") != "off",
                      getattr(config, "max_num_seqs", 1),
-                     getattr(config, "eagle_vocab_subset", "auto"))
+                     getattr(config, "eagle_vocab_subset", "auto"),
+                     getattr(config, "load_format", "auto"), getattr(config, "load_seed", 0))
         method.prefix_caching = getattr(config, "enable_prefix_caching", True)
         return method
 
     def bind(self, runner) -> None:
         """Load the head onto the target (ValueError with one line when it does not fit)."""
-        spec, weights = eagle_format.load(self.path)
+        spec, weights = eagle_dummy.load(self.path, self.load_format, self.load_seed)
         why = eagle_format.misfit(spec, runner.config.to_dict())
         if why is None and not runner.lean:
             why = "the target runs the transformers forward, which computes no features"
