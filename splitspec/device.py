@@ -109,6 +109,23 @@ def make_generator(device: torch.device, seed: int) -> torch.Generator:
     return gen
 
 
+def memory_info(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes of an accelerator's memory as the driver reports them (others'
+    allocations included); (0, 0) on the CPU, whose memory --gpu-memory-utilization does not
+    size."""
+    if device.type in ("cuda", "mlu"):
+        free, total = _backend(device).mem_get_info(device)
+        return int(free), int(total)
+    return 0, 0
+
+
+def memory_allocated(device: torch.device) -> int:
+    """Bytes this process's tensors hold on an accelerator (0 on the CPU)."""
+    if device.type in ("cuda", "mlu"):
+        return int(_backend(device).memory_allocated(device))
+    return 0
+
+
 def memory_stats(device: torch.device) -> dict[str, int]:
     if device.type == "cuda":
         return {"allocated_bytes": torch.cuda.memory_allocated(device),

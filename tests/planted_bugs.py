@@ -799,3 +799,14 @@ def lean_rope_unscaled(monkeypatch) -> None:
             rotary.inv_freq, rotary.attention_scaling = scaled, scale
 
     monkeypatch.setattr(lean_llama.LeanDecoder, "__init__", unscaled)
+
+
+def kv_budget_forgets_the_weights(monkeypatch) -> None:
+    """--gpu-memory-utilization hands the KV cache F x the device's memory less everything but
+    the weights: the cache and the weights together exceed F (out of memory at load)."""
+    import verifier_service.kv.budget as kv_budget
+
+    def kv_bytes(self):
+        return self.usable_bytes - self.heads_bytes - self.workspace_bytes - self.graphs_bytes
+
+    monkeypatch.setattr(kv_budget.MemoryBudget, "kv_bytes", property(kv_bytes))

@@ -69,7 +69,13 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     )
     block_size: int = option(16, "tokens per KV cache block")
     kv_cache_memory_mb: int = option(512, "memory for the paged KV cache (K and V, all layers)")
-    num_kv_blocks: int = option(0, "KV cache blocks (0: from --kv-cache-memory-mb)")
+    num_kv_blocks: int = option(0, "KV cache blocks (0: from --gpu-memory-utilization or "
+                                "--kv-cache-memory-mb)")
+    # vLLM's meaning: F x the device's memory for this verifier; the KV cache gets what is left
+    # after the weights, heads, step workspace and graphs (verifier_service/kv/budget.py)
+    gpu_memory_utilization: float = option(
+        0.0, "on an accelerator: the share of its memory this verifier uses, the KV cache "
+        "taking what is left (0: size it by --kv-cache-memory-mb; ignored on a CPU)")
     # Full blocks of kept rows stay cached after their request, named by their whole prefix;
     # a prompt that starts the same way takes them instead of computing them again
     # (verifier_service/batching/prefix_cache.py). vLLM's flag.

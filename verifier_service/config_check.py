@@ -36,6 +36,9 @@ def config_problems(c: VerifierConfig) -> list[str]:
     at_least("max-model-len", c.max_model_len, 0)
     at_least("proposer-timeout-ms", c.proposer_timeout_ms, 0)
     at_least("shutdown-grace-s", c.shutdown_grace_s, 0)
+    if not 0.0 <= c.gpu_memory_utilization <= 1.0:
+        problems.append(f"--gpu-memory-utilization {c.gpu_memory_utilization} must be in "
+                        "[0, 1] (0: --kv-cache-memory-mb sizes the cache)")
     if c.num_kv_blocks == 0 and c.kv_cache_memory_mb < 1:
         problems.append(f"--kv-cache-memory-mb {c.kv_cache_memory_mb} must be >= 1 "
                         "(or set --num-kv-blocks)")

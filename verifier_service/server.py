@@ -35,6 +35,7 @@ from verifier_service.drafts.addresses import split_target
 from verifier_service.drafts.client import GrpcProposerClient, ProposerClient, ProposerMismatch
 from verifier_service.drafts.pool import ProposerPool
 from verifier_service.engine import Engine
+from verifier_service.model.memory import report_graphs
 from verifier_service.model.target import build_runner
 from verifier_service.servicer import VerifierServicer
 from verifier_service.step.warmup import warm_up
@@ -159,6 +160,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     engine.start()
     if config.warmup:
         await warm_up(engine)
+        report_graphs(engine.runner.memory_budget, engine.executor.stats.graph_pool_bytes)
     server = make_server(tls)
     name = config.served_model_name or model_name(config.model)
     verifier_pb2_grpc.add_VerifierServicer_to_server(

@@ -38,6 +38,7 @@ class ModelRunner:
         drafts here alone (an EAGLE head on rank 0: take_vocab_tables)."""
         if model.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"load the model with attn_implementation={ATTENTION_NAME!r}")
+        self.memory_budget = None  # --gpu-memory-utilization's split (model/memory.py)
         self.model = model
         self.device = device
         self.kv = kv

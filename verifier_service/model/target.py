@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from splitspec.device import resolve_device, resolve_dtype
+from splitspec.device import memory_info, resolve_device, resolve_dtype
 from splitspec.modelio import load_causal_lm
 from splitspec.tensor_parallel import TPGroup
 from verifier_service.config import VerifierConfig
@@ -18,6 +18,7 @@ from verifier_service.kv.paged_attention import ATTENTION_NAME
 from verifier_service.kv.paged_attention import register as register_paged_attention
 from verifier_service.methods.eagle import checkpoint as eagle_format
 from verifier_service.methods.eagle import dummy as eagle_dummy
+from verifier_service.model import memory
 from verifier_service.model.runner import ModelRunner
 
 
@@ -30,17 +31,23 @@ def build_runner(config: VerifierConfig, group: TPGroup | None = None):
     dtype = resolve_dtype(config.dtype, device)
     register_paged_attention()
     tp = group.size if group is not None else 1
+    free_before, total = memory_info(device)  # before anything of this process is there
     # a sharded target is read on the host and only each rank's shard goes to its device
     model = load_causal_lm(config.model, torch.device("cpu") if tp > 1 else device, dtype,
                            config.trust_remote_code, attn_implementation=ATTENTION_NAME,
                            load_format=config.load_format, seed=config.load_seed)
     kv_cls = JournaledKVCache if tp > 1 and group.leader else PagedKVCache
-    kv = kv_cls(KVCacheSpec.for_model(model.config, dtype, config.block_size,
-                                      config.kv_cache_memory_mb << 20, config.num_kv_blocks,
-                                      tensor_parallel_size=tp), device)
     max_len = config.max_model_len or getattr(model.config, "max_position_embeddings", 2048)
+    budget, kv_bytes = None, config.kv_cache_memory_mb << 20
+    if memory.applies(config, device):  # --gpu-memory-utilization: what F leaves
+        budget = memory.kv_budget(config, model.config, device, dtype, free_before, total,
+                                  max_len, tp)
+        kv_bytes = budget.kv_bytes
+    kv = kv_cls(KVCacheSpec.for_model(model.config, dtype, config.block_size, kv_bytes,
+                                      config.num_kv_blocks, tensor_parallel_size=tp), device)
     runner = ModelRunner(model, device, kv, linear=config.linear, max_model_len=max_len,
                          tensor_parallel=group, keep_whole=_drafting_tables(config, group))
+    runner.memory_budget = budget  # the warm-up holds the graphs' measured pool against it
     return runner, model, dtype
 
 
