@@ -810,3 +810,11 @@ def kv_budget_forgets_the_weights(monkeypatch) -> None:
         return self.usable_bytes - self.heads_bytes - self.workspace_bytes - self.graphs_bytes
 
     monkeypatch.setattr(kv_budget.MemoryBudget, "kv_bytes", property(kv_bytes))
+
+
+def tree_mask_without_closure(monkeypatch) -> None:
+    """The device-built tree mask holds each row's parent and itself, never the ancestors
+    further up (the transitive closure skipped): a node two levels deep does not see the root."""
+    import kernels.tree_layout as tree_layout
+
+    monkeypatch.setattr(tree_layout, "_closure_steps", lambda max_q: 0)
