@@ -120,6 +120,17 @@ bench-gpu:
 bench-gpu-dry: $(STAMP)
 	$(PY) bench/gpu_bench.py --device cpu --quick --out bench/reports/gpu-dry.md $(BENCH_ARGS)
 
+# The step at deployment scale (bench/gpu_scale.py, bench/reports/gpu-scale.md): real model
+# shapes with dummy weights (models/shapes/), bf16, graphs on, against the memory-bandwidth
+# limit; on the GPU machine's python3 like bench-gpu. bench-gpu-scale-dry runs it on the CPU
+# with the tiny shape (bench/reports/gpu-scale-dry.md: a harness check, no speed figure).
+.PHONY: bench-gpu-scale bench-gpu-scale-dry
+bench-gpu-scale:
+	$(GPU_PYTHON) bench/gpu_scale.py $(BENCH_ARGS)
+
+bench-gpu-scale-dry: $(STAMP)
+	$(PY) bench/gpu_scale.py --dry $(BENCH_ARGS)
+
 # Where a decode step's host time goes (bench/step_profile.py, bench/reports/step-profile.md):
 # the verifier's engine in one process and one thread under cProfile, speculation off and the
 # in-target methods; on the GPU machine's python3 like bench-gpu (--device cpu runs it here).
