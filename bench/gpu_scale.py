@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import os
 import re
@@ -283,6 +284,31 @@ async def run_method(engine, recorder: Recorder, method: str, k: int, branches: 
             "step_ms": 1000 * _mean([s.seconds for s in recorder.steps])}
 
 
+async def run_concurrent(engine, n: int, tokens: int) -> dict[str, float]:
+    """`n` greedy requests at once with speculation off (the running batch at its largest):
+    aggregate tokens per second, and that every one finished (no out-of-memory)."""
+    from splitspec.params import (
+        GenerationInput,
+        SamplingParams,
+        SpeculationPlan,
+        StoppingCriteria,
+    )
+
+    async def one(i: int) -> int:
+        prompt = tuple(7 + (i * 131 + j * 17) % 500 for j in range(48))
+        inp = GenerationInput(f"conc-{uuid.uuid4().hex}", prompt,
+                              SamplingParams(temperature=0.0),
+                              StoppingCriteria(max_tokens=tokens, ignore_eos=True),
+                              SpeculationPlan())
+        return sum([len(out.token_ids) async for out in engine.generate(inp)])
+
+    start = time.perf_counter()
+    done = await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.perf_counter() - start
+    return {"requests": n, "finished": sum(d == tokens for d in done),
+            "tokens_per_s": sum(done) / wall}
+
+
 def _mean(xs) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else float("nan")
@@ -338,6 +364,7 @@ class ShapeResult:
     eagle: list = field(default_factory=list)  # (label, k, measures)
     draft: list = field(default_factory=list)  # (label, measures)
     notes: list = field(default_factory=list)
+    concurrent: dict = field(default_factory=dict)  # max_num_seqs requests at once
 
 
 async def bench_shape(plan: Plan, target: str, head: str | None, draft: str | None,
@@ -399,6 +426,9 @@ async def bench_shape(plan: Plan, target: str, head: str | None, draft: str | No
             counts = await engine.on_model_thread(launches_per_step, engine, rows, context)
             if counts is not None:
                 res.launches[label] = counts
+        if target == plan.shapes[0][0]:
+            res.concurrent = await run_concurrent(engine, max(plan.batches),
+                                                  plan.requests_tokens // 2)
         if head:
             for label, k, branches in EAGLE_RUNS:
                 res.eagle.append((label, k, await run_method(engine, recorder, "eagle", k,
@@ -530,6 +560,11 @@ def report(results: list[ShapeResult], plan: Plan, device: torch.device, bandwid
             lines.append(f"| {b} | {c} | {t.wall_ms:.2f} | {fmt(t.device_ms)} | "
                          f"{fmt(t.gap_ms)} | {fmt(share, '.0%')} | {lim:.2f} | "
                          f"{t.wall_ms / lim:.2f}x |")
+        if r.concurrent:
+            c = r.concurrent
+            lines += ["", f"{c['requests']} requests at once (speculation off, --max-num-seqs "
+                          f"{c['requests']}, graphs on): {c['finished']} finished whole, "
+                          f"{c['tokens_per_s']:.0f} tokens/s together."]
         lines += ["", f"### Verification of r rows per sequence (context {plan.contexts[0]})", "",
                   "| batch | rows | step ms | / off step |", "|---:|---:|---:|---:|"]
         for (b, rows), t in sorted(r.verify.items()):
@@ -590,6 +625,8 @@ def report(results: list[ShapeResult], plan: Plan, device: torch.device, bandwid
 
 async def main_async(args) -> None:
     plan = DRY if args.dry else REAL
+    if args.no_hf_compile:
+        plan = dataclasses.replace(plan, hf_compile=False)
     device = torch.device("cpu" if args.dry else args.device)
     dtype = torch.float32 if args.dry else torch.bfloat16
     if args.dry:
@@ -615,6 +652,8 @@ def main() -> None:
     ap.add_argument("--dry", action="store_true", help="the CPU, the tiny shape")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shapes", default="", help="comma-separated subset of the shapes")
+    ap.add_argument("--no-hf-compile", action="store_true",
+                    help="skip torch.compile of the transformers baseline (minutes to compile)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.out is None:
