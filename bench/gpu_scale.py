@@ -563,7 +563,8 @@ def report(results: list[ShapeResult], plan: Plan, device: torch.device, bandwid
         if r.concurrent:
             c = r.concurrent
             lines += ["", f"{c['requests']} requests at once (speculation off, --max-num-seqs "
-                          f"{c['requests']}, graphs on): {c['finished']} finished whole, "
+                          f"{c['requests']}, graphs where the device has them): "
+                          f"{c['finished']} finished whole, "
                           f"{c['tokens_per_s']:.0f} tokens/s together."]
         lines += ["", f"### Verification of r rows per sequence (context {plan.contexts[0]})", "",
                   "| batch | rows | step ms | / off step |", "|---:|---:|---:|---:|"]
