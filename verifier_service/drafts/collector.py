@@ -125,8 +125,11 @@ class DraftCollector:
         stats, ms = self.stats.method(name), step_stats[name]
         stats.steps += 1
         # its components are asked together: the step waits for all of them
-        ms.round_trip_s = sum(step_stats[p].round_trip_s for p in parts)
-        stats.add_round_trip(max(s.k for s in group), ms.round_trip_s, seqs=len(group))
+        timed = [step_stats[p].round_trip_s for p in parts if p in step_stats
+                 and step_stats[p].round_trip_s is not None]
+        if timed:
+            ms.round_trip_s = sum(timed)
+            stats.add_round_trip(max(s.k for s in group), ms.round_trip_s, seqs=len(group))
         out = {}
         for s in group:
             seq = s.seq
