@@ -801,3 +801,17 @@ def hybrid_node_limit_ignored(monkeypatch) -> None:
     monkeypatch.setattr(hybrid_merge, "merge_candidates",
                         lambda candidates, max_nodes, merge_sampled:
                         original(candidates, 10**6, merge_sampled))
+
+
+def policy_ignores_the_prompt(monkeypatch) -> None:
+    """auto prices every request as a short-prompt one, whatever its prompt."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "prompt_class", lambda prompt_tokens: "short")
+
+
+def policy_prices_a_class_without_its_data(monkeypatch) -> None:
+    """auto prices each method by its acceptance over all requests, never the request's class."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "class_model", lambda model, measured, min_tried: model)
