@@ -31,9 +31,12 @@ that it is there and everything drawn before it):
     token and the duplicate is usually rejected, at the cost of one row.
   * Each node carries the q of the drafter that drew it (`source` says which); a deterministic
     node in a tree that has sampled nodes carries its one-hot row.
-  * Which nodes fit and their sibling order depend only on counts and on deterministic tokens
-    (sampled nodes always cost one node), never on the value of a sampled token, so whether a
-    sampled node is verified does not depend on what it drew.
+  * Which nodes fit and their sibling order depend only on how many nodes each candidate sent
+    before them (sampled nodes always cost one node) and on deterministic tokens (merges), never
+    on a node's own sampled token: a node's presence is decided by draws made before it or by
+    another, independent drafter, so given that it is there it is still distributed as its q
+    (cutting a drafter's tree to a prefix of its node list, as a pushed draft is cut to a
+    step's k). The order is the candidates' fixed priority, never a comparison of their q's.
 """
 
 from __future__ import annotations
