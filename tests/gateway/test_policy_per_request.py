@@ -85,9 +85,20 @@ def test_a_finished_requests_usage_feeds_its_class():
 
 @pytest.mark.parametrize("plant", ["policy_ignores_the_prompt",
                                    "policy_prices_a_class_without_its_data"])
-def test_the_per_request_check_catches_a_policy_blind_to_the_request(monkeypatch, plant):
+@pytest.mark.parametrize("check", [
+    test_a_long_prompt_that_measured_retrieval_well_gets_retrieval_drafts,
+    test_a_class_where_nothing_pays_is_decoded_plainly])
+def test_the_per_request_checks_catch_a_policy_blind_to_the_request(monkeypatch, plant, check):
     import planted_bugs as bug
 
     getattr(bug, plant)(monkeypatch)
     with pytest.raises(AssertionError):
-        test_a_long_prompt_that_measured_retrieval_well_gets_retrieval_drafts()
+        check()
+
+
+def test_the_exploration_check_catches_a_policy_blind_to_the_prompt(monkeypatch):
+    import planted_bugs as bug
+
+    bug.policy_ignores_the_prompt(monkeypatch)
+    with pytest.raises(AssertionError):
+        test_a_long_prompt_explores_retrieval_drafts_first()
