@@ -27,9 +27,10 @@ from splitspec.goodput import (
     StepCosts,
     decay_factor,
     fit_step_costs,
+    request_acceptance,
     seqs_class,
 )
-from splitspec.methods import in_target_methods
+from splitspec.methods import components_of, in_target_methods
 
 HALF_LIFE_TRIED = 2000.0
 RUNNING_ALPHA = 0.2  # at the default 500 ms between snapshots: about 2.5 s of memory
@@ -66,6 +67,9 @@ class Estimates:
     # this gateway's generations streaming from the replica when its snapshot arrived: the
     # snapshot's running + waiting count includes them
     local_at_snapshot: dict[str, int] = field(default_factory=dict)
+    # (prompt class, method, greedy, branches): acceptance of the gateway's own finished
+    # requests of that class (goodput.prompt_class), decayed as `acceptance` is
+    by_class: dict[tuple[str, str, bool, int], Acceptance] = field(default_factory=dict)
     _costs: dict[str, StepCosts] = field(default_factory=dict)
     _round_trips: dict[tuple[str, str, int], RoundTrip] = field(default_factory=dict)
 
@@ -104,6 +108,23 @@ class Estimates:
     def acceptance_of(self, method: str, greedy: bool, branches: int = 1) -> Acceptance:
         return self.acceptance.get((method, greedy, branches), Acceptance())
 
+    def observe_request(self, cls: str, method: str, greedy: bool, branches: int,
+                        accepted: int, proposed: int, steps: int) -> None:
+        """A finished request of prompt class `cls` that speculated with `method`: its usage's
+        counts join that class's acceptance (older counts of the class and kind decay)."""
+        d = request_acceptance(accepted, proposed, steps)
+        if d.tried <= 0:
+            return
+        factor = decay_factor(d.tried, self.half_life_tried)
+        for key in [k for k in self.by_class if k[0] == cls and k[2] == greedy]:
+            self.by_class[key] = self.by_class[key].scaled(factor)
+        key = (cls, method, greedy, max(branches, 1))
+        self.by_class[key] = self.by_class.get(key, Acceptance()).plus(d)
+
+    def class_acceptance(self, cls: str, method: str, greedy: bool,
+                         branches: int = 1) -> Acceptance:
+        return self.by_class.get((cls, method, greedy, branches), Acceptance())
+
     def round_trip(self, address: str, method: str, seqs: int | None = None) -> RoundTrip:
         """The method's answer time on the replica; with `seqs`, for a step of that many
         sequences (MethodCounts.round_trip)."""
@@ -111,7 +132,8 @@ class Estimates:
         if key not in self._round_trips:
             snap = self.replicas.get(address)
             m = snap.methods.get(method) if snap else None
-            in_target = method in in_target_methods()  # drafts per sequence, in the verifier
+            # drafts per sequence, in the verifier (a hybrid with an in-target component too)
+            in_target = any(m in in_target_methods() for m in components_of(method))
             self._round_trips[key] = (m.round_trip(in_target, seqs) if m
                                       else RoundTrip(per_sequence=in_target))
         return self._round_trips[key]

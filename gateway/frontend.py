@@ -24,6 +24,7 @@ from gateway.policy import Load, SpeculationPolicy
 from gateway.verifier_pool import VerifierPool
 from protos import common_pb2
 from splitspec.errors import NotFound
+from splitspec.goodput import CHARS_PER_TOKEN, prompt_class
 from splitspec.params import (
     SamplingParams,
     SpeculationRequest,
@@ -67,7 +68,9 @@ class Frontend:
         self.policy = policy
         self.metrics = metrics
         self.tracer = tracer
-        self._decided: dict[str, tuple[float, str, str]] = {}  # id -> (time, mode, reason)
+        # id -> (time, mode, reason, prompt class, greedy): the class's acceptance learns from
+        # the request's usage when it finishes (Estimates.observe_request)
+        self._decided: dict[str, tuple[float, str, str, str, bool]] = {}
 
     async def model_id(self) -> str:
         return (await self.pool.info()).model
@@ -123,8 +126,10 @@ class Frontend:
         out = []
         for i, (request_id, prompt, (sampling, greedy)) in enumerate(
                 zip(request_ids, prompts, samplings)):
-            decision = self.policy.decide(speculation, info, greedy, self.load())
-            self._decided[request_id] = (time.monotonic(), decision.mode.value, decision.reason)
+            tokens = _prompt_tokens(prompt)
+            decision = self.policy.decide(speculation, info, greedy, self.load(), tokens)
+            self._decided[request_id] = (time.monotonic(), decision.mode.value, decision.reason,
+                                         prompt_class(tokens), greedy)
             plan = decision.plan
             if self.metrics is not None:
                 self.metrics.on_decision(plan.method if plan.enabled else None, decision.reason)
@@ -154,7 +159,7 @@ class Frontend:
         """The least-loaded replica's running + waiting count: this gateway's generations in
         flight per replica plus the others its stats report."""
         now = time.monotonic()
-        for rid in [r for r, (t, _, _) in self._decided.items() if now - t > RESERVATION_TTL_S]:
+        for rid in [r for r, (t, *_) in self._decided.items() if now - t > RESERVATION_TTL_S]:
             del self._decided[rid]
         est = self.policy.estimates
         replicas = [r.address for r in getattr(self.pool, "replicas", [])]
@@ -174,7 +179,12 @@ class Frontend:
         try:
             async for msg in source:
                 if msg.finish_reason and decided is not None:
-                    msg.usage.speculation.mode, msg.usage.speculation.policy_reason = decided[1:]
+                    spec = msg.usage.speculation
+                    spec.mode, spec.policy_reason = decided[1:3]
+                    if spec.method and spec.proposed_tokens:
+                        self.policy.estimates.observe_request(
+                            decided[3], spec.method, decided[4], max(spec.num_branches, 1),
+                            spec.accepted_tokens, spec.proposed_tokens, spec.steps)
                 yield msg
         finally:
             self._decided.pop(request.request_id, None)
@@ -198,3 +208,13 @@ class Frontend:
         async for msg in self.stream(request):
             out.add(msg)
         return out
+
+
+def _prompt_tokens(prompt) -> int:
+    """The prompt's length in tokens: exact for token ids, estimated from characters for text
+    (the verifier tokenizes it), for the policy's prompt class."""
+    if isinstance(prompt, Chat):
+        return prompt.chars // CHARS_PER_TOKEN
+    if isinstance(prompt, str):
+        return len(prompt) // CHARS_PER_TOKEN
+    return len(prompt)

@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.chat import CHAT_ROLES
 from gateway.openai_api import MAX_N
-from splitspec.methods import method_names
+from splitspec.methods import HYBRID, method_names
 from splitspec.params import (
     MAX_CACHE_SALT_CHARS,
     MAX_INT32,
@@ -37,8 +37,12 @@ SPECULATION = {
     "properties": {
         "mode": {"type": "string", "enum": ["auto", "on", "off"],
                  "description": "auto (default): the gateway's policy decides"},
-        "method": {"type": "string", "enum": list(method_names()),
-                   "description": "which proposer; default: the deployment's first"},
+        "method": {"type": "string",
+                   "anyOf": [{"enum": list(method_names())},
+                             {"pattern": f"^{HYBRID}:[a-z]+(\\+[a-z]+)+$"}],
+                   "description": "which proposer; default: the deployment's first. "
+                   f"{HYBRID}:<method>+<method>: their drafts merged into one token tree "
+                   "per step (e.g. hybrid:suffix+eagle), in priority order"},
         "num_speculative_tokens": {**_INT32, "description": "k; 0 turns speculation off"},
         "num_branches": {**_INT32, "description": "token trees: children per draft node at "
                          "most (1: a chain); num_speculative_tokens is the tree's node budget"},

@@ -50,10 +50,20 @@ from splitspec.goodput import (
     RoundTrip,
     batch_goodput,
     choose,
+    class_model,
     default_step_cost,
+    prompt_class,
     step_kind,
 )
-from splitspec.methods import METHODS, Kind, step_kind_of
+from splitspec.methods import (
+    METHODS,
+    Kind,
+    hybrid_name,
+    is_method,
+    method_served,
+    retrieval_based,
+    step_kind_of,
+)
 from splitspec.params import (
     LOOKAHEAD,
     LookaheadParams,
@@ -117,7 +127,11 @@ class SpeculationPolicy:
     auto_decisions: int = 0
 
     def decide(self, req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
-               greedy: bool = True, load: Load = Load()) -> Decision:
+               greedy: bool = True, load: Load = Load(),
+               prompt_tokens: int | None = None) -> Decision:
+        """prompt_tokens: the request's prompt length (an estimate for text), None unknown: its
+        class (goodput.prompt_class) selects the acceptance auto prices each method with."""
+        cls = prompt_class(prompt_tokens) if prompt_tokens is not None else None
         methods = tuple(p.method for p in info.proposers)
         k_max = info.max_num_speculative_tokens
         # the request's one check, against this deployment (a verifier that predates trees
@@ -152,28 +166,33 @@ class SpeculationPolicy:
             if fixed_k is not None:
                 return Decision(plan(chosen, fixed_k), "requested_on", mode)
             _, k, _ = self._choose((chosen,), greedy, load, k_max, None, allow_off=False,
-                                   floors=floors)
+                                   floors=floors, cls=cls)
             return Decision(plan(chosen, k, k_min=max(1, floors.get(chosen[0], 1))),
                             "requested_on", mode)
-        if req.method is not None and req.method not in methods:
+        if req.method is not None and not method_served(req.method, methods):
             return Decision(plan(), "no_proposer", mode)  # auto's only method cannot run
-        candidates = self._candidates((req.method,) if req.method else methods,
+        candidates = self._candidates((req.method,) if req.method
+                                      else methods + _hybrids(methods),
                                       req.num_branches, max(1, info.max_num_branches))
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
             return Decision(plan(), "queue_size", mode)
         self.auto_decisions += 1
         every = self.config.explore_every
-        stale = self._stale(candidates, greedy)
+        stale = self._stale(candidates, greedy, cls)
         if every and stale and self.auto_decisions % every == 0:
             chosen, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False,
-                                        floors=floors)
+                                        floors=floors, cls=cls)
             return Decision(plan(chosen, k, k_min=max(1, floors.get(chosen[0], 1))
                                  if fixed_k is None else None), "exploration", mode)
-        if req.num_branches is None:  # trees compete once measured; until then they explore
-            candidates = tuple((m, b) for m, b in candidates if b == 1 or self.estimates
-                               .acceptance_of(m, greedy, b).tried >= self.config.stale_tried)
+        # trees and hybrids the request did not name compete once measured; until then they
+        # explore (priced at the prior acceptance, they would beat every measured method)
+        candidates = tuple((m, b) for m, b in candidates
+                           if (b == 1 or req.num_branches is not None)
+                           and (m in METHODS or m == req.method)
+                           or self.estimates.acceptance_of(m, greedy, b).tried
+                           >= self.config.stale_tried)
         chosen, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
-                                         allow_off=True, floors=floors)
+                                         allow_off=True, floors=floors, cls=cls)
         if chosen is None:
             return Decision(plan(), reason, mode)
         # the verifier re-decides k per step from k_min up (0: it may pause); lookahead keeps
@@ -193,16 +212,28 @@ class SpeculationPolicy:
                            or METHODS[m].capabilities.token_trees))
         return tuple((m, 1) for m in methods) + trees
 
-    def _stale(self, candidates: tuple[Candidate, ...], greedy: bool) -> Candidate | None:
-        """The candidate with the least recent data, when it has too little."""
-        weights = sorted((self.estimates.acceptance_of(m, greedy, b).tried, (m, b))
-                         for m, b in candidates)
-        return weights[0][1] if weights and weights[0][0] < self.config.stale_tried else None
+    def _stale(self, candidates: tuple[Candidate, ...], greedy: bool,
+               cls: str | None = None) -> Candidate | None:
+        """The candidate with the least recent data, when it has too little. A long prompt
+        first explores the retrieval candidates (drafts copied from the context, alone or in a
+        hybrid) that its class has too little data on: that is where they pay, and the class's
+        own acceptance is what prices them for such requests."""
+        if cls == "long":
+            thin = sorted((self.estimates.class_acceptance(cls, m, greedy, b).tried, (m, b))
+                          for m, b in candidates if retrieval_based(m))
+            if thin and thin[0][0] < self.config.stale_tried:
+                return thin[0][1]
+        # registered methods before hybrids of them, at equal data
+        weights = sorted((self.estimates.acceptance_of(m, greedy, b).tried, m not in METHODS,
+                          (m, b)) for m, b in candidates)
+        return weights[0][2] if weights and weights[0][0] < self.config.stale_tried else None
 
     def _choose(self, candidates: tuple[Candidate, ...], greedy: bool, load: Load, k_max: int,
-                fixed_k: int | None, allow_off: bool, floors: dict[str, int] | None = None
-                ) -> tuple[Candidate | None, int, str]:
-        """floors: method -> the smallest k it runs as measured (`_lookahead_floor`)."""
+                fixed_k: int | None, allow_off: bool, floors: dict[str, int] | None = None,
+                cls: str | None = None) -> tuple[Candidate | None, int, str]:
+        """floors: method -> the smallest k it runs as measured (`_lookahead_floor`); cls: the
+        request's prompt class, whose own measured acceptance (once it has enough) moves each
+        method's model (goodput.class_model): off still has to be beaten by the margin."""
         est = self.estimates
         # plain decoding's steps and each candidate's own kind of step (trees cost more), for
         # a step of the batch it will most likely join
@@ -215,6 +246,10 @@ class SpeculationPolicy:
             est.acceptance_of(m, greedy, b),
             est.round_trip(load.address, m, load.batch) if load.address else RoundTrip(),
             est.draft_limit(load.address, m)) for m, b in candidates}
+        if cls is not None:
+            models = {(m, b): class_model(model, est.class_acceptance(cls, m, greedy, b),
+                                          self.config.stale_tried)
+                      for (m, b), model in models.items()}
         floors = floors or {}
         k_floor = {c: floors[c[0]] for c in candidates if c[0] in floors}
         if fixed_k is None:
@@ -229,6 +264,15 @@ class SpeculationPolicy:
             if c.method is None:
                 return None, 0, c.reason
         return best, fixed_k, "goodput"
+
+
+def _hybrids(methods: tuple[str, ...]) -> tuple[str, ...]:
+    """The hybrids auto weighs beside single methods: each served retrieval method (its
+    candidates first) with each served model-backed drafter, e.g. hybrid:suffix+eagle."""
+    retrieval = [m for m in methods if m in METHODS and METHODS[m].capabilities.copies_context]
+    models = [m for m in methods if m in METHODS and METHODS[m].capabilities.needs_model]
+    names = (hybrid_name(r, m) for r in retrieval for m in models)
+    return tuple(n for n in names if is_method(n))
 
 
 def _lookahead_shape(req: SpeculationRequest, info: verifier_pb2.VerifierInfo

@@ -55,6 +55,9 @@ class Capabilities:
     # Every draft is a token tree of the method's own shape, whatever num_branches says
     # (lookahead's window and guesses): its steps run the tree sampler and are priced as such.
     always_trees: bool = False
+    # Drafts are copies of earlier text (the prompt, earlier answers): they pay most where an
+    # answer quotes its prompt (summaries, retrieval-augmented answers).
+    copies_context: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ def _speculator_fits(target: Path, model: Path) -> bool:
 METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
     MethodSpec("ngram", "prompt lookup: copies what followed the longest earlier match of the "
                "sequence's suffix", "proposer_service.ngram:NgramProposer",
-               Capabilities(), default_port=50052),
+               Capabilities(copies_context=True), default_port=50052),
     MethodSpec("draft", "a small causal LM with its own KV cache per sequence",
                "proposer_service.draft.proposer:DraftModelProposer",
                Capabilities(sampled_drafts=True, drafts_ahead=True, needs_model=True),
@@ -117,7 +120,7 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                model_dir="mlp-speculator", fits=_speculator_fits),
     MethodSpec("suffix", "longest match over this sequence and every earlier request it served, "
                "drafting more when the match is frequent", "proposer_service.suffix:SuffixProposer",
-               Capabilities(cross_request=True), default_port=50055),
+               Capabilities(cross_request=True, copies_context=True), default_port=50055),
     MethodSpec("lookahead", "lookahead decoding: a Jacobi window and an n-gram pool inside the "
                "target's own forward, no draft model",
                "verifier_service.methods.lookahead:LookaheadMethod",
@@ -131,6 +134,72 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
 
 def method_names() -> tuple[str, ...]:
     return tuple(METHODS)
+
+
+# Hybrid drafts: one step's tree holds several registered methods' candidates at once, merged by
+# common prefix within the node budget (kernels/hybrid_merge.py) and verified in one forward. A
+# request names it as "hybrid:" and its components joined by "+", in priority order (the first
+# is the first child where they differ), e.g. "hybrid:suffix+eagle", "hybrid:ngram+draft".
+HYBRID = "hybrid"
+HYBRID_SUMMARY = ("several drafters' candidates in one token tree, merged by common prefix, "
+                  "each node verified with its own drafter's q")
+MAX_HYBRID_COMPONENTS = 3
+
+
+def hybrid_components(method: str | None) -> tuple[str, ...] | None:
+    """The components a hybrid method names (unchecked), or None when it is not a hybrid."""
+    if not method or not method.startswith(HYBRID + ":"):
+        return None
+    return tuple(method[len(HYBRID) + 1:].split("+"))
+
+
+def hybrid_name(*components: str) -> str:
+    return f"{HYBRID}:{'+'.join(components)}"
+
+
+def hybrid_error(method: str) -> str | None:
+    """Why `method` is not a hybrid a verifier can run (None: it is). Components: 2 to
+    MAX_HYBRID_COMPONENTS distinct registered methods; not lookahead (its window is a tree
+    of its own shape), at most one in-target method (a sequence has one in-target state)."""
+    parts = hybrid_components(method)
+    if parts is None:
+        return f"{method!r} is not of the form {HYBRID}:<method>+<method>"
+    if not 2 <= len(parts) <= MAX_HYBRID_COMPONENTS or len(set(parts)) != len(parts):
+        return (f"{method!r}: a hybrid names 2 to {MAX_HYBRID_COMPONENTS} distinct methods "
+                f"joined by '+'")
+    unknown = [p for p in parts if p not in METHODS]
+    if unknown:
+        return f"{method!r}: unknown component {unknown[0]!r}; known: {', '.join(METHODS)}"
+    shaped = [p for p in parts if METHODS[p].capabilities.always_trees]
+    if shaped:
+        return f"{method!r}: {shaped[0]!r} drafts trees of its own shape and cannot join one"
+    if sum(METHODS[p].kind is Kind.IN_TARGET for p in parts) > 1:
+        return f"{method!r}: at most one in-target method"
+    return None
+
+
+def is_method(name: str | None) -> bool:
+    """A registered method, or a hybrid of them that a verifier can run."""
+    return name in METHODS or (hybrid_components(name) is not None and hybrid_error(name) is None)
+
+
+def components_of(method: str | None) -> tuple[str, ...]:
+    """The registered methods whose drafts a request of `method` uses (itself if not hybrid)."""
+    parts = hybrid_components(method)
+    return parts if parts is not None else ((method,) if method else ())
+
+
+def method_served(method: str, served: tuple[str, ...]) -> bool:
+    """Whether a deployment serving `served` runs `method` (a hybrid: every component)."""
+    return method in served or (is_method(method) and method not in METHODS
+                                and all(p in served for p in components_of(method)))
+
+
+def retrieval_based(method: str | None) -> bool:
+    """Whether the method's drafts (or one of a hybrid's) copy from the context rather than
+    model it: prompt lookup and suffix decoding, which pay where an answer quotes its prompt."""
+    return any(METHODS[p].capabilities.copies_context for p in components_of(method)
+               if p in METHODS)
 
 
 def proposer_methods() -> dict[str, MethodSpec]:
@@ -163,5 +232,7 @@ def step_kind_of(method: str | None, greedy: bool, branches: int = 1) -> str:
     GPU a tree step (its sampler run after the captured forward) cost lookahead 3.8-6.4 ms
     against 2.0-2.4 ms for a chain: priced as a chain, auto chose it at 0.38-0.51x off."""
     spec = METHODS.get(method or "")
-    trees = spec is not None and spec.capabilities.always_trees
+    # a hybrid's candidates make a tree wherever they differ: priced as one
+    trees = (spec is not None and spec.capabilities.always_trees) or (
+        spec is None and hybrid_components(method) is not None)
     return step_kind(greedy, max(branches, 2) if trees else branches)

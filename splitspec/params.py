@@ -15,7 +15,13 @@ import math
 from dataclasses import dataclass, field
 
 from splitspec.errors import InvalidArgument
-from splitspec.methods import method_names
+from splitspec.methods import (
+    hybrid_components,
+    hybrid_error,
+    is_method,
+    method_names,
+    method_served,
+)
 
 # Limits every front door enforces alike (the wire types are 32-bit).
 MAX_INT32 = 2**31 - 1
@@ -148,11 +154,16 @@ class SpeculationRequest:
         """The one check of the public fields; against the deployment when its served methods
         and largest k are given (REST also calls it without them, while parsing)."""
         if self.method is not None:
-            if self.method not in method_names():
+            if hybrid_components(self.method) is not None:
+                if not is_method(self.method):
+                    raise InvalidArgument("speculation.method", hybrid_error(self.method))
+            elif self.method not in method_names():
                 raise InvalidArgument(
                     "speculation.method",
-                    f"unknown method {self.method!r}; known: {', '.join(method_names())}")
-            if available_methods is not None and self.method not in available_methods:
+                    f"unknown method {self.method!r}; known: {', '.join(method_names())}, "
+                    "or hybrid:<method>+<method>")
+            if available_methods is not None and not method_served(self.method,
+                                                                   available_methods):
                 served = ", ".join(available_methods) or "none"
                 raise InvalidArgument(
                     "speculation.method",

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 import kernels.eagle_tree as eagle_tree
+import kernels.hybrid_merge as hybrid_merge
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
 import kernels.sampling as sampling
@@ -818,3 +819,54 @@ def tree_mask_without_closure(monkeypatch) -> None:
     import kernels.tree_layout as tree_layout
 
     monkeypatch.setattr(tree_layout, "_closure_steps", lambda max_q: 0)
+
+
+def hybrid_shared_prefix_kept_twice(monkeypatch) -> None:
+    """Hybrid drafts: a common prefix of two candidates is never merged (kept once per drafter,
+    each copy costing the node budget)."""
+    monkeypatch.setattr(hybrid_merge, "_mergeable", lambda existing, new, merge_sampled: False)
+
+
+def hybrid_sampled_duplicates_merged(monkeypatch) -> None:
+    """Hybrid drafts: identical sampled guesses merged into the first one's node (the second
+    drafter's node is then there only when it drew another token, but carries its plain q)."""
+    monkeypatch.setattr(hybrid_merge, "_mergeable", lambda existing, new, merge_sampled: True)
+
+
+def hybrid_node_takes_another_candidates_q(monkeypatch) -> None:
+    """Hybrid drafts: each candidate's nodes carry the next candidate's q rows (by node index,
+    with their own tokens)."""
+    original = hybrid_merge.merge_candidates
+
+    def rotated(candidates, max_nodes, merge_sampled):
+        sampled = [i for i, c in enumerate(candidates) if c.q is not None]
+        swapped = list(candidates)
+        for i, j in zip(sampled, sampled[1:] + sampled[:1]):
+            other = candidates[j].q
+            rows = [other[n % len(other)] for n in range(len(candidates[i].tokens))]
+            swapped[i] = dataclasses.replace(candidates[i], q=rows)
+        return original(swapped, max_nodes, merge_sampled)
+
+    monkeypatch.setattr(hybrid_merge, "merge_candidates", rotated)
+
+
+def hybrid_node_limit_ignored(monkeypatch) -> None:
+    """Hybrid drafts: every candidate's nodes kept, whatever the node budget."""
+    original = hybrid_merge.merge_candidates
+    monkeypatch.setattr(hybrid_merge, "merge_candidates",
+                        lambda candidates, max_nodes, merge_sampled:
+                        original(candidates, 10**6, merge_sampled))
+
+
+def policy_ignores_the_prompt(monkeypatch) -> None:
+    """auto prices every request as a short-prompt one, whatever its prompt."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "prompt_class", lambda prompt_tokens: "short")
+
+
+def policy_prices_a_class_without_its_data(monkeypatch) -> None:
+    """auto prices each method by its acceptance over all requests, never the request's class."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "class_model", lambda model, measured, min_tried: model)

@@ -31,6 +31,7 @@ from typing import AsyncIterator
 from typing import Sequence as Seq
 
 from splitspec.errors import InvalidArgument, Unavailable
+from splitspec.methods import hybrid_components
 from splitspec.params import GenerationInput
 from splitspec.proposal import Draft
 from verifier_service.batching.output import OutputTracker
@@ -367,7 +368,8 @@ class Engine:
         # A step emits its accepted path + 1 token: a chain longer than the tokens still due is
         # wasted work. A tree's node budget is not its depth (lookahead's window alone is
         # W x (N - 1) nodes, N + W - 2 deep), so only its rows are bounded, by the room left.
-        tree = plan.num_branches > 1 or self.drafts.in_target.serves(plan.method)
+        tree = (plan.num_branches > 1 or self.drafts.in_target.serves(plan.method)
+                or hybrid_components(plan.method) is not None)
         due = room - 1 if tree else min(remaining - 1, room - 1)
         return max(0, min(k, due, self.config.max_num_speculative_tokens))
 

@@ -42,7 +42,7 @@ def snapshot(steps: int = 400, running: int = 0, waiting: int = 0,
 
     methods = {m: MethodSnapshot(counts(greedy.get(m, (0, 0))), counts(sampled.get(m, (0, 0))),
                                  ((3, 100.0, round_trip_s * 100),))
-               for m in ("ngram", "mlp")}
+               for m in ("ngram", "mlp", *greedy, *sampled)}
     return ReplicaSnapshot(running, waiting, 16, steps, methods, COST)
 
 
@@ -192,8 +192,10 @@ def test_exploration_is_deterministic_and_goes_to_the_stale_method():
         ["goodput"] * 3 + ["exploration"]
     explored = decisions[3]
     assert explored.plan.method == "ngram" and explored.plan.k >= 1 and explored.plan.k_min == 1
-    # once every method has enough data nothing is stale: no exploration
-    fresh = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000)}), explore_every=4)
+    # once every method (and the hybrid auto weighs with them) has enough data nothing is
+    # stale: no exploration
+    fresh = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000),
+                                    "hybrid:ngram+mlp": (300, 1000)}), explore_every=4)
     assert all(fresh.decide(AUTO, INFO, True, load()).reason == "goodput" for _ in range(8))
 
 

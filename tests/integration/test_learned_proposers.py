@@ -71,6 +71,23 @@ def test_greedy_equals_speculation_off(stack, client, baseline, method, k, branc
         assert ahead_hits(stack, method) > hits_before
 
 
+# Hybrid drafts: a retrieval chain with a drafter across the wire, and with the in-target head
+HYBRIDS = ["hybrid:ngram+draft", "hybrid:suffix+eagle", "hybrid:ngram+mlp+eagle"]
+
+
+def test_hybrid_drafts_equal_speculation_off(client, baseline):
+    """Each hybrid's components draft the same step (proposers over the wire and the in-target
+    head together); their merged tree is verified in one forward: greedy output unchanged."""
+    reqs = [client.request(p, m, k=6) for m in HYBRIDS for p in PROMPTS]
+    results = client.generate_all(reqs, workers=8)
+    for i, res in enumerate(results):
+        assert res.token_ids == baseline[i % len(PROMPTS)].token_ids, reqs[i]
+    for m in HYBRIDS:
+        mine = [r.usage.speculation for r in results if r.usage.speculation.method == m]
+        assert len(mine) == len(PROMPTS), m
+        assert sum(s.accepted_tokens for s in mine) > 0, m
+
+
 def test_a_mixed_batch_of_methods_equals_speculation_off(client, baseline):
     """ngram, draft, mlp and off requests in flight together share the verifier's steps."""
     methods = ["ngram", "draft", "mlp", None]
@@ -193,14 +210,16 @@ SAMPLED_PLANS = {
     "lookahead-k8": [("lookahead", 8)],  # in-target: a tree of pool candidates and the window
     # in-target, sampled chains drawn from the head's own q (a step's chains drawn together)
     "eagle-k4": [("eagle", 4)],
+    # with hybrid drafts: deterministic retrieval chains merged with sampled model chains (each
+    # node its own drafter's q; sampled nodes never merged), across the wire and in the verifier
     "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8),
-              ("eagle", 4)],
+              ("eagle", 4), ("hybrid:ngram+draft", 6), ("hybrid:suffix+eagle", 5)],
     # token trees (method, k, children per node): deterministic siblings (n-gram, suffix) and
     # sampled ones (the draft's second guesses, the MLP's top-k per head) in one batch
     # (the draft's trees at k 5: its k 8 chains are in "mixed", and each tree node of its
     # second guesses is one more draft forward)
     "trees": [("ngram", 6, 3), ("draft", 5, 2), ("mlp", 4, 2), ("suffix", 6, 3),
-              ("eagle", 6, 2)],
+              ("eagle", 6, 2), ("hybrid:suffix+mlp", 6, 2)],
 }
 
 
@@ -247,7 +266,7 @@ def test_sampled_speculation_has_the_targets_distribution(
     checked by test_the_distribution_test_tells_temperatures_apart at the same critical values.
     """
     steps = SAMPLED_PLANS[plan]
-    ahead = {m for m, *_ in steps if METHODS[m].capabilities.drafts_ahead}
+    ahead = {m for m, *_ in steps if m in METHODS and METHODS[m].capabilities.drafts_ahead}
     hits_before = {m: ahead_hits(stack, m) for m in ahead}
     on = client.generate_all(
         [

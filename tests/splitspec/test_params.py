@@ -64,3 +64,25 @@ def test_a_cache_salt_is_a_string_of_at_most_256_characters(salt, ok):
     else:
         with pytest.raises(InvalidArgument, match="cache_salt"):
             check_cache_salt("cache_salt", salt)
+
+
+@pytest.mark.parametrize("method, why", [
+    ("hybrid:ngram", "2 to 3 distinct"),
+    ("hybrid:ngram+ngram", "2 to 3 distinct"),
+    ("hybrid:ngram+suffix+draft+mlp", "2 to 3 distinct"),
+    ("hybrid:ngram+medusa", "unknown component 'medusa'"),
+    ("hybrid:ngram+lookahead", "own shape"),
+    ("hybrid:", "2 to 3 distinct"),
+])
+def test_bad_hybrids_name_the_method_field(method, why):
+    with pytest.raises(InvalidArgument) as e:
+        SpeculationRequest(method=method).validate()
+    assert e.value.field == "speculation.method" and why in str(e.value)
+
+
+def test_a_hybrid_is_served_where_every_component_is():
+    req = SpeculationRequest(method="hybrid:suffix+eagle")
+    req.validate(("suffix", "eagle", "ngram"))
+    with pytest.raises(InvalidArgument) as e:
+        req.validate(("suffix", "ngram"))
+    assert e.value.field == "speculation.method" and "not served" in str(e.value)

@@ -56,9 +56,9 @@ class SequenceState:
     block_keys: list[bytes] = field(default_factory=list)
     block_root: bytes | None = None
     cached_tokens: int | None = None
-    # Proposer bookkeeping: how many tokens the proposer's stream has heard of, on which epoch.
-    proposer_heard: int = 0
-    proposer_epoch: int = -1
+    # Proposer bookkeeping, per proposer method (a hybrid asks several): how many tokens its
+    # stream has heard of, on which epoch; absent: none yet (the whole history next).
+    proposer_marks: dict[str, tuple[int, int]] = field(default_factory=dict)
     # The target's final hidden state [hidden] at the position that produced the last token;
     # kept only while the sequence's proposer declares that it conditions on it.
     target_hidden: torch.Tensor | None = None

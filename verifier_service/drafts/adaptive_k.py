@@ -33,7 +33,7 @@ from splitspec.goodput import (
     marginal_goodput,
     seqs_class,
 )
-from splitspec.methods import in_target_methods, step_kind_of
+from splitspec.methods import components_of, in_target_methods, step_kind_of
 from verifier_service.batching.sequence import SequenceState
 from verifier_service.telemetry.stats import EngineStats
 
@@ -127,7 +127,8 @@ class AdaptiveK:
             counts = self.stats.method(name).counts()
             self._methods[key] = MethodModel.from_acceptance(
                 counts.acceptance(greedy, branches),
-                counts.round_trip(name in in_target_methods(), seqs), counts.draft_limit())
+                counts.round_trip(any(m in in_target_methods() for m in components_of(name)),
+                                  seqs), counts.draft_limit())
         return self._methods[key]
 
     def _view(self, running: list[SequenceState]) -> _Batch:

@@ -23,7 +23,9 @@ from typing import Sequence
 
 import torch
 
+import kernels.hybrid_merge as hybrid_merge
 from kernels.sparse_probs import SparseProbs
+from splitspec.methods import components_of, hybrid_components
 from splitspec.proposal import (
     AHEAD_HIT,
     AHEAD_MISS,
@@ -35,7 +37,7 @@ from verifier_service.batching.scheduler import Scheduled
 from verifier_service.batching.sequence import SequenceState
 from verifier_service.drafts.ahead_policy import AheadPolicy
 from verifier_service.drafts.client import ProposerClient, ProposerMismatch
-from verifier_service.methods.in_target import InTargetDrafts, StepOutcome
+from verifier_service.methods.in_target import DeviceDraft, InTargetDrafts, StepOutcome
 from verifier_service.telemetry.stats import EngineStats, MethodStats, MethodStepStats
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,11 @@ class DraftCollector:
         self.incompatible: dict[str, str] = {}  # method -> why it is refused right now
 
     def serves(self, method: str | None) -> bool:
-        """Whether drafts for `method` can be had here (a proposer or an in-target method)."""
+        """Whether drafts for `method` can be had here (a proposer or an in-target method; a
+        hybrid: every one of its components)."""
+        parts = hybrid_components(method)
+        if parts is not None:
+            return all(self.serves(p) for p in parts)
         return method in self.proposers or self.in_target.serves(method)
 
     def served_methods(self) -> tuple[str, ...]:
@@ -66,10 +72,14 @@ class DraftCollector:
         return (*self.proposers, *(m for m in self.in_target.methods if m not in self.proposers))
 
     def needs_hidden_state(self, seq: SequenceState) -> bool:
-        """Whether the sequence's proposer declared that it conditions on the target's state."""
-        client = self.proposers.get(seq.inp.speculation.method or "")
-        desc = client.description if client is not None else None
-        return desc is not None and desc.needs_hidden_state
+        """Whether the sequence's proposer (one of a hybrid's) declared that it conditions on
+        the target's state."""
+        for method in components_of(seq.inp.speculation.method):
+            client = self.proposers.get(method)
+            desc = client.description if client is not None else None
+            if desc is not None and desc.needs_hidden_state:
+                return True
+        return False
 
     async def collect(self, plan: list[Scheduled]
                       ) -> tuple[dict[SequenceState, Draft], dict[str, MethodStepStats]]:
@@ -78,23 +88,69 @@ class DraftCollector:
         for method, (seconds, sequences) in self.in_target.flush().items():
             self.stats.method(method).add_standing(seconds, sequences)
         by_method: dict[str, list[Scheduled]] = {}
+        hybrids: dict[str, list[Scheduled]] = {}  # a hybrid's sequences, asked of each component
         for s in plan:
             if s.k > 0:
-                by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
+                method = s.seq.inp.speculation.method
+                parts = hybrid_components(method)
+                if parts is not None:
+                    hybrids.setdefault(method, []).append(s)
+                for m in parts or (method,):
+                    by_method.setdefault(m, []).append(s)
         for method, client in self.proposers.items():
             if method not in by_method and client.has_released:
                 await client.flush_released()
-        step_stats = {m: MethodStepStats() for m in by_method}
-        results = await asyncio.gather(*(self._ask(m, group, step_stats[m])
-                                         for m, group in by_method.items()
-                                         if not self.in_target.serves(m)))
-        merged: dict[SequenceState, Draft] = {}
+        step_stats = {m: MethodStepStats() for m in (*by_method, *hybrids)}
+        asked = [m for m in by_method if not self.in_target.serves(m)]
+        results = await asyncio.gather(*(self._ask(m, by_method[m], step_stats[m])
+                                         for m in asked))
+        got: dict[str, dict[SequenceState, Draft]] = dict(zip(asked, results))
         for m, group in by_method.items():
             if self.in_target.serves(m):
-                merged.update(self._in_target(m, group, step_stats[m]))
-        for r in results:
-            merged.update(r)
+                got[m] = self._in_target(m, group, step_stats[m])
+        merged: dict[SequenceState, Draft] = {}
+        for drafts in got.values():
+            merged.update((seq, d) for seq, d in drafts.items()
+                          if hybrid_components(seq.inp.speculation.method) is None)
+        for name, group in hybrids.items():
+            merged.update(self._hybrid(name, group, got, step_stats))
         return merged, step_stats
+
+    def _hybrid(self, name: str, group: list[Scheduled],
+                got: dict[str, dict[SequenceState, Draft]],
+                step_stats: dict[str, MethodStepStats]) -> dict[SequenceState, Draft]:
+        """Each of a hybrid's sequences' component drafts merged into one tree within its k
+        (kernels/hybrid_merge.py: common prefixes once, each node its own drafter's q)."""
+        parts = hybrid_components(name)
+        stats, ms = self.stats.method(name), step_stats[name]
+        stats.steps += 1
+        # its components are asked together: the step waits for all of them
+        timed = [step_stats[p].round_trip_s for p in parts if p in step_stats
+                 and step_stats[p].round_trip_s is not None]
+        if timed:
+            ms.round_trip_s = sum(timed)
+            stats.add_round_trip(max(s.k for s in group), ms.round_trip_s, seqs=len(group))
+        out = {}
+        for s in group:
+            seq = s.seq
+            (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1
+            drafts = [got.get(p, {}).get(seq) for p in parts]
+            candidates = [_candidate(d) for d in drafts if d is not None and d.tokens]
+            if not candidates:
+                continue
+            sampling = seq.inp.sampling
+            tree = hybrid_merge.merge_candidates(
+                candidates, s.k, merge_sampled=sampling.greedy or sampling.seed is not None)
+            rows = tree.q_rows()
+            draft = Draft(seq.request_id, tree.tokens,
+                          SparseProbs.from_rows(rows) if rows is not None else None,
+                          parents=tree.parents)
+            checked = self.checked(draft, s.k, max_branch=s.k)
+            if checked is not None:
+                out[seq] = checked
+            else:
+                ms.garbage += 1
+        return out
 
     def _in_target(self, method: str, group: list[Scheduled], ms: MethodStepStats
                    ) -> dict[SequenceState, Draft]:
@@ -171,7 +227,7 @@ class DraftCollector:
                 stats.ahead_misses += 1
                 ms.ahead_misses += 1
             if d.resync:
-                seq.proposer_epoch = -1  # full history on the next step
+                seq.proposer_marks.pop(method, None)  # full history on the next step
                 ms.resyncs += 1
                 continue
             checked = (self.checked(d, k, seq.inp.speculation.num_branches) if d.tokens
@@ -216,15 +272,16 @@ class DraftCollector:
             seq = s.seq
             if needs_hidden and seq.target_hidden is None:
                 continue  # before the first verification there is no hidden state yet
-            full = seq.proposer_epoch != client.epoch
-            new = seq.tokens if full else seq.tokens[seq.proposer_heard:]
+            heard, epoch = seq.proposer_marks.get(client.method, (0, -1))
+            full = epoch != client.epoch
+            new = seq.tokens if full else seq.tokens[heard:]
             steps.append(SequenceStep(seq.request_id, list(new), len(seq.tokens), s.k,
                                       full_history=full, sampling=seq.inp.sampling,
                                       hidden_state=seq.target_hidden if needs_hidden else None,
                                       draft_ahead=ahead,
                                       max_branch=seq.inp.speculation.num_branches))
             wanted[seq.request_id] = (seq, s.k)
-            seq.proposer_heard, seq.proposer_epoch = len(seq.tokens), client.epoch
+            seq.proposer_marks[client.method] = (len(seq.tokens), client.epoch)
         return steps, wanted
 
     def checked(self, d: Draft, k: int, max_branch: int = 1) -> Draft | None:
@@ -278,9 +335,20 @@ class DraftCollector:
     def release(self, seq: SequenceState) -> None:
         """It finished, was aborted or failed."""
         self.in_target.free(seq)
-        client = self.proposers.get(seq.inp.speculation.method or "")
-        if client is not None and seq.proposer_epoch == client.epoch:
-            client.release([seq.request_id])
+        for method in components_of(seq.inp.speculation.method):
+            client = self.proposers.get(method)
+            if client is not None and seq.proposer_marks.get(method, (0, -1))[1] == client.epoch:
+                client.release([seq.request_id])
+
+
+def _candidate(d: Draft) -> hybrid_merge.Candidate:
+    """A checked draft as the merge reads it (ids an in-target head left on the device, read
+    back: the merge compares them)."""
+    if isinstance(d, DeviceDraft) and d.device_tokens is not None:
+        d.tokens[:] = d.device_tokens.tolist()
+        d.device_tokens = None
+    return hybrid_merge.Candidate(list(d.tokens), list(d.parents),
+                                  d.q.rows() if d.q is not None else None)
 
 
 def _count_ask(stats: MethodStats, seq: SequenceState, k: int) -> None:

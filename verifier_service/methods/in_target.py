@@ -45,6 +45,7 @@ and never names a method.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import importlib
 import time
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ from typing import Callable
 from typing import Sequence as Seq
 
 from splitspec import device as dev
-from splitspec.methods import in_target_methods
+from splitspec.methods import components_of, in_target_methods
 from splitspec.params import SamplingParams, SpeculationPlan
 from splitspec.proposal import Draft
 from verifier_service.batching.scheduler import Scheduled
@@ -202,6 +203,7 @@ class InTargetDrafts:
     def __init__(self, methods: dict[str, InTargetMethod]):
         self.methods = methods
         self._states: dict[SequenceState, InTargetState] = {}
+        self._method: dict[SequenceState, str] = {}  # which method each state belongs to
         # seconds the states spent learning from verified steps (observe), per method, not yet
         # taken into its drafting cost; and the whole of it since the last step's account
         self._observe_s: dict[str, float] = {}
@@ -224,28 +226,38 @@ class InTargetDrafts:
     def serves(self, method: str | None) -> bool:
         return method in self.methods
 
+    def method_of(self, plan: SpeculationPlan) -> str | None:
+        """The in-target method a plan drafts with: its method, or a hybrid's in-target one."""
+        return next((m for m in components_of(plan.method) if m in self.methods), None)
+
     @property
     def num_states(self) -> int:
         return len(self._states)
 
     def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
-        if plan.method in self.methods:
-            self.methods[plan.method].check_plan(plan, max_k)
+        method = self.method_of(plan)
+        if method is not None:
+            self.methods[method].check_plan(dataclasses.replace(plan, method=method), max_k)
 
     def admit(self, seq: SequenceState) -> None:
-        """A sequence joined the running batch: a state if its plan names one of these methods."""
+        """A sequence joined the running batch: a state if its plan names one of these methods
+        (itself or as a hybrid's component, which drafts as the method alone would)."""
         plan = seq.inp.speculation
-        if plan.enabled and plan.method in self.methods and seq not in self._states:
-            state = self._states[seq] = self.methods[plan.method].admit(
-                seq.request_id, seq.tokens, seq.inp.sampling, plan)
+        method = self.method_of(plan)
+        if plan.enabled and method is not None and seq not in self._states:
+            state = self._states[seq] = self.methods[method].admit(
+                seq.request_id, seq.tokens, seq.inp.sampling,
+                dataclasses.replace(plan, method=method))
+            self._method[seq] = method
             if seq.num_computed:  # admitted on cached blocks
                 state.restore(seq.block_keys, seq.num_computed)
 
     def reuse_limit(self, seq: SequenceState, keys: Seq[bytes]) -> int:
-        """How many of its cached leading blocks the sequence's method lets it reuse."""
-        plan = seq.inp.speculation
-        if plan.enabled and plan.method in self.methods:
-            return self.methods[plan.method].reuse_limit(keys)
+        """How many of its cached leading blocks the sequence's method (or its hybrid's
+        in-target component) lets it reuse."""
+        method = self.method_of(seq.inp.speculation)
+        if seq.inp.speculation.enabled and method is not None:
+            return self.methods[method].reuse_limit(keys)
         return len(keys)
 
     def committed(self, seq: SequenceState) -> None:
@@ -280,7 +292,7 @@ class InTargetDrafts:
         by_method: dict[str, list[Scheduled]] = {}
         for s in group:
             if s.seq in self._states:
-                by_method.setdefault(s.seq.inp.speculation.method, []).append(s)
+                by_method.setdefault(self._method[s.seq], []).append(s)
         proposed = []
         for name, members in by_method.items():
             got = self.methods[name].propose_many(
@@ -321,7 +333,7 @@ class InTargetDrafts:
         start = time.perf_counter()
         kept = state.observe(outcome)
         spent = time.perf_counter() - start
-        method = seq.inp.speculation.method
+        method = self._method[seq]
         self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
         self.step_observe_s += spent
         return None if kept else spent
@@ -352,5 +364,6 @@ class InTargetDrafts:
 
     def free(self, seq: SequenceState) -> None:
         state = self._states.pop(seq, None)
+        self._method.pop(seq, None)
         if state is not None:
             state.free()
