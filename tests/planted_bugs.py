@@ -301,6 +301,15 @@ def prefix_routing_ignored(monkeypatch) -> None:
                         lambda key, candidates, least, config: (least, "least_load"))
 
 
+def lookahead_floor_of_the_window_alone(monkeypatch) -> None:
+    """The policy's lookahead floor counts the window's nodes only, not the pool candidates'
+    beside it (what the floor was before it was fixed)."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "lookahead_step_nodes",
+                        lambda window, ngram, guesses: window * (ngram - 1))
+
+
 def verifier_accepts_any_lookahead_default(monkeypatch) -> None:
     """The verifier's start-up check forgets lookahead's default window."""
     import verifier_service.config_check as config_check
