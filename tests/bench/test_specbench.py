@@ -146,3 +146,25 @@ def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path):
                     "speculation off", "repeated questions", "Seeded sampling",
                     "Vicuna-7B", "every splitspec configuration is identical"):
         assert heading in report, heading
+
+
+def test_a_configuration_is_one_line_and_reaches_the_request():
+    """A configuration from the command line (how a new kind of request, e.g. a hybrid, is added
+    without editing the table) and one from the table become the SpeculationConfig sent."""
+    from specbench import speculation_pb
+    from specbench_configs import CONFIGS, parse_extra, select
+
+    extra = parse_extra('tree={"mode": "on", "method": "eagle", "num_speculative_tokens": 8, '
+                        '"num_branches": 4}@eagle')
+    assert (extra.key, extra.methods) == ("tree", ("eagle",))
+    chosen = select(["suffix", "tree"], [extra])
+    assert [c.key for c in chosen] == ["off", "suffix", "tree"]  # off first: the reference
+    pb = speculation_pb(extra.speculation)
+    assert (pb.method, pb.num_speculative_tokens, pb.num_branches, pb.details) == (
+        "eagle", 8, 4, True)
+    lookahead = next(c for c in CONFIGS if c.key == "lookahead")
+    assert not speculation_pb(lookahead.speculation).HasField("num_speculative_tokens")
+    with pytest.raises(ValueError):
+        parse_extra("broken=not json@suffix")
+    with pytest.raises(ValueError):
+        select(["nonesuch"], [])
