@@ -81,7 +81,9 @@ def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
         "bench/data/spec_bench/question.jsonl, each through the model's chat template (MT-bench's "
         "second turn after the configuration's own first answer), greedy, batch 1, each answer "
         f"until EOS or {args.max_new_tokens} new tokens. Every system answers the same prompt "
-        "ids; each splitspec configuration in a stack of its own, started for it. Produced by "
+        "ids; " + ("one stack served every splitspec configuration in turn" if args.shared_stack
+                   else "each splitspec configuration in a stack of its own, started for it")
+        + ". Produced by "
         "`python bench/specbench.py` (`make bench-specbench`).", ""]
     lines += markdown_table({"machine": "l", "": "l"}, [[k, v] for k, v in facts.items()])
     lines += [""]
@@ -102,7 +104,7 @@ def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
     if OFF in answers:
         lines += ["## Speed-up against splitspec with speculation off", ""]
         lines += markdown_table(cols, speedup_rows(answers, answers[OFF], groups)) + [""]
-    if result.get("repeat_label"):
+    if result.get("repeat_label") and not args.shared_stack:
         lines += [f"The row *{result['repeat_label']}* is not a configuration: its stack had "
                   "already answered the same questions once (its first pass is the row above "
                   "it), which a cross-request method (suffix) drafts back; the other rows each "
