@@ -211,5 +211,9 @@ def notes(args) -> list[str]:
         f"--max-num-speculative-tokens {args.max_k}.",
         "- Each configuration's stack answers two warm-up requests (a prompt with nothing to "
         "copy) before its timed pass.",
+        "- The verifier's prefix cache is on (its default): an MT-bench second turn reuses its "
+        "first turn's prompt blocks, the warm-up leaves the chat template's opening cached (alike "
+        "for every configuration), and the repeated-question row finds its prompts cached "
+        "whole; Hugging Face computes every prompt afresh.",
         "- Spec-Bench runs 1024 new tokens per answer on GPUs; this run's limit is "
         f"{args.max_new_tokens} (--max-new-tokens).", ""]
