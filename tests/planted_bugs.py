@@ -302,6 +302,37 @@ def prefix_routing_ignored(monkeypatch) -> None:
                         lambda key, candidates, least, config: (least, "least_load"))
 
 
+def lookahead_floor_of_the_window_alone(monkeypatch) -> None:
+    """The policy's lookahead floor counts the window's nodes only, not the pool candidates'
+    beside it (what the floor was before it was fixed)."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "lookahead_step_nodes",
+                        lambda window, ngram, guesses: window * (ngram - 1))
+
+
+def specbench_mean_of_ratios(monkeypatch) -> None:
+    """Spec-Bench's speed-up taken as the mean over questions of each question's ratio of rates,
+    not the ratio of the two mean rates (bench/specbench_speed.py; bench/ on sys.path)."""
+    import statistics
+
+    import specbench_speed
+
+    def mean_of_ratios(answers, baseline):
+        base = {b.question_id: b.tok_s for b in baseline}
+        return statistics.fmean(a.tok_s / base[a.question_id] for a in answers)
+
+    monkeypatch.setattr(specbench_speed, "speedup", mean_of_ratios)
+
+
+def specbench_prefill_dropped(monkeypatch) -> None:
+    """Spec-Bench's per-question rate timed from each turn's first token: the prefill left out."""
+    import specbench_speed
+
+    monkeypatch.setattr(specbench_speed.Answer, "tok_s", property(
+        lambda a: a.tokens / sum(t.seconds - t.ttft for t in a.turns)))
+
+
 def verifier_accepts_any_lookahead_default(monkeypatch) -> None:
     """The verifier's start-up check forgets lookahead's default window."""
     import verifier_service.config_check as config_check

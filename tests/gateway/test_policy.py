@@ -327,17 +327,21 @@ def _with_lookahead(greedy: Acceptance) -> tuple[verifier_pb2.VerifierInfo, Repl
     good = MethodSnapshot(greedy, Acceptance(), ())
     return info, dataclasses.replace(snap, methods={**snap.methods, "lookahead": good})
 
-def test_auto_prices_and_runs_lookahead_with_its_window_never_below_it():
-    """Lookahead's acceptance is measured with its Jacobi window (which feeds its pool), and a
-    step feeds the window only when k holds it (W x (N - 1) nodes): auto weighs lookahead at
-    that many nodes or more, and the plan keeps the verifier's per-step k there too."""
+def test_auto_prices_and_runs_lookahead_with_its_whole_step_never_below_it():
+    """Lookahead's acceptance is measured with its Jacobi window (which feeds its pool) and the
+    pool's candidates beside it, and a step feeds the window only when k holds it (W x (N - 1)
+    nodes), the candidates only in the room left ((W + G) x (N - 1) nodes in all): auto weighs
+    lookahead at that many nodes or more, and the plan keeps the verifier's per-step k there
+    too (tests/gateway/test_policy_lookahead.py checks the verifier's drafting at that k)."""
     info, snap = _with_lookahead(Acceptance(900, 1000, 100, 100))
     d = policy(snap).decide(AUTO, info, True, load())
     assert (d.plan.method, d.reason) == ("lookahead", "goodput")
-    assert d.plan.k >= 6 and d.plan.k_min == 6, d.plan  # 3 x (3 - 1) window nodes
+    floor = min(10, info.max_num_speculative_tokens)  # (3 + 2) x (3 - 1) nodes, or the limit
+    assert info.max_num_speculative_tokens > 6  # above the window's 3 x (3 - 1) alone
+    assert d.plan.k >= floor and d.plan.k_min == floor, d.plan
     on = policy(snap).decide(SpeculationRequest(mode=SpeculationMode.ON, method="lookahead"),
                              info, True, load())
-    assert on.plan.k >= 6 and on.plan.k_min == 6, on.plan
+    assert on.plan.k >= floor and on.plan.k_min == floor, on.plan
 
 
 def test_auto_prices_lookahead_with_the_tree_steps_it_runs():

@@ -2,7 +2,9 @@
 request's fields over the verifier's defaults (VerifierInfo.lookahead_default), and its window
 must fit the verifier's node limit. auto leaves lookahead out when the defaults do not fit (a
 verifier that predates the start-up check) and picks it when they do; a request whose own shape
-does not fit gets INVALID_ARGUMENT naming the field, as a k above the limit does."""
+does not fit gets INVALID_ARGUMENT naming the field, as a k above the limit does. Every
+lookahead plan's node budget holds a whole step: the window and the pool's candidates beside it
+(the verifier's own drafting decides, on a sequence whose pool has a match)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from gateway.policy import Load, PolicyConfig, SpeculationPolicy
 from protos import common_pb2, verifier_pb2
 from splitspec.errors import InvalidArgument
 from splitspec.goodput import Acceptance
-from splitspec.params import LookaheadParams, SpeculationMode, SpeculationRequest
+from splitspec.params import (
+    LookaheadParams,
+    SamplingParams,
+    SpeculationMode,
+    SpeculationRequest,
+)
 from verifier_service.methods.lookahead import LookaheadMethod, LookaheadShape
 
 ADDRESS = "replica-0"
@@ -98,3 +105,48 @@ def test_a_requests_own_shape_over_the_limit_is_invalid_naming_the_field(mode):
 def test_on_with_lookahead_and_a_default_over_the_limit_names_the_field():
     with pytest.raises(InvalidArgument, match="speculation.lookahead.window"):
         lookahead_pays().decide(SpeculationRequest(SpeculationMode.ON, "lookahead"), info(15, 5))
+
+
+def fill_the_window(state, tokens: list[int]) -> None:
+    """Steps a fresh state until its window holds all N - 1 levels (it starts with one and
+    grows a level a step), each step fed whole and emitting one token."""
+    while len(state.levels) < state.shape.ngram - 1:
+        draft = state.propose(tokens, state.shape.max_nodes)
+        state.observe([tokens[-1]], [0] * len(draft.tokens), tokens)
+
+
+def check_plans_hold_a_whole_step(window: int = 3, ngram: int = 3, guesses: int = 2) -> int:
+    """Every lookahead plan the policy makes (on without k, auto; greedy and sampled) gives the
+    verifier's drafting room for its window and for the pool's candidates, at the first step's
+    k and at the per-step floor k_min: the verifier's own LookaheadState proposes both on a
+    sequence that repeats itself. Returns how many lookahead plans were checked."""
+    method = LookaheadMethod(LookaheadShape(window, ngram, guesses))
+    policy, served = lookahead_pays(), info(window, ngram, guesses)
+    tokens = [5, 6, 7, 8] * 4 + [5]  # the pool holds 5 -> (6, 7, ...)
+    checked = 0
+    for _ in range(4):
+        for req in (SpeculationRequest(SpeculationMode.ON, "lookahead"), *REQUESTS[:2]):
+            for greedy in (True, False):
+                plan = policy.decide(req, served, greedy, Load(0, 16, ADDRESS)).plan
+                if plan.method != "lookahead":
+                    continue
+                checked += 1
+                for budget in {plan.k, plan.k_min} if plan.adaptive else {plan.k}:
+                    seq = method.admit(f"r{checked}", tokens, SamplingParams(), plan)
+                    fill_the_window(seq.state, tokens)
+                    draft = seq.state.propose(tokens, budget)
+                    seq.free()
+                    assert draft.window_levels == ngram - 1, (plan, budget)
+                    assert draft.num_candidates == ngram - 1, (plan, budget)
+    return checked
+
+
+def test_a_lookahead_plan_holds_the_window_and_the_candidates():
+    assert check_plans_hold_a_whole_step() > 0
+    assert check_plans_hold_a_whole_step(window=2, ngram=4, guesses=3) > 0
+
+
+def test_the_check_catches_a_floor_of_the_window_alone(monkeypatch):
+    bug.lookahead_floor_of_the_window_alone(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_plans_hold_a_whole_step()

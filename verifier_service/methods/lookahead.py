@@ -46,6 +46,7 @@ from splitspec.params import (
     SamplingParams,
     SpeculationPlan,
     check_lookahead_fits,
+    lookahead_step_nodes,
     lookahead_window_nodes,
 )
 from splitspec.proposal import Draft
@@ -71,7 +72,7 @@ class LookaheadShape:
     @property
     def max_nodes(self) -> int:
         """The most draft nodes one step can feed: window plus G whole candidates."""
-        return self.window_nodes + self.guesses * (self.ngram - 1)
+        return lookahead_step_nodes(self.window, self.ngram, self.guesses)
 
 
 class NGramPool:

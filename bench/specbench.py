@@ -1,0 +1,330 @@
+"""Spec-Bench through the stack (`make bench-specbench`): the field's benchmark, group by group,
+on the real chat model, with Spec-Bench's arithmetic.
+
+    python bench/specbench.py [--model DIR] [--per-group 5 | --all] [--max-new-tokens 256]
+        [--configs off ngram suffix ...] [--config 'KEY={"mode": "on", ...}@METHOD,...']
+        [--repeat suffix] [--seeded [GROUP ...]] [--out bench/reports/specbench.md]
+
+Questions: bench/data/spec_bench/question.jsonl (a held-out quarter of Spec-Bench's 480), N per
+group (--per-group, default 5; --all: every one), each through the model's chat template; an
+MT-bench question's second turn is conditioned on the configuration's own first answer, as
+Spec-Bench does (bench/specbench_data.py). Greedy, batch 1 (one request at a time), each answer
+until EOS or --max-new-tokens (Spec-Bench: 1024). The same prompt ids go to every system.
+
+Systems, in one run, one after the other, nothing else running:
+  * Hugging Face transformers `generate` on the same weights, plain greedy: Spec-Bench's baseline;
+  * splitspec through gateway -> verifier -> proposers (gRPC on 127.0.0.1), each configuration
+    (bench/specbench_configs.py) in a stack started for it and stopped after it, as Spec-Bench
+    runs each method in a process of its own: the suffix proposer remembers every answer it
+    served and the verifier what it measured, so a configuration run after others on the same
+    questions would draft their answers back. One extra row (--repeat, default suffix) runs a
+    configuration's questions a second time on its stack, after its first pass: the
+    repeated-question case, labelled as such, not a configuration of its own.
+
+Reported (bench/specbench_report.py, arithmetic in bench/specbench_speed.py): Spec-Bench's
+speed-up per group and overall against both baselines (HF plain; splitspec off), #MAT, the
+first-position acceptance, tokens/s, whether every greedy answer equals off's (a mismatch is
+listed), and Spec-Bench's published Vicuna-7B rows beside them. --seeded adds a check that
+seeded T 0.8 answers are identical on and off for two groups (untimed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_common import bench_parser  # noqa: E402
+from specbench_configs import (  # noqa: E402
+    CONFIGS,
+    DEFAULT,
+    REPEAT_DEFAULT,
+    Config,
+    parse_extra,
+    select,
+)
+from specbench_data import GROUPS, QUESTIONS, ChatPrompts, Question, load, pick  # noqa: E402
+from specbench_speed import Answer, Turn  # noqa: E402
+
+from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
+from splitspec.methods import METHODS  # noqa: E402
+
+SEEDED_DEFAULT = ("mt_bench", "summarization")
+SEEDED_TEMPERATURE = 0.8
+WARMUP = "Name one river."  # nothing in it to copy: warms a stack without teaching it answers
+GRPC_MODES = {"on": "SPECULATION_MODE_ON", "off": "SPECULATION_MODE_OFF",
+              "auto": "SPECULATION_MODE_AUTO"}
+
+Generate = Callable[[list[int]], Turn]
+
+
+def answer(question: Question, prompts: ChatPrompts, generate: Generate) -> Answer:
+    """Every turn of a question, each prompt holding the earlier turns and their answers."""
+    out, texts = Answer(question.question_id, question.group), []
+    for _ in question.turns:
+        turn = generate(prompts.ids(list(question.turns), texts))
+        out.turns.append(turn)
+        texts.append(prompts.answer_text(list(turn.ids)))
+    return out
+
+
+# -- Hugging Face generate ---------------------------------------------------------------------
+
+class HfPlain:
+    """Spec-Bench's baseline: `generate` on the target, greedy, batch 1, stopping at the EOS ids
+    the verifier stops at; timed around the call (prefill included), as Spec-Bench times its
+    forward function."""
+
+    def __init__(self, model: str):
+        from compare_bench import HfBaselines
+
+        from verifier_service.server import eos_ids
+
+        hf = HfBaselines(model, None)
+        self.torch, self.model = hf.torch, hf.model
+        self.eos = sorted(eos_ids(hf.tok, hf.model))
+        self.pad = hf.tok.pad_token_id if hf.tok.pad_token_id is not None else self.eos[0]
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> Turn:
+        torch = self.torch
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(torch.tensor([ids]), do_sample=False,
+                                      max_new_tokens=max_new_tokens, eos_token_id=self.eos,
+                                      pad_token_id=self.pad)
+        seconds = time.perf_counter() - start
+        new = tuple(out[0, len(ids):].tolist())
+        return Turn(seconds, 0.0, new, steps=len(new))
+
+
+# -- splitspec through the stack ---------------------------------------------------------------
+
+def speculation_pb(spec: dict):
+    """A configuration's speculation (JSON of SpeculationConfig, mode "on"/"off"/"auto") as the
+    message, with per-step details asked."""
+    from google.protobuf import json_format
+
+    from protos import common_pb2
+
+    body = {**spec, "mode": GRPC_MODES[spec["mode"]], "details": True}
+    return json_format.ParseDict(body, common_pb2.SpeculationConfig())
+
+
+class StackClient:
+    """Requests to a running stack's gRPC front door, one at a time, timed from the call to the
+    stream's last message."""
+
+    def __init__(self, stack: Stack):
+        import grpc
+
+        from protos import generation_pb2_grpc
+
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}")
+        self.stub = generation_pb2_grpc.GenerationStub(self.channel)
+
+    def generate(self, ids: list[int], spec: dict, max_new_tokens: int,
+                 seed: int | None = None) -> Turn:
+        from protos import common_pb2
+
+        sampling = (common_pb2.SamplingParams(temperature=0.0, top_p=1.0) if seed is None else
+                    common_pb2.SamplingParams(temperature=SEEDED_TEMPERATURE, top_p=1.0,
+                                              seed=seed))
+        req = common_pb2.GenerateRequest(
+            token_ids=common_pb2.TokenIds(ids=ids), speculation=speculation_pb(spec),
+            sampling=sampling, stopping=common_pb2.StoppingCriteria(max_tokens=max_new_tokens))
+        start = time.perf_counter()
+        first, tokens, usage = None, [], None
+        for chunk in self.stub.Generate(req, timeout=900):
+            if chunk.token_ids:
+                first = first or time.perf_counter()
+                tokens += chunk.token_ids
+            if chunk.HasField("usage"):
+                usage = chunk.usage
+        end = time.perf_counter()
+        s = usage.speculation
+        return Turn(end - start, (first or end) - start, tuple(tokens), int(s.steps),
+                    tuple(s.step_draft_tokens), tuple(s.step_accepted_tokens), s.method)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def stack_config(args, cfg: Config, models: dict[str, str]) -> StackConfig:
+    threads = ["--threads", str(args.threads)] if args.threads else []
+    return StackConfig.with_free_ports(
+        model=args.model, device="cpu", models=models, methods=list(cfg.methods),
+        proposer_args={m: ["--threads", str(args.proposer_threads)] for m in METHODS},
+        log_dir=ROOT / "bench/out/logs/specbench" / cfg.key,
+        verifier_args=[*threads, "--proposer-timeout-ms", "2000",
+                       # lookahead's default shape, whole: (W 3 + G 2) x (N 3 - 1) nodes
+                       "--max-num-speculative-tokens", str(args.max_k)])
+
+
+def missing_models(cfg: Config, models: dict[str, str]) -> list[str]:
+    return [m for m in cfg.methods
+            if METHODS[m].capabilities.needs_model and m not in models]
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+def run_config(args, cfg: Config, client: StackClient, questions: list[Question],
+               prompts: ChatPrompts, seeded: list[Question], out: dict, timed) -> None:
+    """One configuration on its stack: warm-up, the timed pass, the repeated pass when it is
+    --repeat's, the seeded answers when asked."""
+    def gen(ids, seed=None):
+        return client.generate(ids, cfg.speculation, args.max_new_tokens, seed)
+
+    for _ in range(1 if args.shared_stack else 2):  # a shared stack is warm already
+        client.generate(prompts.ids([WARMUP], []), cfg.speculation, 16)
+    out["answers"][cfg.label] = timed(
+        cfg.label, lambda: [answer(q, prompts, gen) for q in questions])
+    if args.repeat == cfg.key:
+        label = f"{cfg.label}, repeated questions (2nd pass, same stack)"
+        out["repeat_label"] = label
+        out["answers"][label] = timed(label, lambda: [answer(q, prompts, gen) for q in questions])
+    if seeded:
+        out["seeded"][cfg.label] = timed(f"{cfg.label}: seeded answers (a check)", lambda: {
+            q.question_id: [t.ids for t in answer(
+                q, prompts, lambda ids, q=q: gen(ids, seed=args.seed + q.question_id)).turns]
+            for q in seeded})
+
+
+def run(args) -> dict:
+    """Every system's answers: {"answers": {row label: [Answer]}, "skipped": {label: why},
+    "seeded": {label: {qid: [ids per turn]}}, "configs": [Config], "repeat_label": str | None,
+    "timing": {label: seconds}}."""
+    import torch
+    from transformers import AutoTokenizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    questions = pick(load(args.questions), None if args.all else args.per_group,
+                     tuple(args.groups))
+    prompts = ChatPrompts(AutoTokenizer.from_pretrained(args.model, local_files_only=True),
+                          args.max_prompt_tokens)
+    extra = [parse_extra(x) for x in args.config]
+    configs = select([*args.configs, *(e.key for e in extra)], extra)
+    models = sibling_proposer_models(args.model)
+    seeded = [q for q in questions if q.group in args.seeded] if args.seeded else []
+    out = {"answers": {}, "skipped": {}, "seeded": {}, "configs": configs, "timing": {},
+           "repeat_label": None, "questions": questions}
+
+    def timed(label: str, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        out["timing"][label] = time.perf_counter() - t0
+        print(f"[specbench] {label}: {out['timing'][label]:.0f} s", flush=True)
+        return result
+
+    if args.hf:
+        hf = timed("HF plain: loaded", lambda: HfPlain(args.model))
+        hf.generate(prompts.ids([WARMUP], []), 16)  # first calls pay one-off costs
+        out["answers"]["HF plain"] = timed("HF plain", lambda: [
+            answer(q, prompts, lambda ids: hf.generate(ids, args.max_new_tokens))
+            for q in questions])
+        del hf
+    runnable = []
+    for cfg in configs:
+        if (missing := missing_models(cfg, models)):
+            out["skipped"][cfg.label] = f"no model beside the target for {', '.join(missing)}"
+        else:
+            runnable.append(cfg)
+    shared = None
+    if args.shared_stack:  # one stack serving every configuration's methods, in turn
+        union = Config("shared", "shared", {}, tuple(dict.fromkeys(
+            m for c in runnable for m in c.methods)))
+        shared = Stack(stack_config(args, union, models))
+        timed("a stack for every configuration, up", shared.start)
+    try:
+        for cfg in runnable:
+            stack = shared or Stack(stack_config(args, cfg, models))
+            if shared is None:
+                timed(f"{cfg.label}: its stack, up", stack.start)
+            client = StackClient(stack)
+            try:
+                run_config(args, cfg, client, questions, prompts, seeded, out, timed)
+            finally:
+                client.close()
+                if shared is None:
+                    stack.stop()
+    finally:
+        if shared is not None:
+            shared.stop()
+    return out
+
+
+def parser():
+    ap = bench_parser(__doc__)
+    ap.set_defaults(model=str(ROOT / "models/smollm2-135m-instruct"))
+    ap.add_argument("--questions", default=str(QUESTIONS))
+    ap.add_argument("--per-group", type=int, default=5, help="questions per group")
+    ap.add_argument("--all", action="store_true", help="every question of the file")
+    ap.add_argument("--groups", nargs="+", default=list(GROUPS), choices=list(GROUPS))
+    ap.add_argument("--max-new-tokens", type=int, default=256,
+                    help="per answer (Spec-Bench: 1024)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="keep only a prompt's last N ids (a target with a short context)")
+    ap.add_argument("--configs", nargs="*", default=list(DEFAULT),
+                    help="configurations by key (bench/specbench_configs.py): "
+                         + " ".join(c.key for c in CONFIGS))
+    ap.add_argument("--config", action="append", default=[],
+                    help='one more: KEY={"mode": "on", "method": ...}@METHOD,METHOD '
+                         "(the request's SpeculationConfig as JSON; the methods its stack serves)")
+    ap.add_argument("--repeat", default=REPEAT_DEFAULT,
+                    help="the configuration whose questions run a second time on its stack "
+                         "(the repeated-question row; 'none': no such row)")
+    ap.add_argument("--seeded", nargs="*", default=None, choices=list(GROUPS),
+                    help="check seeded T 0.8 answers identical on and off for these groups "
+                         f"(no group given: {' '.join(SEEDED_DEFAULT)})")
+    ap.add_argument("--seed", type=int, default=1000, help="seeded answers: seed + question id")
+    ap.add_argument("--no-hf", dest="hf", action="store_false",
+                    help="leave Hugging Face's baseline out")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the target in HF and in the verifier (0: torch "
+                         "default; 1: two multi-threaded processes would oversubscribe 2 cores)")
+    ap.add_argument("--proposer-threads", type=int, default=1)
+    ap.add_argument("--max-k", type=int, default=10,
+                    help="the verifier's --max-num-speculative-tokens (every stack)")
+    ap.add_argument("--shared-stack", action="store_true",
+                    help="one stack for every configuration, in turn (quick, for tests: a "
+                         "cross-request method then drafts the answers of those before it)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 question per group, 16 tokens: proves the harness end to end")
+    ap.add_argument("--json", default=str(ROOT / "bench/out/specbench.json"),
+                    help="every answer's measurements, for a closer look")
+    ap.add_argument("--out", default=str(ROOT / "bench/reports/specbench.md"))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from specbench_report import write_report
+
+    args = parser().parse_args(argv)
+    if args.seeded == []:
+        args.seeded = list(SEEDED_DEFAULT)
+    if args.smoke:
+        args.per_group, args.max_new_tokens, args.all = 1, 16, False
+    from compare_bench import machine_facts
+
+    facts = machine_facts(args.threads, args.proposer_threads)
+    started = time.perf_counter()
+    result = run(args)
+    result["wall_s"] = time.perf_counter() - started
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(
+        {"answers": {k: [asdict(a) for a in v] for k, v in result["answers"].items()},
+         "seeded": {k: {str(q): v for q, v in s.items()} for k, s in result["seeded"].items()},
+         "skipped": result["skipped"], "timing": result["timing"]}, indent=1))
+    write_report(Path(args.out), result, facts, args)
+    return result
+
+
+if __name__ == "__main__":
+    main()

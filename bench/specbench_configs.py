@@ -1,0 +1,86 @@
+"""The configurations bench/specbench.py measures, one line each.
+
+A configuration is what a client asks (the request's `speculation`, written as the JSON of the
+SpeculationConfig message: field names as in protos/common.proto, `mode` one of "on", "off",
+"auto") and which methods its stack serves (proposer processes to start; in-target methods are
+served by the verifier, those with a model when the target has one beside it). Each runs in a
+stack of its own, started for it. A new kind of request is one more line, e.g.
+
+    Config("hybrid", "hybrid suffix+eagle", {"mode": "on", "method": "hybrid", ...},
+           ("suffix", "eagle")),
+
+or, without editing this file, `--config 'hybrid={"mode": "on", "method": "hybrid"}@suffix,eagle'`
+on the command line (`parse_extra`).
+
+k per method: one each, where bench-real measured it best on held-out chat for the drafters
+(drafts are rarely accepted past the second or third position there), 4 for the copying methods
+(Spec-Bench's summarization and RAG copy long spans), EAGLE also as bench-real's 8-node tree,
+lookahead at its default shape as a user asks it (no k: the gateway plans its whole step).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+ALL_METHODS = ("ngram", "suffix", "draft", "mlp", "eagle", "lookahead")
+
+
+@dataclass(frozen=True)
+class Config:
+    key: str  # the name --configs selects it by
+    label: str  # its row in the report
+    speculation: dict  # the request's SpeculationConfig as JSON (details are always asked)
+    methods: tuple[str, ...] = ()  # what its stack serves
+
+    @property
+    def is_off(self) -> bool:
+        return self.speculation.get("mode") == "off"
+
+
+def on(method: str, k: int | None = None, **extra) -> dict:
+    spec = {"mode": "on", "method": method, **extra}
+    if k is not None:
+        spec["num_speculative_tokens"] = k
+    return spec
+
+
+CONFIGS = [
+    Config("off", "off", {"mode": "off"}),
+    Config("ngram", "ngram k=4", on("ngram", 4), ("ngram",)),
+    Config("suffix", "suffix k=4", on("suffix", 4), ("suffix",)),
+    Config("draft", "draft k=3", on("draft", 3), ("draft",)),
+    Config("mlp", "mlp k=2", on("mlp", 2), ("mlp",)),
+    Config("eagle", "eagle k=3", on("eagle", 3), ("eagle",)),
+    Config("eagle-tree", "eagle tree b=4, 8 nodes", on("eagle", 8, num_branches=4), ("eagle",)),
+    Config("lookahead", "lookahead W3 N3 G2 (default)", on("lookahead"), ("lookahead",)),
+    Config("auto", "auto", {"mode": "auto"}, ALL_METHODS),
+]
+# every method once; the tree is asked by name (--configs ... eagle-tree): at 256 new tokens a
+# configuration costs about 3-4 minutes of this CPU, Hugging Face's baseline about 8
+DEFAULT = tuple(c.key for c in CONFIGS if c.key != "eagle-tree")
+REPEAT_DEFAULT = "suffix"  # the cross-request method: what a repeated question changes most
+
+
+def parse_extra(item: str) -> Config:
+    """KEY=JSON@METHOD,METHOD (the label is the key)."""
+    key, _, rest = item.partition("=")
+    spec, _, methods = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    try:
+        speculation = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config {item!r}: the speculation is not JSON ({exc})") from None
+    if not key or not isinstance(speculation, dict) or "mode" not in speculation:
+        raise ValueError(f"--config {item!r}: want KEY={{\"mode\": ...}}@METHOD,...")
+    return Config(key, key, speculation, tuple(m for m in methods.split(",") if m))
+
+
+def select(keys: list[str], extra: list[Config]) -> list[Config]:
+    """The configurations named, in the order given, off first whatever the order (the
+    lossless check compares every other one with it)."""
+    known = {c.key: c for c in [*CONFIGS, *extra]}
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise ValueError(f"unknown configuration(s) {unknown}; known: {sorted(known)}")
+    chosen = [known[k] for k in dict.fromkeys(["off", *keys])]
+    return chosen

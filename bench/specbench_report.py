@@ -1,0 +1,219 @@
+"""bench/specbench.py's report: Spec-Bench's table layout (a row per configuration, a column per
+group, #MAT, overall) against both baselines, the greedy check against off, acceptance, and
+Spec-Bench's published Vicuna-7B rows beside it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import specbench_speed as speed
+from bench_common import markdown_table, write_markdown
+from specbench_data import GROUPS
+from specbench_published import DEVICES, SOURCE, VICUNA_7B
+from specbench_speed import Answer
+
+HF = "HF plain"
+OFF = "off"
+
+
+def by_group(answers: list[Answer]) -> dict[str, list[Answer]]:
+    """Each group's answers, and "overall": every answer."""
+    out = {g: [a for a in answers if a.group == g] for g in GROUPS}
+    return {**{g: v for g, v in out.items() if v}, "overall": list(answers)}
+
+
+def mismatches(answers: list[Answer], reference: list[Answer]) -> list[str]:
+    """Each (question, turn) whose token ids differ from the reference's: where and how."""
+    ref = {a.question_id: a for a in reference}
+    out = []
+    for a in answers:
+        for i, (t, r) in enumerate(zip(a.turns, ref[a.question_id].turns)):
+            if t.ids != r.ids:
+                at = next((j for j, (x, y) in enumerate(zip(t.ids, r.ids)) if x != y),
+                          min(len(t.ids), len(r.ids)))
+                out.append(f"question {a.question_id} ({a.group}) turn {i + 1}: first differs "
+                           f"at token {at} ({len(t.ids)} vs {len(r.ids)} tokens)")
+    return out
+
+
+def same_column(label: str, answers: list[Answer], off: list[Answer] | None) -> str:
+    if off is None:
+        return "-"
+    if label == OFF:
+        return "(reference)"
+    bad = mismatches(answers, off)
+    turns = sum(len(a.turns) for a in answers)
+    if label == HF:
+        return ("same" if not bad else f"{len(bad)} of {turns} differ (other kernels; "
+                "not a lossless check)")
+    return "yes" if not bad else f"**NO: {len(bad)} of {turns} answers differ**"
+
+
+def speedup_rows(answers: dict[str, list[Answer]], base: list[Answer],
+                 groups: list[str]) -> list[list[object]]:
+    rows = []
+    off = answers.get(OFF)
+    for label, mine in answers.items():
+        g_mine, g_base = by_group(mine), by_group(base)
+        cells = [f"{speed.speedup(g_mine[g], g_base[g]):.2f}x" for g in groups]
+        rows.append([label, *cells, f"{speed.mean_accepted_tokens(mine):.2f}",
+                     f"**{speed.speedup(mine, base):.2f}x**", same_column(label, mine, off)])
+    return rows
+
+
+def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
+    answers: dict[str, list[Answer]] = result["answers"]
+    questions = result["questions"]
+    groups = [g for g in GROUPS if any(q.group == g for q in questions)]
+    heads = [GROUPS[g] for g in groups]
+    per_group = Counter(q.group for q in questions)
+    smoke = args.smoke or args.max_new_tokens < 64
+    lines = [f"# Spec-Bench on `{Path(args.model).name}`" + (" (SMOKE RUN)" if smoke else ""),
+             ""]
+    if smoke:
+        lines += ["**A smoke run: it proves the harness end to end; its numbers say nothing "
+                  f"about speed** ({args.max_new_tokens} tokens per answer).", ""]
+    lines += [
+        f"{len(questions)} Spec-Bench questions ("
+        + ", ".join(f"{GROUPS[g]} {per_group[g]}" for g in groups)
+        + f"; {sum(len(q.turns) for q in questions)} turns) from "
+        "bench/data/spec_bench/question.jsonl, each through the model's chat template (MT-bench's "
+        "second turn after the configuration's own first answer), greedy, batch 1, each answer "
+        f"until EOS or {args.max_new_tokens} new tokens. Every system answers the same prompt "
+        "ids; " + ("one stack served every splitspec configuration in turn" if args.shared_stack
+                   else "each splitspec configuration in a stack of its own, started for it")
+        + ". Produced by "
+        "`python bench/specbench.py` (`make bench-specbench`).", ""]
+    lines += markdown_table({"machine": "l", "": "l"}, [[k, v] for k, v in facts.items()])
+    lines += [""]
+    speed_note = (
+        "Speed-up as Spec-Bench's evaluation/speed.py computes it: per question, tokens/s = its "
+        "new tokens (all turns) over its wall time (all turns, each from the request to its "
+        "last token: prefill included); per group, the **ratio of the means** of those per-"
+        "question rates (mean over the group's questions of the configuration's tok/s, over "
+        "the same mean of the baseline's), not a mean of per-question ratios; overall: the "
+        "same over every question. #MAT: tokens emitted per target forward, every step of "
+        "every answer pooled (Spec-Bench's mean accepted tokens; 1.00 without speculation).")
+    cols = {"configuration": "l", **{h: "r" for h in heads}, "#MAT": "r", "overall": "r",
+            "greedy = off": "l"}
+    if HF in answers:
+        lines += ["## Speed-up against Hugging Face `generate` (Spec-Bench's baseline)", "",
+                  speed_note, ""]
+        lines += markdown_table(cols, speedup_rows(answers, answers[HF], groups)) + [""]
+    if OFF in answers:
+        lines += ["## Speed-up against splitspec with speculation off", ""]
+        lines += markdown_table(cols, speedup_rows(answers, answers[OFF], groups)) + [""]
+    if result.get("repeat_label") and not args.shared_stack:
+        lines += [f"The row *{result['repeat_label']}* is not a configuration: its stack had "
+                  "already answered the same questions once (its first pass is the row above "
+                  "it), which a cross-request method (suffix) drafts back; the other rows each "
+                  "ran on a stack that had seen none of them.", ""]
+    lines += ["## Tokens per second (mean over questions), #MAT and first-position "
+              "acceptance per group", "",
+              "Each cell: tok/s / #MAT / first-position acceptance (of the steps that verified "
+              "a draft, the share whose first draft token was accepted; - without drafts).", ""]
+    rows = []
+    for label, mine in answers.items():
+        cells = []
+        for ans in by_group(mine).values():
+            fpa = speed.first_position_acceptance(ans)
+            cells.append(f"{speed.mean_tok_s(ans):.1f} / {speed.mean_accepted_tokens(ans):.2f} / "
+                         + ("-" if fpa is None else f"{fpa:.2f}"))
+        rows.append([label, *cells])
+    lines += markdown_table({"configuration": "l", **{h: "r" for h in heads}, "overall": "r"},
+                            rows) + [""]
+    auto = {label: a for label, a in answers.items() if label.startswith("auto")}
+    for label, mine in auto.items():
+        chose = Counter(t.method or "off" for a in mine for t in a.turns)
+        lines += [f"What `{label}` ran, per answer: "
+                  + ", ".join(f"{m} x{n}" for m, n in chose.most_common()) + ".", ""]
+    lines += mismatch_section(answers)
+    if result["seeded"]:
+        lines += seeded_section(result["seeded"], args)
+    if result["skipped"]:
+        lines += ["Not run: " + "; ".join(f"{k} ({v})" for k, v in result["skipped"].items())
+                  + ".", ""]
+    lines += published_section()
+    lines += ["## Wall time of each pass", ""]
+    lines += markdown_table({"system": "l", "seconds": "r"},
+                            [[k, f"{v:.0f}"] for k, v in result["timing"].items()]
+                            + [["whole run (stacks starting included)",
+                                f"{result.get('wall_s', 0):.0f}"]]) + [""]
+    lines += notes(args)
+    if args.shared_stack:
+        lines[2:2] = ["**One stack served every configuration in turn (--shared-stack)**: a "
+                      "check of the harness, not a measurement (a cross-request method drafts "
+                      "the answers of the configurations before it).", ""]
+    write_markdown(out, lines)
+
+
+def mismatch_section(answers: dict[str, list[Answer]]) -> list[str]:
+    off = answers.get(OFF)
+    if off is None:
+        return []
+    bad = {label: mismatches(mine, off) for label, mine in answers.items()
+           if label not in (OFF, HF)}
+    bad = {k: v for k, v in bad.items() if v}
+    if not bad:
+        return ["Every greedy answer of every splitspec configuration is identical, token for "
+                "token, to speculation off's.", ""]
+    lines = ["## GREEDY OUTPUT DIFFERS FROM OFF", "",
+             "**Lossless decoding is broken: these answers differ from speculation off's.**", ""]
+    for label, items in bad.items():
+        lines += [f"- **{label}**: " + "; ".join(items)]
+    return lines + [""]
+
+
+def seeded_section(seeded: dict[str, dict[int, list]], args) -> list[str]:
+    ref = seeded.get(OFF, {})
+    rows = []
+    for label, answers in seeded.items():
+        if label == OFF:
+            continue
+        same = sum(answers[q] == ref.get(q) for q in answers)
+        rows.append([label, f"{same} of {len(answers)}",
+                     "yes" if same == len(answers) else "**NO**"])
+    return (["## Seeded sampling: identical on and off", "",
+             f"Temperature 0.8, seed {args.seed} + question id, the questions of "
+             f"{', '.join(GROUPS[g] for g in args.seeded)} (untimed, after each configuration's "
+             "greedy pass): every turn's token ids against speculation off's.", ""]
+            + markdown_table({"configuration": "l", "questions identical": "r", "all": "l"},
+                             rows) + [""])
+
+
+def published_section() -> list[str]:
+    lines = ["## Published: Spec-Bench's Vicuna-7B rows (another model, on another device)", "",
+             f"From {SOURCE}. **Not comparable cell by cell**: Vicuna-7B-v1.3 in FP16 on a GPU, "
+             "against Hugging Face plain decoding of the same model there; the rows above are a "
+             "135M-parameter model on this CPU. They show what the field reports per group.", ""]
+    cols = {"method": "l", **{h: "r" for h in GROUPS.values()}, "#MAT": "r", "overall": "r"}
+    for device, rows in VICUNA_7B.items():
+        lines += [f"{device}: {DEVICES[device]}.", ""]
+        lines += markdown_table(cols, [[name, *(f"{v:.2f}x" for v in cells[:6]),
+                                        f"{cells[6]:.2f}", f"{cells[7]:.2f}x"]
+                                       for name, *cells in rows]) + [""]
+    return lines
+
+
+def notes(args) -> list[str]:
+    return [
+        "## Notes", "",
+        "- Spec-Bench counts its baseline's tokens by tokenizing the answer text again; here "
+        "every system counts the token ids it generated (EOS included when it stopped there), "
+        "which are the same ids wherever the answers are identical.",
+        "- Wall time is the client's: for splitspec, from sending the request to the gRPC "
+        "front door to its stream's last message (gateway, verifier, proposers; prompt ids "
+        "sent, so no tokenizing); for Hugging Face, the `generate` call. Prompts are rendered "
+        "and tokenized before the clock starts, as in Spec-Bench.",
+        f"- Threads: {args.threads} for the target in HF and in the verifier, "
+        f"{args.proposer_threads} per proposer; every stack's verifier has "
+        f"--max-num-speculative-tokens {args.max_k}.",
+        "- Each configuration's stack answers two warm-up requests (a prompt with nothing to "
+        "copy) before its timed pass.",
+        "- The verifier's prefix cache is on (its default): an MT-bench second turn reuses its "
+        "first turn's prompt blocks, the warm-up leaves the chat template's opening cached (alike "
+        "for every configuration), and the repeated-question row finds its prompts cached "
+        "whole; Hugging Face computes every prompt afresh.",
+        "- Spec-Bench runs 1024 new tokens per answer on GPUs; this run's limit is "
+        f"{args.max_new_tokens} (--max-new-tokens).", ""]
