@@ -177,12 +177,13 @@ def train(a, log) -> None:
     sched = LMTrainConfig(steps=a.steps, batch_size=a.batch, seq_len=0, lr=a.lr, warmup=30,
                           minutes=a.train_minutes)
     state_path = a.work / "train-state.pt"
-    step, seen, history, spent = 0, 0, [], 0.0
+    step, seen, history, spent, started = 0, 0, [], 0.0, init_record(a)
     if a.resume and state_path.exists():
         st = torch.load(state_path)
         params.load_state_dict(st["params"])
         opt.load_state_dict(st["opt"])
         step, seen, history, spent = st["step"], st["seen"], st["history"], st["minutes"]
+        started = st.get("init", started)  # what the first sitting started from
         log(f"train: resumed at step {step} ({seen} answer tokens, {spent:.1f} min)")
     rng = random.Random(1000 + step)
     t0 = time.time() - spent * 60
@@ -226,7 +227,8 @@ def train(a, log) -> None:
                             "minutes": round(minutes, 1), "acceptance": acc})
             log(f"train eval step {step}: {json.dumps(acc)}")
             torch.save({"params": params.state_dict(), "opt": opt.state_dict(), "step": step,
-                        "seen": seen, "history": history, "minutes": minutes}, state_path)
+                        "seen": seen, "history": history, "minutes": minutes,
+                        "init": started}, state_path)
         if done:
             break
     out = Path(a.out)
@@ -238,7 +240,7 @@ def train(a, log) -> None:
         "ttt_steps": a.ttt_steps, "ttt_decay": a.ttt_decay, "prompt_weight": a.prompt_weight,
         "scale_features": bool(a.scale_features),
         "lr": a.lr, "batch": a.batch, "vocab": {k: v for k, v in vocab.items() if k != "ids"},
-        "history": history, "init": init_record(a)}, indent=2) + "\n")
+        "history": history, "init": started}, indent=2) + "\n")
     log(f"train: head written to {out}")
 
 

@@ -7,8 +7,8 @@ Both heads are measured on the same answers: greedy chain acceptance per positio
 the training-time test's forward, scripts/eagle_ttt.py) and tokens per step of chains of 1..k
 (greedy decoding simulated along the answer). The candidate wins when, on chat and on code, both
 its first-position acceptance and its mean accepted drafts per step at its best chain length are
-higher than the shipped head's. With --replace a winner's files replace the shipped head's (then
-`train_eagle.py --stages eval` rewrites its eval.json and README.md). The comparison is written to
+higher than the shipped head's. With --replace a winner's files replace the shipped head's and
+`train_eagle.py --stages eval` rewrites its eval.json and README.md. The comparison is written to
 data/eagle-real/gonogo.json either way.
 """
 
@@ -89,6 +89,11 @@ def main(argv=None) -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"candidate wins: {res['candidate_wins']}; replaced: {res['replaced']}")
+    if res["replaced"]:  # the new head's eval.json and README.md
+        import train_eagle
+
+        train_eagle.main(["--family", "real", "--stages", "eval", "--work", str(a.work),
+                          "--out", str(a.shipped), "--threads", str(a.threads)])
 
 
 if __name__ == "__main__":

@@ -640,3 +640,28 @@ def eagle_teacher_forced_features_one_position_late(monkeypatch) -> None:
         return [(torch.cat([f[1:], f[-1:]]), i, p, a) for f, i, p, a in out]
 
     monkeypatch.setattr(ef, "teacher_forced", late)
+
+
+def eagle_warm_start_fc_not_unfolded(monkeypatch) -> None:
+    """Continuing a stored EAGLE head takes its fc as stored: this run's feature scale is then
+    folded in a second time when the head is written."""
+    ef = _scripts_module("eagle_fit")
+
+    def start_from(self, w):
+        with torch.no_grad():
+            for n in ef.PARAMS:
+                getattr(self, n).copy_(getattr(w, n).float())
+
+    monkeypatch.setattr(ef.HeadParams, "start_from", start_from)
+
+
+def eagle_gonogo_either_measure(monkeypatch) -> None:
+    """The EAGLE go/no-go lets a candidate replace the shipped head when it is better on either
+    measure of any kind."""
+    gonogo = _scripts_module("eagle_gonogo")
+
+    def lenient(shipped, candidate):
+        return any(candidate[k][m] > shipped[k][m] for k in shipped
+                   for m in ("first_position_acceptance", "mean_accepted_per_step"))
+
+    monkeypatch.setattr(gonogo, "verdict", lenient)
