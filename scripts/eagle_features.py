@@ -108,7 +108,7 @@ def run(a, log=log) -> None:
         if time.time() > deadline:
             log("features: wall-clock cap reached (rerun to resume)")
             break
-        t0 = time.time()
+        t0, c0 = time.time(), time.process_time()
         answers = eed.load_answers_of(shard)
         recs, same, total = shard_records(model, answers, layers, a.top_k, a.batch)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,7 +118,8 @@ def run(a, log=log) -> None:
         secs = time.time() - t0
         stats["shards"][shard.name] = {"answers": len(recs), "answer_tokens": total,
                                        "argmax_agreement": same / max(total, 1),
-                                       "seconds": round(secs, 1)}
+                                       "seconds": round(secs, 1),
+                                       "cpu_seconds": round(time.process_time() - c0, 1)}
         stats_path.write_text(json.dumps(stats, indent=1) + "\n")
         log(f"features: {out.name} ({len(recs)} answers, {total} answer tokens, argmax "
             f"agreement {same / max(total, 1):.4f}, {secs:.0f} s)")
