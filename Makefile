@@ -181,15 +181,24 @@ models-real: $(STAMP) real-model
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages eval
 
 # EAGLE-3 heads on the target's own features, for the real chat model and the toy family
-# (models/smollm2-135m-instruct-eagle, models/target-eagle): the target writes its training
-# requests (real), answers them greedily keeping its features, the draft vocabulary is ranked,
-# the head trained with EAGLE-3's training-time test and measured on held-out prompts (its
-# README.md). Hours on one thread, each stage capped; every stage resumes what a killed run left
-# under runs/eagle-<family>/ (train with --resume). Background-friendly:
+# (models/smollm2-135m-instruct-eagle, models/target-eagle). Real: the verifier engine answers
+# templated requests clear of Spec-Bench, greedily and many at once (token ids saved in shards
+# under data/eagle-real/, committed); one teacher-forced forward gives their features
+# (runs/eagle-real/train-engine/); the shipped head is trained on further with EAGLE-3's
+# training-time test into runs/eagle-real/candidate, and replaces the shipped head only if it
+# beats it on the held-out prompts (data/eagle-real/gonogo.json). Toy: the target answers code
+# windows keeping its features, vocabulary, training, held-out measure (its README.md). Hours on
+# one thread, each step capped (EAGLE_DATA_ARGS="--minutes 120", EAGLE_TRAIN_ARGS="--train-minutes
+# 240": the training cap counts every sitting); every step resumes what a killed run left.
+# Background-friendly:
 #   nohup make models-eagle > runs/eagle.log 2>&1 &
 .PHONY: models-eagle
 models-eagle: $(STAMP) real-model
-	OMP_NUM_THREADS=1 $(PY) scripts/train_eagle.py --family real
+	OMP_NUM_THREADS=1 $(PY) scripts/eagle_engine_data.py $(EAGLE_DATA_ARGS)
+	OMP_NUM_THREADS=1 $(PY) scripts/eagle_features.py
+	OMP_NUM_THREADS=1 $(PY) scripts/train_eagle.py --family real --stages data,train --resume \
+		--init models/smollm2-135m-instruct-eagle --out runs/eagle-real/candidate $(EAGLE_TRAIN_ARGS)
+	OMP_NUM_THREADS=1 $(PY) scripts/eagle_gonogo.py --candidate runs/eagle-real/candidate --replace
 	OMP_NUM_THREADS=1 $(PY) scripts/train_eagle.py --family toy
 
 # Re-measure models/README.md's figures (held-out loss, acceptance per proposer and position).

@@ -108,10 +108,32 @@ class HeadParams(torch.nn.Module):
         self.norm = torch.nn.Parameter(target["norm"].clone())
         self.lm_head = torch.nn.Parameter(target["head"][torch.tensor(ids)].clone())
 
+    def start_from(self, w: EagleWeights) -> None:
+        """Take a stored head's tensors (fc unfolded from this run's feature scale)."""
+        with torch.no_grad():
+            for n in PARAMS:
+                src = getattr(w, n).float()
+                if n == "fc":
+                    src = src / self.scale[None, :]
+                getattr(self, n).copy_(src)
+
     def weights(self, d2t: torch.Tensor, t2d: torch.Tensor) -> EagleWeights:
         w = {n: getattr(self, n) for n in PARAMS}
         w["fc"] = self.fc * self.scale[None, :]
         return EagleWeights(**w, d2t=d2t, t2d=t2d)
+
+
+def load_init(path) -> tuple[EagleSpec, EagleWeights, list[int], dict]:
+    """A head to continue training from: (spec, weights, its draft vocabulary's target ids, the
+    vocabulary record of its training.json, without the ids)."""
+    from verifier_service.methods.eagle import checkpoint as eagle_format
+
+    spec, w = eagle_format.load(path)
+    ids = (torch.arange(len(w.d2t)) + w.d2t.long()).tolist()
+    info = {}
+    if (Path(path) / "training.json").exists():
+        info = json.loads((Path(path) / "training.json").read_text()).get("vocab", {})
+    return spec, w, ids, dict(info, draft_vocab_size=len(ids), ids=ids)
 
 
 def _kinds(records: list[dict]) -> dict[str, list[dict]]:
@@ -131,14 +153,21 @@ def train(a, log) -> None:
     from train_models import LMTrainConfig, lr_at, make_optimizer
 
     cfg, target = target_tensors(a)
-    vocab = json.loads((a.work / "vocab.json").read_text())
-    ids = vocab["ids"]
+    init = load_init(a.init) if getattr(a, "init", None) else None
+    if init is not None:  # the starting head's draft vocabulary, so its lm_head rows still fit
+        ids, vocab = init[2], init[3]
+    else:
+        vocab = json.loads((a.work / "vocab.json").read_text())
+        ids = vocab["ids"]
     spec = head_spec(a, cfg, len(ids))
     d2t, t2d, t2d_index = draft_maps(ids, cfg["vocab_size"])
     train_recs = [r for d in sorted(a.work.glob("train*")) if d.is_dir()
                   for r in ed.load_records(d)]
     params = HeadParams(spec, target, ids, feature_scale(train_recs) if a.scale_features
                         else None)
+    if init is not None:
+        params.start_from(init[1])
+        log(f"train: starting from the head in {a.init}")
     n_params = sum(p.numel() for p in params.parameters())
     val = ed.load_records(a.work / "val")
     probe = [r for i, r in enumerate(val) if i % 5 == 0]
@@ -148,12 +177,13 @@ def train(a, log) -> None:
     sched = LMTrainConfig(steps=a.steps, batch_size=a.batch, seq_len=0, lr=a.lr, warmup=30,
                           minutes=a.train_minutes)
     state_path = a.work / "train-state.pt"
-    step, seen, history, spent = 0, 0, [], 0.0
+    step, seen, history, spent, started = 0, 0, [], 0.0, init_record(a)
     if a.resume and state_path.exists():
         st = torch.load(state_path)
         params.load_state_dict(st["params"])
         opt.load_state_dict(st["opt"])
         step, seen, history, spent = st["step"], st["seen"], st["history"], st["minutes"]
+        started = st.get("init", started)  # what the first sitting started from
         log(f"train: resumed at step {step} ({seen} answer tokens, {spent:.1f} min)")
     rng = random.Random(1000 + step)
     t0 = time.time() - spent * 60
@@ -197,7 +227,8 @@ def train(a, log) -> None:
                             "minutes": round(minutes, 1), "acceptance": acc})
             log(f"train eval step {step}: {json.dumps(acc)}")
             torch.save({"params": params.state_dict(), "opt": opt.state_dict(), "step": step,
-                        "seen": seen, "history": history, "minutes": minutes}, state_path)
+                        "seen": seen, "history": history, "minutes": minutes,
+                        "init": started}, state_path)
         if done:
             break
     out = Path(a.out)
@@ -209,8 +240,19 @@ def train(a, log) -> None:
         "ttt_steps": a.ttt_steps, "ttt_decay": a.ttt_decay, "prompt_weight": a.prompt_weight,
         "scale_features": bool(a.scale_features),
         "lr": a.lr, "batch": a.batch, "vocab": {k: v for k, v in vocab.items() if k != "ids"},
-        "history": history}, indent=2) + "\n")
+        "history": history, "init": started}, indent=2) + "\n")
     log(f"train: head written to {out}")
+
+
+def init_record(a) -> dict | None:
+    """What the run started from (--init): the directory and its own training summary."""
+    if not getattr(a, "init", None):
+        return None
+    path = Path(a.init) / "training.json"
+    prev = json.loads(path.read_text()) if path.exists() else {}
+    return {"dir": str(Path(a.init).resolve().relative_to(Path(a.init).resolve().parents[1])),
+            **{k: prev[k] for k in ("steps", "train_minutes", "answer_tokens_seen",
+                                    "train_answers") if k in prev}}
 
 
 # -- evaluation ----------------------------------------------------------------------------------

@@ -275,6 +275,8 @@ def main(argv=None) -> None:
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--train-minutes", type=float, default=120)
     p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--init", type=Path, help="train: start from this head's weights and draft "
+                   "vocabulary (e.g. the shipped head) instead of a fresh one")
     p.add_argument("--resume", action="store_true", help="train: continue from the checkpoint "
                    "under runs/ (its optimiser state and step)")
     p.add_argument("--eval-k", type=int, default=6, help="eval: chain length measured")

@@ -901,3 +901,65 @@ def policy_prices_a_class_without_its_data(monkeypatch) -> None:
     import gateway.policy as policy
 
     monkeypatch.setattr(policy, "class_model", lambda model, measured, min_tried: model)
+
+
+def _scripts_module(name: str):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    return importlib.import_module(name)
+
+
+def eagle_data_resume_reads_first_shard_only(monkeypatch) -> None:
+    """The EAGLE data generation's resume reads its first shard only: a rerun answers the
+    later shards' prompts again."""
+    eed = _scripts_module("eagle_engine_data")
+    original = eed.shard_paths
+    monkeypatch.setattr(eed, "shard_paths", lambda data: original(data)[:1])
+
+
+def eagle_overlap_ngrams_one_word_longer(monkeypatch) -> None:
+    """The training requests' overlap check compares n-grams one word longer than its n: an
+    exactly n-word copy slips through."""
+    ed = _scripts_module("eagle_data")
+    original = ed.ngrams
+    monkeypatch.setattr(ed, "ngrams", lambda text, n=ed.WORD_NGRAM: original(text, n + 1))
+
+
+def eagle_teacher_forced_features_one_position_late(monkeypatch) -> None:
+    """The teacher-forced features hand each position the next position's layer inputs."""
+    ef = _scripts_module("eagle_features")
+    original = ef.teacher_forced
+
+    def late(model, seqs, layer_ids, top_k):
+        out = original(model, seqs, layer_ids, top_k)
+        return [(torch.cat([f[1:], f[-1:]]), i, p, a) for f, i, p, a in out]
+
+    monkeypatch.setattr(ef, "teacher_forced", late)
+
+
+def eagle_warm_start_fc_not_unfolded(monkeypatch) -> None:
+    """Continuing a stored EAGLE head takes its fc as stored: this run's feature scale is then
+    folded in a second time when the head is written."""
+    ef = _scripts_module("eagle_fit")
+
+    def start_from(self, w):
+        with torch.no_grad():
+            for n in ef.PARAMS:
+                getattr(self, n).copy_(getattr(w, n).float())
+
+    monkeypatch.setattr(ef.HeadParams, "start_from", start_from)
+
+
+def eagle_gonogo_either_measure(monkeypatch) -> None:
+    """The EAGLE go/no-go lets a candidate replace the shipped head when it is better on either
+    measure of any kind."""
+    gonogo = _scripts_module("eagle_gonogo")
+
+    def lenient(shipped, candidate):
+        return any(candidate[k][m] > shipped[k][m] for k in shipped
+                   for m in ("first_position_acceptance", "mean_accepted_per_step"))
+
+    monkeypatch.setattr(gonogo, "verdict", lenient)
