@@ -6,8 +6,8 @@ SpeculationConfig message: field names as in protos/common.proto, `mode` one of 
 served by the verifier, those with a model when the target has one beside it). Each runs in a
 stack of its own, started for it. A new kind of request is one more line, e.g.
 
-    Config("hybrid", "hybrid suffix+eagle", {"mode": "on", "method": "hybrid", ...},
-           ("suffix", "eagle")),
+    Config("hybrid2", "hybrid ngram+draft", {"mode": "on", "method": "hybrid:ngram+draft", ...},
+           ("ngram", "draft")),
 
 or, without editing this file, `--config 'hybrid={"mode": "on", "method": "hybrid"}@suffix,eagle'`
 on the command line (`parse_extra`).
@@ -54,6 +54,9 @@ CONFIGS = [
     Config("eagle", "eagle k=3", on("eagle", 3), ("eagle",)),
     Config("eagle-tree", "eagle tree b=4, 8 nodes", on("eagle", 8, num_branches=4), ("eagle",)),
     Config("lookahead", "lookahead W3 N3 G2 (default)", on("lookahead"), ("lookahead",)),
+    # retrieval and the in-target head verified together: a tree of up to 6 nodes
+    Config("hybrid", "hybrid suffix+eagle, 6 nodes", on("hybrid:suffix+eagle", 6),
+           ("suffix", "eagle")),
     Config("auto", "auto", {"mode": "auto"}, ALL_METHODS),
 ]
 # every method once; the tree is asked by name (--configs ... eagle-tree): at 256 new tokens a
