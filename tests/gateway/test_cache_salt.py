@@ -12,6 +12,7 @@ import json
 import planted_bugs as bug
 import pytest
 from starlette.testclient import TestClient
+from test_gateway_telemetry import FakePool
 
 from gateway.auth import ApiKeys
 from gateway.chat import parse_chat_request
@@ -21,7 +22,7 @@ from gateway.openai_api import parse_completion_request
 from gateway.policy import SpeculationPolicy
 from gateway.rest import RestLimits, build_app
 from gateway.resume import StreamProgress
-from protos import common_pb2, verifier_pb2
+from protos import common_pb2
 from splitspec.errors import InvalidArgument
 
 openai = pytest.importorskip("openai")
@@ -30,20 +31,8 @@ KEYS = ("key-of-tenant-a", "key-of-tenant-b")
 CHAT = [{"role": "user", "content": "hi"}]
 
 
-class RecordingPool:
+class RecordingPool(FakePool):
     """Records what the gateway sends; answers with two tokens, 5 of 9 prompt tokens cached."""
-
-    def __init__(self):
-        self.replicas = []
-        self.requests: list[common_pb2.GenerateRequest] = []
-
-    async def info(self):
-        return verifier_pb2.VerifierInfo(
-            model="target", max_model_len=512, default_num_speculative_tokens=3,
-            max_num_speculative_tokens=8, proposers=[verifier_pb2.ProposerStatus(method="ngram")])
-
-    async def healthy(self):
-        return True
 
     async def generate(self, request):
         self.requests.append(request)
