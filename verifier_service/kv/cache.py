@@ -79,10 +79,6 @@ class BlockAllocator:
         """Blocks whose contents the prefix cache names (held or not)."""
         return len(self._key_of)
 
-    @property
-    def num_cached_free(self) -> int:
-        return len(self._lru)
-
     def accounting(self) -> tuple[int, int, int]:
         """(held, cached free, free): they add up to num_blocks."""
         held = sum(1 for r in self._refs if r > 0)
