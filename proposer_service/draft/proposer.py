@@ -41,6 +41,7 @@ from proposer_service.draft.graphs import DraftGraphs
 from proposer_service.draft.loop import draft_loop
 from proposer_service.draft.prefix import DraftPrefixCache
 from proposer_service.draft.session import DraftSession
+from proposer_service.draft.slots import DraftSlots
 from splitspec.device import HostFetch, supports_graphs
 from splitspec.device import to_device as _to
 from splitspec.graphs import EagerFallbacks
@@ -57,10 +58,14 @@ class DraftModelProposer(Proposer):
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
                  max_batch: int = 32, idle_timeout_s: float = 600.0, drafts_ahead: bool = True,
                  ahead_rejections: int = 3, linear: str = "auto",
-                 vocab_subset: torch.Tensor | None = None, prefix_cache_mb: int = 256):
+                 vocab_subset: torch.Tensor | None = None, prefix_cache_mb: int = 256,
+                 cache_slots: int = 64, cache_mb: int = 512):
         """vocab_subset: token ids the draft's head scores (kernels/vocab_subset.py), None for
         the whole vocabulary; needs the lean forward. prefix_cache_mb: memory for finished
-        sequences' draft caches (proposer_service/draft/prefix.py; 0: none)."""
+        sequences' draft caches (proposer_service/draft/prefix.py; 0: none). cache_slots,
+        cache_mb: sequences whose cache is resident (proposer_service/draft/slots.py), at most
+        as many as cache_mb holds (0: every sequence keeps its own tensors, the per-sequence
+        path)."""
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
@@ -103,8 +108,18 @@ class DraftModelProposer(Proposer):
                                    min(self.max_batch, 32), max_k, top_k=draft_top_k)
                        if self.lean is not None and supports_graphs(device) else None)
         self.fallbacks = EagerFallbacks("the draft loop")  # steps the graphs did not serve
+        self.slots = self._make_slots(cache_slots, cache_mb)
         # a new sequence starts from the draft cache of one that began the same way
         self.prefixes = DraftPrefixCache(prefix_cache_mb << 20)
+
+    def _make_slots(self, slots: int, mb: int) -> DraftSlots | None:
+        """The resident cache: `slots` sequences of min(max positions, 4096) columns, fewer when
+        `mb` holds fewer; None without the lean forward or with no slot."""
+        if self.lean is None:
+            return None
+        capacity = min(self.max_positions, 4096)
+        slots = min(slots, (mb << 20) // DraftSlots.slot_bytes(self.lean, capacity))
+        return DraftSlots(self.lean, self.device, slots, capacity) if slots > 0 else None
 
     @classmethod
     def from_config(cls, config) -> "DraftModelProposer":
@@ -112,6 +127,8 @@ class DraftModelProposer(Proposer):
         proposer = load_learned(cls, config)
         mb = config.prefix_cache_memory_mb if config.enable_prefix_caching else 0
         proposer.prefixes = DraftPrefixCache(mb << 20)
+        proposer.slots = proposer._make_slots(config.draft_cache_slots,
+                                              config.draft_cache_memory_mb)
         return proposer
 
     @classmethod
@@ -143,6 +160,10 @@ class DraftModelProposer(Proposer):
         super().warm_up()
         if self.graphs is not None:
             self.graphs.capture()
+            if self.graphs.captured:
+                # the captured loop keeps its own batch cache (graphs.py): the slots would only
+                # add a copy
+                self.slots = None
 
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="draft", vocab_size=self.vocab_size,
@@ -200,9 +221,27 @@ class DraftModelProposer(Proposer):
         start = state.length()
         ids = _to(torch.tensor([tokens], dtype=torch.long), self.device)  # [1, S]
         pos = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, S]
+        if state.slot is not None:  # written into its slot in place
+            slot = [state.slot]
+            self.slots.forward(ids, pos, slot, _to(torch.tensor(slot), self.device), pos[:, 0],
+                               start + len(tokens), None)
+            state.cached.extend(tokens)
+            self.slots.refresh(state)
+            return
         _, state.kv = self._forward(ids, pos, state.kv, None, 1)
         state.store = None  # new tensors
         state.cached.extend(tokens)
+
+    def bind(self, state: SeqState) -> None:
+        """A new sequence's state: into a slot of the resident cache when one is free (else it
+        keeps its own tensors and drafts on the per-sequence path)."""
+        if self.slots is not None:
+            self.slots.bind(state)
+
+    def unbind(self, state: SeqState | None, keep_cache: bool = False) -> None:
+        """A state's slot back to the free list (keep_cache: its cache copied out first)."""
+        if self.slots is not None:
+            self.slots.unbind(state, keep_cache)
 
 
     @torch.inference_mode()
@@ -218,11 +257,73 @@ class DraftModelProposer(Proposer):
         are zero KV or masked-out queries: every query still sees at least its own token.
         Each row drafts step.k tokens. Returns None (states' KV untouched) once cancel is set.
         """
-        for _, history, state in work:
+        for step, history, state in work:
             # Longest cached prefix still valid; the last history token is never cached here.
             state.truncate(min(common_prefix(state.cached, history), len(history) - 1))
+            if (state.slot is not None and len(history) + self.max_batched_catch_up + step.k
+                    > self.slots.capacity):  # outgrows its slot: its own tensors from now on
+                self.unbind(state, keep_cache=True)
             if len(history) - state.length() > self.max_batched_catch_up:
                 self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
+        resident = [i for i, (_, _, state) in enumerate(work) if state.slot is not None]
+        if resident and not (self.graphs is not None and self.graphs.captured):
+            return self._split(work, resident, cancel)
+        return self._draft_own(work, cancel)
+
+    def _split(self, work, resident: list[int], cancel: threading.Event | None
+               ) -> list[Draft] | None:
+        """draft_batch with the rows that own a slot drafted over the resident cache and the
+        others (no slot free for them) on the per-sequence path."""
+        own = [i for i in range(len(work)) if i not in set(resident)]
+        drafts = self._draft_resident([work[i] for i in resident], cancel)
+        rest = self._draft_own([work[i] for i in own], cancel) if own else []
+        if drafts is None or rest is None:
+            return None
+        out: list[Draft | None] = [None] * len(work)
+        for i, d in zip(resident + own, drafts + rest):
+            out[i] = d
+        return out
+
+    def _draft_resident(self, work, cancel: threading.Event | None) -> list[Draft] | None:
+        """draft_batch's rows that own slots: each row's pending tokens and drafts written into
+        its slot past its length, nothing copied in or out; rollback next step is a length
+        change. The same drafts as the per-sequence path."""
+        slots = [state.slot for _, _, state in work]
+        ks = [step.k for step, _, _ in work]
+        lens = [state.length() for _, _, state in work]
+        pending = [h[n:] for (_, h, _), n in zip(work, lens)]
+        b, kmax = len(work), max(ks)
+        s0 = max(len(p) for p in pending)
+        ids = torch.zeros(b, s0, dtype=torch.long)  # [B, s0], right-padded
+        for i, p in enumerate(pending):
+            ids[i, :len(p)] = torch.tensor(p)
+        pos = _to(torch.tensor(lens)[:, None] + torch.arange(s0), self.device)  # [B, s0]
+        slot_t = _to(torch.tensor(slots), self.device)
+        last = _to(torch.tensor([len(p) - 1 for p in pending]), self.device)  # [B]
+        ends = [n + len(p) for n, p in zip(lens, pending)]  # d1's column
+
+        def forward(ids: torch.Tensor, pos: torch.Tensor, j: int) -> torch.Tensor:
+            # a column is a position: row i's query s sits at column pos[i, s]
+            if j == 0:
+                return self.slots.forward(ids, pos, slots, slot_t, pos[:, 0],
+                                          max(lens) + s0, last)
+            return self.slots.forward(ids, pos, slots, slot_t, pos[:, 0], max(ends) + j, None)
+
+        drafted = draft_loop(forward, _to(ids, self.device), pos, ends,
+                             [step.sampling for step, _, _ in work], kmax, self.draft_top_k,
+                             cancel, fetch=self.fetch)
+        if drafted is None:  # the written columns lie past each state's length: harmless
+            return None
+        drafts = []
+        for i, ((step, history, state), k) in enumerate(zip(work, ks)):
+            state.cached = history + drafted.tokens[i][:k - 1]
+            self.slots.refresh(state)
+            state.alternatives = drafted.alternatives[i][:k]
+            drafts.append(drafted.draft(i, step.seq_id, k))
+        return drafts
+
+    def _draft_own(self, work, cancel: threading.Event | None) -> list[Draft] | None:
+        """draft_batch's rows over their own caches (the per-sequence path; see draft_batch)."""
         ks = [step.k for step, _, _ in work]
         lens = [state.length() for _, _, state in work]
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
