@@ -126,8 +126,8 @@ def fixed_cache_rows_drafted_one_position_late(monkeypatch) -> None:
     (RoPE and seeded noise both read the position)."""
     original = draft_graphs.DraftGraphs.draft
 
-    def late(self, kvs, lens, pending, first_pos, k, params=None):
-        return original(self, kvs, lens, pending, [p + 1 for p in first_pos], k, params)
+    def late(self, kvs, lens, pending, first_pos, k, params=None, slots=None):
+        return original(self, kvs, lens, pending, [p + 1 for p in first_pos], k, params, slots)
 
     monkeypatch.setattr(draft_graphs.DraftGraphs, "draft", late)
 

@@ -37,7 +37,7 @@ import torch
 from kernels.sparse_probs import SparseProbs
 from proposer_service.base import Proposer, load_learned
 from proposer_service.draft.cache import KV, Buffers, SeqState, common_prefix, padded_cache, row_kv
-from proposer_service.draft.graphs import DraftGraphs
+from proposer_service.draft.graphs import DraftGraphs, scratch_rows
 from proposer_service.draft.loop import draft_loop
 from proposer_service.draft.prefix import DraftPrefixCache
 from proposer_service.draft.session import DraftSession
@@ -102,24 +102,30 @@ class DraftModelProposer(Proposer):
         self.drafts_ahead = drafts_ahead
         self.ahead_rejections = ahead_rejections
         self.fetch = HostFetch(device)  # a drafting loop's one copy back
-        # drafting (greedy and sampled) replayed as device graphs where the device has them
-        # (captured by warm_up); None elsewhere, and for a draft without the lean forward
-        self.graphs = (DraftGraphs(self.lean, device, min(self.max_positions, 4096),
-                                   min(self.max_batch, 32), max_k, top_k=draft_top_k)
-                       if self.lean is not None and supports_graphs(device) else None)
         self.fallbacks = EagerFallbacks("the draft loop")  # steps the graphs did not serve
-        self.slots = self._make_slots(cache_slots, cache_mb)
+        self._build_caches(cache_slots, cache_mb)
         # a new sequence starts from the draft cache of one that began the same way
         self.prefixes = DraftPrefixCache(prefix_cache_mb << 20)
 
-    def _make_slots(self, slots: int, mb: int) -> DraftSlots | None:
-        """The resident cache: `slots` sequences of min(max positions, 4096) columns, fewer when
-        `mb` holds fewer; None without the lean forward or with no slot."""
+    def _build_caches(self, slots: int, mb: int) -> None:
+        """The resident cache (`slots` sequences of min(max positions, 4096) columns, fewer when
+        `mb` holds fewer) and the captured loop over it. No slots without the lean forward; the
+        captured loop where the device has graphs (captured by warm_up), with scratch rows of
+        its own in the same cache."""
+        self.slots, self.graphs = None, None
         if self.lean is None:
-            return None
+            return
         capacity = min(self.max_positions, 4096)
-        slots = min(slots, (mb << 20) // DraftSlots.slot_bytes(self.lean, capacity))
-        return DraftSlots(self.lean, self.device, slots, capacity) if slots > 0 else None
+        slots = max(0, min(slots, (mb << 20) // DraftSlots.slot_bytes(self.lean, capacity)))
+        graph_batch = min(self.max_batch, 32)
+        wants_graphs = supports_graphs(self.device)
+        scratch = scratch_rows(graph_batch) if wants_graphs else 0
+        if slots or scratch:
+            self.slots = DraftSlots(self.lean, self.device, slots, capacity, scratch)
+        if wants_graphs:
+            # drafting (greedy and sampled) replayed as device graphs
+            self.graphs = DraftGraphs(self.lean, self.device, capacity, graph_batch, self.max_k,
+                                      top_k=self.draft_top_k, slots=self.slots)
 
     @classmethod
     def from_config(cls, config) -> "DraftModelProposer":
@@ -127,8 +133,7 @@ class DraftModelProposer(Proposer):
         proposer = load_learned(cls, config)
         mb = config.prefix_cache_memory_mb if config.enable_prefix_caching else 0
         proposer.prefixes = DraftPrefixCache(mb << 20)
-        proposer.slots = proposer._make_slots(config.draft_cache_slots,
-                                              config.draft_cache_memory_mb)
+        proposer._build_caches(config.draft_cache_slots, config.draft_cache_memory_mb)
         return proposer
 
     @classmethod
@@ -160,10 +165,6 @@ class DraftModelProposer(Proposer):
         super().warm_up()
         if self.graphs is not None:
             self.graphs.capture()
-            if self.graphs.captured:
-                # the captured loop keeps its own batch cache (graphs.py): the slots would only
-                # add a copy
-                self.slots = None
 
     def describe(self) -> ProposerDescription:
         return ProposerDescription(method="draft", vocab_size=self.vocab_size,
@@ -265,8 +266,17 @@ class DraftModelProposer(Proposer):
                 self.unbind(state, keep_cache=True)
             if len(history) - state.length() > self.max_batched_catch_up:
                 self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
+        ks = [step.k for step, _, _ in work]
+        if self.graphs is not None and self.graphs.captured:
+            lens = [state.length() for _, _, state in work]
+            pending = [h[n:] for (_, h, _), n in zip(work, lens)]
+            b, s0, kmax = len(work), max(len(p) for p in pending), max(ks)
+            why = self.graphs.why_not(b, s0, max(lens), kmax)
+            if not why:
+                return self._draft_replayed(work, lens, pending, ks, kmax)
+            self.fallbacks.record(why, rows=b, width=s0, k=kmax)
         resident = [i for i, (_, _, state) in enumerate(work) if state.slot is not None]
-        if resident and not (self.graphs is not None and self.graphs.captured):
+        if resident:
             return self._split(work, resident, cancel)
         return self._draft_own(work, cancel)
 
@@ -329,11 +339,6 @@ class DraftModelProposer(Proposer):
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
         b, lmax, kmax = len(work), max(lens), max(ks)
         s0 = max(len(p) for p in pending)
-        if self.graphs is not None and self.graphs.captured:
-            why = self.graphs.why_not(b, s0, lmax, kmax)
-            if not why:
-                return self._draft_replayed(work, lens, pending, ks, kmax)
-            self.fallbacks.record(why, rows=b, width=s0, k=kmax)
         # One row (batch-1 decoding): its own cache as is, no padding, no mask, nothing to cut
         # out afterwards.
         single = b == 1
@@ -393,13 +398,16 @@ class DraftModelProposer(Proposer):
         states as the eager loop leaves."""
         tokens, alternatives, kvs, dists = self.graphs.draft(
             [state.kv for _, _, state in work], lens, pending, [len(h) for _, h, _ in work],
-            kmax, [step.sampling for step, _, _ in work])
+            kmax, [step.sampling for step, _, _ in work], [state.slot for _, _, state in work])
         drafts = []
         for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
             end = n + len(p) + k - 1  # cached + pending + d1 .. d_{k-1}
-            state.kv = [(kb[:, :, :end], vb[:, :, :end]) for kb, vb in kvs[i]]
-            state.store = None
             state.cached = history + tokens[i][:k - 1]
+            if state.slot is not None:  # drafted in its slot: a length change
+                self.slots.refresh(state)
+            else:
+                state.kv = [(kb[:, :, :end], vb[:, :, :end]) for kb, vb in kvs[i]]
+                state.store = None
             state.alternatives = alternatives[i][:k]
             q = None if dists[i] is None else SparseProbs.from_rows(dists[i][:k])
             drafts.append(Draft(step.seq_id, tokens[i][:k], q=q))

@@ -2,8 +2,9 @@
 of `capacity` columns) per live sequence, so drafting writes each sequence's new columns in place
 and a step copies no sequence's cache in or out.
 
-    keys, values   per layer [slots, capacity, H_kv, D] (column-major per slot: the layout a
-                   paged attention kernel addresses with a one-block table per slot)
+    keys, values   per layer [slots + scratch, capacity, H_kv, D] (a slot's columns one after
+                   the other: the layout kernels/paged_attention.py addresses, one block of
+                   `capacity` columns per slot, which the captured loop uses, graphs.py)
 
 A sequence's SeqState (cache.py) that holds a slot sees its first `length` columns as views
 ([1, H_kv, length, D]); rollback of rejected drafts is a length change (the views cut), and the
@@ -33,11 +34,14 @@ from splitspec.lean_llama import LeanDecoder
 
 
 class DraftSlots:
-    def __init__(self, lean: LeanDecoder, device: torch.device, slots: int, capacity: int):
-        """slots: sequences resident at once; capacity: columns per slot. Allocated on first
-        use (a proposer that never drafts costs nothing)."""
+    def __init__(self, lean: LeanDecoder, device: torch.device, slots: int, capacity: int,
+                 scratch: int = 0):
+        """slots: sequences resident at once; capacity: columns per slot; scratch: rows after
+        the slots that no sequence owns (the captured loop's, graphs.py: rows it borrows for
+        caches that live elsewhere, and the last one for its batch's padding rows). Allocated
+        on first use (a proposer that never drafts costs nothing)."""
         self.lean, self.device = lean, device
-        self.slots, self.capacity = slots, capacity
+        self.slots, self.capacity, self.scratch = slots, capacity, scratch
         self._kv: KV | None = None
         self._free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
         self._lock = threading.Lock()  # sessions of several verifier streams share the slots
@@ -49,7 +53,6 @@ class DraftSlots:
                 * lean.embed.element_size())
 
     @property
-    @torch.inference_mode()
     def kv(self) -> KV:
         with self._lock:
             if self._kv is None:
@@ -57,11 +60,14 @@ class DraftSlots:
         return self._kv
 
     def _allocate(self) -> KV:
-        shape = (self.slots, self.capacity, self.lean.n_kv, self.lean.head_dim)
+        shape = (self.slots + self.scratch, self.capacity, self.lean.n_kv, self.lean.head_dim)
         dtype = self.lean.embed.dtype
-        # zeros: a masked column read must hold a finite number (0 x NaN is NaN)
-        return [(torch.zeros(shape, dtype=dtype, device=self.device),
-                 torch.zeros(shape, dtype=dtype, device=self.device)) for _ in self.lean.layers]
+        # zeros: a masked column read must hold a finite number (0 x NaN is NaN); normal
+        # tensors (written in inference mode and out of it, e.g. by a graph's warm-up)
+        with torch.inference_mode(False):
+            return [(torch.zeros(shape, dtype=dtype, device=self.device),
+                     torch.zeros(shape, dtype=dtype, device=self.device))
+                    for _ in self.lean.layers]
 
     def free_slots(self) -> int:
         return len(self._free)

@@ -1,7 +1,8 @@
 """The draft's resident cache (proposer_service/draft/slots.py): a proposer whose sequences own
-slots drafts exactly what the per-sequence path drafts, over random runs of steps (accepted
-prefixes, rejections, bonus tokens, drafting ahead on and off, sequences joining and leaving,
-more sequences than slots), and a slot goes back to the free list when its sequence ends."""
+slots drafts exactly what the per-sequence path drafts, eagerly and through the captured loop's
+iterations (graphs.py), over random runs of steps (accepted prefixes, rejections, bonus tokens,
+drafting ahead on and off, sequences joining and leaving, more sequences than slots); a slot
+goes back to the free list when its sequence ends, and prefix reuse survives its slot's reuse."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import threading
 import pytest
 import torch
 
+from proposer_service.draft.graphs import DraftGraphs, scratch_rows
 from proposer_service.draft.proposer import DraftModelProposer
+from proposer_service.draft.slots import DraftSlots
 from splitspec.params import SamplingParams
 from splitspec.proposal import AHEAD_HIT, SequenceStep
 
@@ -128,6 +131,28 @@ def test_a_rollback_reuses_the_slot_and_a_finished_sequence_frees_it(pair):
     assert state.slot == slot and state.length() == len(prompt) + 1 + K - 1
     session.release(["a"])
     assert state.slot is None and new.slots.free_slots() == free
+
+
+@pytest.fixture(scope="module")
+def graph_pair(pair, noisy_draft_dir):
+    """The per-sequence path, and a proposer whose steps run the captured loop's iterations
+    (eagerly: the CPU has no graphs) over 3 slots and its scratch rows."""
+    new = DraftModelProposer.load(noisy_draft_dir, CPU, torch.float32, draft_top_k=16,
+                                  cache_slots=0, prefix_cache_mb=0)
+    capacity = new.max_positions
+    new.slots = DraftSlots(new.lean, CPU, 3, capacity, scratch_rows(new.max_batch))
+    new.graphs = DraftGraphs(new.lean, CPU, capacity, new.max_batch, new.max_k, capture=False,
+                             widths=tuple(range(1, 10)), top_k=16, slots=new.slots)
+    new.graphs._graphs = {"none": None}  # "captured": every shape runs its iteration eagerly
+    return pair[0], new
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_the_captured_loop_over_slots_drafts_what_the_per_sequence_path_drafts(graph_pair,
+                                                                               ahead):
+    check_greedy_runs(graph_pair, ahead)
+    run_steps(graph_pair, 11, SamplingParams(temperature=0.9, top_k=50, seed=99), ahead)
+    assert not graph_pair[1].fallbacks.counts  # every step went through the loop
 
 
 @pytest.fixture(scope="module")

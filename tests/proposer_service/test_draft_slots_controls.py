@@ -1,6 +1,7 @@
 """Negative controls for the draft's resident cache (tests/planted_bugs.py): a drafted-ahead
-state that takes its slot over without its columns, and a finished sequence's cache kept as
-views of a slot that is reused, each fail the check that guards them."""
+state that takes its slot over without its columns, a finished sequence's cache kept as views of
+a slot that is reused, and the captured loop drafting its rows one position late, each fail the
+check that guards them."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from test_draft_slots import (  # noqa: F401
     check_greedy_runs,
     check_prefix_reuse_after_the_slot_is_reused,
+    graph_pair,
     pair,
     prefixed_pair,
 )
@@ -25,3 +27,10 @@ def test_a_finished_slot_kept_as_views_fails_the_check(monkeypatch, prefixed_pai
     bug.finished_slot_kept_as_views(monkeypatch)
     with pytest.raises(AssertionError):
         check_prefix_reuse_after_the_slot_is_reused(prefixed_pair)
+
+
+def test_the_captured_loop_one_position_late_fails_the_check(monkeypatch,
+                                                             graph_pair):  # noqa: F811
+    bug.fixed_cache_rows_drafted_one_position_late(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_greedy_runs(graph_pair, ahead=False)
