@@ -61,6 +61,10 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
                                         "every sequence on the per-sequence path)")
     draft_cache_memory_mb: int = option(512, "draft: memory of the resident draft KV (fewer "
                                              "slots when they do not fit)")
+    # draft, on a device with graphs: these k values' whole drafting loop captured as one graph
+    # (proposer_service/draft/graphs.py), replayed once per step instead of k times
+    draft_graph_chain_k: tuple[int, ...] = option(
+        (), "draft: k values whose k drafting iterations are captured as one graph")
     log_level: str = option("INFO", "logging level")
 
     def method_options(self) -> dict[str, str]:

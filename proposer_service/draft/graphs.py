@@ -20,7 +20,9 @@ kernels/paged_attention.py (one block of `capacity` columns per slot; on an acce
 Triton kernel, which reads only each row's columns up to its length, a bound it loads on the
 device), takes the argmax and the top-A, writes them at column j of the outputs, and feeds the
 token back (ids, pos, lengths, j updated in place). A step is one copy of the inputs in, one
-replay of the width-W graph and k - 1 replays of the width-1 one, one copy of the drafts out.
+replay of the width-W graph and k - 1 replays of the width-1 one, one copy of the drafts out; for
+the k values asked for (`chain_ks`: the proposer's --draft-graph-chain-k) the whole loop is also
+captured as one graph per bucket, width and kind, replayed once per step.
 
 Batches with sampled rows replay a second set of graphs, which also choose each row's token as
 the eager loop's chooser does (proposer_service/sampling.py, `choose_static`), from
@@ -65,16 +67,19 @@ log = logging.getLogger(__name__)
 class DraftGraphs:
     def __init__(self, lean: LeanDecoder, device: torch.device, capacity: int, max_batch: int,
                  max_k: int, widths: tuple[int, ...] = (1, 2), capture: bool = True,
-                 top_k: int = 32, slots: DraftSlots | None = None):
+                 top_k: int = 32, slots: DraftSlots | None = None, chain_ks: tuple[int, ...] = ()):
         """capacity: cache columns per row (longer sequences draft eagerly); max_batch: rows;
         max_k: drafted tokens per step at most; widths: iteration-0 input widths served;
         top_k: K of a sampled draft's truncated q (the proposer's --draft-top-k); slots: the
         resident cache the loop runs over (its capacity, and at least scratch_rows(max_batch)
-        scratch rows; None: a cache of scratch rows of its own)."""
+        scratch rows; None: a cache of scratch rows of its own); chain_ks: k values whose whole
+        loop (the width-W iteration and k - 1 width-1 ones) is also captured as one graph per
+        bucket, width and kind, replayed once per step instead of k times."""
         self.lean, self.device = lean, device
         self.capacity, self.max_k = capacity, max_k
         self.top_k = min(top_k, lean.vocab_size)
         self.widths = tuple(sorted(set(widths) | {1}))
+        self.chain_ks = tuple(sorted(k for k in set(chain_ks) if 1 < k <= max_k))
         self.buckets = powers_up_to(max_batch)
         self.capture_wanted = capture and dev.supports_graphs(device)
         b = self.buckets[-1]
@@ -209,6 +214,24 @@ class DraftGraphs:
         else:
             self.iteration(b, width, sampled)
 
+    def _loop(self, b: int, width: int, sampled: bool, k: int) -> None:
+        """A step's k iterations: one replay of its captured chain, else k replays (or eager
+        iterations)."""
+        chain = self._graphs.get((b, width, sampled, k))
+        if chain is not None:
+            chain.replay()
+            return
+        self._run(b, width, sampled)
+        for _ in range(k - 1):
+            self._run(b, 1, sampled)
+
+    def _body(self, shape: tuple) -> None:
+        """What the graph of a shape records: one iteration, or a chain's k of them."""
+        b, width, sampled, *chain = shape
+        self.iteration(b, width, sampled)
+        for _ in range(chain[0] - 1 if chain else 0):
+            self.iteration(b, 1, sampled)
+
     # -- capture -------------------------------------------------------------------------------
 
     def capture(self) -> None:
@@ -221,26 +244,27 @@ class DraftGraphs:
         stream = dev.new_stream(device)
         shapes = [(b, width, sampled) for b in reversed(self.buckets) for width in self.widths
                   for sampled in (False, True)]
+        shapes += [shape + (k,) for shape in shapes for k in self.chain_ks]
         for shape in shapes:
             try:
                 stream.wait_stream(dev.current_stream(device))
                 with torch.inference_mode(), dev.use_stream(device, stream):
                     for _ in range(2):
                         self._reset_on_device(shape[0])
-                        self.iteration(*shape)
+                        self._body(shape)
                 dev.current_stream(device).wait_stream(stream)
                 self._reset_on_device(shape[0])
                 graph = dev.new_graph(device)
                 with torch.inference_mode(), dev.capture(device, graph, self._pool, stream):
-                    self.iteration(*shape)
+                    self._body(shape)
                 self._graphs[shape] = graph
             except Exception:  # noqa: BLE001 - that shape drafts eagerly, logged
                 log.exception("capturing the draft loop for %d rows, width %d, %s failed",
                               shape[0], shape[1], "sampled" if shape[2] else "greedy")
         dev.synchronize(device)
-        log.info("captured %d draft-loop graphs (batch %s, widths %s, greedy and sampled) in "
-                 "%.1f s", len(self._graphs), self.buckets, self.widths,
-                 time.perf_counter() - start)
+        log.info("captured %d draft-loop graphs (batch %s, widths %s, greedy and sampled, "
+                 "whole loops for k %s) in %.1f s", len(self._graphs), self.buckets, self.widths,
+                 list(self.chain_ks), time.perf_counter() - start)
 
     def _reset_on_device(self, b: int) -> None:
         x = self.inputs
@@ -291,9 +315,7 @@ class DraftGraphs:
         for i, (kv, n_cached) in enumerate(zip(kvs, lens)):  # a borrowed row's cache in
             if slots[i] is None and kv is not None and n_cached:
                 self.slots.write(rows[i], kv, 0, n_cached)
-        self._run(b, width, sampled)
-        for _ in range(k - 1):
-            self._run(b, 1, sampled)
+        self._loop(b, width, sampled, k)
         ints = [self.tokens[:n, :k], self.alt_ids[:n, :k]]
         floats = [self.alt_probs[:n, :k]]
         if sampled:

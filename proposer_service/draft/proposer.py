@@ -1,4 +1,5 @@
-"""Draft-model proposer: a small causal LM with its own KV cache per sequence.
+"""Draft-model proposer: a small causal LM with its own KV cache per sequence (resident in a slot
+of one preallocated cache while a slot is free).
 
 Per sequence the session (proposer_service/draft/session.py) keeps the token history (rebuilt
 from the verifier's deltas) and the draft model's KV for a prefix of it
@@ -12,15 +13,20 @@ from the verifier's deltas) and the draft model's KV for a prefix of it
        d1 comes from the logits at the last of them;
     4. draft the rest autoregressively: iteration j feeds d_j and picks d_{j+1}.
 
-Steps 3 and 4 run as one batch over all sequences of the step: the per-sequence caches are
-left-padded into one batch cache (zeros, masked out by the attention mask), the first iteration
-feeds each row's not-yet-cached tokens (right-padded to the longest; 1 token normally, 2 in the
-bonus case) and reads the logits at the row's last real position, and each row has its own
-positions. Only a long catch-up (a (re)sync: the whole prompt) is prefilled per sequence first,
-so that one long prompt does not pad every row. Trade-off: building the padded cache copies
-O(batch x longest history) of KV per step, small next to k forward passes for the small drafts
-this serves; a paged cache would avoid the copy. Drafting ahead for one sequence's outcomes
-(`draft_shared`) needs no padding: its rows are prefixes of one cache.
+Steps 3 and 4 run as one batch over all sequences of the step: the first iteration feeds each
+row's not-yet-cached tokens (right-padded to the longest; 1 token normally, 2 in the bonus case)
+and reads the logits at the row's last real position, and each row has its own positions. Only a
+long catch-up (a (re)sync: the whole prompt) is prefilled per sequence first, so that one long
+prompt does not pad every row.
+
+Where the caches live (proposer_service/draft/slots.py): a sequence that owns a slot of the
+resident cache is drafted in it, its new columns written in place past its length, nothing
+copied in or out (rollback is a length change); on a device with graphs through the captured
+loop over the same cache (graphs.py). A sequence without a slot (none free, or it outgrew one)
+drafts on the per-sequence path: the caches left-padded into one batch cache (zeros, masked out)
+built per call, O(batch x longest history) of copies, and the rows cut out again after; at batch
+1 its own buffers written in place. Drafting ahead for one sequence's outcomes (`draft_shared`)
+needs no padding: its rows are prefixes of one cache, copied once.
 
 Both run the one drafting loop (proposer_service/draft/loop.py); draft tokens are chosen by
 proposer_service/sampling.py (argmax for greedy requests; for sampled ones a token drawn
@@ -59,13 +65,14 @@ class DraftModelProposer(Proposer):
                  max_batch: int = 32, idle_timeout_s: float = 600.0, drafts_ahead: bool = True,
                  ahead_rejections: int = 3, linear: str = "auto",
                  vocab_subset: torch.Tensor | None = None, prefix_cache_mb: int = 256,
-                 cache_slots: int = 64, cache_mb: int = 512):
+                 cache_slots: int = 64, cache_mb: int = 512, chain_ks: tuple[int, ...] = ()):
         """vocab_subset: token ids the draft's head scores (kernels/vocab_subset.py), None for
         the whole vocabulary; needs the lean forward. prefix_cache_mb: memory for finished
         sequences' draft caches (proposer_service/draft/prefix.py; 0: none). cache_slots,
         cache_mb: sequences whose cache is resident (proposer_service/draft/slots.py), at most
         as many as cache_mb holds (0: every sequence keeps its own tensors, the per-sequence
-        path)."""
+        path). chain_ks: k values whose whole drafting loop is captured as one graph
+        (graphs.py)."""
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
@@ -103,11 +110,11 @@ class DraftModelProposer(Proposer):
         self.ahead_rejections = ahead_rejections
         self.fetch = HostFetch(device)  # a drafting loop's one copy back
         self.fallbacks = EagerFallbacks("the draft loop")  # steps the graphs did not serve
-        self._build_caches(cache_slots, cache_mb)
+        self._build_caches(cache_slots, cache_mb, chain_ks)
         # a new sequence starts from the draft cache of one that began the same way
         self.prefixes = DraftPrefixCache(prefix_cache_mb << 20)
 
-    def _build_caches(self, slots: int, mb: int) -> None:
+    def _build_caches(self, slots: int, mb: int, chain_ks: tuple[int, ...] = ()) -> None:
         """The resident cache (`slots` sequences of min(max positions, 4096) columns, fewer when
         `mb` holds fewer) and the captured loop over it. No slots without the lean forward; the
         captured loop where the device has graphs (captured by warm_up), with scratch rows of
@@ -125,7 +132,8 @@ class DraftModelProposer(Proposer):
         if wants_graphs:
             # drafting (greedy and sampled) replayed as device graphs
             self.graphs = DraftGraphs(self.lean, self.device, capacity, graph_batch, self.max_k,
-                                      top_k=self.draft_top_k, slots=self.slots)
+                                      top_k=self.draft_top_k, slots=self.slots,
+                                      chain_ks=chain_ks)
 
     @classmethod
     def from_config(cls, config) -> "DraftModelProposer":
@@ -133,7 +141,8 @@ class DraftModelProposer(Proposer):
         proposer = load_learned(cls, config)
         mb = config.prefix_cache_memory_mb if config.enable_prefix_caching else 0
         proposer.prefixes = DraftPrefixCache(mb << 20)
-        proposer._build_caches(config.draft_cache_slots, config.draft_cache_memory_mb)
+        proposer._build_caches(config.draft_cache_slots, config.draft_cache_memory_mb,
+                               config.draft_graph_chain_k)
         return proposer
 
     @classmethod
@@ -248,20 +257,15 @@ class DraftModelProposer(Proposer):
     @torch.inference_mode()
     def draft_batch(self, work: list[tuple[SequenceStep, list[int], SeqState]],
                     cancel: threading.Event | None = None) -> list[Draft] | None:
-        """Catch every sequence up to its history and draft its k tokens, all rows together.
-
-        Row i of the batch (columns = positions in the batch cache):
-            [left pad][cached_i][pending_i][right pad][d1 .. d_{kmax-1}]
-             <---- lmax ------> <------- s0 ------->
-        pending_i are the history tokens not cached yet (the last one always among them); all
-        of them go in iteration 0, whose logits are read at each row's last real position. Pads
-        are zero KV or masked-out queries: every query still sees at least its own token.
-        Each row drafts step.k tokens. Returns None (states' KV untouched) once cancel is set.
-        """
-        for step, history, state in work:
+        """Catch every sequence up to its history and draft its k tokens, all rows together:
+        through the captured loop where it serves the step, else the rows that own a slot over
+        the resident cache and the others on the per-sequence path (`_draft_own`). Each row
+        drafts step.k tokens. Returns None once cancel is set (a state's cache intact up to its
+        length: what was written into a slot lies past it)."""
+        for _, history, state in work:
             # Longest cached prefix still valid; the last history token is never cached here.
             state.truncate(min(common_prefix(state.cached, history), len(history) - 1))
-            if (state.slot is not None and len(history) + self.max_batched_catch_up + step.k
+            if (state.slot is not None and len(history) + self.max_batched_catch_up + self.max_k
                     > self.slots.capacity):  # outgrows its slot: its own tensors from now on
                 self.unbind(state, keep_cache=True)
             if len(history) - state.length() > self.max_batched_catch_up:
@@ -333,7 +337,13 @@ class DraftModelProposer(Proposer):
         return drafts
 
     def _draft_own(self, work, cancel: threading.Event | None) -> list[Draft] | None:
-        """draft_batch's rows over their own caches (the per-sequence path; see draft_batch)."""
+        """draft_batch's rows over their own caches (the per-sequence path). Row i of the batch
+        (columns = positions in the batch cache):
+            [left pad][cached_i][pending_i][right pad][d1 .. d_{kmax-1}]
+             <---- lmax ------> <------- s0 ------->
+        pending_i are the history tokens not cached yet (the last one always among them); all
+        of them go in iteration 0, whose logits are read at each row's last real position. Pads
+        are zero KV or masked-out queries: every query still sees at least its own token."""
         ks = [step.k for step, _, _ in work]
         lens = [state.length() for _, _, state in work]
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]

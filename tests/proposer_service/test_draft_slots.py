@@ -188,3 +188,39 @@ def check_prefix_reuse_after_the_slot_is_reused(prefixed_pair) -> None:
 
 def test_prefix_reuse_survives_the_slot_being_reused(prefixed_pair):
     check_prefix_reuse_after_the_slot_is_reused(prefixed_pair)
+
+
+class _Recorded:
+    """A stand-in for a captured graph on the CPU: its replay runs the iterations it records."""
+
+    def __init__(self, graphs: DraftGraphs, shape: tuple):
+        self.graphs, self.shape, self.replays = graphs, shape, 0
+
+    def replay(self) -> None:
+        self.replays += 1
+        self.graphs._body(self.shape)
+
+
+def test_a_step_whose_k_has_a_chain_replays_it_once_and_drafts_the_same(graph_pair):
+    """--draft-graph-chain-k: a step with that k replays the whole loop's graph once (the
+    iterations it recorded), drafting what k replays of the one-iteration graphs draft."""
+    old, new = graph_pair
+    graphs = new.graphs
+    chain = _Recorded(graphs, (1, 1, False, K))
+    saved = graphs._graphs
+    graphs._graphs = {**saved, (1, 1, False, K): chain}
+    try:
+        sessions = [old.open_session(), new.open_session()]
+        prompt = list(range(7, 40))
+        step = SequenceStep("c", prompt, len(prompt), K, full_history=True,
+                            sampling=SamplingParams(temperature=0.0))
+        first = [s.propose([step])[0] for s in sessions]  # the prompt prefilled, width 1
+        nxt = SequenceStep("c", first[0].tokens[:2] + [5], len(prompt) + 3, K,
+                           sampling=SamplingParams(temperature=0.0))
+        second = [s.propose([nxt])[0] for s in sessions]
+        assert first[0].tokens == first[1].tokens and second[0].tokens == second[1].tokens
+        assert chain.replays == 2
+        for s in sessions:
+            s.close()
+    finally:
+        graphs._graphs = saved
