@@ -150,8 +150,9 @@ bench-step-profile:
 	$(GPU_PYTHON) bench/step_profile.py $(BENCH_ARGS)
 
 # The draft proposer's propose time per step on the toy family at batch 1 and 8, k 4, its
-# resident cache on and off (bench/draft_propose_bench.py, bench/reports/draft-propose.md); on
-# an accelerator through GPU_PYTHON like bench-gpu (BENCH_ARGS="--device cuda").
+# resident cache on and off (bench/draft_propose_bench.py, bench/reports/draft-propose.md). On an
+# accelerator, like bench-gpu on the machine's python3:
+#   $(GPU_PYTHON) bench/draft_propose_bench.py --device cuda --chain-k
 .PHONY: bench-draft-propose
 bench-draft-propose: $(STAMP)
 	$(PY) bench/draft_propose_bench.py $(BENCH_ARGS)

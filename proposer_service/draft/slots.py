@@ -126,8 +126,12 @@ class DraftSlots:
     @torch.inference_mode()
     def adopt(self, state: SeqState, owner: SeqState) -> None:
         """A slotless state (drafted ahead from `owner`'s cache) becomes the owner of owner's
-        slot: only the columns where it differs from what the slot holds are copied in."""
+        slot: only the columns where it differs from what the slot holds are copied in (one
+        that outgrew the slot keeps its own tensors, and the slot is freed)."""
         slot, n = owner.slot, state.length()
+        if n + 1 >= self.capacity:
+            self.unbind(owner)
+            return
         same = min(common_prefix(owner.cached, state.cached), owner.length())
         if state.kv is not None and n > same:
             self.write(slot, state.kv, same, n)

@@ -224,3 +224,23 @@ def test_a_step_whose_k_has_a_chain_replays_it_once_and_drafts_the_same(graph_pa
             s.close()
     finally:
         graphs._graphs = saved
+
+
+def test_sequences_that_outgrow_their_slot_draft_on_unchanged(pair, noisy_draft_dir):
+    """Slots of 48 columns: sequences grow past them and go on with their own tensors (their
+    slot freed for others), drafting what the per-sequence path drafts."""
+    new = DraftModelProposer.load(noisy_draft_dir, CPU, torch.float32, draft_top_k=16,
+                                  cache_slots=0, prefix_cache_mb=0)
+    new.slots = DraftSlots(new.lean, CPU, 3, 48)
+    outgrown = []
+    unbind = new.unbind
+
+    def watch(state, keep_cache=False):
+        if keep_cache and state is not None and state.slot is not None:
+            outgrown.append(state.length())
+        unbind(state, keep_cache)
+
+    new.unbind = watch
+    for ahead in (False, True):
+        run_steps((pair[0], new), 5, SamplingParams(temperature=0.0), ahead, steps=14)
+    assert outgrown  # some sequence did outgrow its slot
