@@ -234,7 +234,7 @@ class DraftModelProposer(Proposer):
         if state.slot is not None:  # written into its slot in place
             slot = [state.slot]
             self.slots.forward(ids, pos, slot, _to(torch.tensor(slot), self.device), pos[:, 0],
-                               start + len(tokens), None)
+                               start + len(tokens), None, start)
             state.cached.extend(tokens)
             self.slots.refresh(state)
             return
@@ -320,8 +320,9 @@ class DraftModelProposer(Proposer):
             # a column is a position: row i's query s sits at column pos[i, s]
             if j == 0:
                 return self.slots.forward(ids, pos, slots, slot_t, pos[:, 0],
-                                          max(lens) + s0, last)
-            return self.slots.forward(ids, pos, slots, slot_t, pos[:, 0], max(ends) + j, None)
+                                          max(lens) + s0, last, lens[0])
+            return self.slots.forward(ids, pos, slots, slot_t, pos[:, 0], max(ends) + j, None,
+                                      ends[0] + j - 1)
 
         drafted = draft_loop(forward, _to(ids, self.device), pos, ends,
                              [step.sampling for step, _, _ in work], kmax, self.draft_top_k,

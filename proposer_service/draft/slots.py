@@ -148,11 +148,12 @@ class DraftSlots:
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: list[int],
                 slot_t: torch.Tensor, cols: torch.Tensor, span: int,
-                last: torch.Tensor | None) -> torch.Tensor:
+                last: torch.Tensor | None, col: int | None = None) -> torch.Tensor:
         """ids, pos [B, S]: row i's tokens, written at columns cols[i] .. cols[i] + S - 1 of
-        slot slots[i] (slot_t: the same on the device; cols [B] on the device); span: the
-        columns any query may read (at least max(cols) + S). Returns the logits [B, V] of each
-        row's query `last[i]` (None: the last)."""
+        slot slots[i] (slot_t: the same on the device; cols [B] on the device; col: cols[0] on
+        the host when B is 1, written as a slice); span: the columns any query may read (at
+        least max(cols) + S). Returns the logits [B, V] of each row's query `last[i]` (None:
+        the last)."""
         lean = self.lean
         b, s = ids.shape
         at = cols[:, None] + torch.arange(s, device=ids.device)  # [B, S]: each query's column
@@ -165,8 +166,12 @@ class DraftSlots:
 
         def attend(i, q, k, v):
             kb, vb = self.kv[i]
-            kb[slot_t[:, None], at] = k.transpose(1, 2).to(kb.dtype)  # [B, S, H_kv, D]
-            vb[slot_t[:, None], at] = v.transpose(1, 2).to(vb.dtype)
+            if col is not None and b == 1:
+                kb[first, col:col + s] = k[0].transpose(0, 1)  # [S, H_kv, D]
+                vb[first, col:col + s] = v[0].transpose(0, 1)
+            else:
+                kb[slot_t[:, None], at] = k.transpose(1, 2).to(kb.dtype)  # [B, S, H_kv, D]
+                vb[slot_t[:, None], at] = v.transpose(1, 2).to(vb.dtype)
             if contiguous:
                 keys, values = kb[first:first + b, :span], vb[first:first + b, :span]
             else:
