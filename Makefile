@@ -149,6 +149,14 @@ bench-gpu-scale-dry: $(STAMP)
 bench-step-profile:
 	$(GPU_PYTHON) bench/step_profile.py $(BENCH_ARGS)
 
+# The draft proposer's propose time per step on the toy family at batch 1 and 8, k 4, its
+# resident cache on and off (bench/draft_propose_bench.py, bench/reports/draft-propose.md). On an
+# accelerator, like bench-gpu on the machine's python3:
+#   $(GPU_PYTHON) bench/draft_propose_bench.py --device cuda --chain-k
+.PHONY: bench-draft-propose
+bench-draft-propose: $(STAMP)
+	$(PY) bench/draft_propose_bench.py $(BENCH_ARGS)
+
 bench-quick: $(STAMP)
 	$(PY) bench/compare_bench.py --quick --out bench/reports/bench-quick.md $(BENCH_ARGS)
 

@@ -55,6 +55,16 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     # tokens it starts with (proposer_service/draft/prefix.py); vLLM's flag name
     enable_prefix_caching: bool = option(True, "draft: reuse the draft's KV of shared prefixes")
     prefix_cache_memory_mb: int = option(256, "draft: memory for finished sequences' draft KV")
+    # draft: running sequences' KV resident in one preallocated cache, a slot each
+    # (proposer_service/draft/slots.py); sequences beyond keep their own tensors
+    draft_cache_slots: int = option(64, "draft: sequences whose draft KV is resident (0: none, "
+                                        "every sequence on the per-sequence path)")
+    draft_cache_memory_mb: int = option(512, "draft: memory of the resident draft KV (fewer "
+                                             "slots when they do not fit)")
+    # draft, on a device with graphs: these k values' whole drafting loop captured as one graph
+    # (proposer_service/draft/graphs.py), replayed once per step instead of k times
+    draft_graph_chain_k: tuple[int, ...] = option(
+        (), "draft: k values whose k drafting iterations are captured as one graph")
     log_level: str = option("INFO", "logging level")
 
     def method_options(self) -> dict[str, str]:

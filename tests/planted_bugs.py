@@ -17,6 +17,7 @@ import kernels.sampling as sampling
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft.graphs as draft_graphs
+import proposer_service.draft.slots as draft_slots
 import proposer_service.mlp.proposer as mlp
 import proposer_service.sampling as draft_sampling
 import splitspec.goodput as goodput
@@ -125,10 +126,36 @@ def fixed_cache_rows_drafted_one_position_late(monkeypatch) -> None:
     (RoPE and seeded noise both read the position)."""
     original = draft_graphs.DraftGraphs.draft
 
-    def late(self, kvs, lens, pending, first_pos, k, params=None):
-        return original(self, kvs, lens, pending, [p + 1 for p in first_pos], k, params)
+    def late(self, kvs, lens, pending, first_pos, k, params=None, slots=None):
+        return original(self, kvs, lens, pending, [p + 1 for p in first_pos], k, params, slots)
 
     monkeypatch.setattr(draft_graphs.DraftGraphs, "draft", late)
+
+
+def drafted_ahead_state_left_out_of_its_slot(monkeypatch) -> None:
+    """A state drafted ahead takes its sequence's slot over without its own columns copied in:
+    the slot keeps the columns of the draft before it."""
+    def adopt(self, state, owner):
+        slot, owner.slot = owner.slot, None
+        state.slot, state.store = slot, None
+        state.kv = self.view(slot, state.length())
+
+    monkeypatch.setattr(draft_slots.DraftSlots, "adopt", adopt)
+
+
+def finished_slot_kept_as_views(monkeypatch) -> None:
+    """A finished sequence's draft cache kept for prefix reuse as views of its slot, which is
+    freed (and reused by the next sequence) without the cache copied out."""
+    original = draft_slots.DraftSlots.unbind
+
+    def unbind(self, state, keep_cache=False):
+        if keep_cache and state is not None and state.slot is not None:
+            self._free.append(state.slot)
+            state.slot = None
+            return
+        original(self, state, keep_cache)
+
+    monkeypatch.setattr(draft_slots.DraftSlots, "unbind", unbind)
 
 
 def mismatch_escapes_the_step(monkeypatch) -> None:

@@ -5,7 +5,9 @@ cut back into per-sequence caches.
 Cache tensors are never written where a state's copy could see them: rollback keeps a view of a
 prefix, and a draft call either builds new tensors or, for the one state that owns a `store`
 (capacity buffers under its views, never handed to a copy), writes its new columns in place past
-the state's length: batch-1 drafting then copies nothing per step.
+the state's length: batch-1 drafting then copies nothing per step. A state that owns a slot of
+the resident cache (slots.py) views the slot's first columns and is written the same way, past
+its length, in place.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ class SeqState:
     # capacity buffers [1, H_kv, capacity, D] per layer whose first columns `kv` views; owned by
     # this state alone (a copy gets none), so new columns may be written into them in place
     store: KV | None = None
+    # the resident cache's slot this state owns (slots.py; kv then views its first columns), or
+    # None: kv is the state's own tensors
+    slot: int | None = None
 
     def copy(self) -> "SeqState":
-        """Another state over the same KV tensors, without the store (it never writes them)."""
+        """Another state over the same KV tensors, without the store or the slot (it never
+        writes them; a slot's views stay valid until its owner writes again)."""
         return SeqState(None if self.kv is None else list(self.kv), list(self.cached))
 
     def length(self) -> int:

@@ -5,8 +5,8 @@ cache instead of prefilling the draft over the whole prompt again.
 The draft's keys and values for a token list are a function of those tokens alone, so any
 common prefix of a new history and a cached token list (a running sequence's, or a finished
 one's kept here) is valid to reuse, drafted tokens included. The copy is taken, never a view:
-a running state may write new columns in place past its length (cache.py), where a view would
-see them.
+a running state may write new columns in place past its length (cache.py, slots.py), where a
+view would see them; a new sequence with a slot then copies it into its slot (device copies).
 
 Finished sequences' caches are kept up to a memory budget, least recently used dropped first.
 Prefixes shorter than MIN_REUSE tokens are computed again (a copy is not worth it).
@@ -39,10 +39,14 @@ class DraftPrefixCache:
         self.queries = 0  # prompt tokens of new sequences looked up
         self.hits = 0  # of those, taken from a kept cache
 
+    def wants(self, state: SeqState) -> bool:
+        """Whether `keep` would keep this state (a slot's cache is copied out only then)."""
+        return self.max_bytes > 0 and state.kv is not None and state.length() >= MIN_REUSE
+
     def keep(self, state: SeqState | None) -> None:
-        """A finished sequence's draft cache, for later prompts that start the same way."""
-        if (self.max_bytes <= 0 or state is None or state.kv is None
-                or state.length() < MIN_REUSE):
+        """A finished sequence's draft cache, for later prompts that start the same way (its
+        own tensors: a state that held a slot gives it back first, its cache copied out)."""
+        if state is None or state.slot is not None or not self.wants(state):
             return
         size = _bytes(state)
         if size > self.max_bytes:

@@ -1,4 +1,5 @@
-"""Draft-model proposer: a small causal LM with its own KV cache per sequence.
+"""Draft-model proposer: a small causal LM with its own KV cache per sequence (resident in a slot
+of one preallocated cache while a slot is free).
 
 Per sequence the session (proposer_service/draft/session.py) keeps the token history (rebuilt
 from the verifier's deltas) and the draft model's KV for a prefix of it
@@ -12,15 +13,20 @@ from the verifier's deltas) and the draft model's KV for a prefix of it
        d1 comes from the logits at the last of them;
     4. draft the rest autoregressively: iteration j feeds d_j and picks d_{j+1}.
 
-Steps 3 and 4 run as one batch over all sequences of the step: the per-sequence caches are
-left-padded into one batch cache (zeros, masked out by the attention mask), the first iteration
-feeds each row's not-yet-cached tokens (right-padded to the longest; 1 token normally, 2 in the
-bonus case) and reads the logits at the row's last real position, and each row has its own
-positions. Only a long catch-up (a (re)sync: the whole prompt) is prefilled per sequence first,
-so that one long prompt does not pad every row. Trade-off: building the padded cache copies
-O(batch x longest history) of KV per step, small next to k forward passes for the small drafts
-this serves; a paged cache would avoid the copy. Drafting ahead for one sequence's outcomes
-(`draft_shared`) needs no padding: its rows are prefixes of one cache.
+Steps 3 and 4 run as one batch over all sequences of the step: the first iteration feeds each
+row's not-yet-cached tokens (right-padded to the longest; 1 token normally, 2 in the bonus case)
+and reads the logits at the row's last real position, and each row has its own positions. Only a
+long catch-up (a (re)sync: the whole prompt) is prefilled per sequence first, so that one long
+prompt does not pad every row.
+
+Where the caches live (proposer_service/draft/slots.py): a sequence that owns a slot of the
+resident cache is drafted in it, its new columns written in place past its length, nothing
+copied in or out (rollback is a length change); on a device with graphs through the captured
+loop over the same cache (graphs.py). A sequence without a slot (none free, or it outgrew one)
+drafts on the per-sequence path: the caches left-padded into one batch cache (zeros, masked out)
+built per call, O(batch x longest history) of copies, and the rows cut out again after; at batch
+1 its own buffers written in place. Drafting ahead for one sequence's outcomes (`draft_shared`)
+needs no padding: its rows are prefixes of one cache, copied once.
 
 Both run the one drafting loop (proposer_service/draft/loop.py); draft tokens are chosen by
 proposer_service/sampling.py (argmax for greedy requests; for sampled ones a token drawn
@@ -37,10 +43,11 @@ import torch
 from kernels.sparse_probs import SparseProbs
 from proposer_service.base import Proposer, load_learned
 from proposer_service.draft.cache import KV, Buffers, SeqState, common_prefix, padded_cache, row_kv
-from proposer_service.draft.graphs import DraftGraphs
+from proposer_service.draft.graphs import DraftGraphs, scratch_rows
 from proposer_service.draft.loop import draft_loop
 from proposer_service.draft.prefix import DraftPrefixCache
 from proposer_service.draft.session import DraftSession
+from proposer_service.draft.slots import DraftSlots
 from splitspec.device import HostFetch, supports_graphs
 from splitspec.device import to_device as _to
 from splitspec.graphs import EagerFallbacks
@@ -57,10 +64,15 @@ class DraftModelProposer(Proposer):
                  model_name: str = "", max_k: int = 16, draft_top_k: int = 32,
                  max_batch: int = 32, idle_timeout_s: float = 600.0, drafts_ahead: bool = True,
                  ahead_rejections: int = 3, linear: str = "auto",
-                 vocab_subset: torch.Tensor | None = None, prefix_cache_mb: int = 256):
+                 vocab_subset: torch.Tensor | None = None, prefix_cache_mb: int = 256,
+                 cache_slots: int = 64, cache_mb: int = 512, chain_ks: tuple[int, ...] = ()):
         """vocab_subset: token ids the draft's head scores (kernels/vocab_subset.py), None for
         the whole vocabulary; needs the lean forward. prefix_cache_mb: memory for finished
-        sequences' draft caches (proposer_service/draft/prefix.py; 0: none)."""
+        sequences' draft caches (proposer_service/draft/prefix.py; 0: none). cache_slots,
+        cache_mb: sequences whose cache is resident (proposer_service/draft/slots.py), at most
+        as many as cache_mb holds (0: every sequence keeps its own tensors, the per-sequence
+        path). chain_ks: k values whose whole drafting loop is captured as one graph
+        (graphs.py)."""
         if draft_top_k < 1:
             raise ValueError("draft_top_k must be >= 1")
         self.model = model
@@ -97,14 +109,31 @@ class DraftModelProposer(Proposer):
         self.drafts_ahead = drafts_ahead
         self.ahead_rejections = ahead_rejections
         self.fetch = HostFetch(device)  # a drafting loop's one copy back
-        # drafting (greedy and sampled) replayed as device graphs where the device has them
-        # (captured by warm_up); None elsewhere, and for a draft without the lean forward
-        self.graphs = (DraftGraphs(self.lean, device, min(self.max_positions, 4096),
-                                   min(self.max_batch, 32), max_k, top_k=draft_top_k)
-                       if self.lean is not None and supports_graphs(device) else None)
         self.fallbacks = EagerFallbacks("the draft loop")  # steps the graphs did not serve
+        self._build_caches(cache_slots, cache_mb, chain_ks)
         # a new sequence starts from the draft cache of one that began the same way
         self.prefixes = DraftPrefixCache(prefix_cache_mb << 20)
+
+    def _build_caches(self, slots: int, mb: int, chain_ks: tuple[int, ...] = ()) -> None:
+        """The resident cache (`slots` sequences of min(max positions, 4096) columns, fewer when
+        `mb` holds fewer) and the captured loop over it. No slots without the lean forward; the
+        captured loop where the device has graphs (captured by warm_up), with scratch rows of
+        its own in the same cache."""
+        self.slots, self.graphs = None, None
+        if self.lean is None:
+            return
+        capacity = min(self.max_positions, 4096)
+        slots = max(0, min(slots, (mb << 20) // DraftSlots.slot_bytes(self.lean, capacity)))
+        graph_batch = min(self.max_batch, 32)
+        wants_graphs = supports_graphs(self.device)
+        scratch = scratch_rows(graph_batch) if wants_graphs else 0
+        if slots or scratch:
+            self.slots = DraftSlots(self.lean, self.device, slots, capacity, scratch)
+        if wants_graphs:
+            # drafting (greedy and sampled) replayed as device graphs
+            self.graphs = DraftGraphs(self.lean, self.device, capacity, graph_batch, self.max_k,
+                                      top_k=self.draft_top_k, slots=self.slots,
+                                      chain_ks=chain_ks)
 
     @classmethod
     def from_config(cls, config) -> "DraftModelProposer":
@@ -112,6 +141,8 @@ class DraftModelProposer(Proposer):
         proposer = load_learned(cls, config)
         mb = config.prefix_cache_memory_mb if config.enable_prefix_caching else 0
         proposer.prefixes = DraftPrefixCache(mb << 20)
+        proposer._build_caches(config.draft_cache_slots, config.draft_cache_memory_mb,
+                               config.draft_graph_chain_k)
         return proposer
 
     @classmethod
@@ -200,39 +231,125 @@ class DraftModelProposer(Proposer):
         start = state.length()
         ids = _to(torch.tensor([tokens], dtype=torch.long), self.device)  # [1, S]
         pos = torch.arange(start, start + len(tokens), device=self.device)[None]  # [1, S]
+        if state.slot is not None:  # written into its slot in place
+            slot = [state.slot]
+            self.slots.forward(ids, pos, slot, _to(torch.tensor(slot), self.device), pos[:, 0],
+                               start + len(tokens), None, start)
+            state.cached.extend(tokens)
+            self.slots.refresh(state)
+            return
         _, state.kv = self._forward(ids, pos, state.kv, None, 1)
         state.store = None  # new tensors
         state.cached.extend(tokens)
+
+    def bind(self, state: SeqState) -> None:
+        """A new sequence's state: into a slot of the resident cache when one is free (else it
+        keeps its own tensors and drafts on the per-sequence path)."""
+        if self.slots is not None:
+            self.slots.bind(state)
+
+    def unbind(self, state: SeqState | None, keep_cache: bool = False) -> None:
+        """A state's slot back to the free list (keep_cache: its cache copied out first)."""
+        if self.slots is not None:
+            self.slots.unbind(state, keep_cache)
 
 
     @torch.inference_mode()
     def draft_batch(self, work: list[tuple[SequenceStep, list[int], SeqState]],
                     cancel: threading.Event | None = None) -> list[Draft] | None:
-        """Catch every sequence up to its history and draft its k tokens, all rows together.
+        """Catch every sequence up to its history and draft its k tokens, all rows together:
+        through the captured loop where it serves the step, else the rows that own a slot over
+        the resident cache and the others on the per-sequence path (`_draft_own`). Each row
+        drafts step.k tokens. Returns None once cancel is set (a state's cache intact up to its
+        length: what was written into a slot lies past it)."""
+        for _, history, state in work:
+            # Longest cached prefix still valid; the last history token is never cached here.
+            state.truncate(min(common_prefix(state.cached, history), len(history) - 1))
+            if (state.slot is not None and len(history) + self.max_batched_catch_up + self.max_k
+                    > self.slots.capacity):  # outgrows its slot: its own tensors from now on
+                self.unbind(state, keep_cache=True)
+            if len(history) - state.length() > self.max_batched_catch_up:
+                self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
+        ks = [step.k for step, _, _ in work]
+        if self.graphs is not None and self.graphs.captured:
+            lens = [state.length() for _, _, state in work]
+            pending = [h[n:] for (_, h, _), n in zip(work, lens)]
+            b, s0, kmax = len(work), max(len(p) for p in pending), max(ks)
+            why = self.graphs.why_not(b, s0, max(lens), kmax)
+            if not why:
+                return self._draft_replayed(work, lens, pending, ks, kmax)
+            self.fallbacks.record(why, rows=b, width=s0, k=kmax)
+        resident = [i for i, (_, _, state) in enumerate(work) if state.slot is not None]
+        if resident:
+            return self._split(work, resident, cancel)
+        return self._draft_own(work, cancel)
 
-        Row i of the batch (columns = positions in the batch cache):
+    def _split(self, work, resident: list[int], cancel: threading.Event | None
+               ) -> list[Draft] | None:
+        """draft_batch with the rows that own a slot drafted over the resident cache and the
+        others (no slot free for them) on the per-sequence path."""
+        own = [i for i in range(len(work)) if i not in set(resident)]
+        drafts = self._draft_resident([work[i] for i in resident], cancel)
+        rest = self._draft_own([work[i] for i in own], cancel) if own else []
+        if drafts is None or rest is None:
+            return None
+        out: list[Draft | None] = [None] * len(work)
+        for i, d in zip(resident + own, drafts + rest):
+            out[i] = d
+        return out
+
+    def _draft_resident(self, work, cancel: threading.Event | None) -> list[Draft] | None:
+        """draft_batch's rows that own slots: each row's pending tokens and drafts written into
+        its slot past its length, nothing copied in or out; rollback next step is a length
+        change. The same drafts as the per-sequence path."""
+        slots = [state.slot for _, _, state in work]
+        ks = [step.k for step, _, _ in work]
+        lens = [state.length() for _, _, state in work]
+        pending = [h[n:] for (_, h, _), n in zip(work, lens)]
+        b, kmax = len(work), max(ks)
+        s0 = max(len(p) for p in pending)
+        ids = torch.zeros(b, s0, dtype=torch.long)  # [B, s0], right-padded
+        for i, p in enumerate(pending):
+            ids[i, :len(p)] = torch.tensor(p)
+        pos = _to(torch.tensor(lens)[:, None] + torch.arange(s0), self.device)  # [B, s0]
+        slot_t = _to(torch.tensor(slots), self.device)
+        last = _to(torch.tensor([len(p) - 1 for p in pending]), self.device)  # [B]
+        ends = [n + len(p) for n, p in zip(lens, pending)]  # d1's column
+
+        def forward(ids: torch.Tensor, pos: torch.Tensor, j: int) -> torch.Tensor:
+            # a column is a position: row i's query s sits at column pos[i, s]
+            if j == 0:
+                return self.slots.forward(ids, pos, slots, slot_t, pos[:, 0],
+                                          max(lens) + s0, last, lens[0])
+            return self.slots.forward(ids, pos, slots, slot_t, pos[:, 0], max(ends) + j, None,
+                                      ends[0] + j - 1)
+
+        drafted = draft_loop(forward, _to(ids, self.device), pos, ends,
+                             [step.sampling for step, _, _ in work], kmax, self.draft_top_k,
+                             cancel, fetch=self.fetch)
+        if drafted is None:  # the written columns lie past each state's length: harmless
+            return None
+        drafts = []
+        for i, ((step, history, state), k) in enumerate(zip(work, ks)):
+            state.cached = history + drafted.tokens[i][:k - 1]
+            self.slots.refresh(state)
+            state.alternatives = drafted.alternatives[i][:k]
+            drafts.append(drafted.draft(i, step.seq_id, k))
+        return drafts
+
+    def _draft_own(self, work, cancel: threading.Event | None) -> list[Draft] | None:
+        """draft_batch's rows over their own caches (the per-sequence path). Row i of the batch
+        (columns = positions in the batch cache):
             [left pad][cached_i][pending_i][right pad][d1 .. d_{kmax-1}]
              <---- lmax ------> <------- s0 ------->
         pending_i are the history tokens not cached yet (the last one always among them); all
         of them go in iteration 0, whose logits are read at each row's last real position. Pads
-        are zero KV or masked-out queries: every query still sees at least its own token.
-        Each row drafts step.k tokens. Returns None (states' KV untouched) once cancel is set.
-        """
-        for _, history, state in work:
-            # Longest cached prefix still valid; the last history token is never cached here.
-            state.truncate(min(common_prefix(state.cached, history), len(history) - 1))
-            if len(history) - state.length() > self.max_batched_catch_up:
-                self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
+        are zero KV or masked-out queries: every query still sees at least its own token."""
         ks = [step.k for step, _, _ in work]
         lens = [state.length() for _, _, state in work]
         pending = [h[n:] for (_, h, _), n in zip(work, lens)]
         b, lmax, kmax = len(work), max(lens), max(ks)
         s0 = max(len(p) for p in pending)
-        if self.graphs is not None and self.graphs.captured:
-            why = self.graphs.why_not(b, s0, lmax, kmax)
-            if not why:
-                return self._draft_replayed(work, lens, pending, ks, kmax)
-            self.fallbacks.record(why, rows=b, width=s0, k=kmax)
         # One row (batch-1 decoding): its own cache as is, no padding, no mask, nothing to cut
         # out afterwards.
         single = b == 1
@@ -292,13 +409,16 @@ class DraftModelProposer(Proposer):
         states as the eager loop leaves."""
         tokens, alternatives, kvs, dists = self.graphs.draft(
             [state.kv for _, _, state in work], lens, pending, [len(h) for _, h, _ in work],
-            kmax, [step.sampling for step, _, _ in work])
+            kmax, [step.sampling for step, _, _ in work], [state.slot for _, _, state in work])
         drafts = []
         for i, ((step, history, state), k, n, p) in enumerate(zip(work, ks, lens, pending)):
             end = n + len(p) + k - 1  # cached + pending + d1 .. d_{k-1}
-            state.kv = [(kb[:, :, :end], vb[:, :, :end]) for kb, vb in kvs[i]]
-            state.store = None
             state.cached = history + tokens[i][:k - 1]
+            if state.slot is not None:  # drafted in its slot: a length change
+                self.slots.refresh(state)
+            else:
+                state.kv = [(kb[:, :, :end], vb[:, :, :end]) for kb, vb in kvs[i]]
+                state.store = None
             state.alternatives = alternatives[i][:k]
             q = None if dists[i] is None else SparseProbs.from_rows(dists[i][:k])
             drafts.append(Draft(step.seq_id, tokens[i][:k], q=q))

@@ -24,6 +24,7 @@ from proposer_service.base import HistoryStore, ProposerSession, draft_in_batche
 from proposer_service.draft.branches import branch_chain, kept_leaves
 from proposer_service.draft.cache import SeqState
 from proposer_service.draft.prefix import DraftPrefixCache
+from proposer_service.draft.slots import DraftSlots
 from splitspec.lean_llama import LeanDecoder
 from splitspec.params import SamplingParams
 from splitspec.proposal import (
@@ -47,6 +48,11 @@ class Drafter(Protocol):
     max_positions: int
     drafts_ahead: bool
     prefixes: DraftPrefixCache  # finished sequences' caches, to start new ones from
+    slots: DraftSlots | None  # the resident cache (None: every state keeps its own tensors)
+
+    def bind(self, state: SeqState) -> None: ...
+
+    def unbind(self, state: SeqState | None, keep_cache: bool = False) -> None: ...
 
     def draft_batch(self, work: list[tuple[SequenceStep, list[int], SeqState]],
                     cancel: threading.Event | None = None) -> list[Draft] | None: ...
@@ -112,7 +118,7 @@ class DraftSession(ProposerSession):
 
     def propose(self, steps: list[SequenceStep]) -> list[Draft]:
         for sid in self._store.evict_idle():
-            self._p.prefixes.keep(self._states.pop(sid, None))
+            self._finish(sid)
             self._ready.pop(sid, None)
         self._plans.clear()
         drafts: dict[str, Draft] = {}
@@ -122,13 +128,14 @@ class DraftSession(ProposerSession):
             ready = self._ready.pop(step.seq_id, None)
             history = self._store.apply(step)
             if history is None or not history:
-                self._states.pop(step.seq_id, None)
+                self._p.unbind(self._states.pop(step.seq_id, None))
                 drafts[step.seq_id] = Draft(step.seq_id, resync=True)
                 continue
             state = self._states.get(step.seq_id)
             if state is None:  # new (or resynced): from a cached prefix where one matches
                 state = self._states[step.seq_id] = self._p.prefixes.seed(
                     history, self._states.values())
+                self._p.bind(state)
             k = min(step.k, self._p.max_k)
             if k <= 0 or len(history) + k > self._p.max_positions:
                 # k = 0: just recorded (caught up lazily); past the draft's context: no drafts
@@ -181,6 +188,10 @@ class DraftSession(ProposerSession):
         if found is None:
             return None
         draft, state = found
+        owner = self._states.get(step.seq_id)
+        if owner is not None and owner.slot is not None:
+            # the drafted-ahead state takes over the slot: only its new columns are copied in
+            self._p.slots.adopt(state, owner)
         self._states[step.seq_id] = state
         q = None if draft.q is None else SparseProbs.from_rows(draft.q.rows()[:k])
         return Draft(step.seq_id, draft.tokens[:k], q, ahead_outcome=AHEAD_HIT)
@@ -271,12 +282,23 @@ class DraftSession(ProposerSession):
     def release(self, seq_ids: list[str]) -> None:
         self._store.release(seq_ids)
         for sid in seq_ids:
-            self._p.prefixes.keep(self._states.pop(sid, None))
+            self._finish(sid)
             self._ready.pop(sid, None)
             self._plans.pop(sid, None)
 
+    def _finish(self, sid: str) -> None:
+        """A finished sequence: its cache kept for prefix reuse (copied out of its slot), its
+        slot freed."""
+        state = self._states.pop(sid, None)
+        if state is not None and state.slot is not None and self._p.prefixes.wants(state):
+            self._p.unbind(state, keep_cache=True)
+        self._p.unbind(state)
+        self._p.prefixes.keep(state)
+
     def close(self) -> None:
         self._store.clear()
+        for state in self._states.values():
+            self._p.unbind(state)
         self._states.clear()
         self._ready.clear()
         self._plans.clear()
