@@ -29,7 +29,8 @@ from splitspec.methods import components_of  # noqa: E402
 
 CONFIGS = ["ngram", "suffix", "draft", "mlp", "eagle", "hybrid:ngram+draft",
            "hybrid:ngram+mlp", "hybrid:ngram+eagle", "hybrid:suffix+eagle",
-           "hybrid:suffix+draft"]
+           "hybrid:suffix+draft", "hybrid:ngram+suffix", "hybrid:suffix|eagle",
+           "hybrid:ngram|eagle", "hybrid:ngram|draft"]
 
 
 def prompts(n: int) -> dict[str, list[str]]:

@@ -161,7 +161,8 @@ def stack_config(args, cfg: Config, models: dict[str, str]) -> StackConfig:
     threads = ["--threads", str(args.threads)] if args.threads else []
     return StackConfig.with_free_ports(
         model=args.model, device="cpu", models=models, methods=list(cfg.methods),
-        proposer_args={m: ["--threads", str(args.proposer_threads)] for m in METHODS},
+        proposer_args={m: ["--threads", str(args.proposer_threads), *cfg.args_of(m)]
+                       for m in METHODS},
         log_dir=ROOT / "bench/out/logs/specbench" / cfg.key,
         verifier_args=[*threads, "--proposer-timeout-ms", "2000",
                        # lookahead's default shape, whole: (W 3 + G 2) x (N 3 - 1) nodes
