@@ -1,6 +1,7 @@
 """Tokens per step of hybrid drafts against their components, on the toy family (no timing).
 
-    python bench/hybrid_steps.py [--prompts 4] [--max-tokens 64] [--k 6]
+    python bench/hybrid_steps.py [--prompts 4] [--max-tokens 64] [--k 6] [--configs ...]
+        [--max-k N]
 
 One stack (gateway-less: the verifier's gRPC Generation API), greedy, one request at a time.
 Prompts: held-out code windows ("open") and the same windows followed by their own first
@@ -60,13 +61,17 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--configs", nargs="*", default=CONFIGS)
+    ap.add_argument("--max-k", type=int, default=None,
+                    help="the verifier's --max-num-speculative-tokens (its default: unset)")
     args = ap.parse_args()
     models = ROOT / "models"
     import grpc
 
     cfg = StackConfig.with_free_ports(
         model=str(models / "target"), device="cpu", log_dir=Path(tempfile.mkdtemp()),
-        verifier_args=["--threads", "1", "--proposer-timeout-ms", "5000"],
+        verifier_args=["--threads", "1", "--proposer-timeout-ms", "5000",
+                       *(["--max-num-speculative-tokens", str(args.max_k)] if args.max_k
+                         else [])],
         models={"draft": str(models / "draft"), "mlp": str(models / "mlp-speculator"),
                 "eagle": str(models / "target-eagle")},
         proposer_args={"draft": ["--threads", "1"], "mlp": ["--threads", "1"]})
