@@ -29,7 +29,7 @@ ALL_METHODS = ("ngram", "suffix", "draft", "mlp", "eagle", "lookahead")
 @dataclass(frozen=True)
 class Config:
     key: str  # the name --configs selects it by
-    label: str  # its row in the report
+    label: str  # its row in the report (no "|": a markdown table cell)
     speculation: dict  # the request's SpeculationConfig as JSON (details are always asked)
     methods: tuple[str, ...] = ()  # what its stack serves
     # flags for its stack's proposer processes, by method (e.g. the n-gram's longest match)
@@ -68,15 +68,15 @@ CONFIGS = [
            ("suffix", "eagle")),
     # gated: the suffix tree's chain alone where it matched, else the EAGLE head's chain (no
     # head drafting and no wider tree on a step retrieval covers)
-    Config("gated", "hybrid suffix|eagle (gated) k=4", on("hybrid:suffix|eagle", 4),
+    Config("gated", "gated: suffix, else eagle, k=4", on("hybrid:suffix|eagle", 4),
            ("suffix", "eagle")),
-    Config("gated-ngram", "hybrid ngram|eagle (gated) k=4", on("hybrid:ngram|eagle", 4),
+    Config("gated-ngram", "gated: ngram, else eagle, k=4", on("hybrid:ngram|eagle", 4),
            ("ngram", "eagle")),
     # the two retrieval methods, both cheap: merged where both match, a tree where they differ
     Config("retrieval", "hybrid ngram+suffix, 6 nodes", on("hybrid:ngram+suffix", 6),
            ("ngram", "suffix")),
     # prompt lookup first, the suffix tree where it found nothing, EAGLE where neither did
-    Config("gated3", "hybrid ngram|suffix|eagle (gated) k=4", on("hybrid:ngram|suffix|eagle", 4),
+    Config("gated3", "gated: ngram, else suffix, else eagle, k=4", on("hybrid:ngram|suffix|eagle", 4),
            ("ngram", "suffix", "eagle")),
     Config("auto", "auto", {"mode": "auto"}, ALL_METHODS),
 ]

@@ -232,3 +232,16 @@ def test_a_configuration_is_one_line_and_reaches_the_request():
         parse_extra("broken=not json@suffix")
     with pytest.raises(ValueError):
         select(["nonesuch"], [])
+
+
+def test_every_configuration_is_a_valid_request_with_a_table_safe_label():
+    from specbench_configs import CONFIGS, DEFAULT
+
+    from splitspec.methods import components_of, is_method
+
+    for c in CONFIGS:
+        assert "|" not in c.label, c.label  # a markdown table's cell separator
+        method = c.speculation.get("method")
+        if method is not None:
+            assert is_method(method) and set(components_of(method)) <= set(c.methods), c.key
+    assert {"pld", "gated"} <= set(DEFAULT)
