@@ -31,7 +31,7 @@ from splitspec.methods import components_of  # noqa: E402
 CONFIGS = ["ngram", "suffix", "draft", "mlp", "eagle", "hybrid:ngram+draft",
            "hybrid:ngram+mlp", "hybrid:ngram+eagle", "hybrid:suffix+eagle",
            "hybrid:suffix+draft", "hybrid:ngram+suffix", "hybrid:suffix|eagle",
-           "hybrid:ngram|eagle", "hybrid:ngram|draft"]
+           "hybrid:ngram|eagle", "hybrid:ngram|draft", "hybrid:suffix|ngram"]
 
 
 def prompts(n: int) -> dict[str, list[str]]:
@@ -53,6 +53,20 @@ def generate(stub, prompt: str, method: str | None, k: int, max_tokens: int):
         if chunk.HasField("usage"):
             usage = chunk.usage
     return ids, usage
+
+
+def reconnected(stub, tries: int = 50) -> None:
+    """Wait until the verifier drafts with the restarted suffix proposer again (it reconnects
+    with a backoff: until then a request decodes without its drafts, and a gated hybrid falls
+    through to its next tier). The probe's prompt has nothing the measured prompts copy."""
+    import time
+
+    for _ in range(tries):
+        _, usage = generate(stub, "Name one river.", "suffix", 2, 2)
+        if not usage.speculation.reason:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the suffix proposer did not reconnect")
 
 
 def main() -> None:
@@ -84,6 +98,7 @@ def main() -> None:
         for method in args.configs:
             if "suffix" in components_of(method):
                 stack.restart(stack.proposers["suffix"])
+                reconnected(stub)
             for kind, ps in sets.items():
                 tokens = steps = accepted = proposed = 0
                 for p in ps:

@@ -244,4 +244,4 @@ def test_every_configuration_is_a_valid_request_with_a_table_safe_label():
         method = c.speculation.get("method")
         if method is not None:
             assert is_method(method) and set(components_of(method)) <= set(c.methods), c.key
-    assert {"pld", "gated"} <= set(DEFAULT)
+    assert {"pld", "gated", "retrieval-gated"} <= set(DEFAULT)
