@@ -14,12 +14,14 @@ differences are that pass's own), no timer added to the step.
                                  and batch rows
     the client                   wall time and tokens of every answer (prefill included)
 
-Per step (client wall time over engine steps):
+Per step (client wall time over engine steps, every part over the same steps, so they add up):
 
     drafting  = round-trip seconds of the registered methods / steps  (a hybrid's components
                 each once: the hybrid's own label, their sum, is not added again)
-    verify    = (engine step seconds - drafting seconds) / steps      (forward, sampling,
-                bookkeeping; prefill steps included)
+    verify    = decoding steps' step-cost seconds / steps             (forward, sampling,
+                bookkeeping of the steps that emitted tokens)
+    prefill   = (engine step seconds - drafting - verify) / steps     (the prompts' steps, and
+                what an in-target method learnt outside its drafting)
     rest      = (client wall seconds - engine step seconds) / steps   (gateway, gRPC, streaming,
                 the engine's idle time between steps)
 
@@ -67,8 +69,17 @@ class StepSplit:
         return self.ms(self.draft_s)
 
     @property
+    def verify_s(self) -> float:
+        """The decoding steps' time without drafting (every kind of step)."""
+        return sum(seconds for _, _, seconds in self.kinds.values())
+
+    @property
     def verify_ms(self) -> float:
-        return self.ms(self.step_s - self.draft_s)
+        return self.ms(self.verify_s)
+
+    @property
+    def prefill_ms(self) -> float:
+        return self.ms(self.step_s - self.draft_s - self.verify_s)
 
     @property
     def rest_ms(self) -> float:

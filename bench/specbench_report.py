@@ -161,7 +161,8 @@ def cost_rows(costs: dict[str, StepSplit]) -> list[list[object]]:
     for label, c in costs.items():
         per_token = c.per_step_ms / c.tokens_per_step if c.tokens_per_step else 0.0
         rows.append([label, c.steps, f"{c.per_step_ms:.1f}", f"{c.draft_ms:.1f}",
-                     f"{c.verify_ms:.1f}", f"{c.rest_ms:.1f}", f"{c.tokens_per_step:.2f}",
+                     f"{c.verify_ms:.1f}", f"{c.prefill_ms:.1f}", f"{c.rest_ms:.1f}",
+                     f"{c.tokens_per_step:.2f}",
                      f"{per_token:.1f}", kind(c, "greedy"), kind(c, "tree")])
     return rows
 
@@ -172,19 +173,20 @@ def cost_section(costs: dict[str, StepSplit]) -> list[str]:
     lines = ["## Where a step's time goes", "",
              "Per configuration, over its timed pass (bench/specbench_cost.py reads the stack's "
              "own counters around it: the verifier's /metrics and WatchStats, no timer added): "
-             "milliseconds per engine step of the client's wall time, split into **drafting** "
-             "(the step's wait for its methods' drafts: a proposer's round trip, an in-target "
-             "head's drafting and its learning from the last step), **verify** (the rest of the "
-             "engine's step: the target's forward, the sampler, bookkeeping; prefill steps "
-             "included) and **rest** (the client's time outside engine steps: gateway, gRPC, "
-             "streaming, the gaps between steps); tokens per step (every answer's tokens over "
+             "milliseconds per engine step of the client's wall time, split (each part over "
+             "every engine step, so they add up) into **drafting** (the step's wait for its "
+             "methods' drafts: a proposer's round trip, an in-target head's drafting and its "
+             "learning from the last step), **verify** (the decoding steps' rest: the target's "
+             "forward, the sampler, bookkeeping), **prefill** (the prompts' steps) and "
+             "**rest** (the client's time outside engine steps: gateway, gRPC, streaming, the "
+             "gaps between steps); tokens per step (every answer's tokens over "
              "the engine's steps), milliseconds per token; and the decoding steps by kind, each "
              "cell share of steps / mean rows fed / mean verify ms: chains (verified inside the "
              "forward, greedy) and token trees (the tree sampler after the forward). A "
              "configuration beats off where its ms per token is below off's: tokens per step "
              "must pay for the drafting and the wider verify.", ""]
     lines += markdown_table({"configuration": "l", "steps": "r", "ms / step": "r",
-                             "drafting": "r", "verify": "r", "rest": "r",
+                             "drafting": "r", "verify": "r", "prefill": "r", "rest": "r",
                              "tokens / step": "r", "ms / token": "r", "chain steps": "r",
                              "tree steps": "r"}, cost_rows(costs))
     return lines + [""]
