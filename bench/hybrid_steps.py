@@ -1,6 +1,7 @@
 """Tokens per step of hybrid drafts against their components, on the toy family (no timing).
 
-    python bench/hybrid_steps.py [--prompts 4] [--max-tokens 64] [--k 6]
+    python bench/hybrid_steps.py [--prompts 4] [--max-tokens 64] [--k 6] [--configs ...]
+        [--max-k N]
 
 One stack (gateway-less: the verifier's gRPC Generation API), greedy, one request at a time.
 Prompts: held-out code windows ("open") and the same windows followed by their own first
@@ -29,7 +30,8 @@ from splitspec.methods import components_of  # noqa: E402
 
 CONFIGS = ["ngram", "suffix", "draft", "mlp", "eagle", "hybrid:ngram+draft",
            "hybrid:ngram+mlp", "hybrid:ngram+eagle", "hybrid:suffix+eagle",
-           "hybrid:suffix+draft"]
+           "hybrid:suffix+draft", "hybrid:ngram+suffix", "hybrid:suffix|eagle",
+           "hybrid:ngram|eagle", "hybrid:ngram|draft", "hybrid:suffix|ngram"]
 
 
 def prompts(n: int) -> dict[str, list[str]]:
@@ -53,19 +55,37 @@ def generate(stub, prompt: str, method: str | None, k: int, max_tokens: int):
     return ids, usage
 
 
+def reconnected(stub, tries: int = 50) -> None:
+    """Wait until the verifier drafts with the restarted suffix proposer again (it reconnects
+    with a backoff: until then a request decodes without its drafts, and a gated hybrid falls
+    through to its next tier). The probe's prompt has nothing the measured prompts copy."""
+    import time
+
+    for _ in range(tries):
+        _, usage = generate(stub, "Name one river.", "suffix", 2, 2)
+        if not usage.speculation.reason:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the suffix proposer did not reconnect")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=6)
     ap.add_argument("--configs", nargs="*", default=CONFIGS)
+    ap.add_argument("--max-k", type=int, default=None,
+                    help="the verifier's --max-num-speculative-tokens (its default: unset)")
     args = ap.parse_args()
     models = ROOT / "models"
     import grpc
 
     cfg = StackConfig.with_free_ports(
         model=str(models / "target"), device="cpu", log_dir=Path(tempfile.mkdtemp()),
-        verifier_args=["--threads", "1", "--proposer-timeout-ms", "5000"],
+        verifier_args=["--threads", "1", "--proposer-timeout-ms", "5000",
+                       *(["--max-num-speculative-tokens", str(args.max_k)] if args.max_k
+                         else [])],
         models={"draft": str(models / "draft"), "mlp": str(models / "mlp-speculator"),
                 "eagle": str(models / "target-eagle")},
         proposer_args={"draft": ["--threads", "1"], "mlp": ["--threads", "1"]})
@@ -78,6 +98,7 @@ def main() -> None:
         for method in args.configs:
             if "suffix" in components_of(method):
                 stack.restart(stack.proposers["suffix"])
+                reconnected(stub)
             for kind, ps in sets.items():
                 tokens = steps = accepted = proposed = 0
                 for p in ps:

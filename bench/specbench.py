@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+import specbench_cost as cost  # noqa: E402
 from bench_common import bench_parser  # noqa: E402
 from specbench_configs import (  # noqa: E402
     CONFIGS,
@@ -160,7 +161,8 @@ def stack_config(args, cfg: Config, models: dict[str, str]) -> StackConfig:
     threads = ["--threads", str(args.threads)] if args.threads else []
     return StackConfig.with_free_ports(
         model=args.model, device="cpu", models=models, methods=list(cfg.methods),
-        proposer_args={m: ["--threads", str(args.proposer_threads)] for m in METHODS},
+        proposer_args={m: ["--threads", str(args.proposer_threads), *cfg.args_of(m)]
+                       for m in METHODS},
         log_dir=ROOT / "bench/out/logs/specbench" / cfg.key,
         verifier_args=[*threads, "--proposer-timeout-ms", "2000",
                        # lookahead's default shape, whole: (W 3 + G 2) x (N 3 - 1) nodes
@@ -175,16 +177,23 @@ def missing_models(cfg: Config, models: dict[str, str]) -> list[str]:
 # -- the run ---------------------------------------------------------------------------------
 
 def run_config(args, cfg: Config, client: StackClient, questions: list[Question],
-               prompts: ChatPrompts, seeded: list[Question], out: dict, timed) -> None:
-    """One configuration on its stack: warm-up, the timed pass, the repeated pass when it is
-    --repeat's, the seeded answers when asked."""
+               prompts: ChatPrompts, seeded: list[Question], out: dict, timed,
+               stack: Stack | None = None) -> None:
+    """One configuration on its stack: warm-up, the timed pass (its step's cost split read
+    from the stack's counters around it), the repeated pass when it is --repeat's, the seeded
+    answers when asked."""
     def gen(ids, seed=None):
         return client.generate(ids, cfg.speculation, args.max_new_tokens, seed)
 
     for _ in range(1 if args.shared_stack else 2):  # a shared stack is warm already
         client.generate(prompts.ids([WARMUP], []), cfg.speculation, 16)
-    out["answers"][cfg.label] = timed(
+    before = cost.read(stack) if stack is not None else None
+    out["answers"][cfg.label] = mine = timed(
         cfg.label, lambda: [answer(q, prompts, gen) for q in questions])
+    if before is not None:
+        out["cost"][cfg.label] = cost.split(
+            before, cost.read(stack), sum(a.seconds for a in mine), sum(a.tokens for a in mine),
+            tuple(METHODS))
     if args.repeat == cfg.key:
         label = f"{cfg.label}, repeated questions (2nd pass, same stack)"
         out["repeat_label"] = label
@@ -199,7 +208,7 @@ def run_config(args, cfg: Config, client: StackClient, questions: list[Question]
 def run(args) -> dict:
     """Every system's answers: {"answers": {row label: [Answer]}, "skipped": {label: why},
     "seeded": {label: {qid: [ids per turn]}}, "configs": [Config], "repeat_label": str | None,
-    "timing": {label: seconds}}."""
+    "timing": {label: seconds}, "cost": {label: specbench_cost.StepSplit}}."""
     import torch
     from transformers import AutoTokenizer
 
@@ -214,6 +223,7 @@ def run(args) -> dict:
     models = sibling_proposer_models(args.model)
     seeded = [q for q in questions if q.group in args.seeded] if args.seeded else []
     out = {"answers": {}, "skipped": {}, "seeded": {}, "configs": configs, "timing": {},
+           "cost": {},
            "repeat_label": None, "questions": questions}
 
     def timed(label: str, fn):
@@ -249,7 +259,7 @@ def run(args) -> dict:
                 timed(f"{cfg.label}: its stack, up", stack.start)
             client = StackClient(stack)
             try:
-                run_config(args, cfg, client, questions, prompts, seeded, out, timed)
+                run_config(args, cfg, client, questions, prompts, seeded, out, timed, stack)
             finally:
                 client.close()
                 if shared is None:
@@ -321,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
     Path(args.json).write_text(json.dumps(
         {"answers": {k: [asdict(a) for a in v] for k, v in result["answers"].items()},
          "seeded": {k: {str(q): v for q, v in s.items()} for k, s in result["seeded"].items()},
-         "skipped": result["skipped"], "timing": result["timing"]}, indent=1))
+         "skipped": result["skipped"], "timing": result["timing"],
+         "cost": {k: asdict(v) for k, v in result["cost"].items()}}, indent=1))
     write_report(Path(args.out), result, facts, args)
     return result
 

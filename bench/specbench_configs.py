@@ -29,9 +29,14 @@ ALL_METHODS = ("ngram", "suffix", "draft", "mlp", "eagle", "lookahead")
 @dataclass(frozen=True)
 class Config:
     key: str  # the name --configs selects it by
-    label: str  # its row in the report
+    label: str  # its row in the report (no "|": a markdown table cell)
     speculation: dict  # the request's SpeculationConfig as JSON (details are always asked)
     methods: tuple[str, ...] = ()  # what its stack serves
+    # flags for its stack's proposer processes, by method (e.g. the n-gram's longest match)
+    proposer_args: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def args_of(self, method: str) -> list[str]:
+        return [a for m, args in self.proposer_args if m == method for a in args]
 
     @property
     def is_off(self) -> bool:
@@ -54,14 +59,33 @@ CONFIGS = [
     Config("eagle", "eagle k=3", on("eagle", 3), ("eagle",)),
     Config("eagle-tree", "eagle tree b=4, 8 nodes", on("eagle", 8, num_branches=4), ("eagle",)),
     Config("lookahead", "lookahead W3 N3 G2 (default)", on("lookahead"), ("lookahead",)),
+    # Spec-Bench's prompt lookup (evaluation/inference_pld.py): matches of 3 tokens at most
+    # (draft_matching_window_size), 10 draft tokens (draft_num_candidate_tokens)
+    Config("pld", "ngram at PLD's shape (n <= 3, k=10)", on("ngram", 10), ("ngram",),
+           (("ngram", ("--ngram-max", "3")),)),
     # retrieval and the in-target head verified together: a tree of up to 6 nodes
     Config("hybrid", "hybrid suffix+eagle, 6 nodes", on("hybrid:suffix+eagle", 6),
            ("suffix", "eagle")),
+    # gated: the suffix tree's chain alone where it matched, else the EAGLE head's chain (no
+    # head drafting and no wider tree on a step retrieval covers)
+    Config("gated", "gated: suffix, else eagle, k=4", on("hybrid:suffix|eagle", 4),
+           ("suffix", "eagle")),
+    Config("gated-ngram", "gated: ngram, else eagle, k=4", on("hybrid:ngram|eagle", 4),
+           ("ngram", "eagle")),
+    # the two retrieval methods, both cheap: merged where both match, a tree where they differ
+    Config("retrieval", "hybrid ngram+suffix, 6 nodes", on("hybrid:ngram+suffix", 6),
+           ("ngram", "suffix")),
+    # the suffix tree's match (2 tokens at least, drafting as far as it is sure) first, prompt
+    # lookup where it found none: both cheap, one chain a step
+    Config("retrieval-gated", "gated: suffix, else ngram, k=4", on("hybrid:suffix|ngram", 4),
+           ("suffix", "ngram")),
     Config("auto", "auto", {"mode": "auto"}, ALL_METHODS),
 ]
-# every method once; the tree is asked by name (--configs ... eagle-tree): at 256 new tokens a
+# every method once, PLD's shape, and the gated hybrids suffix|eagle and suffix|ngram; the rest
+# are asked by name (--configs ... eagle-tree gated-ngram retrieval): at 256 new tokens a
 # configuration costs about 3-4 minutes of this CPU, Hugging Face's baseline about 8
-DEFAULT = tuple(c.key for c in CONFIGS if c.key != "eagle-tree")
+BY_NAME = ("eagle-tree", "gated-ngram", "retrieval")
+DEFAULT = tuple(c.key for c in CONFIGS if c.key not in BY_NAME)
 REPEAT_DEFAULT = "suffix"  # the cross-request method: what a repeated question changes most
 
 

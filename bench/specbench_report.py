@@ -9,6 +9,7 @@ from pathlib import Path
 
 import specbench_speed as speed
 from bench_common import markdown_table, write_markdown
+from specbench_cost import StepSplit
 from specbench_data import GROUPS
 from specbench_published import DEVICES, SOURCE, VICUNA_7B
 from specbench_speed import Answer
@@ -123,6 +124,7 @@ def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
         rows.append([label, *cells])
     lines += markdown_table({"configuration": "l", **{h: "r" for h in heads}, "overall": "r"},
                             rows) + [""]
+    lines += cost_section(result.get("cost", {}))
     auto = {label: a for label, a in answers.items() if label.startswith("auto")}
     for label, mine in auto.items():
         chose = Counter(t.method or "off" for a in mine for t in a.turns)
@@ -146,6 +148,48 @@ def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
                       "check of the harness, not a measurement (a cross-request method drafts "
                       "the answers of the configurations before it).", ""]
     write_markdown(out, lines)
+
+
+def cost_rows(costs: dict[str, StepSplit]) -> list[list[object]]:
+    """A row per configuration: ms per step and its split, tokens per step and per token, and
+    its decoding steps by kind (chains, trees)."""
+    def kind(c: StepSplit, name: str) -> str:
+        k = c.kind(name)
+        return "-" if k is None else f"{k[0]:.0%} / {k[1]:.1f} / {k[2]:.1f}"
+
+    rows = []
+    for label, c in costs.items():
+        per_token = c.per_step_ms / c.tokens_per_step if c.tokens_per_step else 0.0
+        rows.append([label, c.steps, f"{c.per_step_ms:.1f}", f"{c.draft_ms:.1f}",
+                     f"{c.verify_ms:.1f}", f"{c.prefill_ms:.1f}", f"{c.rest_ms:.1f}",
+                     f"{c.tokens_per_step:.2f}",
+                     f"{per_token:.1f}", kind(c, "greedy"), kind(c, "tree")])
+    return rows
+
+
+def cost_section(costs: dict[str, StepSplit]) -> list[str]:
+    if not costs:
+        return []
+    lines = ["## Where a step's time goes", "",
+             "Per configuration, over its timed pass (bench/specbench_cost.py reads the stack's "
+             "own counters around it: the verifier's /metrics and WatchStats, no timer added): "
+             "milliseconds per engine step of the client's wall time, split (each part over "
+             "every engine step, so they add up) into **drafting** (the step's wait for its "
+             "methods' drafts: a proposer's round trip, an in-target head's drafting and its "
+             "learning from the last step), **verify** (the decoding steps' rest: the target's "
+             "forward, the sampler, bookkeeping), **prefill** (the prompts' steps) and "
+             "**rest** (the client's time outside engine steps: gateway, gRPC, streaming, the "
+             "gaps between steps); tokens per step (every answer's tokens over "
+             "the engine's steps), milliseconds per token; and the decoding steps by kind, each "
+             "cell share of steps / mean rows fed / mean verify ms: chains (verified inside the "
+             "forward, greedy) and token trees (the tree sampler after the forward). A "
+             "configuration beats off where its ms per token is below off's: tokens per step "
+             "must pay for the drafting and the wider verify.", ""]
+    lines += markdown_table({"configuration": "l", "steps": "r", "ms / step": "r",
+                             "drafting": "r", "verify": "r", "prefill": "r", "rest": "r",
+                             "tokens / step": "r", "ms / token": "r", "chain steps": "r",
+                             "tree steps": "r"}, cost_rows(costs))
+    return lines + [""]
 
 
 def mismatch_section(answers: dict[str, list[Answer]]) -> list[str]:

@@ -39,10 +39,12 @@ SPECULATION = {
                  "description": "auto (default): the gateway's policy decides"},
         "method": {"type": "string",
                    "anyOf": [{"enum": list(method_names())},
-                             {"pattern": f"^{HYBRID}:[a-z]+(\\+[a-z]+)+$"}],
+                             {"pattern": f"^{HYBRID}:[a-z]+([+|][a-z]+)+$"}],
                    "description": "which proposer; default: the deployment's first. "
                    f"{HYBRID}:<method>+<method>: their drafts merged into one token tree "
-                   "per step (e.g. hybrid:suffix+eagle), in priority order"},
+                   "per step (e.g. hybrid:suffix+eagle), in priority order; "
+                   f"{HYBRID}:<method>|<method>: gated, the next one drafts only where the "
+                   "one before drafted nothing (e.g. hybrid:suffix|eagle)"},
         "num_speculative_tokens": {**_INT32, "description": "k; 0 turns speculation off"},
         "num_branches": {**_INT32, "description": "token trees: children per draft node at "
                          "most (1: a chain); num_speculative_tokens is the tree's node budget"},

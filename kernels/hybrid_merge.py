@@ -5,6 +5,8 @@ root, and per node the q it was drawn from, or None where the drafter is determi
 merged tree is what the tree sampler (kernels/tree_rejection.py) verifies in one forward.
 
     candidates [c0, c1, ...] (priority order) --merge_candidates--> tokens, parents, q rows, source
+    a gated hybrid's tier (its candidates)    --tier_suffices-->   verified alone, or the next
+                                                                   tier drafts too
 
 Nodes are taken round-robin by node index (c0's node 0, c1's node 0, c0's node 1, ...), so every
 candidate gets a share of the node budget; each candidate keeps a prefix of its own node list (a
@@ -128,4 +130,22 @@ def merge_candidates(candidates: Sequence[Candidate], max_nodes: int,
     return out
 
 
-__all__ = ["Candidate", "MergedTree", "merge_candidates"]
+# A gated hybrid's tier is verified alone when its merged draft has at least this many nodes
+# (or the whole step's budget, if smaller); with fewer, the next tier drafts too.
+GATE_MIN_TOKENS = 1
+
+
+def tier_suffices(candidates: Sequence[Candidate], max_nodes: int,
+                  min_tokens: int = GATE_MIN_TOKENS) -> bool:
+    """Whether a gated hybrid's tier drafted enough for its step (`max_nodes` its budget):
+    then its candidates alone are verified, and the later tiers are not asked (no model
+    drafter's work, no wider tree). The tiers that gate are deterministic (splitspec/methods.py
+    `hybrid_error`), so this depends on the sequence's history alone: whichever way it goes,
+    the step verifies a draft like any other, and the sampler is lossless for any draft."""
+    if max_nodes <= 0:
+        return False
+    merged = merge_candidates(candidates, max_nodes, merge_sampled=True)
+    return len(merged.tokens) >= max(1, min(min_tokens, max_nodes))
+
+
+__all__ = ["Candidate", "GATE_MIN_TOKENS", "MergedTree", "merge_candidates", "tier_suffices"]

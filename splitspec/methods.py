@@ -140,33 +140,57 @@ def method_names() -> tuple[str, ...]:
 # common prefix within the node budget (kernels/hybrid_merge.py) and verified in one forward. A
 # request names it as "hybrid:" and its components joined by "+", in priority order (the first
 # is the first child where they differ), e.g. "hybrid:suffix+eagle", "hybrid:ngram+draft".
+# Joined by "|" instead, the components are tiers tried in turn, a gated hybrid: a later tier
+# drafts only when the earlier ones drafted too little for the step (kernels/hybrid_merge.py
+# `tier_suffices`), e.g. "hybrid:suffix|eagle": the suffix tree's chain alone where it matched,
+# the EAGLE head's draft where it did not. A tier may itself merge: "hybrid:ngram+suffix|eagle".
 HYBRID = "hybrid"
 HYBRID_SUMMARY = ("several drafters' candidates in one token tree, merged by common prefix, "
-                  "each node verified with its own drafter's q")
+                  "each node verified with its own drafter's q; '|' between them: a later one "
+                  "drafts only where the earlier ones drafted nothing")
 MAX_HYBRID_COMPONENTS = 3
+TIER = "|"  # between a gated hybrid's tiers
+MERGE = "+"  # between the components merged within a tier
+
+
+def hybrid_tiers(method: str | None) -> tuple[tuple[str, ...], ...] | None:
+    """A hybrid's tiers, each the components merged within it (unchecked; a plain hybrid is one
+    tier), or None when it is not a hybrid."""
+    if not method or not method.startswith(HYBRID + ":"):
+        return None
+    return tuple(tuple(tier.split(MERGE)) for tier in method[len(HYBRID) + 1:].split(TIER))
 
 
 def hybrid_components(method: str | None) -> tuple[str, ...] | None:
-    """The components a hybrid method names (unchecked), or None when it is not a hybrid."""
-    if not method or not method.startswith(HYBRID + ":"):
-        return None
-    return tuple(method[len(HYBRID) + 1:].split("+"))
+    """The components a hybrid method names, every tier's in order (unchecked), or None when it
+    is not a hybrid."""
+    tiers = hybrid_tiers(method)
+    return None if tiers is None else tuple(p for tier in tiers for p in tier)
 
 
-def hybrid_name(*components: str) -> str:
-    return f"{HYBRID}:{'+'.join(components)}"
+def is_gated(method: str | None) -> bool:
+    """Whether a hybrid tries its components in tiers ("|"), rather than all every step."""
+    tiers = hybrid_tiers(method)
+    return tiers is not None and len(tiers) > 1
+
+
+def hybrid_name(*components: str, gated: bool = False) -> str:
+    return f"{HYBRID}:{(TIER if gated else MERGE).join(components)}"
 
 
 def hybrid_error(method: str) -> str | None:
     """Why `method` is not a hybrid a verifier can run (None: it is). Components: 2 to
     MAX_HYBRID_COMPONENTS distinct registered methods; not lookahead (its window is a tree
-    of its own shape), at most one in-target method (a sequence has one in-target state)."""
+    of its own shape), at most one in-target method (a sequence has one in-target state). A
+    gated hybrid's tiers before the last are proposers that draft deterministically (n-gram,
+    suffix): the gate then depends on the history alone, never on a sampled draw, and the
+    later tiers' drafts are asked for after theirs."""
     parts = hybrid_components(method)
     if parts is None:
         return f"{method!r} is not of the form {HYBRID}:<method>+<method>"
     if not 2 <= len(parts) <= MAX_HYBRID_COMPONENTS or len(set(parts)) != len(parts):
         return (f"{method!r}: a hybrid names 2 to {MAX_HYBRID_COMPONENTS} distinct methods "
-                f"joined by '+'")
+                f"joined by '{MERGE}' or '{TIER}'")
     unknown = [p for p in parts if p not in METHODS]
     if unknown:
         return f"{method!r}: unknown component {unknown[0]!r}; known: {', '.join(METHODS)}"
@@ -175,6 +199,14 @@ def hybrid_error(method: str) -> str | None:
         return f"{method!r}: {shaped[0]!r} drafts trees of its own shape and cannot join one"
     if sum(METHODS[p].kind is Kind.IN_TARGET for p in parts) > 1:
         return f"{method!r}: at most one in-target method"
+    earlier = [p for tier in hybrid_tiers(method)[:-1] for p in tier]
+    gating = [p for p in earlier if METHODS[p].kind is not Kind.PROPOSER
+              or METHODS[p].capabilities.sampled_drafts]
+    if gating:
+        return (f"{method!r}: {gating[0]!r} cannot gate a later tier (a tier before '{TIER}' "
+                "is a deterministic proposer: " + ", ".join(
+                    n for n, s in METHODS.items() if s.kind is Kind.PROPOSER
+                    and not s.capabilities.sampled_drafts) + ")")
     return None
 
 
@@ -232,7 +264,9 @@ def step_kind_of(method: str | None, greedy: bool, branches: int = 1) -> str:
     GPU a tree step (its sampler run after the captured forward) cost lookahead 3.8-6.4 ms
     against 2.0-2.4 ms for a chain: priced as a chain, auto chose it at 0.38-0.51x off."""
     spec = METHODS.get(method or "")
-    # a hybrid's candidates make a tree wherever they differ: priced as one
+    # a hybrid's candidates make a tree wherever they differ: priced as one; a gated hybrid
+    # of one method per tier verifies one method's draft a step (a chain, unless it branches)
+    tiers = hybrid_tiers(method) if spec is None else None
     trees = (spec is not None and spec.capabilities.always_trees) or (
-        spec is None and hybrid_components(method) is not None)
+        tiers is not None and any(len(t) > 1 for t in tiers))
     return step_kind(greedy, max(branches, 2) if trees else branches)

@@ -170,7 +170,7 @@ class SpeculationRequest:
                 raise InvalidArgument(
                     "speculation.method",
                     f"unknown method {self.method!r}; known: {', '.join(method_names())}, "
-                    "or hybrid:<method>+<method>")
+                    "or hybrid:<method>+<method> (or <method>|<method>: gated)")
             if available_methods is not None and not method_served(self.method,
                                                                    available_methods):
                 served = ", ".join(available_methods) or "none"

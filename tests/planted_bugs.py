@@ -916,6 +916,18 @@ def hybrid_node_limit_ignored(monkeypatch) -> None:
                         original(candidates, 10**6, merge_sampled))
 
 
+def hybrid_gate_ignored(monkeypatch) -> None:
+    """Gated hybrids: every tier drafts every step, whatever the earlier tiers drafted."""
+    monkeypatch.setattr(hybrid_merge, "tier_suffices", lambda *args, **kwargs: False)
+
+
+def hybrid_gate_inverted(monkeypatch) -> None:
+    """Gated hybrids: the later tier drafts where the earlier one did, not where it did not."""
+    original = hybrid_merge.tier_suffices
+    monkeypatch.setattr(hybrid_merge, "tier_suffices",
+                        lambda *args, **kwargs: not original(*args, **kwargs))
+
+
 def policy_ignores_the_prompt(monkeypatch) -> None:
     """auto prices every request as a short-prompt one, whatever its prompt."""
     import gateway.policy as policy

@@ -68,6 +68,66 @@ def test_the_worked_example_catches_a_planted_bug(monkeypatch, plant):
         check_worked_example()
 
 
+def cost_example():
+    """A pass of 100 engine steps between two readings, by hand:
+
+    engine steps 100 taking 2.0 s; the waits for drafts: suffix 0.3 s, eagle 0.5 s, and the
+    hybrid's own label their sum, 0.8 s (not counted again); the client waited 2.6 s for 180
+    tokens. Decoding steps: 60 chains of 120 rows in 0.6 s (10 ms each, 2 rows), 30 trees of
+    150 rows in 0.54 s (18 ms, 5 rows): 67% and 33%, 1.14 s together; the other 10 steps'
+    (prompts) 2.0 - 0.8 - 1.14 = 0.06 s. Per step: 26 ms = drafting 8 + verify 11.4 + prefill
+    0.6 + rest (2.6 - 2.0 s) 6; 1.8 tokens per step, 14.4 ms per token.
+    """
+    import specbench_cost as cost
+
+    step, rt = cost.STEP, cost.ROUND_TRIP
+    before = cost.CostSample({(f"{step}_count", ()): 10, (f"{step}_sum", ()): 0.5,
+                              (rt, (("method", "suffix"),)): 0.1},
+                             {"greedy": [5, 10, 0.05]})
+    after = cost.CostSample({(f"{step}_count", ()): 110, (f"{step}_sum", ()): 2.5,
+                             (rt, (("method", "suffix"),)): 0.4,
+                             (rt, (("method", "eagle"),)): 0.5,
+                             (rt, (("method", "hybrid:suffix+eagle"),)): 0.8},
+                            {"greedy": [65, 130, 0.65], "tree": [30, 150, 0.54]})
+    return cost.split(before, after, 2.6, 180, ("ngram", "suffix", "eagle"))
+
+
+def check_cost_example() -> None:
+    from specbench_report import cost_rows
+
+    c = cost_example()
+    assert (c.steps, c.per_step_ms, c.draft_ms) == (100, pytest.approx(26), pytest.approx(8))
+    assert (c.verify_ms, c.prefill_ms, c.rest_ms) == (pytest.approx(11.4), pytest.approx(0.6),
+                                                      pytest.approx(6))
+    assert c.tokens_per_step == pytest.approx(1.8)
+    assert c.kind("greedy") == pytest.approx((60 / 90, 2.0, 10.0))
+    assert c.kind("tree") == pytest.approx((30 / 90, 5.0, 18.0)) and c.kind("sampled") is None
+    assert cost_rows({"hybrid": c})[0] == ["hybrid", 100, "26.0", "8.0", "11.4", "0.6", "6.0",
+                                           "1.80", "14.4", "67% / 2.0 / 10.0",
+                                           "33% / 5.0 / 18.0"]
+
+
+def test_the_step_cost_split_matches_the_worked_example():
+    check_cost_example()
+
+
+def test_the_cost_example_catches_a_hybrid_counted_twice(monkeypatch):
+    """Planted: drafting summed over every round-trip label the verifier exports (a hybrid's
+    own label is its components' sum: counted twice)."""
+    import specbench_cost as cost
+
+    original = cost.split
+
+    def every_label(before, after, wall, tokens, methods):
+        seen = tuple(dict(labels)["method"] for name, labels in after.metrics
+                     if name == cost.ROUND_TRIP)
+        return original(before, after, wall, tokens, seen)
+
+    monkeypatch.setattr(cost, "split", every_label)
+    with pytest.raises(AssertionError):
+        check_cost_example()
+
+
 def test_a_speedup_needs_the_same_questions():
     config, base = worked_example()
     with pytest.raises(ValueError):
@@ -142,8 +202,16 @@ def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path):
     assert all(v == result["seeded"]["off"] for v in result["seeded"].values())
     assert set(result["seeded"]) == set(labels)
     report = out.read_text()
+    costs = result["cost"]
+    assert set(costs) == set(labels)
+    for label in labels:  # every configuration's steps, split: they add up
+        c = costs[label]
+        assert c.steps > 0 and c.draft_s >= 0 and c.wall_s >= c.step_s
+        assert c.step_s >= c.draft_s + c.verify_s > 0, label
+        assert (c.draft_s > 0) == (label not in ("off",)) or label == "auto", label
     for heading in ("Speed-up against Hugging Face", "Speed-up against splitspec with "
                     "speculation off", "repeated questions", "Seeded sampling",
+                    "Where a step's time goes",
                     "Vicuna-7B", "every splitspec configuration is identical"):
         assert heading in report, heading
 
@@ -168,3 +236,16 @@ def test_a_configuration_is_one_line_and_reaches_the_request():
         parse_extra("broken=not json@suffix")
     with pytest.raises(ValueError):
         select(["nonesuch"], [])
+
+
+def test_every_configuration_is_a_valid_request_with_a_table_safe_label():
+    from specbench_configs import CONFIGS, DEFAULT
+
+    from splitspec.methods import components_of, is_method
+
+    for c in CONFIGS:
+        assert "|" not in c.label, c.label  # a markdown table's cell separator
+        method = c.speculation.get("method")
+        if method is not None:
+            assert is_method(method) and set(components_of(method)) <= set(c.methods), c.key
+    assert {"pld", "gated", "retrieval-gated"} <= set(DEFAULT)

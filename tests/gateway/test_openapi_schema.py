@@ -56,3 +56,12 @@ def test_a_body_with_every_described_field_parses():
     chat["max_completion_tokens"] = 4
     assert set(chat) | {"max_tokens"} == CHAT_FIELDS
     assert parse_chat_request(chat).generation.top_logprobs == 3
+
+
+def test_the_method_pattern_describes_both_hybrid_spellings():
+    import re
+
+    pattern = SPECULATION["properties"]["method"]["anyOf"][1]["pattern"]
+    for ok in ("hybrid:suffix+eagle", "hybrid:suffix|eagle", "hybrid:ngram+suffix|eagle"):
+        assert re.match(pattern, ok), ok
+    assert not re.match(pattern, "hybrid:suffix") and not re.match(pattern, "hybrid:suffix|")

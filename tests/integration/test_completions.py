@@ -153,6 +153,8 @@ def test_the_official_openai_client_completes_a_prompt(stack, baseline):
      "speculation.method"),
     ({"prompt": "x", "speculation": {"mode": "on", "method": "hybrid:ngram+draft"}},
      "speculation.method"),  # a component this stack does not serve
+    ({"prompt": "x", "speculation": {"mode": "on", "method": "hybrid:draft|ngram"}},
+     "speculation.method"),  # a sampled drafter cannot gate a later tier
     ({"prompt": "x", "speculation": {"mode": "on", "num_speculative_tokens": 99}},
      "speculation.num_speculative_tokens"),
     ({"prompt": "x", "max_tokens": 10**7}, "max_tokens"),
@@ -215,7 +217,8 @@ def test_grpc_generation_service_streams_the_same_text(stack, baseline):
         assert models.models[0].speculation_methods == MODEL_FREE
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix", "hybrid:suffix+ngram"])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "hybrid:suffix+ngram",
+                                    "hybrid:suffix|ngram"])
 def test_token_trees_are_lossless_through_the_services(client, baseline, method):
     proposed = 0
     for p in PROMPTS:

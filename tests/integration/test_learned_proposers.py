@@ -72,7 +72,9 @@ def test_greedy_equals_speculation_off(stack, client, baseline, method, k, branc
 
 
 # Hybrid drafts: a retrieval chain with a drafter across the wire, and with the in-target head
-HYBRIDS = ["hybrid:ngram+draft", "hybrid:suffix+eagle", "hybrid:ngram+mlp+eagle"]
+# (and gated: the model drafter only where retrieval found nothing)
+HYBRIDS = ["hybrid:ngram+draft", "hybrid:suffix+eagle", "hybrid:ngram+mlp+eagle",
+           "hybrid:suffix|eagle", "hybrid:ngram|draft"]
 
 
 def test_hybrid_drafts_equal_speculation_off(client, baseline):
@@ -213,7 +215,9 @@ SAMPLED_PLANS = {
     # with hybrid drafts: deterministic retrieval chains merged with sampled model chains (each
     # node its own drafter's q; sampled nodes never merged), across the wire and in the verifier
     "mixed": [("ngram", 1), ("draft", 8), ("mlp", 3), ("suffix", 6), ("draft", 2), ("mlp", 8),
-              ("eagle", 4), ("hybrid:ngram+draft", 6), ("hybrid:suffix+eagle", 5)],
+              ("eagle", 4), ("hybrid:ngram+draft", 6), ("hybrid:suffix+eagle", 5),
+              # gated: a step verifies the retrieval chain or the model's sampled chain
+              ("hybrid:ngram|eagle", 5)],
     # token trees (method, k, children per node): deterministic siblings (n-gram, suffix) and
     # sampled ones (the draft's second guesses, the MLP's top-k per head) in one batch
     # (the draft's trees at k 5: its k 8 chains are in "mixed", and each tree node of its

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernels.hybrid_merge as hm
-from kernels.hybrid_merge import Candidate
+from kernels.hybrid_merge import Candidate, tier_suffices
 from kernels.tree_rejection import tree_rejection_sample
 
 QA = ([1, 2], [0.75, 0.25])
@@ -165,3 +165,17 @@ def test_the_q_check_catches_another_candidates_q(monkeypatch):
     bug.hybrid_node_takes_another_candidates_q(monkeypatch)
     with pytest.raises(AssertionError):
         test_random_candidates_keep_the_limit_and_each_nodes_own_q()
+
+
+# -- gated hybrids: whether a tier's draft is verified alone -----------------------------------
+
+def test_a_tier_suffices_when_it_drafted_at_least_the_gate_s_tokens():
+    one, three = Candidate([7]), Candidate([1, 2, 3])
+    assert not tier_suffices([], 4)  # nothing drafted: the next tier drafts
+    assert tier_suffices([one], 4) and tier_suffices([three], 4)  # the default gate: 1 token
+    assert not tier_suffices([one], 4, min_tokens=2) and tier_suffices([three], 4, min_tokens=2)
+    # two retrieval chains merged: their shared prefix counts once
+    assert not tier_suffices([Candidate([1, 2]), Candidate([1, 2])], 4, min_tokens=3)
+    assert tier_suffices([Candidate([1, 2]), Candidate([1, 5])], 4, min_tokens=3)
+    # a gate above the step's budget asks for the whole budget; no budget: never verified alone
+    assert tier_suffices([three], 2, min_tokens=5) and not tier_suffices([three], 0)

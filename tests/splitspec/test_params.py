@@ -73,11 +73,34 @@ def test_a_cache_salt_is_a_string_of_at_most_256_characters(salt, ok):
     ("hybrid:ngram+medusa", "unknown component 'medusa'"),
     ("hybrid:ngram+lookahead", "own shape"),
     ("hybrid:", "2 to 3 distinct"),
+    # a gated hybrid's earlier tiers are deterministic proposers: the gate reads no sampled draw
+    ("hybrid:eagle|ngram", "'eagle' cannot gate"),
+    ("hybrid:draft|eagle", "'draft' cannot gate"),
+    ("hybrid:ngram+mlp|eagle", "'mlp' cannot gate"),
+    ("hybrid:ngram|ngram", "2 to 3 distinct"),
+    ("hybrid:ngram|", "unknown component ''"),
 ])
 def test_bad_hybrids_name_the_method_field(method, why):
     with pytest.raises(InvalidArgument) as e:
         SpeculationRequest(method=method).validate()
     assert e.value.field == "speculation.method" and why in str(e.value)
+
+
+def test_gated_hybrids_name_their_tiers():
+    from splitspec.methods import hybrid_components, hybrid_tiers, is_gated, step_kind_of
+
+    for ok in ("hybrid:suffix|eagle", "hybrid:ngram+suffix|eagle", "hybrid:ngram|suffix|draft",
+               "hybrid:ngram+suffix"):
+        SpeculationRequest(method=ok).validate(("ngram", "suffix", "eagle", "draft"))
+    assert hybrid_tiers("hybrid:ngram+suffix|eagle") == (("ngram", "suffix"), ("eagle",))
+    assert hybrid_components("hybrid:ngram+suffix|eagle") == ("ngram", "suffix", "eagle")
+    assert is_gated("hybrid:suffix|eagle") and not is_gated("hybrid:suffix+eagle")
+    assert hybrid_tiers("eagle") is None and not is_gated("eagle")
+    # one method's draft a step: chains; a tier that merges: trees
+    assert step_kind_of("hybrid:suffix|eagle", True) == step_kind_of("eagle", True)
+    assert step_kind_of("hybrid:ngram+suffix|eagle", True) == step_kind_of("eagle", True, 2)
+    with pytest.raises(InvalidArgument, match="not served"):
+        SpeculationRequest(method="hybrid:suffix|eagle").validate(("suffix",))
 
 
 def test_a_hybrid_is_served_where_every_component_is():

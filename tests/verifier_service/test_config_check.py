@@ -84,3 +84,17 @@ def test_each_inconsistency_is_named(change, words):
 
 def test_the_defaults_pass():
     check_config(VerifierConfig())
+
+
+def test_the_default_node_limit_holds_lookaheads_window_and_one_guess():
+    """Lookahead's default shape (W 3, N 3, G 2) needs 10 nodes whole; the default limit (8)
+    holds its window and one pool guess, which is what it accepts: on held-out code (toy
+    family, bench/hybrid_steps.py --configs lookahead --max-k 10, 3 prompts x 48 tokens) the
+    window alone (k 6) made 1.04 tokens per step, one guess (k 8) 1.67, both guesses (k 10)
+    1.73. A limit that dropped the guess would take lookahead back to no speed-up."""
+    from splitspec.params import lookahead_window_nodes
+
+    c = VerifierConfig()
+    one_guess = lookahead_window_nodes(c.lookahead_window, c.lookahead_ngram) + (
+        c.lookahead_ngram - 1)
+    assert c.lookahead_guesses >= 1 and one_guess <= c.max_num_speculative_tokens

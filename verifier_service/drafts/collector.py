@@ -9,6 +9,13 @@ concurrently and awaited until the per-step deadline. Whatever comes back is che
 verifier uses it: wrong lengths, unknown ids, or a q that cannot have produced its token drop
 that sequence's draft, and the step decodes it plainly.
 
+A hybrid's sequence is asked of each of its components and their drafts merged into one tree
+(kernels/hybrid_merge.py). A gated hybrid ("hybrid:suffix|eagle") asks its tiers in turn: the
+first tier's proposers with everyone else's, then a later tier only for the sequences whose
+earlier tiers drafted too little (`hybrid_merge.tier_suffices`); in-target methods draft after
+every proposer has answered, so an EAGLE head in the last tier drafts only where retrieval found
+nothing, at no extra wait.
+
 A proposer that is late, gone, or incompatible (a different vocabulary: e.g. a pod replaced by
 a wrong image) costs only speculation. An incompatible one is refused at every reconnection
 attempt until a compatible one answers; meanwhile its method counts as unavailable in the stats.
@@ -25,7 +32,7 @@ import torch
 
 import kernels.hybrid_merge as hybrid_merge
 from kernels.sparse_probs import SparseProbs
-from splitspec.methods import components_of, hybrid_components
+from splitspec.methods import components_of, hybrid_components, hybrid_tiers
 from splitspec.proposal import (
     AHEAD_HIT,
     AHEAD_MISS,
@@ -87,44 +94,83 @@ class DraftCollector:
         # whether or not they draft this step: a standing cost of their sequences
         for method, (seconds, sequences) in self.in_target.flush().items():
             self.stats.method(method).add_standing(seconds, sequences)
-        by_method: dict[str, list[Scheduled]] = {}
+        by_method: dict[str, list[Scheduled]] = {}  # every method asked, with its sequences
         hybrids: dict[str, list[Scheduled]] = {}  # a hybrid's sequences, asked of each component
+        gated: list[Scheduled] = []  # of those, the ones whose later tiers wait on earlier ones
         for s in plan:
             if s.k > 0:
                 method = s.seq.inp.speculation.method
-                parts = hybrid_components(method)
-                if parts is not None:
+                tiers = hybrid_tiers(method)
+                if tiers is not None:
                     hybrids.setdefault(method, []).append(s)
-                for m in parts or (method,):
+                    if len(tiers) > 1:
+                        gated.append(s)
+                for m in (tiers[0] if tiers is not None else (method,)):
                     by_method.setdefault(m, []).append(s)
         for method, client in self.proposers.items():
             if method not in by_method and client.has_released:
                 await client.flush_released()
-        step_stats = {m: MethodStepStats() for m in (*by_method, *hybrids)}
-        asked = [m for m in by_method if not self.in_target.serves(m)]
-        results = await asyncio.gather(*(self._ask(m, by_method[m], step_stats[m])
-                                         for m in asked))
-        got: dict[str, dict[SequenceState, Draft]] = dict(zip(asked, results))
+        step_stats = {m: MethodStepStats() for m in hybrids}
+        got: dict[str, dict[SequenceState, Draft]] = {}
+        await self._ask_all(by_method, got, step_stats)
+        # gated hybrids: a later tier only for the sequences whose earlier tiers drafted too
+        # little (their tiers are proposers: in-target methods draft once, below)
+        tier_of = {s.seq: 0 for s in gated}
+        while gated:
+            later: dict[str, list[Scheduled]] = {}
+            waiting = []
+            for s in gated:
+                tiers, t = hybrid_tiers(s.seq.inp.speculation.method), tier_of[s.seq]
+                drafts = [got.get(p, {}).get(s.seq) for p in tiers[t]]
+                if t + 1 == len(tiers) or hybrid_merge.tier_suffices(
+                        [_candidate(d) for d in drafts if d is not None and d.tokens], s.k):
+                    continue
+                tier_of[s.seq] = t + 1
+                for m in tiers[t + 1]:
+                    later.setdefault(m, []).append(s)
+                    by_method.setdefault(m, []).append(s)
+                waiting.append(s)
+            await self._ask_all(later, got, step_stats)
+            gated = waiting
         for m, group in by_method.items():
             if self.in_target.serves(m):
-                got[m] = self._in_target(m, group, step_stats[m])
+                got[m] = self._in_target(m, group, step_stats.setdefault(m, MethodStepStats()))
         merged: dict[SequenceState, Draft] = {}
         for drafts in got.values():
             merged.update((seq, d) for seq, d in drafts.items()
                           if hybrid_components(seq.inp.speculation.method) is None)
         for name, group in hybrids.items():
-            merged.update(self._hybrid(name, group, got, step_stats))
+            merged.update(self._hybrid(name, group, got, step_stats, tier_of))
         return merged, step_stats
+
+    async def _ask_all(self, groups: dict[str, list[Scheduled]],
+                       got: dict[str, dict[SequenceState, Draft]],
+                       step_stats: dict[str, MethodStepStats]) -> None:
+        """Ask the groups' proposers together (in-target methods are asked after every
+        proposer); their drafts into `got`, their step's account into `step_stats` (a method
+        asked again in the same step, for a gated hybrid's later tier, adds to it)."""
+        asked = [m for m in groups if not self.in_target.serves(m)]
+        fresh = {m: MethodStepStats() for m in asked}
+        results = await asyncio.gather(*(self._ask(m, groups[m], fresh[m]) for m in asked))
+        for m, drafts in zip(asked, results):
+            got.setdefault(m, {}).update(drafts)
+            if m in step_stats:
+                _add_step(step_stats[m], fresh[m])
+            else:
+                step_stats[m] = fresh[m]
 
     def _hybrid(self, name: str, group: list[Scheduled],
                 got: dict[str, dict[SequenceState, Draft]],
-                step_stats: dict[str, MethodStepStats]) -> dict[SequenceState, Draft]:
+                step_stats: dict[str, MethodStepStats],
+                tier_of: dict[SequenceState, int]) -> dict[SequenceState, Draft]:
         """Each of a hybrid's sequences' component drafts merged into one tree within its k
-        (kernels/hybrid_merge.py: common prefixes once, each node its own drafter's q)."""
+        (kernels/hybrid_merge.py: common prefixes once, each node its own drafter's q); a gated
+        hybrid's, those of the tiers it asked (`tier_of`: the last one asked)."""
+        tiers = hybrid_tiers(name)
         parts = hybrid_components(name)
         stats, ms = self.stats.method(name), step_stats[name]
         stats.steps += 1
-        # its components are asked together: the step waits for all of them
+        # its components (its tiers one after another) are waited for: the step waits for all
         timed = [step_stats[p].round_trip_s for p in parts if p in step_stats
                  and step_stats[p].round_trip_s is not None]
         if timed:
@@ -134,7 +180,8 @@ class DraftCollector:
         for s in group:
             seq = s.seq
             (stats.greedy if seq.inp.sampling.greedy else stats.sampled).asked += 1
-            drafts = [got.get(p, {}).get(seq) for p in parts]
+            asked = [p for tier in tiers[:tier_of.get(seq, len(tiers) - 1) + 1] for p in tier]
+            drafts = [got.get(p, {}).get(seq) for p in asked]
             candidates = [_candidate(d) for d in drafts if d is not None and d.tokens]
             if not candidates:
                 continue
@@ -349,6 +396,16 @@ def _candidate(d: Draft) -> hybrid_merge.Candidate:
         d.device_tokens = None
     return hybrid_merge.Candidate(list(d.tokens), list(d.parents),
                                   d.q.rows() if d.q is not None else None)
+
+
+def _add_step(into: MethodStepStats, more: MethodStepStats) -> None:
+    """A method's second ask in one step (a gated hybrid's later tier) added to its first."""
+    if more.round_trip_s is not None:
+        into.round_trip_s = (into.round_trip_s or 0.0) + more.round_trip_s
+    into.missed = into.missed or more.missed
+    into.ahead = into.ahead or more.ahead
+    for name in ("garbage", "ahead_hits", "ahead_misses", "ahead_pushed", "resyncs"):
+        setattr(into, name, getattr(into, name) + getattr(more, name))
 
 
 def _count_ask(stats: MethodStats, seq: SequenceState, k: int) -> None:
