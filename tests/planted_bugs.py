@@ -13,6 +13,7 @@ import kernels.eagle_tree as eagle_tree
 import kernels.hybrid_merge as hybrid_merge
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
+import kernels.run_attention as run_attention
 import kernels.sampling as sampling
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
@@ -24,6 +25,7 @@ import splitspec.goodput as goodput
 import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
 import verifier_service.kv.cache as kv_cache
+import verifier_service.kv.paged_attention as kv_paged_attention
 import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
 import verifier_service.methods.eagle.checkpoint as eagle_format
 import verifier_service.methods.eagle.graphs as eagle_graphs
@@ -1002,3 +1004,26 @@ def eagle_gonogo_either_measure(monkeypatch) -> None:
                    for m in ("first_position_acceptance", "mean_accepted_per_step"))
 
     monkeypatch.setattr(gonogo, "verdict", lenient)
+
+
+def runs_combined_without_the_max(monkeypatch) -> None:
+    """Attention over runs weighs each run's partial softmax by exp(m) itself instead of
+    exp(m - max over runs): the same in exact arithmetic, inf / inf once logits pass ~88."""
+    def unshifted(parts):
+        o, m, total = (torch.stack([p[i] for p in parts]) for i in range(3))
+        w = torch.exp(m)
+        return (o * w).sum(0) / (total * w).sum(0)
+
+    monkeypatch.setattr(run_attention, "combine_runs", unshifted)
+
+
+def run_read_one_slot_late(monkeypatch) -> None:
+    """A lone sequence's last run of slots read from one slot after its first: its first
+    column's key and value skipped, the slot after its last column's read in their place."""
+    real = kv_paged_attention.slot_runs
+
+    def shifted(blocks, context_len, block_size):
+        runs = real(blocks, context_len, block_size)
+        return runs[:-1] + ((runs[-1][0] + 1, runs[-1][1]),) if runs else runs
+
+    monkeypatch.setattr(kv_paged_attention, "slot_runs", shifted)

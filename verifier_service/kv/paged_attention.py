@@ -5,7 +5,10 @@ of the step (uncached tokens + drafts), each at its own positions. transformers'
 apply RoPE and then call the function registered here under ATTENTION_NAME, with the step's
 `PagedBatch` passed through the model's **kwargs. The function writes the new keys/values into
 their slots, gathers each sequence's context from its blocks, and runs one masked SDPA over the
-batch padded to [B, heads, max_query, max_context].
+batch padded to [B, heads, max_query, max_context]. A lone sequence reads its context in place
+instead: as one view of the cache when its blocks are one run of consecutive slots, or, when
+they form a few runs (a cached prefix's blocks, then its own) and it feeds a few rows (decode,
+a draft), run by run (kernels/run_attention.py), the runs' partial softmaxes combined.
 
 Any model whose attention calls the attention interface this way runs on this path; tested:
 Llama, Mistral, Qwen2. Since no mask function is registered under ATTENTION_NAME, transformers
@@ -20,8 +23,14 @@ import torch
 import torch.nn.functional as F
 
 from kernels.paged_attention import context_slots, paged_attention
+from kernels.run_attention import attention_over_runs, slot_runs
 
 ATTENTION_NAME = "splitspec_paged"
+# a lone sequence's context read run by run (no gather) when it lies in at most MAX_RUNS runs
+# and the step feeds at most MAX_RUN_ROWS rows: past those, per-run products and masks cost more
+# than the gather (measured on the CPU at a 1,500-token context; docs/performance.md)
+MAX_RUNS = 4
+MAX_RUN_ROWS = 8
 
 
 @dataclass
@@ -56,6 +65,11 @@ class PagedBatch:
     # (first, end) when the batch is one sequence whose slots are consecutive (its blocks were
     # handed out in a row): its context is then a view of the cache, no gather
     context_range: tuple[int, int] | None = None
+    # ((first slot, columns), ...) when the batch is one sequence whose context lies in 2 to
+    # MAX_RUNS runs of consecutive slots and it feeds at most MAX_RUN_ROWS rows: attention reads
+    # each run as a view (kernels/run_attention.py)
+    context_runs: tuple[tuple[int, int], ...] | None = None
+    runs_start: int = 0  # with context_runs: the sequence's cached tokens (start[0], host side)
     _cache: dict = field(default_factory=dict)  # per-step tensors shared by every layer
 
     @classmethod
@@ -70,7 +84,8 @@ class PagedBatch:
                    views["packed_index"], views["first_node"], views["node_bits"],
                    views["positions"], plan.max_context, uniform=plan.bucket is not None,
                    kernel=kernel,
-                   ancestors=ancestors, context_range=plan.context_range)
+                   ancestors=ancestors, context_range=plan.context_range,
+                   **_runs(plan, block_size))
 
     def _shared(self, name: str, make):
         if name not in self._cache:
@@ -167,6 +182,13 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
                               paged.packed_index, max_q, paged.first_node, paged.node_bits,
                               scaling if scaling is not None else d ** -0.5, paged.kernel)
         return out[None], None  # [1, T, Hq, D]
+    if paged.context_runs is not None:  # one sequence feeding a few rows, a few runs: no gather
+        window = kwargs.get("sliding_window")
+        mask = None if max_q == 1 and not window else paged.mask(window)[0, 0]
+        out = attention_over_runs(query[0], k_cache, v_cache, paged.context_runs,
+                                  scaling if scaling is not None else d ** -0.5, mask,
+                                  0 if window else paged.runs_start)
+        return out.transpose(0, 1)[None], None  # [1, T, Hq, D]
     if b == 1:  # one sequence: the packed rows are its queries already, no padding to undo
         k = _as(paged.context(k_cache).transpose(1, 2), query.dtype)  # [1, Hkv, ctx, D]
         v = _as(paged.context(v_cache).transpose(1, 2), query.dtype)
@@ -186,6 +208,21 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
                                          scale=scaling, enable_gqa=k.shape[1] != hq)
     out = out.transpose(1, 2).reshape(b * max_q, hq, d).index_select(0, paged.packed_index)
     return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
+
+
+def _runs(plan, block_size: int) -> dict:
+    """context_runs and runs_start for a lone sequence of an exact step whose context is in 2
+    to MAX_RUNS runs and that feeds at most MAX_RUN_ROWS rows, read from the plan's host
+    arrays (nothing read back from the device); {} otherwise."""
+    sizes = dict(plan.fields.sizes)
+    if (plan.bucket is not None or plan.context_range is not None or sizes["B"] != 1
+            or sizes["R"] > MAX_RUN_ROWS or plan.host.device.type != "cpu"):
+        return {}
+    a = plan.fields.arrays(plan.host.numpy())
+    runs = slot_runs(a["block_tables"][0], int(a["context_lens"][0]), block_size)
+    if not 2 <= len(runs) <= MAX_RUNS:
+        return {}
+    return {"context_runs": runs, "runs_start": int(a["start"][0])}
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
