@@ -1006,15 +1006,19 @@ def eagle_gonogo_either_measure(monkeypatch) -> None:
     monkeypatch.setattr(gonogo, "verdict", lenient)
 
 
-def runs_combined_without_the_max(monkeypatch) -> None:
-    """Attention over runs weighs each run's partial softmax by exp(m) itself instead of
-    exp(m - max over runs): the same in exact arithmetic, inf / inf once logits pass ~88."""
-    def unshifted(parts):
-        o, m, total = (torch.stack([p[i] for p in parts]) for i in range(3))
-        w = torch.exp(m)
-        return (o * w).sum(0) / (total * w).sum(0)
+def runs_weighed_apart(monkeypatch) -> None:
+    """Attention over runs normalises each run's probabilities within the run and averages the
+    runs' outputs: every run weighs the same, whatever share of the row's softmax it holds."""
+    def apart(p, v_cache, runs):
+        out, col = 0, 0
+        for first, n in runs:
+            part = p[..., col:col + n]
+            out = out + torch.matmul(part / part.sum(-1, keepdim=True),
+                                     v_cache[first:first + n].transpose(0, 1))
+            col += n
+        return out / len(runs)
 
-    monkeypatch.setattr(run_attention, "combine_runs", unshifted)
+    monkeypatch.setattr(run_attention, "weigh_runs", apart)
 
 
 def run_read_one_slot_late(monkeypatch) -> None:

@@ -2,7 +2,9 @@
 it replaces: the context gathered slot by slot into one tensor, one masked SDPA. Random runs and
 lengths, grouped-query heads, chains (the cached columns left unmasked), sliding windows that hide
 whole runs from some rows, a padding row that sees column 0 only, and logits large enough to
-overflow exp without the max subtracted; and the runs a block table's columns occupy."""
+overflow exp without the max subtracted; and the runs a block table's columns occupy. Control:
+the runs weighed apart (each normalised on its own, as split partials combined without their
+softmax weights)."""
 
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ def test_runs_match_the_gathered_context(n_runs, hq, hkv, q_rows, kind):
 
 @pytest.mark.parametrize("q_rows, kind", [(1, "none"), (4, "chain")])
 def test_large_logits_do_not_overflow(q_rows, kind):
-    # scores in the hundreds: exp overflows float32 unless each run's max is subtracted
+    # scores in the hundreds: exp overflows float32 unless the row's max is subtracted
     check_runs_match_the_gather(7, 3, 6, 2, q_rows, kind, logit_scale=60.0)
 
 
@@ -127,8 +129,9 @@ def test_slot_runs_of_an_empty_context():
     assert slot_runs(np.array([3, 4]), 0, BS) == ()
 
 
-def test_the_overflow_check_fails_when_runs_are_combined_without_the_max(monkeypatch):
-    check_runs_match_the_gather(7, 3, 6, 2, 1, "none", logit_scale=60.0)
-    bug.runs_combined_without_the_max(monkeypatch)
+@pytest.mark.parametrize("q_rows, kind", [(1, "none"), (4, "chain")])
+def test_the_check_fails_when_runs_are_weighed_apart(monkeypatch, q_rows, kind):
+    check_runs_match_the_gather(11, 3, 6, 2, q_rows, kind)
+    bug.runs_weighed_apart(monkeypatch)
     with pytest.raises(AssertionError):
-        check_runs_match_the_gather(7, 3, 6, 2, 1, "none", logit_scale=60.0)
+        check_runs_match_the_gather(11, 3, 6, 2, q_rows, kind)

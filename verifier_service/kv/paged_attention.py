@@ -8,7 +8,7 @@ their slots, gathers each sequence's context from its blocks, and runs one maske
 batch padded to [B, heads, max_query, max_context]. A lone sequence reads its context in place
 instead: as one view of the cache when its blocks are one run of consecutive slots, or, when
 they form a few runs (a cached prefix's blocks, then its own) and it feeds a few rows (decode,
-a draft), run by run (kernels/run_attention.py), the runs' partial softmaxes combined.
+a draft), run by run (kernels/run_attention.py): each run's keys and values are views.
 
 Any model whose attention calls the attention interface this way runs on this path; tested:
 Llama, Mistral, Qwen2. Since no mask function is registered under ATTENTION_NAME, transformers
