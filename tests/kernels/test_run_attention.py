@@ -101,12 +101,20 @@ def test_large_logits_do_not_overflow(q_rows, kind):
     check_runs_match_the_gather(7, 3, 6, 2, q_rows, kind, logit_scale=60.0)
 
 
-def test_the_output_keeps_the_query_dtype():
+@pytest.mark.parametrize("q_dtype, cache_dtype, tol", [
+    (torch.bfloat16, torch.bfloat16, 2e-2), (torch.float32, torch.float16, 1e-5),
+    (torch.float64, torch.float32, 1e-10)], ids=["bf16", "fp16-cache", "fp64-query"])
+def test_other_dtypes_match_the_gather_in_the_querys_dtype(q_dtype, cache_dtype, tol):
     g = torch.Generator().manual_seed(3)
-    k = torch.randn(32, 2, 8, generator=g)
-    q = torch.randn(4, 1, 8, generator=g).double()
-    out = attention_over_runs(q, k, k.clone(), [(0, 5), (12, 7)], 0.3)
-    assert out.dtype == torch.float64 and out.shape == (4, 1, 8)
+    table, runs = _runs(g, 3, 90, 64)
+    k_cache = torch.randn(64 * BS, 2, 16, generator=g).to(cache_dtype)
+    v_cache = torch.randn(64 * BS, 2, 16, generator=g).to(cache_dtype)
+    q = torch.randn(6, 4, 16, generator=g).to(q_dtype)
+    mask, mask_from = _mask("chain", 4, 90)
+    got = attention_over_runs(q, k_cache, v_cache, runs, 0.25, mask, mask_from)
+    want = _gathered(q, k_cache.to(q_dtype), v_cache.to(q_dtype), table, 90, 0.25, mask)
+    assert got.dtype == q_dtype
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("seed", range(6))
