@@ -1,7 +1,8 @@
-"""A lone sequence whose blocks form a few runs of consecutive slots (a cached prefix's blocks,
-then its own) reads its context run by run on the paged path (kernels/run_attention.py, no
-gather): its decode, draft-chain and draft-tree logits equal the plain transformers forward of
-the same tokens, for Llama and for Mistral with a sliding window that hides whole runs."""
+"""Sequences whose blocks form a few runs of consecutive slots (a cached prefix's blocks, then
+their own) read their contexts run by run on the paged path (kernels/run_attention.py, no
+gather): a lone sequence's decode, draft-chain and draft-tree logits, and a batch's, equal the
+plain transformers forward of the same tokens, for Llama and for Mistral with a sliding window
+that hides whole runs."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def models(request, tmp_path_factory):
+@pytest.fixture(params=list(CASES))
+def models(request, tmp_path):
+    """Fresh per test: a runner packs its model's layers (and lets go of their weights)."""
     cls, config = CASES[request.param]
-    return plain_and_paged(tmp_path_factory.mktemp(request.param), cls, config)
+    return plain_and_paged(tmp_path, cls, config)
 
 
 def check_runs_forward_equals_plain(models) -> None:
@@ -71,11 +73,50 @@ def check_runs_forward_equals_plain(models) -> None:
     assert read == [2] * layers + [2] * layers + [3] * layers
 
 
+def check_batched_runs_equal_plain(models) -> None:
+    """Three sequences in one step, each over its own runs (three, one, four), feeding a decode
+    row, a chain of 3 drafts and a chain of 1: logits against the plain forward of each."""
+    plain, paged = models
+    config = paged.config
+    kv = PagedKVCache(KVCacheSpec.for_model(config, torch.float32, block_size=4,
+                                            memory_bytes=0, num_blocks=64), torch.device("cpu"))
+    runner = ModelRunner(paged, torch.device("cpu"), kv)
+    g = torch.Generator().manual_seed(5)
+    cached, fed, ks = [30, 10, 12], [1, 4, 2], [0, 3, 1]
+    seqs = [torch.randint(0, config.vocab_size, (c + f,), generator=g).tolist()
+            for c, f in zip(cached, fed)]
+    tables = [BlockTable(blocks=list(BLOCKS)), BlockTable(blocks=[50, 51, 52, 53]),
+              BlockTable(blocks=[20, 22, 24, 26])]
+    for s, c, t in zip(seqs, cached, tables):  # prefills (many rows: gathered)
+        runner.forward(s[:c], [t], StepLayout.build([c], [0], [0], [False]))
+    read = []
+    real = paged_attention.attention_over_runs
+
+    def counted(q, k, v, runs, *args):
+        read.append(len(runs))
+        return real(q, k, v, runs, *args)
+
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(paged_attention, "attention_over_runs", counted)
+        logits, _ = runner.forward([t for s, c in zip(seqs, cached) for t in s[c:]], tables,
+                                   StepLayout.build(fed, cached, ks, [True] * 3))
+        for s, k, got in zip(seqs, ks, logits.split([k + 1 for k in ks])):
+            want = plain(torch.tensor([s])).logits[0, -(k + 1):]
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert read == [3, 1, 4] * config.num_hidden_layers
+
+
+def test_a_batch_over_runs_gives_the_plain_forwards_logits(models):
+    check_batched_runs_equal_plain(models)
+
+
 def test_a_lone_sequence_over_runs_gives_the_plain_forwards_logits(models):
     check_runs_forward_equals_plain(models)
 
 
-def test_the_check_fails_when_a_run_is_read_one_slot_late(monkeypatch, models):
+@pytest.mark.parametrize("check", [check_runs_forward_equals_plain,
+                                   check_batched_runs_equal_plain], ids=["lone", "batch"])
+def test_the_check_fails_when_a_run_is_read_one_slot_late(monkeypatch, models, check):
     bug.run_read_one_slot_late(monkeypatch)
     with pytest.raises(AssertionError):
-        check_runs_forward_equals_plain(models)
+        check(models)
