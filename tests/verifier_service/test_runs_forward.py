@@ -74,19 +74,21 @@ def check_runs_forward_equals_plain(models) -> None:
 
 
 def check_batched_runs_equal_plain(models) -> None:
-    """Three sequences in one step, each over its own runs (three, one, four), feeding a decode
-    row, a chain of 3 drafts and a chain of 1: logits against the plain forward of each."""
+    """Four sequences in one step over three runs, one, four and six (past MAX_RUNS: gathered
+    on its own), feeding a decode row, chains of 3 drafts and of 1, and a tree of 3 nodes:
+    logits against the plain forward of each."""
     plain, paged = models
     config = paged.config
     kv = PagedKVCache(KVCacheSpec.for_model(config, torch.float32, block_size=4,
                                             memory_bytes=0, num_blocks=64), torch.device("cpu"))
     runner = ModelRunner(paged, torch.device("cpu"), kv)
     g = torch.Generator().manual_seed(5)
-    cached, fed, ks = [30, 10, 12], [1, 4, 2], [0, 3, 1]
+    cached, fed, ks = [30, 10, 12, 19], [1, 4, 2, 4], [0, 3, 1, 3]
     seqs = [torch.randint(0, config.vocab_size, (c + f,), generator=g).tolist()
             for c, f in zip(cached, fed)]
     tables = [BlockTable(blocks=list(BLOCKS)), BlockTable(blocks=[50, 51, 52, 53]),
-              BlockTable(blocks=[20, 22, 24, 26])]
+              BlockTable(blocks=[20, 22, 24, 26]), BlockTable(blocks=[40, 42, 44, 46, 48, 56])]
+    parents = [None, None, None, [-1, 0, -1]]  # the last one's drafts: a tree
     for s, c, t in zip(seqs, cached, tables):  # prefills (many rows: gathered)
         runner.forward(s[:c], [t], StepLayout.build([c], [0], [0], [False]))
     read = []
@@ -99,11 +101,16 @@ def check_batched_runs_equal_plain(models) -> None:
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
         patch.setattr(paged_attention, "attention_over_runs", counted)
         logits, _ = runner.forward([t for s, c in zip(seqs, cached) for t in s[c:]], tables,
-                                   StepLayout.build(fed, cached, ks, [True] * 3))
-        for s, k, got in zip(seqs, ks, logits.split([k + 1 for k in ks])):
+                                   StepLayout.build(fed, cached, ks, [True] * 4, parents))
+        got = logits.split([k + 1 for k in ks])
+        for s, k, rows in zip(seqs[:3], ks, got):
             want = plain(torch.tensor([s])).logits[0, -(k + 1):]
-            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert read == [3, 1, 4] * config.num_hidden_layers
+            torch.testing.assert_close(rows, want, atol=1e-4, rtol=1e-4)
+        tree = seqs[3]  # its root's row, then nodes 0, 1 (child of 0) and 2
+        for row, path in enumerate([[], [tree[20]], [tree[20], tree[21]], [tree[22]]]):
+            want = plain(torch.tensor([tree[:20] + path])).logits[0, -1]
+            torch.testing.assert_close(got[3][row], want, atol=1e-4, rtol=1e-4)
+    assert read == [3, 1, 4, 1] * config.num_hidden_layers
 
 
 def test_a_batch_over_runs_gives_the_plain_forwards_logits(models):

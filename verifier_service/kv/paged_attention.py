@@ -28,9 +28,10 @@ from kernels.paged_attention import context_slots, paged_attention
 from kernels.run_attention import attention_over_runs, slot_runs
 
 ATTENTION_NAME = "splitspec_paged"
-# contexts read run by run (no gather) when each lies in at most MAX_RUNS runs and the step
-# feeds at most MAX_RUN_ROWS rows per sequence: past those, per-run products and masks cost more
-# than the gather (measured on the CPU at a 1,500-token context; docs/performance.md)
+# a step that feeds at most MAX_RUN_ROWS rows per sequence attends per sequence, reading a
+# context that lies in at most MAX_RUNS runs of slots in place and gathering one in more: past
+# those, per-run products and masks cost more than the gather (measured on the CPU at a
+# 1,500-token context; docs/performance.md)
 MAX_RUNS = 4
 MAX_RUN_ROWS = 8
 
@@ -67,11 +68,11 @@ class PagedBatch:
     # (first, end) when the batch is one sequence whose slots are consecutive (its blocks were
     # handed out in a row): its context is then a view of the cache, no gather
     context_range: tuple[int, int] | None = None
-    # per sequence, ((first slot, columns), ...): the runs of consecutive slots its context
-    # lies in, when every sequence's context lies in at most MAX_RUNS runs and the step feeds
-    # at most MAX_RUN_ROWS rows per sequence (and a lone sequence's in more than one: else
-    # context_range): attention reads each run as a view (kernels/run_attention.py)
-    context_runs: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    # per sequence, when the step feeds at most MAX_RUN_ROWS rows per sequence (on the CPU; a
+    # lone sequence in one run has context_range instead): ((first slot, columns), ...), the
+    # runs of consecutive slots its context lies in, each read as a view
+    # (kernels/run_attention.py), or, past MAX_RUNS runs, its slots [context] to gather
+    context_runs: tuple[tuple[tuple[int, int], ...] | torch.Tensor, ...] | None = None
     # with context_runs, host side: each sequence's cached tokens, first packed row and rows
     runs_start: tuple[int, ...] = ()
     runs_rows: tuple[tuple[int, int], ...] = ()
@@ -220,7 +221,11 @@ def _over_runs(paged: PagedBatch, query: torch.Tensor, k_cache: torch.Tensor,
     for i, (runs, start, (first, n)) in enumerate(zip(paged.context_runs, paged.runs_start,
                                                       paged.runs_rows)):
         seen = None if mask is None else mask[i, 0, :n, :start + n]
-        outs.append(attention_over_runs(query[:, first:first + n], k_cache, v_cache, runs,
+        keys, values = k_cache, v_cache
+        if isinstance(runs, torch.Tensor):  # too many runs: its context gathered, one run
+            keys, values = k_cache.index_select(0, runs), v_cache.index_select(0, runs)
+            runs = ((0, len(runs)),)
+        outs.append(attention_over_runs(query[:, first:first + n], keys, values, runs,
                                         scale, seen, 0 if window else start))
     out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)  # [Hq, T, D]
     return out.transpose(0, 1)[None]
@@ -228,10 +233,9 @@ def _over_runs(paged: PagedBatch, query: torch.Tensor, k_cache: torch.Tensor,
 
 def _runs(plan, block_size: int, device: torch.device) -> dict:
     """context_runs, runs_start and runs_rows for an exact step on the CPU that feeds at most
-    MAX_RUN_ROWS rows per sequence, each sequence's context in at most MAX_RUNS runs (a lone
-    sequence's in more than one: one run is context_range's view), read from the plan's host
-    arrays; {} otherwise. Accelerators keep the gather: a few launches per step, not a few per
-    sequence and layer."""
+    MAX_RUN_ROWS rows per sequence (but a lone sequence in one run: context_range's view),
+    read from the plan's host arrays; {} otherwise. Accelerators keep the batched gather: a
+    few launches per step, not a few per sequence and layer."""
     sizes = dict(plan.fields.sizes)
     b = sizes["B"]
     if (device.type != "cpu" or plan.bucket is not None
@@ -243,8 +247,9 @@ def _runs(plan, block_size: int, device: torch.device) -> dict:
     every = []
     for i in range(b):
         runs = slot_runs(a["block_tables"][i], lens[i], block_size)
-        if not 1 <= len(runs) <= MAX_RUNS:
-            return {}
+        if len(runs) > MAX_RUNS:  # fragmented: gathered through its table
+            table = torch.from_numpy(a["block_tables"][i:i + 1].copy())
+            runs = context_slots(table, block_size)[0, :lens[i]]
         every.append(runs)
     rows = [n - s for n, s in zip(lens, starts)]
     firsts = [0, *accumulate(rows)][:b]  # an exact step packs each sequence's rows in order
