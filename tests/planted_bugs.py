@@ -13,6 +13,7 @@ import kernels.eagle_tree as eagle_tree
 import kernels.hybrid_merge as hybrid_merge
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
+import kernels.run_attention as run_attention
 import kernels.sampling as sampling
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
@@ -24,6 +25,7 @@ import splitspec.goodput as goodput
 import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
 import verifier_service.kv.cache as kv_cache
+import verifier_service.kv.paged_attention as kv_paged_attention
 import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
 import verifier_service.methods.eagle.checkpoint as eagle_format
 import verifier_service.methods.eagle.graphs as eagle_graphs
@@ -1002,3 +1004,30 @@ def eagle_gonogo_either_measure(monkeypatch) -> None:
                    for m in ("first_position_acceptance", "mean_accepted_per_step"))
 
     monkeypatch.setattr(gonogo, "verdict", lenient)
+
+
+def runs_weighed_apart(monkeypatch) -> None:
+    """Attention over runs normalises each run's probabilities within the run and averages the
+    runs' outputs: every run weighs the same, whatever share of the row's softmax it holds."""
+    def apart(p, v_cache, runs):
+        out, col = 0, 0
+        for first, n in runs:
+            part = p[..., col:col + n]
+            out = out + torch.matmul(part / part.sum(-1, keepdim=True),
+                                     v_cache[first:first + n].transpose(0, 1))
+            col += n
+        return out / len(runs)
+
+    monkeypatch.setattr(run_attention, "weigh_runs", apart)
+
+
+def run_read_one_slot_late(monkeypatch) -> None:
+    """A lone sequence's last run of slots read from one slot after its first: its first
+    column's key and value skipped, the slot after its last column's read in their place."""
+    real = kv_paged_attention.slot_runs
+
+    def shifted(blocks, context_len, block_size):
+        runs = real(blocks, context_len, block_size)
+        return runs[:-1] + ((runs[-1][0] + 1, runs[-1][1]),) if runs else runs
+
+    monkeypatch.setattr(kv_paged_attention, "slot_runs", shifted)

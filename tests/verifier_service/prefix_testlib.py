@@ -177,3 +177,42 @@ def check_lossless(model_dir: str, want: dict[str, list[int]], method: str | Non
     assert held == 0 and cached_free + free == kv.num_blocks
     assert cached_free == kv.allocator.num_cached
     assert engine.drafts.in_target.num_states == 0
+
+
+def check_hits_served_alone(model_dir: str, want: dict[str, list[int]], method: str | None,
+                            k: int, proposers=None) -> int:
+    """The seed, then each greedy request whose prompt shares blocks with it, one at a time: a
+    lone sequence over the cached prefix's blocks and its own (attention over several runs of
+    slots). Each output equal to speculation off with caching off, each request a hit.
+    Returns how many times attention read a context run by run."""
+    import verifier_service.kv.paged_attention as paged_attention
+
+    engine = make_engine(model_dir, proposers=proposers if proposers is not None else {},
+                         block_size=BLOCK, num_kv_blocks=48, max_num_seqs=6)
+    pm = prompts(engine.runner.vocab_size)
+    names = ("one", "many", "partial", "whole", "turn2")
+    inputs = [request_ids("seed", pm["seed"][0], max_tokens=len(want["seed"]))] + [
+        i for i in _inputs(pm, want["seed"], method, k, 1, len(want["seed"]))
+        if i.request_id in {f"{n}-g" for n in names}]
+    real, reads = paged_attention.attention_over_runs, []
+
+    def counted(*args, **kwargs):
+        reads.append(1)
+        return real(*args, **kwargs)
+
+    async def one_at_a_time():
+        engine.start()
+        try:
+            return [await collect(engine, i) for i in inputs]
+        finally:
+            await engine.shutdown()
+
+    paged_attention.attention_over_runs = counted
+    try:
+        results = asyncio.run(one_at_a_time())
+    finally:
+        paged_attention.attention_over_runs = real
+    got = {i.request_id: t for i, (t, _, _) in zip(inputs, results)}
+    assert got == {i.request_id: want[i.request_id] for i in inputs}
+    assert all(last.usage.cached_tokens > 0 for _, _, last in results[1:])
+    return len(reads)

@@ -12,7 +12,7 @@ import random
 import planted_bugs as bug
 import pytest
 from engine_testlib import make_engine, request_ids, run_all
-from prefix_testlib import check_lossless, reference
+from prefix_testlib import check_hits_served_alone, check_lossless, reference
 
 from proposer_service.ngram import NgramProposer
 
@@ -47,6 +47,19 @@ def test_caching_on_gives_the_output_of_caching_off(learned, want, method, k, br
     if method == "ngram":
         chosen = {"ngram": NgramProposer()}
     check_lossless(target, want, method, k, branches, proposers=chosen)
+
+
+@pytest.mark.parametrize("method, k", [(None, 0), ("ngram", 3)], ids=["off", "ngram-chain"])
+def test_a_hit_served_alone_reads_its_runs_and_gives_the_output_of_caching_off(learned, want,
+                                                                              method, k):
+    proposers = {"ngram": NgramProposer()} if method else {}
+    assert check_hits_served_alone(learned[0], want, method, k, proposers) > 0
+
+
+def test_the_lone_hit_check_fails_when_a_run_is_read_one_slot_late(monkeypatch, learned, want):
+    bug.run_read_one_slot_late(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_hits_served_alone(learned[0], want, None, 0, {})
 
 
 @pytest.mark.parametrize("k, branches", [(3, 1), (6, 2)], ids=["chain", "tree"])

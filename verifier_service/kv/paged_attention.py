@@ -5,7 +5,11 @@ of the step (uncached tokens + drafts), each at its own positions. transformers'
 apply RoPE and then call the function registered here under ATTENTION_NAME, with the step's
 `PagedBatch` passed through the model's **kwargs. The function writes the new keys/values into
 their slots, gathers each sequence's context from its blocks, and runs one masked SDPA over the
-batch padded to [B, heads, max_query, max_context].
+batch padded to [B, heads, max_query, max_context]. A step that feeds a few rows per sequence
+(decode, drafts) reads the contexts in place instead: a lone sequence whose blocks are one run
+of consecutive slots as one view of the cache, else each sequence run by run when its blocks
+form a few runs (a cached prefix's blocks, then its own; kernels/run_attention.py), each run's
+keys and values a view.
 
 Any model whose attention calls the attention interface this way runs on this path; tested:
 Llama, Mistral, Qwen2. Since no mask function is registered under ATTENTION_NAME, transformers
@@ -15,13 +19,21 @@ builds no mask: causality, context lengths and sliding windows are applied here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
 
 from kernels.paged_attention import context_slots, paged_attention
+from kernels.run_attention import attention_over_runs, slot_runs
 
 ATTENTION_NAME = "splitspec_paged"
+# a step that feeds at most MAX_RUN_ROWS rows per sequence attends per sequence, reading a
+# context that lies in at most MAX_RUNS runs of slots in place and gathering one in more: past
+# those, per-run products and masks cost more than the gather (measured on the CPU at a
+# 1,500-token context; docs/performance.md)
+MAX_RUNS = 4
+MAX_RUN_ROWS = 8
 
 
 @dataclass
@@ -56,6 +68,14 @@ class PagedBatch:
     # (first, end) when the batch is one sequence whose slots are consecutive (its blocks were
     # handed out in a row): its context is then a view of the cache, no gather
     context_range: tuple[int, int] | None = None
+    # per sequence, when the step feeds at most MAX_RUN_ROWS rows per sequence (on the CPU; a
+    # lone sequence in one run has context_range instead): ((first slot, columns), ...), the
+    # runs of consecutive slots its context lies in, each read as a view
+    # (kernels/run_attention.py), or, past MAX_RUNS runs, its slots [context] to gather
+    context_runs: tuple[tuple[tuple[int, int], ...] | torch.Tensor, ...] | None = None
+    # with context_runs, host side: each sequence's cached tokens, first packed row and rows
+    runs_start: tuple[int, ...] = ()
+    runs_rows: tuple[tuple[int, int], ...] = ()
     _cache: dict = field(default_factory=dict)  # per-step tensors shared by every layer
 
     @classmethod
@@ -70,7 +90,8 @@ class PagedBatch:
                    views["packed_index"], views["first_node"], views["node_bits"],
                    views["positions"], plan.max_context, uniform=plan.bucket is not None,
                    kernel=kernel,
-                   ancestors=ancestors, context_range=plan.context_range)
+                   ancestors=ancestors, context_range=plan.context_range,
+                   **_runs(plan, block_size, k_cache.device))
 
     def _shared(self, name: str, make):
         if name not in self._cache:
@@ -167,6 +188,8 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
                               paged.packed_index, max_q, paged.first_node, paged.node_bits,
                               scaling if scaling is not None else d ** -0.5, paged.kernel)
         return out[None], None  # [1, T, Hq, D]
+    if paged.context_runs is not None:  # a few rows per sequence over a few runs: no gather
+        return _over_runs(paged, query[0], k_cache, v_cache, scaling, kwargs), None
     if b == 1:  # one sequence: the packed rows are its queries already, no padding to undo
         k = _as(paged.context(k_cache).transpose(1, 2), query.dtype)  # [1, Hkv, ctx, D]
         v = _as(paged.context(v_cache).transpose(1, 2), query.dtype)
@@ -186,6 +209,52 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
                                          scale=scaling, enable_gqa=k.shape[1] != hq)
     out = out.transpose(1, 2).reshape(b * max_q, hq, d).index_select(0, paged.packed_index)
     return out[None], None  # [1, T, Hq, D], as transformers' attention functions return
+
+
+def _over_runs(paged: PagedBatch, query: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, scaling, kwargs) -> torch.Tensor:
+    """Each sequence's rows of query [Hq, T, D] over its runs, packed: [1, T, Hq, D]."""
+    window = kwargs.get("sliding_window")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    mask = None if paged.max_q == 1 and not window else paged.mask(window)  # [B, 1, R, ctx]
+    outs = []
+    for i, (runs, start, (first, n)) in enumerate(zip(paged.context_runs, paged.runs_start,
+                                                      paged.runs_rows)):
+        seen = None if mask is None else mask[i, 0, :n, :start + n]
+        keys, values = k_cache, v_cache
+        if isinstance(runs, torch.Tensor):  # too many runs: its context gathered, one run
+            keys, values = k_cache.index_select(0, runs), v_cache.index_select(0, runs)
+            runs = ((0, len(runs)),)
+        outs.append(attention_over_runs(query[:, first:first + n], keys, values, runs,
+                                        scale, seen, 0 if window else start))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)  # [Hq, T, D]
+    return out.transpose(0, 1)[None]
+
+
+def _runs(plan, block_size: int, device: torch.device) -> dict:
+    """context_runs, runs_start and runs_rows for an exact step on the CPU that feeds at most
+    MAX_RUN_ROWS rows per sequence (but a lone sequence in one run: context_range's view),
+    read from the plan's host arrays; {} otherwise. Accelerators keep the batched gather: a
+    few launches per step, not a few per sequence and layer."""
+    sizes = dict(plan.fields.sizes)
+    b = sizes["B"]
+    if (device.type != "cpu" or plan.bucket is not None
+            or (b == 1 and plan.context_range is not None) or sizes["R"] > MAX_RUN_ROWS):
+        return {}
+    a = plan.fields.arrays(plan.host.numpy())
+    starts = a["start"][:b].tolist()
+    lens = a["context_lens"][:b].tolist()
+    every = []
+    for i in range(b):
+        runs = slot_runs(a["block_tables"][i], lens[i], block_size)
+        if len(runs) > MAX_RUNS:  # fragmented: gathered through its table
+            table = torch.from_numpy(a["block_tables"][i:i + 1].copy())
+            runs = context_slots(table, block_size)[0, :lens[i]]
+        every.append(runs)
+    rows = [n - s for n, s in zip(lens, starts)]
+    firsts = [0, *accumulate(rows)][:b]  # an exact step packs each sequence's rows in order
+    return {"context_runs": tuple(every), "runs_start": tuple(starts),
+            "runs_rows": tuple(zip(firsts, rows))}
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
