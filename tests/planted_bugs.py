@@ -852,6 +852,17 @@ def tree_mask_without_closure(monkeypatch) -> None:
     monkeypatch.setattr(tree_layout, "_closure_steps", lambda max_q: 0)
 
 
+def device_tree_ranks_across_sequences(monkeypatch) -> None:
+    """The tree sampler's children table from device parents ranks a node among every earlier
+    node with the same parent index, its own sequence's or not (the second tree's siblings
+    shift, some past the table)."""
+    def ranks(seq, local, parents):
+        n = torch.arange(parents.numel(), device=parents.device)
+        return ((n[None, :] < n[:, None]) & (parents[None, :] == parents[:, None])).sum(1)
+
+    monkeypatch.setattr(tree_rejection, "_sibling_ranks", ranks)
+
+
 def hybrid_shared_prefix_kept_twice(monkeypatch) -> None:
     """Hybrid drafts: a common prefix of two candidates is never merged (kept once per drafter,
     each copy costing the node budget)."""
