@@ -57,10 +57,10 @@ def check_device_parents_match_host_parents(seed: int, sparse_q: bool) -> None:
                                max((s[0] for s in shapes), default=0) + rng.randint(0, 2),
                                max((s[1] for s in shapes), default=1) + rng.randint(0, 2))
         torch.manual_seed(seed)
-        host = tree_rejection_sample(probs, ids, parents, ks, q, greedy, seeds,
+        host = tree_rejection_sample(probs, ids, parents, layout, q, greedy, seeds,
                                      impl="reference")
         torch.manual_seed(seed)
-        dev = tree_rejection_sample(probs, ids, bounds, ks, q, greedy, seeds, impl="reference")
+        dev = tree_rejection_sample(probs, ids, bounds, layout, q, greedy, seeds, impl="reference")
         assert host.tokens() == dev.tokens(), (ks, parents, greedy, seeds)
         assert host.paths() == dev.paths()
 
