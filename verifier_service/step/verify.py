@@ -4,17 +4,25 @@ batch, rejection-sample, hand back what each sequence emits.
 Reads top to bottom like the step it is (gpt-fast's speculative_decode, for a ragged batch):
     1. plan     where every sequence's rows sit (kernels.StepLayout), and the step's arrays in
                 one host buffer (verifier_service/step/plan.py), without touching the device;
+                drafts an in-target head left on the device (greedy and sampled chains,
+                EAGLE-2 trees) are planned from their node counts and placed over the plan on
+                the device: ids, and a tree's positions and ancestor mask
+                (verifier_service/step/device_drafts.py; a tensor-parallel step reads them
+                back first, its ranks are sent host plans);
     2. execute  one target pass: [uncached tokens..., d1..dk] per sequence, with greedy chain
                 verification on the device (verifier_service/step/executor.py: one copy in, a
                 replayed graph or the same body run eagerly);
     3. sample   sampled requests and trees: target probabilities p per verified row, then the
-                lossless rejection sampler, launched after the forward without a sync;
-    4. fetch    one copy out and the step's one wait: per sequence, accepted drafts + one
-                recovered/bonus token, the accepted path, and, for proposers that condition on
-                it, the hidden state that produced the last token; for in-target methods the
-                target's argmax after every node; for requests that ask, each emitted token's
-                log-probability from the same logits rows (kernels/logprobs.py; no extra
-                forward, one more read back).
+                lossless rejection sampler, launched after the forward without a sync (device
+                drafts' ids, parents and q read from the device; a q failing its check there
+                costs its sequence's speculation only);
+    4. fetch    one copy out and the step's one wait, for every method: per sequence,
+                accepted drafts + one recovered/bonus token, the accepted path, and, for
+                proposers that condition on it, the hidden state that produced the last token;
+                for in-target methods the target's argmax after every node (and the drafts'
+                ids and trees' parents they left on the device); for requests that ask, each
+                emitted token's log-probability from the same logits rows (kernels/logprobs.py;
+                no extra forward, one more read back).
 """
 
 from __future__ import annotations
