@@ -36,7 +36,11 @@ sampled chains, and one for the advance over every sequence
 (verifier_service/methods/eagle/batch_graphs.py).
 
 The head's own layer runs on the target's device (verifier_service/methods/eagle/head.py: its
-drafting loops read nothing back until the draft is handed over, once). Where the device captures
+drafting loops read nothing back). Every draft, greedy or sampled chain (with its q) or tree
+(with its parents and bounds: its levels and children per node), is handed to the step still
+on the device (`device_chain`, `device_sampled_chain`, `device_tree`: a PendingDraft naming its
+parts), which feeds it to its forward and samplers from there and reads it back with its
+results (verifier_service/step/device_drafts.py): one wait per step. Where the device captures
 graphs, a lone sequence's chain (greedy or sampled) replays one captured iteration per drafted
 token, a tree of 2, 3 or 4 children per node one captured graph per depth, and a lone advance over a
 step's kept rows one captured width (verifier_service/methods/eagle/graphs.py); other trees and wide
