@@ -368,7 +368,8 @@ class InTargetDrafts:
 
     def propose(self, group: list[Scheduled]) -> "dict[SequenceState, list[int] | Draft]":
         """Candidates for each scheduled sequence that wants k > 0 (unchecked); what the states
-        left on the device comes over in one copy after all of them have drafted."""
+        left on the device stays there when it names its parts (a DeviceDraft, for the step),
+        the rest comes over in one copy after all of them have drafted."""
         out, pending = {}, {}
         by_method: dict[str, list[Scheduled]] = {}
         for s in group:
