@@ -25,7 +25,7 @@ import math
 
 import torch
 
-__all__ = ["tree_rows"]
+__all__ = ["node_bits", "tree_rows"]
 
 
 def _closure_steps(max_q: int) -> int:
@@ -68,3 +68,18 @@ def tree_rows(query_lens: torch.Tensor, num_drafts: torch.Tensor, start_pos: tor
     depth = ancestors.sum(-1) - 1  # ancestors among the fed rows, itself excluded
     positions = torch.where(valid, start_pos[:, None] + depth, torch.zeros_like(depth))
     return positions, parents, ancestors
+
+
+def node_bits(ancestors: torch.Tensor, first_node: torch.Tensor) -> torch.Tensor:
+    """int64 [B, max_q]: per fed row, bit m set for every draft node m among its ancestors and
+    itself, draft node m being fed row first_node[b] + m (0 for rows before first_node): what
+    the plan's node_bits hold (verifier_service/step/plan.py), from `tree_rows`' ancestors
+    [B, max_q, max_q] and first_node int64 [B], on their device. Bit 63 is the sign bit: a sum
+    of distinct powers of two wraps to the same bits."""
+    max_q = ancestors.shape[-1]
+    a = torch.arange(max_q, device=ancestors.device)
+    node = a[None, :] - first_node[:, None]  # [B, max_q]: each column's node index
+    weight = torch.where(node >= 0, torch.ones_like(node) << node.clamp(0, 63),
+                         torch.zeros_like(node))
+    bits = (ancestors.to(torch.int64) * weight[:, None, :]).sum(-1)
+    return torch.where(node >= 0, bits, torch.zeros_like(bits))

@@ -9,7 +9,12 @@ k_i = N_i:
     draft_token_ids [D], D = sum_i N_i, node tokens flattened in batch order.
     draft_parents   S entries, each None (a chain) or N_i parents (local node indices, -1: root);
                     or None: the trees of the StepLayout (kernels/layout.py, its `parents`), which
-                    must agree with the given ones when that layout carries trees.
+                    must agree with the given ones when that layout carries trees; or
+                    DeviceParents: every node's parent as an int64 [D] tensor that may still be
+                    on the device (a head drafted the tree there), with host bounds on its depth
+                    and its children per node: the walk's shape comes from the bounds, the
+                    children table and each row's depth are built on the device, nothing is
+                    read back (`_device_trees`).
     draft_probs     None (every node deterministic, one-hot), dense [D, V] or SparseProbs (D rows):
                     per node, the distribution *that node* was drawn from.
 
@@ -68,11 +73,30 @@ from kernels.rejection import (
     draw_uniforms,
 )
 from kernels.sampler_inputs import DraftProbs
-from kernels.sampling import draw_exponentials, keyed_argmax, noise_key
+from kernels.sampling import (
+    draw_exponentials,
+    key_halves,
+    keyed_argmax,
+    keyed_exponentials_at,
+    noise_key,
+)
 
-__all__ = ["TreeResult", "layout_draft_parents", "path_rows", "tree_rejection_sample"]
+__all__ = ["DeviceParents", "TreeResult", "layout_draft_parents", "path_rows",
+           "tree_rejection_sample"]
 
 Parents = Optional[Sequence[int]]
+
+
+@dataclass(frozen=True)
+class DeviceParents:
+    """A batch's tree shapes as a tensor: parents int64 [D] (node d of sequence i at
+    draft_offsets[i] + d, its parent a local index, -1 the root; parents precede children), and
+    host ints no tree of the batch exceeds: its depth and its children per node (a head knows
+    them before drafting: its levels and its top-k). Nodes past the bounds are never visited."""
+
+    parents: torch.Tensor
+    max_depth: int
+    max_children: int
 
 
 @dataclass
@@ -111,6 +135,8 @@ class _Trees:
     row_depth: list[list[int]]  # per sequence, depth of each of its N_i + 1 target rows
     max_depth: int
     max_children: int
+    # DeviceParents: int64 [T] the depth of every target row, on the device (row_depth unused)
+    depth_rows: Optional[torch.Tensor] = None
 
 
 def _trees(draft_parents: Sequence[Parents], ks: list[int], offsets: list[int]) -> _Trees:
@@ -143,11 +169,70 @@ def _trees(draft_parents: Sequence[Parents], ks: list[int], offsets: list[int]) 
     return _Trees(children, depths, max_depth, width)
 
 
+def _sibling_ranks(seq: torch.Tensor, local: torch.Tensor, parents: torch.Tensor
+                   ) -> torch.Tensor:
+    """Each node's rank among its siblings [D]: the earlier nodes of its own sequence with the
+    same parent (nodes of seq [D], local index [D], parent [D])."""
+    earlier = (seq[None, :] == seq[:, None]) & (local[None, :] < local[:, None])  # [D, D]
+    return (earlier & (parents[None, :] == parents[:, None])).sum(1)
+
+
+def _device_trees(given: DeviceParents, ks: list[int], offsets: list[int], toff: list[int],
+                  device: torch.device) -> _Trees:
+    """`_trees` from parents on the device, at the shapes the host bounds fix: the children
+    table [S, max_n + 1, max_children] (a node's rank among its siblings: the earlier nodes of
+    its sequence with the same parent) and every target row's depth, with no value read back."""
+    b, width, n_max = len(ks), max(given.max_children, 1), max(ks, default=0)
+    d_total = sum(ks)
+    parents = given.parents.reshape(-1).to(device=device, dtype=torch.int64)
+    seq_host = torch.repeat_interleave(torch.arange(b), torch.tensor(ks, dtype=torch.int64))
+    local_host = torch.arange(d_total) - torch.repeat_interleave(
+        torch.tensor(offsets, dtype=torch.int64), torch.tensor(ks, dtype=torch.int64))
+    seq = seq_host.to(device, non_blocking=True)
+    local = local_host.to(device, non_blocking=True)
+    rank = _sibling_ranks(seq, local, parents)
+    # one spare column takes a rank past the bound (never visited), so indices stay distinct
+    flat = torch.full((b * (n_max + 1) * (width + 1),), -1, dtype=torch.int64, device=device)
+    at = (seq * (n_max + 1) + parents + 1) * (width + 1) + rank.clamp(max=width)
+    flat.index_copy_(0, at, torch.arange(d_total, device=device))
+    children = flat.view(b, n_max + 1, width + 1)[:, :, :width]
+    # depth: one more than the parent's, settled level by level (max_depth passes)
+    off = torch.tensor(offsets, dtype=torch.int64).to(device, non_blocking=True)
+    up = torch.where(parents >= 0, off[seq] + parents, -1)  # global index of the parent
+    depth = torch.ones(d_total, dtype=torch.int64, device=device)
+    for _ in range(max(given.max_depth - 1, 0)):
+        depth = torch.where(up >= 0, depth[up.clamp(min=0)] + 1, 1) if d_total else depth
+    rows = torch.zeros(sum(ks) + b, dtype=torch.int64, device=device)
+    node_rows = torch.tensor(toff, dtype=torch.int64)[seq_host] + local_host + 1
+    rows.index_copy_(0, node_rows.to(device, non_blocking=True), depth)
+    return _Trees(children, [], given.max_depth if d_total else 0, width, rows)
+
+
 def _choices(target_probs: torch.Tensor, trees: _Trees, toff: list[int], pos: list[int],
              seeded: list[int], seeds: Sequence[Optional[int]]) -> torch.Tensor:
     """The deterministic rows' choice per target row [T]: argmax, or for a seeded sequence the
     keyed sample at position sample_position + depth of the row."""
     choice = target_probs.argmax(dim=-1)
+    if seeded and trees.depth_rows is not None:
+        # depths on the device: every key a row might take (depth 0 .. max_depth) from the
+        # host, the row's own picked there
+        ks = [toff[i + 1] - toff[i] if i + 1 < len(toff) else target_probs.shape[0] - toff[i]
+              for i in range(len(toff))]
+        rows = [toff[i] + r for i in seeded for r in range(ks[i])]
+        span = trees.max_depth + 1
+        table = key_halves([noise_key(seeds[i], pos[i] + d) for i in seeded
+                            for d in range(span)]).view(len(seeded), span, 2)
+        which = torch.tensor([n for n, i in enumerate(seeded) for _ in range(ks[i])],
+                             dtype=torch.int64)
+        dev = target_probs.device
+        idx = torch.tensor(rows, dtype=torch.int64).to(dev, non_blocking=True)
+        depth = trees.depth_rows[idx].clamp(max=trees.max_depth)
+        halves = table.to(dev, non_blocking=True)[which.to(dev, non_blocking=True), depth]
+        vocab = target_probs.shape[1]
+        index = torch.arange(vocab, device=dev).expand(len(rows), vocab)
+        choice[idx] = (target_probs[idx].to(torch.float32)
+                       / keyed_exponentials_at(halves, index)).argmax(dim=-1)
+        return choice
     if seeded:
         rows = [toff[i] + r for i in seeded for r in range(len(trees.row_depth[i]))]
         keys = [noise_key(seeds[i], pos[i] + d) for i in seeded for d in trees.row_depth[i]]
@@ -182,7 +267,7 @@ def layout_draft_parents(layout: StepLayout) -> list[list[int]]:
 def tree_rejection_sample(
     target_probs: torch.Tensor,
     draft_token_ids: torch.Tensor,
-    draft_parents: Optional[Sequence[Parents]],
+    draft_parents: Union[None, Sequence[Parents], DeviceParents],
     layout: LayoutLike,
     draft_probs: DraftProbs,
     is_greedy: Union[torch.Tensor, Sequence[bool]],
@@ -192,7 +277,8 @@ def tree_rejection_sample(
     """Lossless verification of a ragged batch of draft trees (see the module docstring).
 
     target_probs [T, V]; draft_token_ids int64 [D]; draft_parents: S entries, None (a chain) or
-    N_i parents, or None (the StepLayout's trees); layout: the step's StepLayout
+    N_i parents, or None (the StepLayout's trees), or DeviceParents (parents left on the device,
+    shaped by host bounds: the layout's trees are placeholders then); layout: the step's StepLayout
     (num_draft_tokens = N_i) or num_nodes int64 [S] (sample positions 1, 1, ...); draft_probs
     None | dense [D, V] | SparseProbs (D rows); is_greedy bool [S]; seeds: S entries of
     int | None (None for all: unseeded). impl: "auto" (Triton on CUDA/MLU when available) |
@@ -202,7 +288,12 @@ def tree_rejection_sample(
     layout = as_layout(layout)
     draft_token_ids = draft_token_ids.reshape(-1).to(torch.int64)
     _validate(target_probs, draft_token_ids, layout, draft_probs)
-    if draft_parents is None:
+    on_device = isinstance(draft_parents, DeviceParents)
+    if on_device:
+        if draft_parents.parents.numel() != layout.num_drafts:
+            raise ValueError(f"{draft_parents.parents.numel()} device parents for "
+                             f"{layout.num_drafts} draft nodes")
+    elif draft_parents is None:
         if not step_layout:
             raise ValueError("draft_parents is needed unless the layout is a StepLayout")
         draft_parents = layout_draft_parents(layout)
@@ -214,7 +305,8 @@ def tree_rejection_sample(
     device, vocab, b = target_probs.device, target_probs.shape[1], layout.batch_size
     ks, doff = layout.num_draft_tokens.tolist(), layout.draft_offsets.tolist()
     toff, pos = layout.target_offsets.tolist(), layout.sample_positions.tolist()
-    trees = _trees(draft_parents, ks, doff)
+    trees = (_device_trees(draft_parents, ks, doff, toff, device) if on_device
+             else _trees(draft_parents, ks, doff))
     greedy_host = _host_bools(is_greedy, b, "is_greedy")
     seeded = _seeded_rows(greedy_host, seeds, b)
     det_host = greedy_host.clone()

@@ -38,6 +38,7 @@ import verifier_service.step.verify as verify
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft.proposer import DraftSession
 from proposer_service.mlp.speculator import SpeculatorNorm
+from splitspec import device as dev
 from verifier_service.drafts.collector import DraftCollector
 from verifier_service.model.runner import ModelRunner
 
@@ -879,6 +880,45 @@ def tree_mask_without_closure(monkeypatch) -> None:
     import kernels.tree_layout as tree_layout
 
     monkeypatch.setattr(tree_layout, "_closure_steps", lambda max_q: 0)
+
+
+def device_tree_ranks_across_sequences(monkeypatch) -> None:
+    """The tree sampler's children table from device parents ranks a node among every earlier
+    node with the same parent index, its own sequence's or not (the second tree's siblings
+    shift, some past the table)."""
+    def ranks(seq, local, parents):
+        n = torch.arange(parents.numel(), device=parents.device)
+        return ((n[None, :] < n[:, None]) & (parents[None, :] == parents[:, None])).sum(1)
+
+    monkeypatch.setattr(tree_rejection, "_sibling_ranks", ranks)
+
+
+def device_drafts_read_back_before_the_plan(monkeypatch) -> None:
+    """The step reads its drafts left on the device back before planning (a wait of their
+    own), as it did for trees and sampled chains."""
+    import verifier_service.step.device_drafts as device_drafts
+    from verifier_service.methods.in_target import read_back
+
+    real = device_drafts.held
+
+    def held(drafts):
+        at = real(drafts)
+        if at:
+            read_back([drafts[i] for i in at], dev.HostFetch(drafts[at[0]].device_tokens.device))
+        return []
+
+    monkeypatch.setattr(device_drafts, "held", held)
+
+
+def device_q_unchecked(monkeypatch) -> None:
+    """The step samples a device draft's q as it came, never checked (finite, summing to 1,
+    the token in its support)."""
+    import verifier_service.step.device_drafts as device_drafts
+
+    def unchecked(drafts, device):
+        return None, [device_drafts.device_q(d) if d is not None else None for d in drafts]
+
+    monkeypatch.setattr(device_drafts, "q_guard", unchecked)
 
 
 def hybrid_shared_prefix_kept_twice(monkeypatch) -> None:

@@ -19,6 +19,7 @@ from engine_testlib import drained, make_engine, request_ids, run_all
 from splitspec.params import SamplingParams
 from verifier_service.methods.eagle import head as eagle_head
 from verifier_service.methods.eagle import method as eagle
+from verifier_service.methods.in_target import PendingDraft
 
 PROMPTS = [[5, 17, 42, 8, 33, 61, 12, 70, 3, 25] * 2, [100, 200, 300, 7, 9, 11] * 3,
            list(range(40, 70))]
@@ -181,7 +182,8 @@ def test_an_eagle1_head_scores_the_frequency_ranked_subset_of_the_targets_head(
 
     def recording(self, items):
         out = original(self, items)
-        drafted.extend(t for row in out if isinstance(row, list) for t in row)
+        drafted.extend(t for row in out  # chains left on the device: their ids
+                       for t in (row.ids.tolist() if isinstance(row, PendingDraft) else row))
         return out
 
     off = _serve(make_engine(tiny_target_dir, proposers={}),

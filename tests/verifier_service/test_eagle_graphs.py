@@ -184,7 +184,7 @@ def check_chains_fed_from_the_device_verify_what_read_back_chains_verify(target_
             if not hold:  # the chain's ids read back with the step's other drafts
                 real = EagleGraphs.pending_chain
                 mp.setattr(EagleGraphs, "pending_chain", lambda self, seq, k: dataclasses.replace(
-                    real(self, seq, k), chain=None))
+                    real(self, seq, k), ids=None))
             return serve_eagle_beside_plain(engine)
 
     held, read = serve(True), serve(False)

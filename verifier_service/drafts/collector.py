@@ -44,7 +44,7 @@ from verifier_service.batching.scheduler import Scheduled
 from verifier_service.batching.sequence import SequenceState
 from verifier_service.drafts.ahead_policy import AheadPolicy
 from verifier_service.drafts.client import ProposerClient, ProposerMismatch
-from verifier_service.methods.in_target import DeviceDraft, InTargetDrafts, StepOutcome
+from verifier_service.methods.in_target import InTargetDrafts, StepOutcome, materialize
 from verifier_service.telemetry.stats import EngineStats, MethodStats, MethodStepStats
 
 log = logging.getLogger(__name__)
@@ -391,9 +391,7 @@ class DraftCollector:
 def _candidate(d: Draft) -> hybrid_merge.Candidate:
     """A checked draft as the merge reads it (ids an in-target head left on the device, read
     back: the merge compares them)."""
-    if isinstance(d, DeviceDraft) and d.device_tokens is not None:
-        d.tokens[:] = d.device_tokens.tolist()
-        d.device_tokens = None
+    d = materialize(d)  # ids, a tree's parents and q an in-target head left on the device
     return hybrid_merge.Candidate(list(d.tokens), list(d.parents),
                                   d.q.rows() if d.q is not None else None)
 

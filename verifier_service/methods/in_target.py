@@ -18,10 +18,10 @@ Each sequence whose plan names the method gets its own `InTargetState`:
     a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids,
                                                                  or a Draft tree of <= k nodes,
                                                                  or either left on the device
-                                                                 (PendingDraft: read back in
-                                                                 one copy for the step; a
-                                                                 greedy chain fed to the step
-                                                                 from there, DeviceDraft)
+                                                                 (PendingDraft: fed to the step
+                                                                 from there, a DeviceDraft, when
+                                                                 it names its parts; else read
+                                                                 back in one copy for the step)
     the step was verified           state.observe(outcome)    (with the target's argmax after
                                                                  every node: what the method
                                                                  learns from its own rows; True:
@@ -52,6 +52,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 from typing import Sequence as Seq
 
+import torch
+
+from kernels.sparse_probs import SparseProbs
 from splitspec import device as dev
 from splitspec.methods import components_of, in_target_methods
 from splitspec.params import SamplingParams, SpeculationPlan
@@ -82,32 +85,110 @@ class PendingDraft:
     """Candidates a state left on the device: `ints` and `floats` (device tensors) to bring to
     the host, and `finish`, which makes the candidates (ids or a Draft) from their host copies
     (numpy arrays, in the same order). A step's pending candidates, over every sequence, come
-    over together: one copy and one wait for the batch, not one per sequence."""
+    over together: one copy and one wait for the batch, not one per sequence.
+
+    Where the draft's parts are named as device tensors too (`ids`, and for a tree `parents`
+    with its bounds, for a sampled chain its q), the step feeds them to its forward and its
+    sampler from the device (a DeviceDraft) and reads them back with its results: no wait of
+    their own. Those parts are valid by construction (see DeviceDraft)."""
 
     ints: list
     floats: list
     finish: Callable[[list, list], "list[int] | Draft"]
-    # a greedy chain's token ids [k] on the device: the step may feed them to its forward
-    # without reading them first (a DeviceDraft); None: read back with the step's others
-    chain: object = None
+    ids: object = None  # int64 [k] on the device: the draft's target ids
+    parents: object = None  # int64 [k]: a tree's parents (local, -1: the root); None: a chain
+    max_depth: int = 0  # a tree's host bounds: levels, and children per node
+    max_children: int = 0
+    q_ids: object = None  # a sampled chain's q: int64 [k, K] target ids, float [k, K] probs
+    q_probs: object = None
 
 
 @dataclass
 class DeviceDraft(Draft):
-    """A greedy chain whose token ids are still on the target's device (an in-target method
-    drew them there): `tokens` holds k placeholders until the step that verifies it reads the
-    ids back with its results. A step of greedy chains copies them into its input on the device
-    (verifier_service/step/verify.py); any other step reads them first (`read_back`)."""
+    """A draft whose parts are still on the target's device (an in-target method drew them
+    there): `tokens` holds k placeholders (a tree's `parents` a placeholder of the same node
+    count, every node on the root) until the step that verifies it reads them back with its
+    results. The step copies the ids into its input on the device, builds a tree's positions
+    and ancestor mask there (kernels/tree_layout.py), and hands ids, parents and q to its
+    samplers as device tensors (verifier_service/step/verify.py); a tensor-parallel step, and
+    a hybrid's merge, read them first (`materialize`).
+
+    Valid by construction, so the collector's host checks are not needed: the ids are argmax or
+    top-k picks over the target's own vocabulary (the step still clamps them to it: a wrong id
+    could only cost acceptance); a tree's parents come from kernels/eagle_tree.py `select`, which
+    lists each node after its parent, with at most `max_children` children per node and
+    `max_depth` levels, within the k nodes asked. Only a q can be malformed (a half-precision
+    head can give inf or NaN): the step checks it on the device (finite, non-negative, sums to
+    1, the token in its support) and a bad one costs that sequence's speculation only."""
 
     device_tokens: object = None  # int64 [k] on the device; None once read back
+    device_parents: object = None  # int64 [k] a tree's parents on the device, or None
+    max_depth: int = 0
+    max_children: int = 0
+    device_q: object = None  # SparseProbs on the device (a sampled chain's q), or None
+
+    @property
+    def on_device(self) -> bool:
+        return self.device_tokens is not None
+
+    @property
+    def device_tree(self) -> bool:
+        return self.device_tokens is not None and self.device_parents is not None
+
+    def fill(self, tokens, parents=None) -> None:
+        """Its host copies (from the step's read back): ids, and a tree's parents."""
+        self.tokens[:] = [int(t) for t in tokens]
+        if parents is not None:
+            self.parents[:] = [int(p) for p in parents]
+        self.device_tokens = self.device_parents = None
+
+
+def device_draft(seq_id: str, pending: PendingDraft) -> DeviceDraft:
+    """The DeviceDraft of a pending draft that names its parts on the device."""
+    k = pending.ids.shape[0]
+    tree = pending.parents is not None and k > 1
+    q = (SparseProbs(pending.q_ids, pending.q_probs) if pending.q_ids is not None else None)
+    return DeviceDraft(seq_id, [0] * k, parents=[-1] * k if tree else None,
+                       device_tokens=pending.ids,
+                       device_parents=pending.parents if tree else None,
+                       max_depth=pending.max_depth, max_children=pending.max_children,
+                       device_q=q)
 
 
 def read_back(drafts: "Seq[DeviceDraft]", fetch) -> None:
-    """The drafts' ids into their `tokens`, in one copy (fetch: splitspec.device.HostFetch)."""
-    got, _ = fetch([d.device_tokens for d in drafts])
-    for d, ids in zip(drafts, got):
-        d.tokens[:] = ids.tolist()
-        d.device_tokens = None
+    """The drafts' ids, trees' parents and q into their host fields, in one copy (fetch:
+    splitspec.device.HostFetch)."""
+    ints, floats = [], []
+    for d in drafts:
+        ints.append(d.device_tokens)
+        if d.device_parents is not None:
+            ints.append(d.device_parents)
+        if d.device_q is not None:
+            ints.append(d.device_q.indices)
+            floats.append(d.device_q.probs)
+    got_i, got_f = fetch(ints, floats)
+    at_i = at_f = 0
+    for d in drafts:
+        tokens, at_i = got_i[at_i], at_i + 1
+        parents = None
+        if d.device_parents is not None:
+            parents, at_i = got_i[at_i], at_i + 1
+        if d.device_q is not None:
+            d.device_q = SparseProbs(torch.from_numpy(got_i[at_i]),
+                                     torch.from_numpy(got_f[at_f]))
+            at_i, at_f = at_i + 1, at_f + 1
+        d.fill(tokens, parents)
+
+
+def materialize(d: Draft) -> Draft:
+    """A draft with every part on the host (a DeviceDraft read now: its own wait; for the
+    merges of hybrids, which compare tokens)."""
+    if isinstance(d, DeviceDraft) and d.on_device:
+        read_back([d], lambda ints, floats: ([t.cpu().numpy() for t in ints],
+                                             [t.float().cpu().numpy() for t in floats]))
+    if isinstance(d, DeviceDraft) and d.device_q is not None and d.q is None:
+        d.q = d.device_q
+    return d
 
 
 class InTargetState(abc.ABC):
@@ -287,7 +368,8 @@ class InTargetDrafts:
 
     def propose(self, group: list[Scheduled]) -> "dict[SequenceState, list[int] | Draft]":
         """Candidates for each scheduled sequence that wants k > 0 (unchecked); what the states
-        left on the device comes over in one copy after all of them have drafted."""
+        left on the device stays there when it names its parts (a DeviceDraft, for the step),
+        the rest comes over in one copy after all of them have drafted."""
         out, pending = {}, {}
         by_method: dict[str, list[Scheduled]] = {}
         for s in group:
@@ -299,9 +381,8 @@ class InTargetDrafts:
                 [(self._states[s.seq], s.seq.tokens, s.k) for s in members])
             proposed += zip(members, got)
         for s, got in proposed:
-            if isinstance(got, PendingDraft) and got.chain is not None:
-                k = got.chain.shape[0]
-                out[s.seq] = DeviceDraft(s.seq.request_id, [0] * k, device_tokens=got.chain)
+            if isinstance(got, PendingDraft) and got.ids is not None:
+                out[s.seq] = device_draft(s.seq.request_id, got)
                 continue
             (pending if isinstance(got, PendingDraft) else out)[s.seq] = got
         if pending:

@@ -88,10 +88,14 @@ class ExecutorStats:
 
 
 def _patch(flat: torch.Tensor, plan) -> None:
-    """The plan's device-held ids over its copied arrays (StepPlan.device_ids; a plan another
-    tensor-parallel rank received has none: with ranks, drafts are read back first)."""
-    for at, ids in getattr(plan, "device_ids", ()):
-        flat[at:at + ids.shape[0]].copy_(ids)
+    """The plan's device-held values over its copied arrays (StepPlan.device_ids: at an offset,
+    or at host indices; a plan another tensor-parallel rank received has none: with ranks,
+    drafts are read back first)."""
+    for at, values in getattr(plan, "device_ids", ()):
+        if isinstance(at, int):
+            flat[at:at + values.shape[0]].copy_(values)
+        else:
+            flat.index_copy_(0, at.to(flat.device, non_blocking=True), values)
 
 
 @dataclass

@@ -189,10 +189,12 @@ class StepPlan:
     # one sequence whose context is one run of slots [first, end): attention reads a view
     context_range: tuple[int, int] | None = None
     # the layout's ancestor relation (exact steps with trees), for the reference attention
+    # (built on the device where a tree is still there: device_drafts.py)
     ancestors: torch.Tensor | None = None
     arrays: dict = field(default_factory=dict, repr=False)  # numpy views of `host`
-    # (offset into the flat buffer, int64 device tensor): copied over `host`'s values on the
-    # device before the step runs (a greedy chain drawn on the device: verify.py)
+    # (offset into the flat buffer, or int64 host indices into it; int64 device tensor): copied
+    # over `host`'s values on the device before the step runs (drafts still on the device:
+    # their ids, a tree's positions and node bits; verifier_service/step/device_drafts.py)
     device_ids: list = field(default_factory=list, repr=False)
 
     def draft_offsets(self, seq: int, row: int, k: int) -> tuple[int, int]:

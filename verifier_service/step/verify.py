@@ -4,17 +4,25 @@ batch, rejection-sample, hand back what each sequence emits.
 Reads top to bottom like the step it is (gpt-fast's speculative_decode, for a ragged batch):
     1. plan     where every sequence's rows sit (kernels.StepLayout), and the step's arrays in
                 one host buffer (verifier_service/step/plan.py), without touching the device;
+                drafts an in-target head left on the device (greedy and sampled chains,
+                EAGLE-2 trees) are planned from their node counts and placed over the plan on
+                the device: ids, and a tree's positions and ancestor mask
+                (verifier_service/step/device_drafts.py; a tensor-parallel step reads them
+                back first, its ranks are sent host plans);
     2. execute  one target pass: [uncached tokens..., d1..dk] per sequence, with greedy chain
                 verification on the device (verifier_service/step/executor.py: one copy in, a
                 replayed graph or the same body run eagerly);
     3. sample   sampled requests and trees: target probabilities p per verified row, then the
-                lossless rejection sampler, launched after the forward without a sync;
-    4. fetch    one copy out and the step's one wait: per sequence, accepted drafts + one
-                recovered/bonus token, the accepted path, and, for proposers that condition on
-                it, the hidden state that produced the last token; for in-target methods the
-                target's argmax after every node; for requests that ask, each emitted token's
-                log-probability from the same logits rows (kernels/logprobs.py; no extra
-                forward, one more read back).
+                lossless rejection sampler, launched after the forward without a sync (device
+                drafts' ids, parents and q read from the device; a q failing its check there
+                costs its sequence's speculation only);
+    4. fetch    one copy out and the step's one wait, for every method: per sequence,
+                accepted drafts + one recovered/bonus token, the accepted path, and, for
+                proposers that condition on it, the hidden state that produced the last token;
+                for in-target methods the target's argmax after every node (and the drafts'
+                ids and trees' parents they left on the device); for requests that ask, each
+                emitted token's log-probability from the same logits rows (kernels/logprobs.py;
+                no extra forward, one more read back).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from splitspec.device import to_device
 from splitspec.proposal import Draft
 from verifier_service.batching.scheduler import Scheduled
 from verifier_service.methods.in_target import DeviceDraft, read_back
+from verifier_service.step import device_drafts
 from verifier_service.step.executor import StepExecutor
 
 
@@ -72,16 +81,15 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
                 keep_features: Sequence[bool] = ()) -> list[SeqResult | ChunkFeatures | None]:
     """Per batch entry: its SeqResult, or for a prefill chunk (cached, emits nothing) None, or
     its ChunkFeatures when keep_features asks."""
-    # 0. greedy chains still on the device (an in-target head's): fed to the forward from
-    # there when the whole step is greedy chains, else read back first
-    held = [i for i, d in enumerate(drafts)
-            if isinstance(d, DeviceDraft) and d.device_tokens is not None]
-    if held and not (executor.broadcast is None
-                     and all(s.seq.inp.sampling.greedy for s in batch)
-                     and all(d is None or d.is_chain for d in drafts)):
+    # 0. drafts still on the device (an in-target head's: chains, trees, sampled chains with
+    # their q) go to the forward and the samplers from there; a tensor-parallel step's ranks
+    # are sent host plans, so there they are read back first
+    held = device_drafts.held(drafts)
+    if held and executor.broadcast is not None:
         read_back([drafts[i] for i in held], executor.fetch)
         held = []
-    # 1. plan (trees: each node at the position of its depth, seeing its ancestors only)
+    # 1. plan (trees: each node at the position of its depth, seeing its ancestors only; a
+    # device tree's shape placed over the plan on the device)
     ks = [len(d.tokens) if d else 0 for d in drafts]
     trees = [None if d is None or d.is_chain else d.parents for d in drafts]
     layout = StepLayout.build([s.num_new + k for s, k in zip(batch, ks)],
@@ -92,14 +100,8 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
                  + (d.tokens if d else [])]
     plan = executor.plan(layout, input_ids, [s.seq.blocks.blocks for s in batch])
     if held:
-        rows = {seq: r for r, seq in enumerate(layout.seq_index.tolist())}
-        top = executor.runner.vocab_size - 1
-        for i in held:
-            d = drafts[i]
-            # any id the target knows keeps greedy verification exact: an unknown one clamped
-            d.device_tokens = d.device_tokens.clamp(0, top)
-            for at in plan.draft_offsets(i, rows[i], ks[i]):
-                plan.device_ids.append((at, d.device_tokens))
+        device_drafts.place(plan, layout, drafts, ks, held, executor.runner.vocab_size,
+                            executor.device)
     # 2. execute
     step = executor.execute(plan)
     chunks = _chunk_features(step, plan, batch, keep_features)
@@ -125,6 +127,10 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
         tokens, num_accepted = result.output_token_ids, result.num_accepted
         if isinstance(result, TreeResult):
             nodes = result.accepted_nodes
+        bad = getattr(result, "bad_q", None)
+        if bad is not None:  # a malformed q costs its sequence's speculation only
+            tokens, num_accepted, nodes = device_drafts.unaccept(
+                bad, tokens, num_accepted, nodes, _root_tokens(ragged, layout, params))
     # 4. fetch: the last kept row's hidden state (logits row base + its node + 1), the
     # argmax rows, the tokens: one copy
     base_dev = step.views["bonus_base"][:n]
@@ -140,12 +146,16 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
         floats.append(step.hidden.index_select(0, last))
     ints = [tokens, num_accepted] + ([nodes] if nodes is not None else [])
     ints += [step.argmax] if wants_argmax else []
-    ints += [drafts[i].device_tokens for i in held]  # the drafts' ids, read back with the rest
+    # the held drafts' ids and trees' parents, read back with the rest
+    shipped = [t for i in held for t in (drafts[i].device_tokens, drafts[i].device_parents)
+               if t is not None]
+    ints += shipped
     got, got_f = executor.fetch(ints, floats)
-    for i, ids in zip(held, got[len(got) - len(held):]):
-        drafts[i].tokens[:] = ids.tolist()
-        drafts[i].device_tokens = None
-    got = got[:len(got) - len(held)]
+    back = iter(got[len(got) - len(shipped):])
+    for i in held:
+        d = drafts[i]
+        d.fill(next(back), next(back) if d.device_parents is not None else None)
+    got = got[:len(got) - len(shipped)]
     rows_h, n_acc_h = got[0], got[1].tolist()
     nodes_h = got[2] if nodes is not None else None
     argmax_h = got[-1] if wants_argmax else None
@@ -249,8 +259,11 @@ def _add_logprobs(logits: torch.Tensor, layout: StepLayout, batch: list[Schedule
 
 def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Scheduled],
                 drafts: Sequence[Draft | None]) -> RejectionResult:
-    """logits [T_out, V] of the emitting sequences -> their accepted tokens."""
+    """logits [T_out, V] of the emitting sequences -> their accepted tokens. Drafts still on the
+    device are read from there (ids, trees' parents, q: verifier_service/step/device_drafts.py);
+    the result's bad_q, when set, marks the sequences whose q failed the check."""
     params = [s.seq.inp.sampling for s in batch]
+    device = logits.device
     if not layout.chain:
         return _sample_trees(logits, layout, params, drafts)
     if all(p.greedy for p in params):
@@ -259,17 +272,30 @@ def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Schedu
         if layout.num_drafts == 0:
             tokens = logits.argmax(dim=-1)  # [S]
             return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
-        draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
-        return greedy_verify(logits, to_device(draft_ids, logits.device), layout)
+        return greedy_verify(logits, device_drafts.draft_ids(drafts, device), layout)
     probs = _target_probs(logits, layout, params)
     if layout.num_drafts == 0:
         return _sample_tokens(logits, probs, layout, params)
-    device = logits.device
-    draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
-    return rejection_sample(
-        probs, to_device(draft_ids, device), layout, draft_distribution(drafts, device),
+    bad, qs = device_drafts.q_guard(drafts, device)
+    result = rejection_sample(
+        probs, device_drafts.draft_ids(drafts, device), layout,
+        draft_distribution(drafts, device, qs),
         torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
         [p.seed for p in params])
+    result.bad_q = bad
+    return result
+
+
+def _root_tokens(logits: torch.Tensor, layout: StepLayout, params) -> torch.Tensor:
+    """Each emitting sequence's token drawn from the target at its root row alone (what it
+    emits with no draft: `_sample_tokens` over its first logits row) [S]."""
+    rows = to_device(layout.target_offsets, logits.device)
+    root = logits.index_select(0, rows)
+    one = StepLayout.for_drafts([0] * layout.batch_size, layout.sample_positions)
+    probs = SamplingTensors.from_lists([p.temperature for p in params],
+                                       [p.top_k for p in params], [p.top_p for p in params],
+                                       [p.min_p for p in params]).apply(root)
+    return _sample_tokens(root, probs, one, params).output_token_ids[:, 0]
 
 
 def _sample_tokens(logits: torch.Tensor, probs: torch.Tensor, layout: StepLayout, params
@@ -293,18 +319,21 @@ def _sample_tokens(logits: torch.Tensor, probs: torch.Tensor, layout: StepLayout
 
 def _sample_trees(logits: torch.Tensor, layout: StepLayout, params, drafts) -> TreeResult:
     """sample_step for a step with a tree among its drafts (kernels/tree_rejection.py; chains in
-    the same step are trees with parents i - 1)."""
+    the same step are trees with parents i - 1). A tree still on the device: every tree's
+    parents go to the sampler as a tensor (DeviceParents), else the layout's are read."""
     device = logits.device
-    draft_ids = torch.tensor([t for d in drafts if d for t in d.tokens], dtype=torch.long)
+    ids = device_drafts.draft_ids(drafts, device)
     greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
+    parents = (device_drafts.tree_parents(drafts, device)
+               if any(isinstance(d, DeviceDraft) and d.device_tree for d in drafts) else None)
     if bool(greedy.all()):  # argmax of the logits is the argmax of the one-hot p
-        return tree_rejection_sample(logits, to_device(draft_ids, device), None, layout, None,
-                                     greedy)
-    return tree_rejection_sample(_target_probs(logits, layout, params),
-                                 to_device(draft_ids, device),
-                                 None, layout,
-                                 draft_distribution(drafts, device), greedy,
-                                 [p.seed for p in params])
+        return tree_rejection_sample(logits, ids, parents, layout, None, greedy)
+    bad, qs = device_drafts.q_guard(drafts, device)
+    result = tree_rejection_sample(_target_probs(logits, layout, params), ids, parents, layout,
+                                   draft_distribution(drafts, device, qs), greedy,
+                                   [p.seed for p in params])
+    result.bad_q = bad
+    return result
 
 
 def _target_probs(logits: torch.Tensor, layout: StepLayout, params) -> torch.Tensor:
@@ -319,11 +348,14 @@ def _target_probs(logits: torch.Tensor, layout: StepLayout, params) -> torch.Ten
         per_row([p.top_p for p in params]), per_row([p.min_p for p in params])).apply(logits)
 
 
-def draft_distribution(drafts: Sequence[Draft | None], device: torch.device
-                       ) -> SparseProbs | None:
-    """None when every draft is one-hot; else all drafts' q rows, one-hot ones as K = 1."""
-    if not any(d is not None and d.q is not None for d in drafts):
+def draft_distribution(drafts: Sequence[Draft | None], device: torch.device,
+                       qs: Sequence[SparseProbs | None] | None = None) -> SparseProbs | None:
+    """None when every draft is one-hot; else all drafts' q rows, one-hot ones as K = 1.
+    qs: each draft's q as checked (device_drafts.q_guard; default: the drafts' own)."""
+    qs = [d.q if d is not None else None for d in drafts] if qs is None else qs
+    if not any(d is not None and q is not None for d, q in zip(drafts, qs)):
         return None
-    parts = [d.q if d.q is not None else SparseProbs.one_hot(torch.tensor(d.tokens))
-             for d in drafts if d is not None and d.tokens]
-    return SparseProbs.cat(parts).to(device)
+    parts = [(q if q is not None
+              else SparseProbs.one_hot(device_drafts.draft_ids([d], device))).to(device)
+             for d, q in zip(drafts, qs) if d is not None and d.tokens]
+    return SparseProbs.cat(parts)

@@ -368,7 +368,7 @@ class EagleGraphs:
             self._run()
         self._last_pick()
         tokens = self.tokens[:k].clone()
-        return PendingDraft([tokens], [], lambda i, f: i[0].tolist(), chain=tokens)
+        return PendingDraft([tokens], [], lambda i, f: i[0].tolist(), ids=tokens)
 
     def sampled_chain(self, seq: EagleSequence, k: int, params: SamplingParams,
                       first_position: int) -> Draft:
@@ -396,9 +396,11 @@ class EagleGraphs:
         for _ in range(k - 1):
             self._run(sampled=True)
         self._last_pick(sampled=True)
-        return PendingDraft([self.tokens[:k].clone(), self.q_ids[:k].clone()],
-                            [self.q_probs[:k].clone()],
-                            lambda i, f: sampled_draft(i[0], i[1], f[0]))
+        tokens, q_ids, q_probs = (self.tokens[:k].clone(), self.q_ids[:k].clone(),
+                                  self.q_probs[:k].clone())
+        return PendingDraft([tokens, q_ids], [q_probs],
+                            lambda i, f: sampled_draft(i[0], i[1], f[0]), ids=tokens,
+                            q_ids=q_ids, q_probs=q_probs)
 
     def tree(self, seq: EagleSequence, top_k: int, depth: int, budget: int) -> Draft:
         """EagleSequence.draft_tree over the static buffers (serves_tree() must hold): the same
@@ -417,8 +419,10 @@ class EagleGraphs:
         else:
             tokens, parents, _ = self.tree_body(top_k, depth)
         n = min(budget, num_candidates(top_k, depth))
-        return PendingDraft([tokens[:n].clone(), parents[:n].clone()], [],
-                            lambda i, f: Draft("", i[0].tolist(), parents=i[1].tolist()))
+        ids, tree = tokens[:n].clone(), parents[:n].clone()
+        return PendingDraft([ids, tree], [],
+                            lambda i, f: Draft("", i[0].tolist(), parents=i[1].tolist()),
+                            ids=ids, parents=tree, max_depth=depth, max_children=top_k)
 
     def _start_chain(self, seq: EagleSequence) -> None:
         """The sequence's columns and root into the buffers; the chain's first column and

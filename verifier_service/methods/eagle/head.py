@@ -34,7 +34,8 @@ grown by doubling. The default, dense, keeps autograd for training.
 Host syncs: none inside the per-token loops of `chain`, `tree` and `sampled_chain` (argmax,
 top-k, draws and gathers stay on the device). A chain or tree becomes host lists once, when it is
 turned into a Draft; a sampled chain reads its tokens and their q rows back in one copy at the
-end.
+end. The verifier's EAGLE method takes the device tensors instead (`chain_many`, `tree`,
+`sampled_chain_rows`) and hands them to the step unread (methods/in_target.py DeviceDraft).
 """
 
 from __future__ import annotations
@@ -445,14 +446,16 @@ def chain_many(seqs: list[EagleSequence], ks: list[int]) -> torch.Tensor:
 
 
 @torch.no_grad()
-def sampled_chain_many(seqs: list[EagleSequence], ks: list[int], params: list[SamplingParams],
-                       first_positions: list[int], top_k: int = 16) -> list[Draft]:
+def sampled_chain_rows(seqs: list[EagleSequence], ks: list[int], params: list[SamplingParams],
+                       first_positions: list[int], top_k: int = 16
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`EagleSequence.sampled_chain` for several sequences of one head: each level is one pass
     of the layer over the sequences still drafting, the sampling parameters applied row by row
     (each sequence its own), each row's token drawn from its own truncated q with its own noise
     (keyed by (seed, first_positions[i] + level) for a seeded request, so that a seeded chain
-    does not depend on the batch it was drafted in). The tokens and their q rows come back in
-    one copy for the whole batch."""
+    does not depend on the batch it was drafted in). Returns, on the device, the tokens
+    [n, max(ks)], and each token's truncated q: target ids and probabilities [n, max(ks), K]
+    (row i's first ks[i] are its chain)."""
     for s in seqs:
         s._need_root()
     head = seqs[0].head
@@ -487,9 +490,16 @@ def sampled_chain_many(seqs: list[EagleSequence], ks: list[int], params: list[Sa
             break
         hidden = _step_many(ranked[:more], tok[:more], hidden[:more], level + 1)
         logits = head.logits(hidden)
-    (tokens, ids), (vals,) = head.fetch([unrank(torch.stack(toks, 1), order),
-                                         unrank(torch.stack(id_cols, 1), order)],
-                                        [unrank(torch.stack(val_cols, 1), order)])
+    return (unrank(torch.stack(toks, 1), order), unrank(torch.stack(id_cols, 1), order),
+            unrank(torch.stack(val_cols, 1), order))
+
+
+def sampled_chain_many(seqs: list[EagleSequence], ks: list[int], params: list[SamplingParams],
+                       first_positions: list[int], top_k: int = 16) -> list[Draft]:
+    """`sampled_chain_rows` as Drafts: the tokens and their q rows come back in one copy for
+    the whole batch."""
+    rows = sampled_chain_rows(seqs, ks, params, first_positions, top_k)
+    (tokens, ids), (vals,) = seqs[0].head.fetch(list(rows[:2]), [rows[2]])
     return [sampled_draft(tokens[i, :k], ids[i, :k], vals[i, :k]) for i, k in enumerate(ks)]
 
 

@@ -36,7 +36,11 @@ sampled chains, and one for the advance over every sequence
 (verifier_service/methods/eagle/batch_graphs.py).
 
 The head's own layer runs on the target's device (verifier_service/methods/eagle/head.py: its
-drafting loops read nothing back until the draft is handed over, once). Where the device captures
+drafting loops read nothing back). Every draft, greedy or sampled chain (with its q) or tree
+(with its parents and bounds: its levels and children per node), is handed to the step still
+on the device (`device_chain`, `device_sampled_chain`, `device_tree`: a PendingDraft naming its
+parts), which feeds it to its forward and samplers from there and reads it back with its
+results (verifier_service/step/device_drafts.py): one wait per step. Where the device captures
 graphs, a lone sequence's chain (greedy or sampled) replays one captured iteration per drafted
 token, a tree of 2, 3 or 4 children per node one captured graph per depth, and a lone advance over a
 step's kept rows one captured width (verifier_service/methods/eagle/graphs.py); other trees and wide
@@ -46,6 +50,7 @@ batched passes (`chain_batches_total`, `advance_batches_total`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Sequence as Seq
 
@@ -63,7 +68,7 @@ from verifier_service.methods.eagle.head import (
     EagleSequence,
     advance_many,
     chain_many,
-    sampled_chain_many,
+    sampled_chain_rows,
     sampled_draft,
 )
 from verifier_service.methods.eagle.row_cache import HeadRowCache
@@ -82,6 +87,28 @@ TREE_BRANCHES = (2, 3, 4)  # children per node of the trees captured as graphs (
 MAX_CHAIN_BATCH = 16
 MAX_TREE_DEPTH = 6  # levels an EAGLE-2 tree grows at most (its nodes: the plan's k)
 DRAFT_TOP_K = 16  # a sampled chain's q keeps the head's this many likeliest tokens
+
+
+def device_chain(ids: torch.Tensor) -> PendingDraft:
+    """A greedy chain [k] left on the device: fed to the step from there."""
+    return PendingDraft([ids], [], lambda got, _: got[0].tolist(), ids=ids)
+
+
+def device_tree(ids: torch.Tensor, parents: torch.Tensor, depth: int, top_k: int
+                ) -> PendingDraft:
+    """An EAGLE-2 tree left on the device (head.py `tree`), with its bounds: `depth` levels,
+    at most top_k children per node."""
+    return PendingDraft([ids, parents], [],
+                        lambda got, _: Draft("", got[0].tolist(), parents=got[1].tolist()),
+                        ids=ids, parents=parents, max_depth=depth, max_children=top_k)
+
+
+def device_sampled_chain(ids: torch.Tensor, q_ids: torch.Tensor, q_probs: torch.Tensor
+                         ) -> PendingDraft:
+    """A sampled chain [k] and its truncated q [k, K] left on the device."""
+    return PendingDraft([ids, q_ids], [q_probs],
+                        lambda got, f: sampled_draft(got[0], got[1], f[0]), ids=ids,
+                        q_ids=q_ids, q_probs=q_probs)
 
 
 class EagleMethod(InTargetMethod):
@@ -241,13 +268,13 @@ class EagleMethod(InTargetMethod):
             ks = self._counted(items, replayed, replayed=True)
             rows = self.graphs.batch.chains([items[i][0].seq for i in replayed], ks)
             for i, row in zip(replayed, rows):  # fed to the step from the device
-                out[i] = PendingDraft([row], [], lambda got, _: got[0].tolist(), chain=row)
+                out[i] = device_chain(row)
         if together:
             seqs = [items[i][0].seq for i in together]
             ks = self._counted(items, together, replayed=False)
-            rows = chain_many(seqs, ks).tolist()  # the step's one read of its eager chains
-            for i, row, k in zip(together, rows, ks):
-                out[i] = row[:k]
+            rows = chain_many(seqs, ks)  # left on the device, fed to the step from there
+            for r, (i, k) in enumerate(zip(together, ks)):
+                out[i] = device_chain(rows[r, :k])
         if replayed_sampled:
             states = [items[i][0] for i in replayed_sampled]
             ks = self._counted(items, replayed_sampled, replayed=True)
@@ -255,17 +282,17 @@ class EagleMethod(InTargetMethod):
                 [st.seq for st in states], ks, [st.sampling for st in states],
                 [len(items[i][1]) for i in replayed_sampled])
             for i, st, (tokens, ids, probs) in zip(replayed_sampled, states, rows):
-                out[i] = st._named(PendingDraft(
-                    [tokens, ids], [probs], lambda got, f: sampled_draft(got[0], got[1], f[0])))
+                out[i] = st._named(device_sampled_chain(tokens, ids, probs))
         if sampled:
             states = [items[i][0] for i in sampled]
             ks = self._counted(items, sampled, replayed=False)
-            drafts = sampled_chain_many([st.seq for st in states], ks,
-                                        [st.sampling for st in states],
-                                        [len(items[i][1]) for i in sampled], DRAFT_TOP_K)
-            for i, st, draft in zip(sampled, states, drafts):
-                draft.seq_id = st.request_id
-                out[i] = draft
+            tokens, ids, probs = sampled_chain_rows([st.seq for st in states], ks,
+                                                    [st.sampling for st in states],
+                                                    [len(items[i][1]) for i in sampled],
+                                                    DRAFT_TOP_K)
+            for r, (i, st, k) in enumerate(zip(sampled, states, ks)):
+                out[i] = st._named(device_sampled_chain(tokens[r, :k], ids[r, :k],
+                                                        probs[r, :k]))
         return out
 
     def _counted(self, items, group: list[int], replayed: bool) -> list[int]:
@@ -425,22 +452,24 @@ class EagleState(InTargetState):
             replayed = (graphs is not None and graphs.captured_tree(self.branches, depth)
                         and graphs.serves_tree(self.seq, self.branches, depth))
             self.method.counters["graph_trees_total" if replayed else "eager_trees_total"] += 1
-            if replayed:  # read back with the step's other sequences' drafts
+            if replayed:  # fed to the step from the device
                 return self._named(graphs.pending_tree(self.seq, self.branches, depth, k))
-            draft = self.seq.draft_tree(self.branches, depth, k)
+            tokens, parents, _ = self.seq.tree(self.branches, depth, k)
+            return self._named(device_tree(tokens, parents, depth, self.branches))
         else:
             greedy, graphs = self.sampling.greedy, self.method.graphs
             replayed = (graphs is not None and graphs.serves(self.seq, k)
                         and (graphs.captured if greedy else graphs.captured_sampled))
             self.method.counters["graph_chains_total" if replayed else "eager_chains_total"] += 1
             if greedy:
-                return graphs.pending_chain(self.seq, k) if replayed else self.seq.chain(k).tolist()
+                return (graphs.pending_chain(self.seq, k) if replayed
+                        else device_chain(self.seq.chain(k)))
             if replayed:
                 return self._named(graphs.pending_sampled_chain(self.seq, k, self.sampling,
                                                                 len(tokens)))
-            draft = self.seq.sampled_chain(k, self.sampling, len(tokens), DRAFT_TOP_K)
-        draft.seq_id = self.request_id
-        return draft
+            rows = sampled_chain_rows([self.seq], [k], [self.sampling], [len(tokens)],
+                                      DRAFT_TOP_K)
+            return self._named(device_sampled_chain(*(t[0, :k] for t in rows)))
 
     def _named(self, pending: PendingDraft) -> PendingDraft:
         """The pending Draft, finished under this sequence's id."""
@@ -449,7 +478,7 @@ class EagleState(InTargetState):
             draft.seq_id = self.request_id
             return draft
 
-        return PendingDraft(pending.ints, pending.floats, finish)
+        return dataclasses.replace(pending, finish=finish)
 
     def free(self) -> None:
         self.method.deferred.pop(self, None)
