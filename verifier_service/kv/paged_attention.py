@@ -91,7 +91,7 @@ class PagedBatch:
                    views["positions"], plan.max_context, uniform=plan.bucket is not None,
                    kernel=kernel,
                    ancestors=ancestors, context_range=plan.context_range,
-                   **_runs(plan, block_size, k_cache.device))
+                   **_runs(plan, block_size, views["start"].device))
 
     def _shared(self, name: str, make):
         if name not in self._cache:
