@@ -169,7 +169,8 @@ class StackClient:
         end = time.perf_counter()
         s = usage.speculation
         return Turn(end - start, (first or end) - start, tuple(tokens), int(s.steps),
-                    tuple(s.step_draft_tokens), tuple(s.step_accepted_tokens), s.method)
+                    tuple(s.step_draft_tokens), tuple(s.step_accepted_tokens), s.method,
+                    s.policy_reason)
 
     def close(self) -> None:
         self.channel.close()

@@ -136,9 +136,7 @@ def write_report(out: Path, result: dict, args, echo: bool = True) -> None:
     lines += cost_section(result.get("cost", {}))
     auto = {label: a for label, a in answers.items() if label.startswith("auto")}
     for label, mine in auto.items():
-        chose = Counter(t.method or "off" for a in mine for t in a.turns)
-        lines += [f"What `{label}` ran, per answer: "
-                  + ", ".join(f"{m} x{n}" for m, n in chose.most_common()) + ".", ""]
+        lines += [auto_line(label, mine), ""]
     lines += mismatch_section(answers)
     if result["seeded"]:
         lines += seeded_section(result["seeded"], args)
@@ -162,6 +160,18 @@ def write_report(out: Path, result: dict, args, echo: bool = True) -> None:
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(lines) + "\n")
+
+
+def auto_line(label: str, answers: list[Answer]) -> str:
+    """What an auto configuration ran, per answer, and why: its policy's reasons counted
+    (usage.speculation.policy_reason; absent from results taken before it was recorded)."""
+    turns = [t for a in answers for t in a.turns]
+    chose = Counter(t.method or "off" for t in turns)
+    why = Counter(t.policy_reason for t in turns if t.policy_reason)
+    return (f"What `{label}` ran, per answer: "
+            + ", ".join(f"{m} x{n}" for m, n in chose.most_common())
+            + ("; the policy's reasons (policy_reason): "
+               + ", ".join(f"{r} x{n}" for r, n in why.most_common()) if why else "") + ".")
 
 
 def sessions_section(sessions: list[dict]) -> list[str]:

@@ -217,7 +217,8 @@ def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path, monkeypatch
                     "speculation off", "repeated questions", "Seeded sampling",
                     "Where a step's time goes",
                     "Vicuna-7B", "every splitspec configuration is identical",
-                    "until EOS or 3 new tokens (--seeded-max-new-tokens"):
+                    "until EOS or 3 new tokens (--seeded-max-new-tokens",
+                    "What `auto` ran, per answer: ", "; the policy's reasons (policy_reason): "):
         assert heading in report, heading
     assert "PARTIAL" not in report and result["ran"] == ["hf", *(c.key for c in
                                                                  result["configs"])]
@@ -265,3 +266,18 @@ def test_every_configuration_is_a_valid_request_with_a_table_safe_label():
         if method is not None:
             assert is_method(method) and set(components_of(method)) <= set(c.methods), c.key
     assert {"pld", "gated", "retrieval-gated"} <= set(DEFAULT)
+
+
+def test_what_auto_ran_is_counted_with_its_policy_reasons():
+    from specbench_report import auto_line
+
+    def turn(method, reason):
+        return Turn(1.0, 0.1, (1, 2), 2, method=method, policy_reason=reason)
+
+    answers = [Answer(1, "mt_bench", [turn("suffix", "goodput"), turn("", "low_acceptance")]),
+               Answer(2, "qa", [turn("suffix", "goodput")])]
+    assert auto_line("auto", answers) == (
+        "What `auto` ran, per answer: suffix x2, off x1; the policy's reasons (policy_reason): "
+        "goodput x2, low_acceptance x1.")
+    old = [Answer(1, "qa", [Turn(1.0, 0.1, (1,), 1, method="ngram")])]  # no reason recorded
+    assert auto_line("auto", old) == "What `auto` ran, per answer: ngram x1."

@@ -122,6 +122,16 @@ def test_resume_control_catches_a_run_that_repeats_finished_units(tmp_path, monk
         check_resume_skips_the_finished_unit(tmp_path)
 
 
+def test_answers_recorded_before_policy_reasons_still_load():
+    from specbench_results import answers_from_json, answers_to_json
+
+    item = answers_to_json(answers(10.0))
+    for a in item:
+        for t in a["turns"]:
+            del t["policy_reason"]
+    assert answers_from_json(item) == answers(10.0)
+
+
 def test_a_fresh_run_replaces_the_file_and_a_resumed_one_keeps_it(tmp_path):
     import specbench
 
