@@ -105,8 +105,11 @@ bench-prefix: $(STAMP) real-model
 # up to 256 new tokens; Hugging Face generate (its baseline), then off and each speculation
 # configuration in a stack of its own, and one repeated-question row; Spec-Bench's speed-up per
 # group against both baselines, #MAT, every answer checked against off's, the published Vicuna-7B
-# rows beside them (bench/reports/specbench.md). BENCH_ARGS, e.g. "--all", "--max-new-tokens
-# 1024", "--seeded", "--configs off suffix eagle", "--config 'KEY={...}@METHODS'", "--smoke".
+# rows beside them (bench/reports/specbench.md; each finished configuration is written to
+# specbench.results.json beside it at once, and the report re-rendered). BENCH_ARGS, e.g. "--all",
+# "--max-new-tokens 1024", "--seeded", "--seeded-max-new-tokens 64", "--configs off suffix
+# eagle", "--config 'KEY={...}@METHODS'", "--smoke", "--resume" (a stopped run: only what the
+# results file lacks).
 bench-specbench: $(STAMP) real-model
 	$(PY) bench/specbench.py $(BENCH_ARGS)
 

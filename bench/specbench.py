@@ -3,7 +3,8 @@ on the real chat model, with Spec-Bench's arithmetic.
 
     python bench/specbench.py [--model DIR] [--per-group 5 | --all] [--max-new-tokens 256]
         [--configs off ngram suffix ...] [--config 'KEY={"mode": "on", ...}@METHOD,...']
-        [--repeat suffix] [--seeded [GROUP ...]] [--out bench/reports/specbench.md]
+        [--repeat suffix] [--seeded [GROUP ...]] [--seeded-max-new-tokens N]
+        [--out bench/reports/specbench.md] [--results PATH] [--resume]
 
 Questions: bench/data/spec_bench/question.jsonl (a held-out quarter of Spec-Bench's 480), N per
 group (--per-group, default 5; --all: every one), each through the model's chat template; an
@@ -25,16 +26,22 @@ Reported (bench/specbench_report.py, arithmetic in bench/specbench_speed.py): Sp
 speed-up per group and overall against both baselines (HF plain; splitspec off), #MAT, the
 first-position acceptance, tokens/s, whether every greedy answer equals off's (a mismatch is
 listed), and Spec-Bench's published Vicuna-7B rows beside them. --seeded adds a check that
-seeded T 0.8 answers are identical on and off for two groups (untimed).
+seeded T 0.8 answers are identical on and off for two groups (untimed; each answer up to
+--seeded-max-new-tokens, by default --max-new-tokens).
+
+A long run keeps what it finished (bench/specbench_results.py): each unit (Hugging Face's
+baseline, each configuration) is written to the results file (--results; by default the
+report's path with .results.json) when it finishes, and the report is rendered again from that
+file, marked partial until the last unit. --resume runs only the units the file lacks, when its
+settings (questions, answer lengths, the seeded check, model, threads) are this run's; it
+refuses otherwise, saying what differs. Each unit records the commit it ran at.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +59,17 @@ from specbench_configs import (  # noqa: E402
     select,
 )
 from specbench_data import GROUPS, QUESTIONS, ChatPrompts, Question, load, pick  # noqa: E402
+from specbench_report import HF, write_report  # noqa: E402
+from specbench_results import (  # noqa: E402
+    HF_DEFINITION,
+    HF_KEY,
+    Results,
+    ResumeRefused,
+    Unit,
+    definition_of,
+    gather,
+    settings_of,
+)
 from specbench_speed import Answer, Turn  # noqa: E402
 
 from splitspec.launcher import Stack, StackConfig, sibling_proposer_models  # noqa: E402
@@ -151,7 +169,8 @@ class StackClient:
         end = time.perf_counter()
         s = usage.speculation
         return Turn(end - start, (first or end) - start, tuple(tokens), int(s.steps),
-                    tuple(s.step_draft_tokens), tuple(s.step_accepted_tokens), s.method)
+                    tuple(s.step_draft_tokens), tuple(s.step_accepted_tokens), s.method,
+                    s.policy_reason)
 
     def close(self) -> None:
         self.channel.close()
@@ -176,39 +195,88 @@ def missing_models(cfg: Config, models: dict[str, str]) -> list[str]:
 
 # -- the run ---------------------------------------------------------------------------------
 
+def repeat_label(cfg: Config) -> str:
+    return f"{cfg.label}, repeated questions (2nd pass, same stack)"
+
+
+class Timer:
+    """A unit's passes, each timed and printed as it ends."""
+
+    def __init__(self):
+        self.timing: dict[str, float] = {}
+        self.started = time.perf_counter()
+
+    def __call__(self, label: str, fn):
+        t0 = time.perf_counter()
+        result = fn()
+        self.timing[label] = time.perf_counter() - t0
+        print(f"[specbench] {label}: {self.timing[label]:.0f} s", flush=True)
+        return result
+
+    @property
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def run_hf(args, questions: list[Question], prompts: ChatPrompts) -> Unit:
+    """Hugging Face's baseline: loaded, warmed, its timed pass."""
+    timed = Timer()
+    hf = timed("HF plain: loaded", lambda: HfPlain(args.model))
+    hf.generate(prompts.ids([WARMUP], []), 16)  # first calls pay one-off costs
+    answers = timed("HF plain", lambda: [
+        answer(q, prompts, lambda ids: hf.generate(ids, args.max_new_tokens))
+        for q in questions])
+    return Unit(HF, HF_DEFINITION, {HF: answers}, timed.wall_s, timed.timing)
+
+
 def run_config(args, cfg: Config, client: StackClient, questions: list[Question],
-               prompts: ChatPrompts, seeded: list[Question], out: dict, timed,
-               stack: Stack | None = None) -> None:
+               prompts: ChatPrompts, seeded: list[Question], timed: Timer,
+               stack: Stack | None = None) -> Unit:
     """One configuration on its stack: warm-up, the timed pass (its step's cost split read
     from the stack's counters around it), the repeated pass when it is --repeat's, the seeded
-    answers when asked."""
+    answers when asked (each answer up to --seeded-max-new-tokens)."""
     def gen(ids, seed=None):
-        return client.generate(ids, cfg.speculation, args.max_new_tokens, seed)
+        n = args.max_new_tokens if seed is None else args.seeded_max_new_tokens
+        return client.generate(ids, cfg.speculation, n, seed)
 
+    unit = Unit(cfg.label, definition_of(cfg), {}, 0.0, timed.timing)
     for _ in range(1 if args.shared_stack else 2):  # a shared stack is warm already
         client.generate(prompts.ids([WARMUP], []), cfg.speculation, 16)
     before = cost.read(stack) if stack is not None else None
-    out["answers"][cfg.label] = mine = timed(
+    unit.rows[cfg.label] = mine = timed(
         cfg.label, lambda: [answer(q, prompts, gen) for q in questions])
     if before is not None:
-        out["cost"][cfg.label] = cost.split(
+        unit.cost = cost.split(
             before, cost.read(stack), sum(a.seconds for a in mine), sum(a.tokens for a in mine),
             tuple(METHODS))
     if args.repeat == cfg.key:
-        label = f"{cfg.label}, repeated questions (2nd pass, same stack)"
-        out["repeat_label"] = label
-        out["answers"][label] = timed(label, lambda: [answer(q, prompts, gen) for q in questions])
+        unit.repeat_label = label = repeat_label(cfg)
+        unit.rows[label] = timed(label, lambda: [answer(q, prompts, gen) for q in questions])
     if seeded:
-        out["seeded"][cfg.label] = timed(f"{cfg.label}: seeded answers (a check)", lambda: {
+        unit.seeded = timed(f"{cfg.label}: seeded answers (a check)", lambda: {
             q.question_id: [t.ids for t in answer(
                 q, prompts, lambda ids, q=q: gen(ids, seed=args.seed + q.question_id)).turns]
             for q in seeded})
+    return unit
 
 
-def run(args) -> dict:
-    """Every system's answers: {"answers": {row label: [Answer]}, "skipped": {label: why},
-    "seeded": {label: {qid: [ids per turn]}}, "configs": [Config], "repeat_label": str | None,
-    "timing": {label: seconds}, "cost": {label: specbench_cost.StepSplit}}."""
+def plan(results: Results, args, runnable: list[Config]) -> tuple[bool, list[Config]]:
+    """What this run must measure: Hugging Face's baseline unless --no-hf or the results file
+    holds it, and each configuration the file lacks (or holds without the repeated pass this
+    run asks of it). Every unit the file holds is checked here, before anything starts: one
+    recorded under another definition is refused (ResumeRefused)."""
+    hf_todo = args.hf and not results.holds(HF_KEY, HF_DEFINITION)
+    todo = [c for c in runnable if not results.holds(
+        c.key, definition_of(c), repeat_label(c) if args.repeat == c.key else None)]
+    return hf_todo, todo
+
+
+def run(args, facts: dict[str, str]) -> dict:
+    """Every system's answers, each unit (Hugging Face's baseline, each configuration) written
+    to the results file (--results) as it finishes and the report rendered again from it (marked
+    partial until the last); with --resume, the units the file holds are not run again.
+    Returns the report's inputs (bench/specbench_results.py's gather) and "skipped": {label:
+    why}, "configs": [Config], "questions", "ran": [unit keys run by this call]."""
     import torch
     from transformers import AutoTokenizer
 
@@ -222,52 +290,63 @@ def run(args) -> dict:
     configs = select([*args.configs, *(e.key for e in extra)], extra)
     models = sibling_proposer_models(args.model)
     seeded = [q for q in questions if q.group in args.seeded] if args.seeded else []
-    out = {"answers": {}, "skipped": {}, "seeded": {}, "configs": configs, "timing": {},
-           "cost": {},
-           "repeat_label": None, "questions": questions}
-
-    def timed(label: str, fn):
-        t0 = time.perf_counter()
-        result = fn()
-        out["timing"][label] = time.perf_counter() - t0
-        print(f"[specbench] {label}: {out['timing'][label]:.0f} s", flush=True)
-        return result
-
-    if args.hf:
-        hf = timed("HF plain: loaded", lambda: HfPlain(args.model))
-        hf.generate(prompts.ids([WARMUP], []), 16)  # first calls pay one-off costs
-        out["answers"]["HF plain"] = timed("HF plain", lambda: [
-            answer(q, prompts, lambda ids: hf.generate(ids, args.max_new_tokens))
-            for q in questions])
-        del hf
-    runnable = []
+    skipped, runnable = {}, []
     for cfg in configs:
         if (missing := missing_models(cfg, models)):
-            out["skipped"][cfg.label] = f"no model beside the target for {', '.join(missing)}"
+            skipped[cfg.label] = f"no model beside the target for {', '.join(missing)}"
         else:
             runnable.append(cfg)
+    results = Results.open(args.results, settings_of(args, questions), facts, args.resume)
+    hf_todo, todo = plan(results, args, runnable)
+    keys = [HF_KEY] * args.hf + [c.key for c in runnable]
+    to_run = [HF_KEY] * hf_todo + [c.key for c in todo]
+    if args.resume:
+        print(f"[specbench] resuming {results.path}: done: "
+              + (", ".join(k for k in keys if k not in to_run) or "nothing") + "; to run: "
+              + (", ".join(to_run) or "nothing"), flush=True)
+    elif results.path.exists():
+        print(f"[specbench] {results.path} is replaced when this run's first unit finishes "
+              "(--resume would continue it)", flush=True)
+    ran: list[str] = []
+
+    def report(final: bool = False) -> dict:
+        out = gather(results, keys, args.repeat)
+        out.update(skipped=skipped, configs=configs, questions=questions, ran=ran)
+        write_report(Path(args.out), out, args, echo=final)
+        return out
+
+    def record(key: str, unit: Unit) -> None:
+        results.record(key, unit)
+        ran.append(key)
+        report()
+
+    if hf_todo:
+        record(HF_KEY, run_hf(args, questions, prompts))
     shared = None
-    if args.shared_stack:  # one stack serving every configuration's methods, in turn
+    if args.shared_stack and todo:  # one stack serving every configuration's methods, in turn
         union = Config("shared", "shared", {}, tuple(dict.fromkeys(
-            m for c in runnable for m in c.methods)))
+            m for c in todo for m in c.methods)))
         shared = Stack(stack_config(args, union, models))
-        timed("a stack for every configuration, up", shared.start)
+        Timer()("a stack for every configuration, up", shared.start)  # printed, not reported
     try:
-        for cfg in runnable:
+        for cfg in todo:
+            timed = Timer()
             stack = shared or Stack(stack_config(args, cfg, models))
             if shared is None:
                 timed(f"{cfg.label}: its stack, up", stack.start)
             client = StackClient(stack)
             try:
-                run_config(args, cfg, client, questions, prompts, seeded, out, timed, stack)
+                unit = run_config(args, cfg, client, questions, prompts, seeded, timed, stack)
             finally:
                 client.close()
                 if shared is None:
                     stack.stop()
+            unit.wall_s = timed.wall_s
+            record(cfg.key, unit)
     finally:
         if shared is not None:
             shared.stop()
-    return out
+    return report(final=True)
 
 
 def parser():
@@ -307,34 +386,40 @@ def parser():
                          "cross-request method then drafts the answers of those before it)")
     ap.add_argument("--smoke", action="store_true",
                     help="1 question per group, 16 tokens: proves the harness end to end")
-    ap.add_argument("--json", default=str(ROOT / "bench/out/specbench.json"),
-                    help="every answer's measurements, for a closer look")
+    ap.add_argument("--seeded-max-new-tokens", type=int, default=None,
+                    help="the seeded check's answer length (default: --max-new-tokens)")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/specbench.md"))
+    ap.add_argument("--results", "--json", default=None,
+                    help="the results file: every finished unit's measurements, written as "
+                         "each finishes (default: the report's path, .results.json)")
+    ap.add_argument("--resume", action="store_true",
+                    help="run only what the results file lacks (its settings must be this "
+                         "run's), then report everything")
     return ap
 
 
-def main(argv: list[str] | None = None) -> dict:
-    from specbench_report import write_report
-
+def parse_args(argv: list[str] | None = None):
+    """The command line, with its defaults that depend on other flags resolved."""
     args = parser().parse_args(argv)
     if args.seeded == []:
         args.seeded = list(SEEDED_DEFAULT)
     if args.smoke:
         args.per_group, args.max_new_tokens, args.all = 1, 16, False
+    if args.seeded_max_new_tokens is None:
+        args.seeded_max_new_tokens = args.max_new_tokens
+    if args.results is None:
+        args.results = str(Path(args.out).with_suffix(".results.json"))
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
     from compare_bench import machine_facts
 
-    facts = machine_facts(args.threads, args.proposer_threads)
-    started = time.perf_counter()
-    result = run(args)
-    result["wall_s"] = time.perf_counter() - started
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(
-        {"answers": {k: [asdict(a) for a in v] for k, v in result["answers"].items()},
-         "seeded": {k: {str(q): v for q, v in s.items()} for k, s in result["seeded"].items()},
-         "skipped": result["skipped"], "timing": result["timing"],
-         "cost": {k: asdict(v) for k, v in result["cost"].items()}}, indent=1))
-    write_report(Path(args.out), result, facts, args)
-    return result
+    args = parse_args(argv)
+    try:
+        return run(args, machine_facts(args.threads, args.proposer_threads))
+    except ResumeRefused as exc:
+        raise SystemExit(f"[specbench] {exc}") from None
 
 
 if __name__ == "__main__":

@@ -63,15 +63,24 @@ def speedup_rows(answers: dict[str, list[Answer]], base: list[Answer],
     return rows
 
 
-def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
+def write_report(out: Path, result: dict, args, echo: bool = True) -> None:
+    """The report of what the results file holds (bench/specbench_results.py's gather):
+    marked partial while units are pending; printed too when `echo`."""
     answers: dict[str, list[Answer]] = result["answers"]
     questions = result["questions"]
     groups = [g for g in GROUPS if any(q.group == g for q in questions)]
     heads = [GROUPS[g] for g in groups]
     per_group = Counter(q.group for q in questions)
     smoke = args.smoke or args.max_new_tokens < 64
-    lines = [f"# Spec-Bench on `{Path(args.model).name}`" + (" (SMOKE RUN)" if smoke else ""),
-             ""]
+    sessions = result.get("sessions") or []
+    facts = sessions[0]["facts"] if sessions else {}
+    lines = [f"# Spec-Bench on `{Path(args.model).name}`" + (" (SMOKE RUN)" if smoke else "")
+             + (" (PARTIAL)" if result["pending"] else ""), ""]
+    if result["pending"]:
+        lines += [f"**Partial: {len(result['pending'])} of the run's units not (yet) measured: "
+                  + ", ".join(result["pending"]) + "**. The run is still going, or it stopped: "
+                  "the same command with `--resume` runs only these (the results file, "
+                  f"`{Path(args.results).name}`, holds the rest).", ""]
     if smoke:
         lines += ["**A smoke run: it proves the harness end to end; its numbers say nothing "
                   f"about speed** ({args.max_new_tokens} tokens per answer).", ""]
@@ -87,7 +96,7 @@ def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
         + ". Produced by "
         "`python bench/specbench.py` (`make bench-specbench`).", ""]
     lines += markdown_table({"machine": "l", "": "l"}, [[k, v] for k, v in facts.items()])
-    lines += [""]
+    lines += [""] + sessions_section(sessions)
     speed_note = (
         "Speed-up as Spec-Bench's evaluation/speed.py computes it: per question, tokens/s = its "
         "new tokens (all turns) over its wall time (all turns, each from the request to its "
@@ -127,9 +136,7 @@ def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
     lines += cost_section(result.get("cost", {}))
     auto = {label: a for label, a in answers.items() if label.startswith("auto")}
     for label, mine in auto.items():
-        chose = Counter(t.method or "off" for a in mine for t in a.turns)
-        lines += [f"What `{label}` ran, per answer: "
-                  + ", ".join(f"{m} x{n}" for m, n in chose.most_common()) + ".", ""]
+        lines += [auto_line(label, mine), ""]
     lines += mismatch_section(answers)
     if result["seeded"]:
         lines += seeded_section(result["seeded"], args)
@@ -140,14 +147,50 @@ def write_report(out: Path, result: dict, facts: dict[str, str], args) -> None:
     lines += ["## Wall time of each pass", ""]
     lines += markdown_table({"system": "l", "seconds": "r"},
                             [[k, f"{v:.0f}"] for k, v in result["timing"].items()]
-                            + [["whole run (stacks starting included)",
+                            + [["whole run: every row's unit, summed (its stack's start and "
+                                "stop included)",
                                 f"{result.get('wall_s', 0):.0f}"]]) + [""]
     lines += notes(args)
     if args.shared_stack:
         lines[2:2] = ["**One stack served every configuration in turn (--shared-stack)**: a "
                       "check of the harness, not a measurement (a cross-request method drafts "
                       "the answers of the configurations before it).", ""]
-    write_markdown(out, lines)
+    if echo:
+        write_markdown(out, lines)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(lines) + "\n")
+
+
+def auto_line(label: str, answers: list[Answer]) -> str:
+    """What an auto configuration ran, per answer, and why: its policy's reasons counted
+    (usage.speculation.policy_reason; absent from results taken before it was recorded)."""
+    turns = [t for a in answers for t in a.turns]
+    chose = Counter(t.method or "off" for t in turns)
+    why = Counter(t.policy_reason for t in turns if t.policy_reason)
+    return (f"What `{label}` ran, per answer: "
+            + ", ".join(f"{m} x{n}" for m, n in chose.most_common())
+            + ("; the policy's reasons (policy_reason): "
+               + ", ".join(f"{r} x{n}" for r, n in why.most_common()) if why else "") + ".")
+
+
+def sessions_section(sessions: list[dict]) -> list[str]:
+    """Where the rows came from when more than one run measured them (--resume): each run's
+    start, commit, load and rows; the machine table above is the first run's."""
+    if len(sessions) < 2:
+        return []
+    commits = {s["commit"] for s in sessions}
+    lines = ["## Measured over several runs (--resume)", "",
+             f"These rows come from {len(sessions)} runs of the harness, continued with "
+             "`--resume` (the same questions, answer lengths and threads; the machine table "
+             "above is the first run's)"
+             + (f"; **at {len(commits)} different commits**" if len(commits) > 1 else
+                f", all at commit {next(iter(commits))}") + ".", ""]
+    rows = [[s["started"], s["commit"],
+             s["facts"].get("load average (1/5/15 min) at start", "n/a"), ", ".join(s["rows"])]
+            for s in sessions]
+    return lines + markdown_table({"run started (UTC)": "l", "commit": "l",
+                                   "load average at start": "l", "rows": "l"}, rows) + [""]
 
 
 def cost_rows(costs: dict[str, StepSplit]) -> list[list[object]]:
@@ -220,8 +263,10 @@ def seeded_section(seeded: dict[str, dict[int, list]], args) -> list[str]:
                      "yes" if same == len(answers) else "**NO**"])
     return (["## Seeded sampling: identical on and off", "",
              f"Temperature 0.8, seed {args.seed} + question id, the questions of "
-             f"{', '.join(GROUPS[g] for g in args.seeded)} (untimed, after each configuration's "
-             "greedy pass): every turn's token ids against speculation off's.", ""]
+             f"{', '.join(GROUPS[g] for g in args.seeded)}, each answer until EOS or "
+             f"{args.seeded_max_new_tokens} new tokens (--seeded-max-new-tokens; untimed, after "
+             "each configuration's greedy pass): every turn's token ids against speculation "
+             "off's.", ""]
             + markdown_table({"configuration": "l", "questions identical": "r", "all": "l"},
                              rows) + [""])
 

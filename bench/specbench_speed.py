@@ -32,6 +32,7 @@ class Turn:
     step_drafts: tuple[int, ...] = ()
     step_accepted: tuple[int, ...] = ()
     method: str = ""  # what the step ran (auto's choice); "" for speculation off
+    policy_reason: str = ""  # why the gateway's policy chose it (usage.speculation.policy_reason)
 
 
 @dataclass

@@ -363,6 +363,22 @@ def specbench_prefill_dropped(monkeypatch) -> None:
         lambda a: a.tokens / sum(t.seconds - t.ttft for t in a.turns)))
 
 
+def specbench_resume_ignores_settings(monkeypatch) -> None:
+    """--resume compares no settings: results taken with other answer lengths or questions are
+    merged into the report (bench/specbench_results.py; bench/ on sys.path)."""
+    import specbench_results
+
+    monkeypatch.setattr(specbench_results, "differences", lambda old, new: [])
+
+
+def specbench_resume_runs_everything_again(monkeypatch) -> None:
+    """--resume finds no finished unit in its results file: every configuration runs again."""
+    import specbench_results
+
+    monkeypatch.setattr(specbench_results.Results, "holds", lambda self, key, definition,
+                        repeat_label=None: False)
+
+
 def verifier_accepts_any_lookahead_default(monkeypatch) -> None:
     """The verifier's start-up check forgets lookahead's default window."""
     import verifier_service.config_check as config_check

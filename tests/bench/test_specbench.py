@@ -179,17 +179,19 @@ def test_a_greedy_answer_that_differs_from_off_is_reported_loudly():
 
 
 @pytest.mark.integration
-def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path):
+def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path, monkeypatch):
     """Every configuration through one stack of the toy family (two questions per group, 5
-    tokens each): every greedy answer and every seeded one equals off's; the report holds
-    Spec-Bench's table against both baselines and the published rows."""
+    tokens each, the seeded check's 3): every greedy answer and every seeded one equals off's;
+    the report holds Spec-Bench's table against both baselines and the published rows; the
+    results file holds every unit, so the same command with --resume runs nothing and renders
+    the same report."""
     import specbench
 
     out = tmp_path / "specbench.md"
-    result = specbench.main([
-        "--model", target_model_dir, "--per-group", "2", "--max-new-tokens", "5",
-        "--max-prompt-tokens", "96", "--shared-stack", "--seeded", "--out", str(out),
-        "--json", str(tmp_path / "specbench.json")])
+    argv = ["--model", target_model_dir, "--per-group", "2", "--max-new-tokens", "5",
+            "--seeded-max-new-tokens", "3", "--max-prompt-tokens", "96", "--shared-stack",
+            "--seeded", "--out", str(out)]
+    result = specbench.main(argv)
     answers = result["answers"]
     assert not result["skipped"], result["skipped"]
     labels = [c.label for c in result["configs"]]
@@ -201,6 +203,8 @@ def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path):
             assert same_column(label, mine, off) in ("yes", "(reference)"), label
     assert all(v == result["seeded"]["off"] for v in result["seeded"].values())
     assert set(result["seeded"]) == set(labels)
+    seeded_lengths = {len(t) for s in result["seeded"]["off"].values() for t in s}
+    assert max(seeded_lengths) == 3 and max(len(t.ids) for a in off for t in a.turns) == 5
     report = out.read_text()
     costs = result["cost"]
     assert set(costs) == set(labels)
@@ -212,8 +216,21 @@ def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path):
     for heading in ("Speed-up against Hugging Face", "Speed-up against splitspec with "
                     "speculation off", "repeated questions", "Seeded sampling",
                     "Where a step's time goes",
-                    "Vicuna-7B", "every splitspec configuration is identical"):
+                    "Vicuna-7B", "every splitspec configuration is identical",
+                    "until EOS or 3 new tokens (--seeded-max-new-tokens",
+                    "What `auto` ran, per answer: ", "; the policy's reasons (policy_reason): "):
         assert heading in report, heading
+    assert "PARTIAL" not in report and result["ran"] == ["hf", *(c.key for c in
+                                                                 result["configs"])]
+
+    def no_stack(*_):
+        raise AssertionError("--resume started a stack for a unit the results file holds")
+
+    monkeypatch.setattr(specbench.Stack, "start", no_stack)
+    monkeypatch.setattr(specbench, "HfPlain", no_stack)
+    resumed = specbench.main([*argv, "--resume"])
+    assert resumed["ran"] == [] and resumed["answers"] == answers
+    assert out.read_text() == report
 
 
 def test_a_configuration_is_one_line_and_reaches_the_request():
@@ -249,3 +266,18 @@ def test_every_configuration_is_a_valid_request_with_a_table_safe_label():
         if method is not None:
             assert is_method(method) and set(components_of(method)) <= set(c.methods), c.key
     assert {"pld", "gated", "retrieval-gated"} <= set(DEFAULT)
+
+
+def test_what_auto_ran_is_counted_with_its_policy_reasons():
+    from specbench_report import auto_line
+
+    def turn(method, reason):
+        return Turn(1.0, 0.1, (1, 2), 2, method=method, policy_reason=reason)
+
+    answers = [Answer(1, "mt_bench", [turn("suffix", "goodput"), turn("", "low_acceptance")]),
+               Answer(2, "qa", [turn("suffix", "goodput")])]
+    assert auto_line("auto", answers) == (
+        "What `auto` ran, per answer: suffix x2, off x1; the policy's reasons (policy_reason): "
+        "goodput x2, low_acceptance x1.")
+    old = [Answer(1, "qa", [Turn(1.0, 0.1, (1,), 1, method="ngram")])]  # no reason recorded
+    assert auto_line("auto", old) == "What `auto` ran, per answer: ngram x1."
