@@ -22,6 +22,10 @@ Rules, in order:
                                                                  exploration
   auto                              best goodput                 goodput / low_acceptance /
                                                                  compute_bound
+Of the candidates without enough recent data only one competes in auto: the cold default
+(`cold_default`: the served retrieval drafts as one gated chain, hybrid:suffix|ngram, or the one
+retrieval method), so a cold stack starts there rather than on a method it knows nothing about;
+the others wait for exploration turns (docs/policy.md, Cold start).
 In auto, each proposer method is a candidate twice: as chains and as token trees of up to
 `auto_branches` children per node (capped by the verifier's --max-num-branches), each priced
 from its own measured acceptance (a tree of k nodes forwards k rows and gains its accepted
@@ -62,7 +66,6 @@ from splitspec.methods import (
     Kind,
     components_of,
     hybrid_name,
-    is_gated,
     is_method,
     method_served,
     retrieval_based,
@@ -319,7 +322,7 @@ def cold_default(candidates: tuple[Candidate, ...]) -> Candidate | None:
     drafts fail. None when no retrieval method is among them."""
     chains = [m for m, b in candidates if b == 1 and retrieval_based(m)
               and all(METHODS[p].capabilities.copies_context for p in components_of(m))
-              and (m in METHODS or is_gated(m))]
+              and step_kind_of(m, True) != "tree"]
     if not chains:
         return None
     # the most retrieval methods in one chain first, then the registry's order
