@@ -109,10 +109,11 @@ class Estimates:
         return self.acceptance.get((method, greedy, branches), Acceptance())
 
     def observe_request(self, cls: str, method: str, greedy: bool, branches: int,
-                        accepted: int, proposed: int, steps: int) -> None:
+                        accepted: int, proposed: int, steps: int,
+                        rejections: int | None = None) -> None:
         """A finished request of prompt class `cls` that speculated with `method`: its usage's
         counts join that class's acceptance (older counts of the class and kind decay)."""
-        d = request_acceptance(accepted, proposed, steps)
+        d = request_acceptance(accepted, proposed, steps, rejections)
         if d.tried <= 0:
             return
         factor = decay_factor(d.tried, self.half_life_tried)

@@ -184,7 +184,8 @@ class Frontend:
                     if spec.method and spec.proposed_tokens:
                         self.policy.estimates.observe_request(
                             decided[3], spec.method, decided[4], max(spec.num_branches, 1),
-                            spec.accepted_tokens, spec.proposed_tokens, spec.steps)
+                            spec.accepted_tokens, spec.proposed_tokens, spec.steps,
+                            spec.rejections)
                 yield msg
         finally:
             self._decided.pop(request.request_id, None)

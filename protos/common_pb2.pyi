@@ -160,7 +160,7 @@ class ResumeState(_message.Message):
     def __init__(self, output_token_ids: _Optional[_Iterable[int]] = ..., sent_text_chars: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason", "branch_hits", "num_branches")
+    __slots__ = ("method", "num_speculative_tokens", "proposed_tokens", "accepted_tokens", "steps", "accepted_per_position", "step_draft_tokens", "step_accepted_tokens", "reason", "mode", "policy_reason", "branch_hits", "num_branches", "rejections")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +174,7 @@ class SpeculationStats(_message.Message):
     POLICY_REASON_FIELD_NUMBER: _ClassVar[int]
     BRANCH_HITS_FIELD_NUMBER: _ClassVar[int]
     NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     method: str
     num_speculative_tokens: int
     proposed_tokens: int
@@ -187,7 +188,8 @@ class SpeculationStats(_message.Message):
     policy_reason: str
     branch_hits: int
     num_branches: int
-    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., policy_reason: _Optional[str] = ..., branch_hits: _Optional[int] = ..., num_branches: _Optional[int] = ...) -> None: ...
+    rejections: int
+    def __init__(self, method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., step_draft_tokens: _Optional[_Iterable[int]] = ..., step_accepted_tokens: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ..., mode: _Optional[str] = ..., policy_reason: _Optional[str] = ..., branch_hits: _Optional[int] = ..., num_branches: _Optional[int] = ..., rejections: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "speculation", "cached_tokens")

@@ -652,18 +652,34 @@ def prompt_class(prompt_tokens: int) -> str:
     return "long" if prompt_tokens >= LONG_PROMPT_TOKENS else "short"
 
 
-def request_acceptance(accepted: int, proposed: int, steps: int) -> Acceptance:
+def request_acceptance(accepted: int, proposed: int, steps: int,
+                       rejections: int | None = None) -> Acceptance:
     """One finished request's acceptance from its usage (accepted and proposed draft tokens,
-    steps): each drafting step that was not accepted in full tried one position beyond its
-    accepted ones, and there are at most `steps` of those and at most proposed - accepted."""
-    rejections = max(0, min(steps, proposed - accepted))
-    return Acceptance.from_counts(accepted, rejections)
+    steps, and the drafts with a rejected token when its verifier reports them): each drafting
+    step that was not accepted in full tried one position beyond its accepted ones. Without
+    that count (0 from an older verifier while some draft token was rejected), at most `steps`
+    of those and at most proposed - accepted: a bound that counts every step, drafting or not,
+    so it prices a method that drafts on a third of its steps (prompt lookup, suffix decoding)
+    as rejected on all of them. (On Spec-Bench's QA a suffix request of 82 draft tokens, 9
+    accepted, in 55 steps of which 24 drafted read 9 / 64 = 0.14 where its drafts give at
+    least 9 / 33 = 0.27; with every method's short-prompt acceptance read so, auto ran such
+    requests plainly, `low_acceptance`.)"""
+    if rejections is None or (rejections <= 0 and accepted < proposed):
+        rejections = min(steps, proposed - accepted)
+    return Acceptance.from_counts(accepted, max(0, min(rejections, proposed - accepted)))
 
 
-def class_model(model: MethodModel, measured: Acceptance, min_tried: float) -> MethodModel:
+def class_model(model: MethodModel, measured: Acceptance, min_tried: float,
+                quoting: bool = False) -> MethodModel:
     """A method's model for a class of requests: its positions moved to the acceptance that
     class measured (MethodModel.for_request), once the class has `min_tried` positions; else
-    the method's model as it is."""
+    the method's model as it is, except for `quoting` (retrieval drafts for a long prompt the
+    answer will quote): there at least the prior acceptance, PRIOR_ACCEPTANCE, until the class
+    has its own data. The method's own estimate is mostly short prompts' (open chat, where
+    copying rarely pays) and would keep a summary off retrieval drafts that its class never
+    tried."""
     if measured.tried < min_tried:
+        if quoting and model.acceptance < PRIOR_ACCEPTANCE:
+            return model.for_request(PRIOR_ACCEPTANCE, model.hit_rate)
         return model
     return model.for_request(measured.rate(), model.hit_rate)

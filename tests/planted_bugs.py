@@ -997,7 +997,35 @@ def policy_prices_a_class_without_its_data(monkeypatch) -> None:
     """auto prices each method by its acceptance over all requests, never the request's class."""
     import gateway.policy as policy
 
-    monkeypatch.setattr(policy, "class_model", lambda model, measured, min_tried: model)
+    monkeypatch.setattr(policy, "class_model",
+                        lambda model, measured, min_tried, quoting=False: model)
+
+
+def policy_has_no_cold_default(monkeypatch) -> None:
+    """auto without a cold default: every unmeasured registered method competes on the prior."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "cold_default", lambda candidates: None)
+
+
+def policy_weighs_no_gated_hybrids(monkeypatch) -> None:
+    """auto's candidates leave out the gated hybrids (hybrid:suffix|ngram and the like)."""
+    import gateway.policy as policy
+
+    original = policy._hybrids
+    monkeypatch.setattr(policy, "_hybrids",
+                        lambda methods: tuple(h for h in original(methods) if "|" not in h))
+
+
+def class_acceptance_counts_every_step_rejected(monkeypatch) -> None:
+    """A finished request's class acceptance bounds its rejections by its steps, drafting or
+    not, whatever its verifier counted."""
+    import gateway.estimates as estimates
+
+    original = estimates.request_acceptance
+    monkeypatch.setattr(estimates, "request_acceptance",
+                        lambda accepted, proposed, steps, rejections=None:
+                        original(accepted, proposed, steps))
 
 
 def _scripts_module(name: str):

@@ -202,6 +202,7 @@ def _output_to_pb(request_id: str, out: StepOutput,
         spec.proposed_tokens = u.proposed_tokens
         spec.accepted_tokens = u.accepted_tokens
         spec.steps = u.steps
+        spec.rejections = u.rejections
         spec.reason = u.reason
         spec.branch_hits = u.branch_hits
         spec.num_branches = u.num_branches if u.num_branches > 1 else 0

@@ -11,13 +11,14 @@ from test_policy import ADDRESS, AUTO, INFO, load, policy, snapshot
 from splitspec.goodput import LONG_PROMPT_TOKENS, prompt_class
 
 HYBRID = "hybrid:ngram+mlp"
+GATED = "hybrid:ngram|mlp"
 LONG, SHORT = 4 * LONG_PROMPT_TOKENS, 40  # prompt tokens
 
 
 def served(**config):
-    """Over all requests the MLP accepts best; n-gram and their hybrid measured too."""
+    """Over all requests the MLP accepts best; n-gram and their hybrids measured too."""
     return policy(snapshot(greedy={"mlp": (700, 1000), "ngram": (350, 1000),
-                                   HYBRID: (500, 1000)}), **config)
+                                   HYBRID: (500, 1000), GATED: (450, 1000)}), **config)
 
 
 def finished(p, cls: str, method: str, accepted: int, proposed: int, n: int = 20) -> None:
@@ -42,7 +43,7 @@ def test_a_long_prompt_that_measured_retrieval_well_gets_retrieval_drafts():
     finished(p, "short", "mlp", accepted=30, proposed=40)
     long_d = p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG)
     short_d = p.decide(AUTO, INFO, True, load(), prompt_tokens=SHORT)
-    assert long_d.plan.method in ("ngram", HYBRID) and long_d.reason == "goodput"
+    assert long_d.plan.method in ("ngram", HYBRID, GATED) and long_d.reason == "goodput"
     assert short_d.plan.method == "mlp"
     # no prompt length known: the all-requests estimate, as before
     assert p.decide(AUTO, INFO, True, load()).plan.method == "mlp"
@@ -50,7 +51,7 @@ def test_a_long_prompt_that_measured_retrieval_well_gets_retrieval_drafts():
 
 def test_a_class_where_nothing_pays_is_decoded_plainly():
     p = served()
-    for m in ("ngram", "mlp", HYBRID):
+    for m in ("ngram", "mlp", HYBRID, GATED):
         finished(p, "long", m, accepted=0, proposed=40)
     d = p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG)
     assert not d.plan.enabled and d.reason == "low_acceptance"
@@ -59,7 +60,20 @@ def test_a_class_where_nothing_pays_is_decoded_plainly():
 
 def test_a_class_with_too_little_data_is_priced_as_all_requests():
     p = served()
-    finished(p, "long", "ngram", accepted=40, proposed=40, n=1)  # 40 positions: under 50
+    finished(p, "short", "ngram", accepted=40, proposed=40, n=1)  # 40 positions: under 50
+    assert p.decide(AUTO, INFO, True, load(), prompt_tokens=SHORT).plan.method == "mlp"
+
+
+def test_a_long_prompt_without_its_own_data_favours_retrieval_drafts():
+    """Over all requests (mostly short ones) the MLP wins; a long prompt whose class has no
+    data yet prices retrieval drafts at the prior at least, and gets them, until its class
+    measured them: then its own acceptance decides."""
+    p = served()
+    assert p.decide(AUTO, INFO, True, load(), prompt_tokens=SHORT).plan.method == "mlp"
+    d = p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG)
+    assert d.plan.method in ("ngram", HYBRID, GATED) and d.reason == "goodput", d
+    for m in ("ngram", HYBRID, GATED):
+        finished(p, "long", m, accepted=5, proposed=40)
     assert p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG).plan.method == "mlp"
 
 
@@ -67,7 +81,7 @@ def test_a_long_prompt_explores_retrieval_drafts_first():
     p = served(explore_every=2)
     long_ds = [p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG) for _ in range(4)]
     explored = [d.plan.method for d in long_ds if d.reason == "exploration"]
-    assert explored and all(m in ("ngram", HYBRID) for m in explored)
+    assert explored and all(m in ("ngram", HYBRID, GATED) for m in explored)
     # a short prompt's classes are measured over all requests: nothing is stale
     q = served(explore_every=2)
     assert all(q.decide(AUTO, INFO, True, load(), prompt_tokens=SHORT).reason == "goodput"
@@ -87,7 +101,8 @@ def test_a_finished_requests_usage_feeds_its_class():
                                    "policy_prices_a_class_without_its_data"])
 @pytest.mark.parametrize("check", [
     test_a_long_prompt_that_measured_retrieval_well_gets_retrieval_drafts,
-    test_a_class_where_nothing_pays_is_decoded_plainly])
+    test_a_class_where_nothing_pays_is_decoded_plainly,
+    test_a_long_prompt_without_its_own_data_favours_retrieval_drafts])
 def test_the_per_request_checks_catch_a_policy_blind_to_the_request(monkeypatch, plant, check):
     import planted_bugs as bug
 

@@ -66,4 +66,7 @@ def test_verifier_stats_count_exactly_what_a_request_did(stack):
     ngram_before, ngram_after = method(before, "ngram"), method(after, "ngram")
     assert ngram_after.proposed_tokens - ngram_before.proposed_tokens == spec.proposed_tokens
     assert ngram_after.accepted_tokens - ngram_before.accepted_tokens == spec.accepted_tokens
+    # the drafts with a rejected token: what the gateway prices the request's class with
+    assert (ngram_after.greedy.rejections - ngram_before.greedy.rejections
+            == spec.rejections > 0) or spec.accepted_tokens == spec.proposed_tokens
     assert ngram_after.steps > ngram_before.steps

@@ -41,6 +41,7 @@ class Usage:
     branch_hits: int = 0  # token trees: steps whose accepted path left a first-ranked child
     num_branches: int = 1  # token trees: the plan's children per node at most (1: chains)
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    rejections: int = 0  # drafts with a rejected token
 
 
 @dataclass(eq=False)
@@ -110,4 +111,5 @@ class SequenceState:
                      self.proposed_tokens, self.accepted, self.steps,
                      list(self.accepted_per_position), list(self.step_counts),
                      self.speculation_reason, self.branch_hits,
-                     plan.num_branches if plan.enabled else 1, self.cached_tokens or 0)
+                     plan.num_branches if plan.enabled else 1, self.cached_tokens or 0,
+                     self.rejections)
