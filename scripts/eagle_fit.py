@@ -254,7 +254,8 @@ def train(a, log) -> None:
         if step % a.eval_every == 0 or done:
             acc = probe_eval()
             history.append({"step": step, "answer_tokens_seen": seen,
-                            "minutes": round(minutes, 1), "acceptance": acc})
+                            "minutes": round(minutes, 1), "code_weight": code_weight,
+                            "acceptance": acc})
             log(f"train eval step {step}: {json.dumps(acc)}")
             torch.save({"params": params.state_dict(), "opt": opt.state_dict(), "step": step,
                         "seen": seen, "history": history, "minutes": minutes,
