@@ -104,6 +104,10 @@ def check_verdict() -> None:
     assert not eagle_gonogo.verdict(shipped, {"chat": _score(0.40, 0.55),
                                               "code": _score(0.50, 1.0)})
     assert not eagle_gonogo.verdict(shipped, shipped)
+    # a measured head carries its training record beside its kinds: not a kind to judge
+    trained = {"training": {"steps": 600, "mix": {"code_weight": 8.0}}}
+    assert eagle_gonogo.verdict({**shipped, **trained},
+                                {"chat": _score(0.40, 0.55), "code": _score(0.55, 1.0), **trained})
 
 
 def test_the_go_no_go_needs_every_kind_and_both_measures():
