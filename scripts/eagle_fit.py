@@ -143,6 +143,26 @@ def _kinds(records: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def kind_weights(records: list[dict], code_weight: float) -> list[float]:
+    """Sampling weight of each training record: code answers `code_weight` times a chat answer's
+    (1.0: every answer alike), so a chat-heavy answer set can still train a head half on code."""
+    return [code_weight if r["kind"] == "code" else 1.0 for r in records]
+
+
+def expected_share(records: list[dict], weights: list[float], kind: str) -> float:
+    """The share of sampled records that are of `kind` under `weights`."""
+    total = sum(weights)
+    return sum(w for r, w in zip(records, weights) if r["kind"] == kind) / max(total, 1e-12)
+
+
+def sample_batch(rng: random.Random, records: list[dict], weights: list[float] | None,
+                 n: int) -> list[dict]:
+    """n records: uniformly without replacement when weights is None, else drawn by weight."""
+    if weights is None:
+        return rng.sample(records, min(n, len(records)))
+    return rng.choices(records, weights=weights, k=n)
+
+
 def chain_acceptance(head: EagleHead, records: list[dict], k: int) -> list[float]:
     hits = [eagle_ttt.chain_hits(head, r, k) for r in records]
     hits = torch.cat([h for h in hits if len(h)])
@@ -171,18 +191,27 @@ def train(a, log) -> None:
     n_params = sum(p.numel() for p in params.parameters())
     val = ed.load_records(a.work / "val")
     probe = [r for i, r in enumerate(val) if i % 5 == 0]
+    code_weight = float(getattr(a, "code_weight", 1.0))
+    weights = None if code_weight == 1.0 else kind_weights(train_recs, code_weight)
+    mix = {"code_weight": code_weight,
+           "answers": {k: len(v) for k, v in sorted(_kinds(train_recs).items())},
+           "expected_code_share": round(expected_share(
+               train_recs, weights or [1.0] * len(train_recs), "code"), 4)}
     log(f"train: {n_params / 1e6:.2f} M parameters, draft vocabulary {len(ids)}, "
-        f"{len(train_recs)} training answers, {len(val)} held out; TTT {a.ttt_steps} steps")
+        f"{len(train_recs)} training answers, {len(val)} held out; TTT {a.ttt_steps} steps; "
+        f"mix {json.dumps(mix)}")
     opt = make_optimizer(params, a.lr, weight_decay=0.0)
     sched = LMTrainConfig(steps=a.steps, batch_size=a.batch, seq_len=0, lr=a.lr, warmup=30,
                           minutes=a.train_minutes)
     state_path = a.work / "train-state.pt"
     step, seen, history, spent, started = 0, 0, [], 0.0, init_record(a)
+    drawn = {"chat": 0, "code": 0}
     if a.resume and state_path.exists():
         st = torch.load(state_path)
         params.load_state_dict(st["params"])
         opt.load_state_dict(st["opt"])
         step, seen, history, spent = st["step"], st["seen"], st["history"], st["minutes"]
+        drawn = st.get("drawn", drawn)
         started = st.get("init", started)  # what the first sitting started from
         log(f"train: resumed at step {step} ({seen} answer tokens, {spent:.1f} min)")
     rng = random.Random(1000 + step)
@@ -204,7 +233,8 @@ def train(a, log) -> None:
             g["lr"] = lr_at(step, sched, time.time() - t0)
         h = head()
         loss_sum, weight = 0.0, 0.0
-        for rec in rng.sample(train_recs, min(a.batch, len(train_recs))):
+        for rec in sample_batch(rng, train_recs, weights, a.batch):
+            drawn[rec["kind"]] = drawn.get(rec["kind"], 0) + 1
             loss, w, n = eagle_ttt.ttt_loss(h, rec, a.ttt_steps, t2d_index, a.ttt_decay,
                                             a.prompt_weight)
             loss_sum = loss_sum + loss
@@ -224,11 +254,12 @@ def train(a, log) -> None:
         if step % a.eval_every == 0 or done:
             acc = probe_eval()
             history.append({"step": step, "answer_tokens_seen": seen,
-                            "minutes": round(minutes, 1), "acceptance": acc})
+                            "minutes": round(minutes, 1), "code_weight": code_weight,
+                            "acceptance": acc})
             log(f"train eval step {step}: {json.dumps(acc)}")
             torch.save({"params": params.state_dict(), "opt": opt.state_dict(), "step": step,
                         "seen": seen, "history": history, "minutes": minutes,
-                        "init": started}, state_path)
+                        "init": started, "drawn": drawn}, state_path)
         if done:
             break
     out = Path(a.out)
@@ -239,7 +270,10 @@ def train(a, log) -> None:
         "spec": asdict(spec), "feature_layers": list(spec.feature_layers(cfg["num_hidden_layers"])),
         "ttt_steps": a.ttt_steps, "ttt_decay": a.ttt_decay, "prompt_weight": a.prompt_weight,
         "scale_features": bool(a.scale_features),
-        "lr": a.lr, "batch": a.batch, "vocab": {k: v for k, v in vocab.items() if k != "ids"},
+        "lr": a.lr, "batch": a.batch,
+        "mix": dict(mix, records_drawn=drawn,
+                    code_share_drawn=round(drawn.get("code", 0) / max(sum(drawn.values()), 1), 4)),
+        "vocab": {k: v for k, v in vocab.items() if k != "ids"},
         "history": history, "init": started}, indent=2) + "\n")
     log(f"train: head written to {out}")
 

@@ -51,7 +51,7 @@ def verdict(shipped: dict, candidate: dict) -> bool:
     """Whether the candidate beats the shipped head on every kind, on both measures."""
     return all(candidate[k]["first_position_acceptance"] > shipped[k]["first_position_acceptance"]
                and candidate[k]["mean_accepted_per_step"] > shipped[k]["mean_accepted_per_step"]
-               for k in shipped)
+               for k in shipped if k != "training")
 
 
 def main(argv=None) -> None:
@@ -78,7 +78,7 @@ def main(argv=None) -> None:
             t = json.loads(tj.read_text())
             res[name]["training"] = {k: t.get(k) for k in ("steps", "train_minutes",
                                                            "answer_tokens_seen", "train_answers",
-                                                           "init")}
+                                                           "lr", "mix", "init")}
         print(name, json.dumps({k: (v["first_position_acceptance"], v["mean_accepted_per_step"])
                                 for k, v in res[name].items() if k != "training"}), flush=True)
     res["candidate_wins"] = verdict(res["shipped"], res["candidate"])

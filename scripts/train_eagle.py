@@ -271,6 +271,9 @@ def main(argv=None) -> None:
     p.add_argument("--scale-features", type=int, default=1,
                    help="train: fc reads features scaled to unit RMS per dimension (folded into "
                    "fc when saved); 0: raw")
+    p.add_argument("--code-weight", type=float, default=1.0,
+                   help="train: a code answer is drawn this many times as often as a chat answer "
+                   "(1: uniform, without replacement within a batch)")
     p.add_argument("--batch", type=int, default=4, help="train: records per optimiser step")
     p.add_argument("--steps", type=int, default=100000)
     p.add_argument("--train-minutes", type=float, default=120)

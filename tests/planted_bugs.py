@@ -1090,6 +1090,12 @@ def eagle_gonogo_either_measure(monkeypatch) -> None:
     monkeypatch.setattr(gonogo, "verdict", lenient)
 
 
+def eagle_code_weight_ignored(monkeypatch) -> None:
+    """EAGLE training weighs every answer alike whatever --code-weight says."""
+    ef = _scripts_module("eagle_fit")
+    monkeypatch.setattr(ef, "kind_weights", lambda records, code_weight: [1.0] * len(records))
+
+
 def runs_weighed_apart(monkeypatch) -> None:
     """Attention over runs normalises each run's probabilities within the run and averages the
     runs' outputs: every run weighs the same, whatever share of the row's softmax it holds."""

@@ -4,12 +4,15 @@ replaces it.
 - warm start: a saved head taken up by eagle_fit (its draft vocabulary from d2t, fc unfolded from
   this run's feature scale) gives back exactly the stored tensors; planted: fc taken as stored,
   the scale folded in twice;
+- mix: with --code-weight W a code answer is drawn W times as often as a chat answer (the drawn
+  share matches the expected one); planted: the weight ignored;
 - go/no-go: the candidate wins only when it is better on every kind on both measures; planted:
   a verdict that takes either measure.
 """
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -63,6 +66,32 @@ def test_the_warm_start_check_fails_when_fc_is_not_unfolded(tmp_path, monkeypatc
         check_warm_start(tmp_path)
 
 
+def check_code_weight() -> None:
+    records = [{"kind": "code", "i": i} for i in range(30)] + [{"kind": "chat", "i": i}
+                                                              for i in range(70)]
+    weights = eagle_fit.kind_weights(records, 3.0)
+    want = 3 * 30 / (3 * 30 + 70)
+    assert eagle_fit.expected_share(records, weights, "code") == pytest.approx(want)
+    rng = random.Random(5)
+    drawn = [r for _ in range(2000) for r in eagle_fit.sample_batch(rng, records, weights, 4)]
+    share = sum(r["kind"] == "code" for r in drawn) / len(drawn)
+    assert abs(share - want) < 0.02, share  # binomial sd 0.0055 at 8000 draws
+    batch = eagle_fit.sample_batch(rng, records, None, 4)  # weight 1: uniform, no repeats
+    assert len({id(r) for r in batch}) == 4
+
+
+def test_a_code_weight_draws_code_that_much_more_often():
+    check_code_weight()
+
+
+def test_the_mix_check_fails_when_the_weight_is_ignored(monkeypatch):
+    import planted_bugs as bug
+
+    bug.eagle_code_weight_ignored(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_code_weight()
+
+
 def _score(first: float, accepted: float) -> dict:
     return {"first_position_acceptance": first, "mean_accepted_per_step": accepted}
 
@@ -75,6 +104,10 @@ def check_verdict() -> None:
     assert not eagle_gonogo.verdict(shipped, {"chat": _score(0.40, 0.55),
                                               "code": _score(0.50, 1.0)})
     assert not eagle_gonogo.verdict(shipped, shipped)
+    # a measured head carries its training record beside its kinds: not a kind to judge
+    trained = {"training": {"steps": 600, "mix": {"code_weight": 8.0}}}
+    assert eagle_gonogo.verdict({**shipped, **trained},
+                                {"chat": _score(0.40, 0.55), "code": _score(0.55, 1.0), **trained})
 
 
 def test_the_go_no_go_needs_every_kind_and_both_measures():
