@@ -83,7 +83,7 @@ CONFIGS = [
 ]
 # every method once, PLD's shape, and the gated hybrids suffix|eagle and suffix|ngram; the rest
 # are asked by name (--configs ... eagle-tree gated-ngram retrieval): at 256 new tokens a
-# configuration costs about 3-4 minutes of this CPU, Hugging Face's baseline about 8
+# configuration costs 4-7 minutes of this CPU (plus 1-2 for --seeded at 64), Hugging Face 9
 BY_NAME = ("eagle-tree", "gated-ngram", "retrieval")
 DEFAULT = tuple(c.key for c in CONFIGS if c.key not in BY_NAME)
 REPEAT_DEFAULT = "suffix"  # the cross-request method: what a repeated question changes most
