@@ -38,17 +38,49 @@ class SpeculationMode(str, enum.Enum):
     OFF = "off"
 
 
+# Logits processors' limits, as OpenAI's API and vLLM's set them.
+MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty in [-2, 2]
+MAX_REPETITION_PENALTY = 10.0  # repetition_penalty in (0, 10]
+MAX_LOGIT_BIAS = 100.0  # each bias in [-100, 100]
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_CHARS = 256
+MAX_ALLOWED_TOKEN_IDS = 1 << 16
+
+
 @dataclass(frozen=True)
 class SamplingParams:
+    """How the target's distribution is shaped at every row a request samples or verifies.
+
+    Logits processors first, on the raw logits and with the row's own history (the committed
+    output plus the drafts before the row; kernels/logits_processors.py): repetition, frequency
+    and presence penalties, logit bias, then the masks (allowed_token_ids, bad_words,
+    min_tokens). Then temperature, top-k, top-p and min-p (kernels/sampling.py)."""
+
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # 1: off
     top_k: int = 0  # 0: off
     min_p: float = 0.0  # 0: off
     seed: int | None = None
+    presence_penalty: float = 0.0  # 0: off
+    frequency_penalty: float = 0.0  # 0: off
+    repetition_penalty: float = 1.0  # 1: off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
+    min_tokens: int = 0  # 0: off
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] = ()  # empty: every token
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_processors(self) -> bool:
+        """Whether a logits processor changes this request's rows (then each verified row is
+        processed with its own history before sampling or the argmax)."""
+        return bool(self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0 or self.logit_bias or self.min_tokens
+                    or self.bad_words or self.allowed_token_ids)
 
     def validate(self, prefix: str = "") -> "SamplingParams":
         _finite(prefix + "temperature", self.temperature)
@@ -64,7 +96,53 @@ class SamplingParams:
             raise InvalidArgument(prefix + "min_p", "must be in [0, 1]")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidArgument(prefix + "seed", "must be in [0, 2**63)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _finite(prefix + name, value)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise InvalidArgument(prefix + name, f"must be in [-{MAX_PENALTY:g}, "
+                                      f"{MAX_PENALTY:g}]")
+        _finite(prefix + "repetition_penalty", self.repetition_penalty)
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise InvalidArgument(prefix + "repetition_penalty",
+                                  f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1: off)")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidArgument(prefix + "logit_bias", f"has {len(self.logit_bias)} entries; "
+                                  f"at most {MAX_LOGIT_BIAS_ENTRIES}")
+        for token, bias in self.logit_bias:
+            if not 0 <= token <= MAX_INT32:
+                raise InvalidArgument(prefix + "logit_bias",
+                                      f"token id {token} is not in [0, 2**31)")
+            if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise InvalidArgument(prefix + "logit_bias", f"the bias of token {token} must "
+                                      f"be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        if not 0 <= self.min_tokens <= MAX_INT32:
+            raise InvalidArgument(prefix + "min_tokens", "must be in [0, 2**31)")
+        if len(self.bad_words) > MAX_BAD_WORDS:
+            raise InvalidArgument(prefix + "bad_words", f"at most {MAX_BAD_WORDS} words")
+        if any(not w or len(w) > MAX_BAD_WORD_CHARS for w in self.bad_words):
+            raise InvalidArgument(prefix + "bad_words", "each word must have 1 to "
+                                  f"{MAX_BAD_WORD_CHARS} characters")
+        if len(self.allowed_token_ids) > MAX_ALLOWED_TOKEN_IDS:
+            raise InvalidArgument(prefix + "allowed_token_ids",
+                                  f"at most {MAX_ALLOWED_TOKEN_IDS} token ids")
+        check_token_ids(prefix + "allowed_token_ids", self.allowed_token_ids)
         return self
+
+    def check_vocab(self, vocab: int, prefix: str = "") -> None:
+        """The token ids this request names against a model's vocabulary (what only a server
+        that knows the model can check)."""
+        for name, ids in (("logit_bias", [t for t, _ in self.logit_bias]),
+                          ("allowed_token_ids", self.allowed_token_ids)):
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidArgument(prefix + name, f"token id {bad[0]} is outside the "
+                                      f"vocabulary [0, {vocab})")
+
+
+def logit_bias_items(mapping) -> tuple[tuple[int, float], ...]:
+    """A logit bias map (token id -> bias) as SamplingParams keeps it: ids ascending."""
+    return tuple(sorted((int(t), float(b)) for t, b in mapping.items()))
 
 
 @dataclass(frozen=True)
@@ -256,6 +334,14 @@ def check_cache_salt(name: str, salt) -> None:
     if len(salt) > MAX_CACHE_SALT_CHARS:
         raise InvalidArgument(name, f"is {len(salt)} characters; at most "
                               f"{MAX_CACHE_SALT_CHARS}")
+
+
+def check_min_tokens(sampling: SamplingParams, stopping: StoppingCriteria,
+                     prefix: str = "") -> None:
+    """min_tokens may not exceed max_tokens (a request could never satisfy both)."""
+    if sampling.min_tokens > stopping.max_tokens:
+        raise InvalidArgument(prefix + "min_tokens", f"({sampling.min_tokens}) must be <= "
+                              f"max_tokens ({stopping.max_tokens})")
 
 
 def check_top_logprobs(name: str, n: int | None) -> None:

@@ -14,6 +14,7 @@ from splitspec.params import (
     SpeculationPlan,
     SpeculationRequest,
     StoppingCriteria,
+    logit_bias_items,
 )
 
 _MODE_FROM_PB = {
@@ -34,8 +35,9 @@ FINISH_REASON_FROM_NAME = {v: k for k, v in FINISH_REASON_NAMES.items() if v}
 
 def sampling_from_pb(msg: pb.SamplingParams, has_field: bool = True) -> SamplingParams:
     """Proto3 cannot tell 0 from unset for scalars: an absent message means the defaults,
-    top_p 0 means off. A present message with temperature 0 means greedy. top_k -1 means off,
-    as in the REST API; the caller validates the rest (a negative top_p is an error)."""
+    top_p 0 means off, repetition_penalty 0 means off (1). A present message with temperature 0
+    means greedy. top_k -1 means off, as in the REST API; the caller validates the rest (a
+    negative top_p is an error)."""
     if not has_field:
         return SamplingParams()
     return SamplingParams(
@@ -44,12 +46,25 @@ def sampling_from_pb(msg: pb.SamplingParams, has_field: bool = True) -> Sampling
         top_k=0 if msg.top_k == -1 else msg.top_k,
         min_p=msg.min_p,
         seed=msg.seed if msg.HasField("seed") else None,
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        repetition_penalty=msg.repetition_penalty if msg.repetition_penalty != 0 else 1.0,
+        logit_bias=logit_bias_items(msg.logit_bias),
+        min_tokens=msg.min_tokens,
+        bad_words=tuple(msg.bad_words),
+        allowed_token_ids=tuple(msg.allowed_token_ids),
     )
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
     msg = pb.SamplingParams(temperature=params.temperature, top_p=params.top_p,
-                            top_k=params.top_k, min_p=params.min_p)
+                            top_k=params.top_k, min_p=params.min_p,
+                            presence_penalty=params.presence_penalty,
+                            frequency_penalty=params.frequency_penalty,
+                            repetition_penalty=params.repetition_penalty,
+                            logit_bias=dict(params.logit_bias), min_tokens=params.min_tokens,
+                            bad_words=list(params.bad_words),
+                            allowed_token_ids=list(params.allowed_token_ids))
     if params.seed is not None:
         msg.seed = params.seed
     return msg

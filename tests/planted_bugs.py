@@ -11,6 +11,7 @@ import torch
 
 import kernels.eagle_tree as eagle_tree
 import kernels.hybrid_merge as hybrid_merge
+import kernels.logits_processors as logits_processors
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
 import kernels.run_attention as run_attention
@@ -34,6 +35,7 @@ import verifier_service.methods.eagle.method as eagle
 import verifier_service.step.executor as step_executor
 import verifier_service.step.plan as step_plan
 import verifier_service.step.sampler as step_sampler
+import verifier_service.step.sampling_state as sampling_state
 import verifier_service.step.verify as verify
 from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft.proposer import DraftSession
@@ -1121,3 +1123,35 @@ def run_read_one_slot_late(monkeypatch) -> None:
         return runs[:-1] + ((runs[-1][0] + 1, runs[-1][1]),) if runs else runs
 
     monkeypatch.setattr(kv_paged_attention, "slot_runs", shifted)
+
+
+def penalty_counts_leave_out_earlier_drafts(monkeypatch) -> None:
+    """A verified row's history is the committed output alone: chain row i does not count
+    drafts[:i] (the penalties of a row deeper in the draft see too little)."""
+    monkeypatch.setattr(sampling_state, "_path", lambda parents, node: [])
+
+
+def tree_node_counts_its_siblings(monkeypatch) -> None:
+    """A tree node's history is every node drafted before it, siblings and their subtrees
+    included (right for a chain, wrong for a tree)."""
+    monkeypatch.setattr(sampling_state, "_path", lambda parents, node: list(range(node + 1)))
+
+
+def min_tokens_counted_from_the_prompt(monkeypatch) -> None:
+    """min_tokens compared with the prompt and output together: EOS is allowed too early."""
+
+    def from_prompt(self, seq, r, slot, path):
+        return len(seq.tokens) + len(path) < int(self.ints[1, slot])
+
+    monkeypatch.setattr(sampling_state.SamplingState, "_before_min_tokens", from_prompt)
+
+
+def logit_bias_left_off_the_target(monkeypatch) -> None:
+    """The target's rows are processed without the request's logit bias (as if it shaped only
+    a drafter's q)."""
+    real = logits_processors.process_rows
+
+    def unbiased(x, p):
+        return real(x, dataclasses.replace(p, bias=None))
+
+    monkeypatch.setattr(logits_processors, "process_rows", unbiased)

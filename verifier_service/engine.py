@@ -32,7 +32,7 @@ from typing import Sequence as Seq
 
 from splitspec.errors import InvalidArgument, Unavailable
 from splitspec.methods import hybrid_components
-from splitspec.params import GenerationInput
+from splitspec.params import GenerationInput, check_min_tokens
 from splitspec.proposal import Draft
 from verifier_service.batching.output import OutputTracker
 from verifier_service.batching.prefix_cache import PrefixCache
@@ -45,6 +45,7 @@ from verifier_service.drafts.collector import DraftCollector
 from verifier_service.methods.in_target import InTargetDrafts
 from verifier_service.model.runner import ModelRunner
 from verifier_service.step.executor import StepExecutor
+from verifier_service.step.sampling_state import bad_word_ids
 from verifier_service.step.verify import SeqResult, verify_step
 from verifier_service.telemetry.stats import (
     EngineObserver,
@@ -219,6 +220,8 @@ class Engine:
                                   "(this verifier's limit)")
         if plan.enabled:
             self.drafts.in_target.check_plan(plan, k_limit)
+        inp.sampling.check_vocab(vocab)
+        check_min_tokens(inp.sampling, inp.stopping)
         request_id = inp.request_id or uuid.uuid4().hex
         if request_id in self._by_id:
             raise InvalidArgument("request_id", f"{request_id!r} is already in use")
@@ -227,13 +230,19 @@ class Engine:
         seq = SequenceState(
             inp=inp,
             tracker=OutputTracker(self.tokenizer, list(inp.prompt_token_ids), inp.stopping,
-                                  self.eos_token_ids, inp.stopping.max_tokens))
+                                  self.eos_token_ids, inp.stopping.max_tokens,
+                                  inp.sampling.min_tokens))
+        if inp.sampling.bad_words:
+            seq.bad_words_ids = bad_word_ids(inp.sampling.bad_words, self._encode_word)
         if inp.resumed_output_ids and self._resume(seq):
             return seq  # the replayed output already ends it
         self.scheduler.add(seq)
         self._by_id[request_id] = seq
         self._wakeup.set()
         return seq
+
+    def _encode_word(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _resume(self, seq: SequenceState) -> bool:
         """Take over the output another replica already streamed: the tokens join the
@@ -403,6 +412,7 @@ class Engine:
             seq.asked_k = 0
         appended = seq.tracker.append(result.tokens)
         seq.tokens.extend(appended.token_ids)
+        self.executor.sampling.emitted(seq, appended.token_ids)
         self._commit(seq)
         # a stop condition may keep only a prefix of the tokens: their logprobs alike
         logprobs = (result.logprobs[:len(appended.token_ids)]
@@ -431,6 +441,7 @@ class Engine:
         self._by_id.pop(seq.request_id, None)
         self.scheduler.remove(seq)
         self.drafts.release(seq)
+        self.executor.sampling.leave(seq)
 
     def _finish(self, seq: SequenceState, reason: str, token_ids: list[int] | None = None,
                 text: str = "", logprobs: list | None = None) -> None:

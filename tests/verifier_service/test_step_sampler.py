@@ -18,7 +18,8 @@ import verifier_service.step.executor as step_executor
 from kernels.layout import StepLayout
 from splitspec.params import SamplingParams
 from verifier_service.step.sampler import StepSampler
-from verifier_service.step.verify import _sample_tokens, _target_probs
+from verifier_service.step.sampling_state import StepSampling
+from verifier_service.step.verify import _sample_tokens
 
 PARAMS = [SamplingParams(temperature=0.0),
           SamplingParams(temperature=0.8, seed=3),
@@ -40,7 +41,7 @@ def check_the_sampler_draws_the_eager_samplers_tokens() -> None:
     for trial, params in [(t, p) for t in range(8) for p in (PARAMS, NO_MIN_P)]:
         logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(trial))
         logits[:, :3] *= 4  # a few likely tokens, as a model's logits have
-        eager_p = _target_probs(logits, layout, params)
+        eager_p = StepSampling.of(params, layout).row_tensors().apply(logits)
         f = sampler.floats
         sampler(logits, params, positions)
         static_p = sampling.apply_sampling_params(logits, f[0], sampler.ints[0], f[1], f[2],

@@ -25,8 +25,9 @@ class Appended:
 
 class OutputTracker:
     def __init__(self, tokenizer, prompt_ids: list[int], stopping: StoppingCriteria,
-                 eos_token_ids: set[int], max_new_tokens: int):
+                 eos_token_ids: set[int], max_new_tokens: int, min_tokens: int = 0):
         self._tok = tokenizer
+        self._min_tokens = min_tokens  # no stop string ends the output before this many
         self._stopping = stopping
         self._stop_ids = set(stopping.stop_token_ids)
         if not stopping.ignore_eos:
@@ -41,6 +42,11 @@ class OutputTracker:
         self._sent = 0  # characters of self.text already handed out
         self.finish_reason: str | None = None
 
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        """The tokens that end the output (stop_token_ids, and EOS unless ignore_eos)."""
+        return frozenset(self._stop_ids)
+
     def append(self, token_ids: list[int]) -> Appended:
         kept: list[int] = []
         for t in token_ids:
@@ -52,7 +58,8 @@ class OutputTracker:
                 self.finish_reason = "stop"
             else:
                 self._decode_next(t)
-                if self._stopping.stop and self._find_stop():
+                if (self._stopping.stop and len(self.output_ids) >= self._min_tokens
+                        and self._find_stop()):
                     self.finish_reason = "stop"
             if self.finish_reason is None and len(self.output_ids) >= self._max_new:
                 self.finish_reason = "length"

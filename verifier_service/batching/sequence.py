@@ -63,6 +63,8 @@ class SequenceState:
     # The target's final hidden state [hidden] at the position that produced the last token;
     # kept only while the sequence's proposer declares that it conditions on it.
     target_hidden: torch.Tensor | None = None
+    # bad_words as the served tokenizer writes them (each word alone and after a space)
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
     speculation_reason: str = ""
     aborted: bool = False
     finished: bool = False

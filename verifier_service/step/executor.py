@@ -37,6 +37,7 @@ from splitspec import device as dev
 from splitspec.graphs import EagerFallbacks
 from verifier_service.step.plan import Bucket, BucketLadder, StepPlan, plan_step
 from verifier_service.step.sampler import StepSampler
+from verifier_service.step.sampling_state import SamplingState
 
 __all__ = ["ExecutorStats", "StepExecutor", "StepTensors"]
 
@@ -132,6 +133,8 @@ class StepExecutor:
         self.sampler = StepSampler(self.device, getattr(runner, "vocab_size", 1),
                                    max(self.ladder.seqs, default=1), enabled=self.graphs_wanted,
                                    counts=self.stats.sampler_steps)
+        # every running sequence's sampling fields, expanded once per step to its rows
+        self.sampling = SamplingState(getattr(runner, "vocab_size", 1), self.device)
         # eager steps on a device that captures: counted by reason, logged once per shape
         self.fallbacks = EagerFallbacks(f"a step on {self.device}", self.stats.eager_steps)
         # tensor parallel, rank 0 (verifier_service/tp/broadcast.py): every plan, and every

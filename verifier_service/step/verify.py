@@ -36,7 +36,7 @@ from kernels import tree_rejection
 from kernels.layout import RejectionResult, StepLayout
 from kernels.logprobs import token_logprobs
 from kernels.rejection import greedy_verify, rejection_sample
-from kernels.sampling import SamplingTensors, noise_key, sample
+from kernels.sampling import noise_key, sample
 from kernels.sparse_probs import SparseProbs
 from kernels.tree_rejection import TreeResult, tree_rejection_sample
 from splitspec.device import to_device
@@ -45,6 +45,7 @@ from verifier_service.batching.scheduler import Scheduled
 from verifier_service.methods.in_target import DeviceDraft, read_back
 from verifier_service.step import device_drafts
 from verifier_service.step.executor import StepExecutor
+from verifier_service.step.sampling_state import StepSampling
 
 
 @dataclass
@@ -85,7 +86,10 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
     # their q) go to the forward and the samplers from there; a tensor-parallel step's ranks
     # are sent host plans, so there they are read back first
     held = device_drafts.held(drafts)
-    if held and executor.broadcast is not None:
+    # (and where a logits processor needs their ids for its rows' histories: their ids on the
+    # host, one copy, before the plan)
+    if held and (executor.broadcast is not None
+                 or any(batch[i].seq.inp.sampling.has_processors for i in held)):
         read_back([drafts[i] for i in held], executor.fetch)
         held = []
     # 1. plan (trees: each node at the position of its depth, seeing its ancestors only; a
@@ -110,27 +114,31 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
         return chunks
     emitting = layout.seq_index.tolist()
     n = len(emitting)
-    # 3. sample (a step of greedy chains only is verified already, inside the forward)
-    ragged = (step.logits if plan.bucket is None else
-              step.logits.index_select(0, step.views["real_rows"][:layout.logits_indices.numel()]))
+    # 3. sample: the step's sampling state once, the logits rows of requests with a logits
+    # processor processed with each row's own history; a step of greedy chains only without a
+    # processor is verified already, inside the forward
+    sampling = executor.sampling.step([batch[i].seq for i in emitting],
+                                      [drafts[i] for i in emitting], layout)
+    ragged = sampling.process(
+        step.logits if plan.bucket is None else
+        step.logits.index_select(0, step.views["real_rows"][:layout.logits_indices.numel()]))
     nodes = None
-    params = [batch[i].seq.inp.sampling for i in emitting]
-    if plan.chain and all(p.greedy for p in params):
+    params = sampling.params
+    if plan.chain and sampling.all_greedy and sampling.processors is None:
         tokens, num_accepted = step.tokens[:n], step.num_accepted[:n]
     elif plan.chain and not layout.num_drafts and executor.sampler.serves(n):
         # nothing to verify: one token per row, the sampler's graph replayed
         tokens = executor.sampler(ragged, params, layout.sample_positions.tolist())[:, None]
         num_accepted = torch.zeros(n, dtype=torch.int64, device=tokens.device)
     else:
-        result = sample_step(ragged, layout, [batch[i] for i in emitting],
-                             [drafts[i] for i in emitting])
+        result = sample_step(ragged, sampling, [drafts[i] for i in emitting])
         tokens, num_accepted = result.output_token_ids, result.num_accepted
         if isinstance(result, TreeResult):
             nodes = result.accepted_nodes
         bad = getattr(result, "bad_q", None)
         if bad is not None:  # a malformed q costs its sequence's speculation only
             tokens, num_accepted, nodes = device_drafts.unaccept(
-                bad, tokens, num_accepted, nodes, _root_tokens(ragged, layout, params))
+                bad, tokens, num_accepted, nodes, _root_tokens(ragged, sampling))
     # 4. fetch: the last kept row's hidden state (logits row base + its node + 1), the
     # argmax rows, the tokens: one copy
     base_dev = step.views["bonus_base"][:n]
@@ -176,7 +184,7 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
         if argmax_h is not None and i < len(keep_argmax) and keep_argmax[i]:
             results[i].node_argmax = argmax_h[base[r] + 1:base[r] + 1 + ks[i]].tolist()
     _kept_features(step, plan, emitting, results, keep_features)
-    _add_logprobs(ragged, layout, batch, emitting, rows, results)
+    _add_logprobs(ragged, sampling, emitting, rows, results)
     return results
 
 
@@ -226,30 +234,29 @@ def _left_first_child(parents: Sequence[int], path: Sequence[int]) -> bool:
     return any(first[parents[node]] != node for node in path)
 
 
-def _add_logprobs(logits: torch.Tensor, layout: StepLayout, batch: list[Scheduled],
-                  emitting: list[int], rows: list[list[int]],
-                  results: list[SeqResult | None]) -> None:
+def _add_logprobs(logits: torch.Tensor, sampling: StepSampling, emitting: list[int],
+                  rows: list[list[int]], results: list[SeqResult | None]) -> None:
     """Row j of an emitting sequence picked its token j: gather those rows of the sequences
-    that ask for logprobs and score their tokens (one small batch for the whole step)."""
-    wanted = [r for r, i in enumerate(emitting) if batch[i].seq.inp.top_logprobs is not None]
+    that ask for logprobs and score their tokens (one small batch for the whole step), from
+    the processed logits (the distribution the token was drawn from)."""
+    seqs = sampling.seqs
+    wanted = [r for r, seq in enumerate(seqs) if seq.inp.top_logprobs is not None]
     if not wanted:
         return
-    offsets = layout.target_offsets.tolist()
+    offsets = sampling.layout.target_offsets.tolist()
     # token j of a sequence was picked by the logits row of the accepted node before it
     picks = {r: [0, *(p + 1 for p in results[emitting[r]].path)] for r in wanted}
     index = [offsets[r] + picks[r][j] for r in wanted for j in range(len(rows[r]))]
-    params = [batch[emitting[r]].seq.inp.sampling for r in wanted for _ in rows[r]]
+    owner = torch.tensor([r for r in wanted for _ in rows[r]])
     scored = token_logprobs(
-        logits[torch.tensor(index, device=logits.device)],
-        SamplingTensors.from_lists([p.temperature for p in params], [p.top_k for p in params],
-                                   [p.top_p for p in params], [p.min_p for p in params]),
+        logits[torch.tensor(index, device=logits.device)], sampling.tensors(owner),
         torch.tensor([t for r in wanted for t in rows[r]]),
-        max(batch[emitting[r]].seq.inp.top_logprobs for r in wanted))
+        max(seqs[r].inp.top_logprobs for r in wanted))
     chosen, ids = scored.chosen.tolist(), scored.top_ids.tolist()
     values = scored.top_values.tolist()
     at = 0
     for r in wanted:
-        n_top = batch[emitting[r]].seq.inp.top_logprobs
+        n_top = seqs[r].inp.top_logprobs
         out = []
         for _ in rows[r]:
             out.append((chosen[at], list(zip(ids[at][:n_top], values[at][:n_top]))))
@@ -257,45 +264,45 @@ def _add_logprobs(logits: torch.Tensor, layout: StepLayout, batch: list[Schedule
         results[emitting[r]].logprobs = out
 
 
-def sample_step(logits: torch.Tensor, layout: StepLayout, batch: Sequence[Scheduled],
+def sample_step(logits: torch.Tensor, sampling: StepSampling,
                 drafts: Sequence[Draft | None]) -> RejectionResult:
-    """logits [T_out, V] of the emitting sequences -> their accepted tokens. Drafts still on the
-    device are read from there (ids, trees' parents, q: verifier_service/step/device_drafts.py);
-    the result's bad_q, when set, marks the sequences whose q failed the check."""
-    params = [s.seq.inp.sampling for s in batch]
+    """logits [T_out, V] of the emitting sequences (processed) -> their accepted tokens.
+    Drafts still on the device are read from there (ids, trees' parents, q:
+    verifier_service/step/device_drafts.py); the result's bad_q, when set, marks the sequences
+    whose q failed the check."""
+    layout = sampling.layout
     device = logits.device
     if not layout.chain:
-        return _sample_trees(logits, layout, params, drafts)
-    if all(p.greedy for p in params):
+        return _sample_trees(logits, sampling, drafts)
+    if sampling.all_greedy:
         # every row greedy: the sampler would pick argmax(one-hot at argmax(logits)); skip
         # building p and the random numbers (the no-speculation path: just the argmax)
         if layout.num_drafts == 0:
             tokens = logits.argmax(dim=-1)  # [S]
             return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
         return greedy_verify(logits, device_drafts.draft_ids(drafts, device), layout)
-    probs = _target_probs(logits, layout, params)
+    probs = sampling.row_tensors().apply(logits)
     if layout.num_drafts == 0:
-        return _sample_tokens(logits, probs, layout, params)
+        return _sample_tokens(logits, probs, layout, sampling.params)
     bad, qs = device_drafts.q_guard(drafts, device)
     result = rejection_sample(
         probs, device_drafts.draft_ids(drafts, device), layout,
         draft_distribution(drafts, device, qs),
-        torch.tensor([p.greedy for p in params], dtype=torch.bool),  # host: decides draws
-        [p.seed for p in params])
+        sampling.greedy,  # host: decides draws
+        sampling.seeds)
     result.bad_q = bad
     return result
 
 
-def _root_tokens(logits: torch.Tensor, layout: StepLayout, params) -> torch.Tensor:
+def _root_tokens(logits: torch.Tensor, sampling: StepSampling) -> torch.Tensor:
     """Each emitting sequence's token drawn from the target at its root row alone (what it
     emits with no draft: `_sample_tokens` over its first logits row) [S]."""
+    layout = sampling.layout
     rows = to_device(layout.target_offsets, logits.device)
     root = logits.index_select(0, rows)
     one = StepLayout.for_drafts([0] * layout.batch_size, layout.sample_positions)
-    probs = SamplingTensors.from_lists([p.temperature for p in params],
-                                       [p.top_k for p in params], [p.top_p for p in params],
-                                       [p.min_p for p in params]).apply(root)
-    return _sample_tokens(root, probs, one, params).output_token_ids[:, 0]
+    probs = sampling.tensors().apply(root)
+    return _sample_tokens(root, probs, one, sampling.params).output_token_ids[:, 0]
 
 
 def _sample_tokens(logits: torch.Tensor, probs: torch.Tensor, layout: StepLayout, params
@@ -317,35 +324,24 @@ def _sample_tokens(logits: torch.Tensor, probs: torch.Tensor, layout: StepLayout
     return RejectionResult(tokens[:, None], torch.zeros_like(tokens))
 
 
-def _sample_trees(logits: torch.Tensor, layout: StepLayout, params, drafts) -> TreeResult:
+def _sample_trees(logits: torch.Tensor, sampling: StepSampling, drafts) -> TreeResult:
     """sample_step for a step with a tree among its drafts (kernels/tree_rejection.py; chains in
     the same step are trees with parents i - 1). A tree still on the device: every tree's
     parents go to the sampler as a tensor (DeviceParents), else the layout's are read."""
+    layout = sampling.layout
     device = logits.device
     ids = device_drafts.draft_ids(drafts, device)
-    greedy = torch.tensor([p.greedy for p in params], dtype=torch.bool)
+    greedy = sampling.greedy
     parents = (device_drafts.tree_parents(drafts, device)
                if any(isinstance(d, DeviceDraft) and d.device_tree for d in drafts) else None)
     if bool(greedy.all()):  # argmax of the logits is the argmax of the one-hot p
         return tree_rejection_sample(logits, ids, parents, layout, None, greedy)
     bad, qs = device_drafts.q_guard(drafts, device)
-    result = tree_rejection_sample(_target_probs(logits, layout, params), ids, parents, layout,
+    result = tree_rejection_sample(sampling.row_tensors().apply(logits), ids, parents, layout,
                                    draft_distribution(drafts, device, qs), greedy,
-                                   [p.seed for p in params])
+                                   sampling.seeds)
     result.bad_q = bad
     return result
-
-
-def _target_probs(logits: torch.Tensor, layout: StepLayout, params) -> torch.Tensor:
-    """p per logits row [T_out, V]: each sequence's sampling parameters on its k + 1 rows."""
-    rows = (layout.num_draft_tokens + 1).tolist()
-
-    def per_row(values):  # one value per sequence -> one per logits row
-        return [v for v, n in zip(values, rows) for _ in range(n)]
-
-    return SamplingTensors.from_lists(  # host tensors: the kernel picks its fast paths
-        per_row([p.temperature for p in params]), per_row([p.top_k for p in params]),
-        per_row([p.top_p for p in params]), per_row([p.min_p for p in params])).apply(logits)
 
 
 def draft_distribution(drafts: Sequence[Draft | None], device: torch.device,
