@@ -29,8 +29,8 @@ DTYPES = {"auto": "auto", "float16": "float16", "half": "float16", "bfloat16": "
           "float32": "float32", "float": "float32"}
 # The verifier's defaults for the flags `serve` passes only when given (verifier_service/
 # config.py; a test holds them equal)
-VERIFIER_DEFAULTS = {"max_num_seqs": 8, "gpu_memory_utilization": 0.0,
-                     "kv_cache_memory_mb": 512}
+VERIFIER_DEFAULTS = {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "block_size": 16,
+                     "gpu_memory_utilization": 0.0, "kv_cache_memory_mb": 512}
 
 DESCRIPTION = """\
 Serve MODEL with speculative decoding: the gateway (OpenAI-compatible REST on --host:--port),
@@ -90,6 +90,14 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     v.add_argument("--max-num-seqs", type=int, default=None,
                    help="sequences each verifier decodes together "
                    f"(default: {VERIFIER_DEFAULTS['max_num_seqs']})")
+    v.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step of each verifier; longer prompts are prefilled in "
+                   f"chunks; 0: no limit (default: {VERIFIER_DEFAULTS['max_num_batched_tokens']})")
+    v.add_argument("--block-size", type=int, default=None,
+                   help=f"tokens per KV cache block (default: {VERIFIER_DEFAULTS['block_size']})")
+    v.add_argument("--trust-remote-code", action="store_true",
+                   help="allow model code shipped in the model directory, for the target and a "
+                   "draft or MLP speculator (default: off)")
     v.add_argument("--speculative-config", metavar="JSON", type=_speculative_config,
                    default=None,
                    help="vLLM's speculative decoding settings as a JSON object: method "
@@ -128,19 +136,21 @@ def up_namespace(args: argparse.Namespace, api_key_file: str | None = None,
     per_method: dict[str, list[str]] = {m: [] for m in proposer_methods()}
     if args.served_model_name:
         verifier += ["--served-model-name", args.served_model_name]
-    if args.dtype:
-        verifier += ["--dtype", DTYPES[args.dtype]]
-        for m, method in proposer_methods().items():
-            if method.capabilities.needs_model:
-                per_method[m] += ["--dtype", DTYPES[args.dtype]]
+    model_args = [*(["--dtype", DTYPES[args.dtype]] if args.dtype else []),
+                  *(["--trust-remote-code"] if args.trust_remote_code else [])]
+    verifier += model_args  # and every proposer with a model of its own
+    for m, method in proposer_methods().items():
+        if method.capabilities.needs_model:
+            per_method[m] += model_args
     if args.max_model_len is not None:
         verifier += ["--max-model-len", str(args.max_model_len)]
     if args.gpu_memory_utilization is not None:
         verifier += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if args.enforce_eager:
         verifier += ["--graphs", "off"]
-    if args.max_num_seqs is not None:
-        verifier += ["--max-num-seqs", str(args.max_num_seqs)]
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        if getattr(args, flag) is not None:
+            verifier += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if api_key_file:
         gateway += ["--api-key-file", api_key_file]
     if spec is not None:

@@ -43,15 +43,19 @@ def test_vllms_flags_are_the_services_own():
     vllm = served(TARGET, "--host", "0.0.0.0", "--port", "8123", "--served-model-name", "toy",
                   "--dtype", "half", "--max-model-len", "512", "-tp", "2",
                   "--gpu-memory-utilization", "0.8", "--no-enable-prefix-caching",
-                  "--enforce-eager", "--max-num-seqs", "16", "--tls", "--verifier-replicas", "2",
-                  "--verifier-args", "--max-waiting 9", key_file="/tmp/keys")
-    verifier = ("--served-model-name toy --dtype float16 --max-model-len 512 "
-                "--gpu-memory-utilization 0.8 --graphs off --max-num-seqs 16 --max-waiting 9")
+                  "--enforce-eager", "--max-num-seqs", "16", "--max-num-batched-tokens", "512",
+                  "--block-size", "32", "--trust-remote-code", "--tls",
+                  "--verifier-replicas", "2", "--verifier-args", "--max-waiting 9",
+                  key_file="/tmp/keys")
+    verifier = ("--served-model-name toy --dtype float16 --trust-remote-code --max-model-len 512 "
+                "--gpu-memory-utilization 0.8 --graphs off --max-num-seqs 16 "
+                "--max-num-batched-tokens 512 --block-size 32 --max-waiting 9")
     up = upped("--model", TARGET, "--host", "0.0.0.0", "--http-port", "8123",
                "--tensor-parallel-size", "2", "--no-enable-prefix-caching", "--tls",
                "--verifier-replicas", "2", "--verifier-args", verifier,
                "--gateway-args", "--api-key-file /tmp/keys",
-               "--draft-args", "--dtype float16", "--mlp-args", "--dtype float16")
+               "--draft-args", "--dtype float16 --trust-remote-code",
+               "--mlp-args", "--dtype float16 --trust-remote-code")
     assert vllm == up
     assert argvs(vllm) == argvs(up)
 
