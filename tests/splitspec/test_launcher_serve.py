@@ -5,6 +5,8 @@ started. The stack it serves is tests/integration/test_serve.py's."""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import stat
 from pathlib import Path
 
@@ -153,3 +155,25 @@ def test_the_key_file_is_the_users_alone_and_read_by_the_gateway():
 def test_the_defaults_serve_states_are_the_verifiers():
     d = VerifierConfig()
     assert serve.VERIFIER_DEFAULTS == {k: getattr(d, k) for k in serve.VERIFIER_DEFAULTS}
+
+
+def documented_serve_commands() -> list[list[str]]:
+    """Every `splitspec serve ...` command in the README's and docs/vllm-flags.md's shell
+    blocks, its arguments after `serve`."""
+    commands = []
+    for doc in ("README.md", "docs/vllm-flags.md"):
+        for block in re.findall(r"```bash\n(.*?)```", (ROOT / doc).read_text(), re.S):
+            for command in block.replace("\\\n", " ").splitlines():
+                head = command.split()[:2]
+                if len(head) == 2 and head[0].endswith("splitspec") and head[1] == "serve":
+                    commands.append(shlex.split(command)[2:])
+    return commands
+
+
+def test_the_documented_serve_commands_start_the_stack_they_say():
+    commands = documented_serve_commands()
+    assert len(commands) >= 3
+    for argv in commands:
+        config = served(*argv)
+        spec = build_parser().parse_args(["serve", *argv]).speculative_config
+        assert set(config.launched()) == {m for m in spec.methods if m != "lookahead"}, argv
