@@ -83,7 +83,9 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
         True, "reuse the KV blocks of prompt prefixes computed before (LRU-evicted)")
     max_model_len: int = option(0, "context length limit (0: the model's own)")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
-    linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
+    # kernels/linear.py
+    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn or fp16 "
+                         "(weights packed once); auto picks one that suits this machine",
                          choices=("auto", "dense", "onednn", "fp16"))
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
