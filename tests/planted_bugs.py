@@ -21,6 +21,7 @@ import proposer_service.draft.graphs as draft_graphs
 import proposer_service.draft.slots as draft_slots
 import proposer_service.mlp.proposer as mlp
 import proposer_service.sampling as draft_sampling
+import splitspec.config as service_flags
 import splitspec.goodput as goodput
 import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
@@ -39,6 +40,7 @@ from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft.proposer import DraftSession
 from proposer_service.mlp.speculator import SpeculatorNorm
 from splitspec import device as dev
+from splitspec import health_probe
 from verifier_service.drafts.collector import DraftCollector
 from verifier_service.model.runner import ModelRunner
 
@@ -1121,3 +1123,31 @@ def run_read_one_slot_late(monkeypatch) -> None:
         return runs[:-1] + ((runs[-1][0] + 1, runs[-1][1]),) if runs else runs
 
     monkeypatch.setattr(kv_paged_attention, "slot_runs", shifted)
+
+
+def help_default_shown_twice(monkeypatch) -> None:
+    """A service flag's default appended to its help even where the help says it in words
+    (the verifier's --served-model-name: "(default: directory name) (default: none)")."""
+    monkeypatch.setattr(service_flags, "with_default",
+                        lambda help_text, default, repeatable=False:
+                        f"{help_text} (default: {service_flags.shown_default(default)})")
+
+
+def health_flag_without_help(monkeypatch) -> None:
+    """splitspec-health's --timeout-s registered without a help text."""
+    real = health_probe.parser
+
+    def parser():
+        p = real()
+        next(a for a in p._actions if "--timeout-s" in a.option_strings).help = None
+        return p
+
+    monkeypatch.setattr(health_probe, "parser", parser)
+
+
+def switch_default_unsaid(monkeypatch) -> None:
+    """A service's on/off flag shows no default (its help text only)."""
+    real = service_flags.with_default
+    monkeypatch.setattr(service_flags, "with_default",
+                        lambda help_text, default, repeatable=False: help_text
+                        if isinstance(default, bool) else real(help_text, default, repeatable))
