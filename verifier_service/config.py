@@ -35,7 +35,7 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     default_num_speculative_tokens: int = option(4, "k used when a request does not set one")
     max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
     eagle: str = option("", "an EAGLE-1/2 or EAGLE-3 head for this target (a directory as "
-                        "published): serves the in-target method eagle (empty: not served)")
+                        "published): serves the in-target method eagle (default: none, not served)")
     eagle_vocab_subset: str = option(
         "auto", "eagle: an EAGLE-1/2 head (scoring with the target's output head) scores only "
         "the N most frequent tokens of its directory's token_frequencies.json (auto: the file's "
@@ -83,7 +83,9 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
         True, "reuse the KV blocks of prompt prefixes computed before (LRU-evicted)")
     max_model_len: int = option(0, "context length limit (0: the model's own)")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
-    linear: str = option("auto", "matmul kernels of the model (kernels/linear.py)",
+    # kernels/linear.py
+    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn or fp16 "
+                         "(weights packed once); auto picks one that suits this machine",
                          choices=("auto", "dense", "onednn", "fp16"))
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows

@@ -1,7 +1,10 @@
-"""The local launcher app: `splitspec up` starts the whole stack on this machine, one process
-per service, and keeps it running.
+"""The local launcher app: `splitspec serve MODEL` (vLLM's flag names) and `splitspec up` (every
+switch spelled out) start the whole stack on this machine, one process per service, and keep
+it running.
 
     cli.py         the `splitspec` command and its subcommands (`python -m splitspec.launcher`)
+    serve.py       `splitspec serve`: vLLM's flags, each turned into `up`'s or a service's flag
+    speculative_config.py  vLLM's --speculative-config JSON read into the services' flags
     up.py          `splitspec up`: its flags, the stack they describe, start and supervise
     config.py      StackConfig: which services run, on which ports, with which flags
     ports.py       default ports that never collide; a port given to two services refused

@@ -1,4 +1,5 @@
-"""`python -m splitspec.launcher up ...` (what `make run` runs): the `splitspec` command."""
+"""`python -m splitspec.launcher serve MODEL ...` (what `make run` runs): the `splitspec`
+command."""
 
 from splitspec.launcher.cli import main
 

@@ -1,33 +1,8 @@
-"""Start the whole stack locally: proposer(s), verifier and gateway as separate processes.
-
-    splitspec up [--model DIR] [--http-port 8000] [--no-draft] [--no-mlp]
-                 [--verifier-replicas N] [--tensor-parallel-size N]
-                 [--verifier-args '--max-waiting 64'] ...
-
-One proposer process per method of the registry (splitspec/methods.py), each added to the
-verifier's --proposer list. Methods without a model (n-gram) always run; a model-backed method
-runs when its model is given (--draft-model, --mlp-model, ...) or, by default, when its directory
-(`draft/`, `mlp-speculator/`) sits next to the target and fits it (same tokenizer file; a
-speculator with the target's hidden and vocabulary sizes). --no-METHOD leaves one out.
-
---tls runs the whole stack with mutual TLS: a throwaway CA and a certificate per role are
-written into a temporary directory (removed on exit), every gRPC hop requires and checks client
-certificates (verifiers serve only the gateway, proposers only verifiers), and the gateway's
-front doors serve HTTPS and gRPC over TLS with its certificate; clients trust the printed ca.pem.
-
---verifier-replicas N starts N verifiers, all sharing the proposers, behind the one gateway:
-the first on --verifier-port, the others on the next ports that no other service has (the
-defaults never collide; a port given to two services is refused). --tensor-parallel-size N
-splits each verifier's target over N devices (N processes per verifier; on accelerators, give
-each replica a host of its own). Any service flag passes
-through: --gateway-args, --verifier-args, --proposer-args (every proposer) and --METHOD-args
-take a quoted flag list.
-
-Prints the gateway URL once every service reports healthy, then supervises them: a service that
-exits is started again with backoff while the others keep serving
-(splitspec/launcher/supervisor.py). SIGINT or SIGTERM stops all of them (children are in their
-own process group, so nothing is left behind). The integration tests use the same `Stack` class
-with free ports.
+"""`splitspec up`: the whole stack on this machine, proposer(s), verifier(s) and gateway as
+separate processes, every switch of the local launcher spelled out (`splitspec serve` is the
+same stack under vLLM's flag names, splitspec/launcher/serve.py). The flags both take are
+registered by add_stack_arguments; stack_config turns them into the StackConfig that
+splitspec/launcher/stack.py starts, and run supervises it until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
@@ -49,69 +24,132 @@ from splitspec.methods import in_target_methods, proposer_methods
 if TYPE_CHECKING:  # cryptography is imported only where certificates are made
     from splitspec.tls_certs import StackCertificates
 
+DESCRIPTION = """\
+Start the whole stack on this machine: the proposers, the verifier(s) and the gateway, each as
+its own process.
+
+    splitspec up [--model DIR] [--http-port 8000] [--no-draft] [--no-mlp]
+                 [--verifier-replicas N] [--tensor-parallel-size N]
+                 [--verifier-args '--max-waiting 64'] ...
+
+(`splitspec serve MODEL` starts the same stack under vLLM's flag names.)
+
+Proposers: one process per method. Methods without a model (ngram, suffix) always run; a
+model-backed one (draft, mlp) runs when its model is given (--draft-model, --mlp-model) or found
+next to the target as TARGET-draft/ or draft/ (TARGET-mlp-speculator/ or mlp-speculator/) and
+fits it (the same tokenizer file; a speculator with the target's hidden and vocabulary sizes).
+The verifiers serve lookahead decoding themselves, and an EAGLE head found the same way
+(TARGET-eagle/ or eagle/, or --eagle-model). --no-METHOD leaves a method out.
+
+--tls runs every hop with mutual TLS and the front doors with HTTPS: a throwaway CA and a
+certificate per role are written into a temporary directory (removed on exit); clients trust
+the printed ca.pem.
+
+--verifier-replicas N starts N verifiers behind the one gateway, sharing the proposers: the
+first on --verifier-port, the others on the next ports no other service has. A port given to two
+services is refused. --tensor-parallel-size N splits each verifier's model over N devices.
+
+Any flag of a service passes through: --gateway-args, --verifier-args, --proposer-args (every
+proposer) and --METHOD-args (one proposer) each take a quoted list of flags (the services'
+own --help lists them).
+
+Prints the gateway's URL once every service is healthy, restarts a service that exits (with
+backoff) while the others keep serving, and stops them all on Ctrl-C or SIGTERM.
+"""
+
+# What --gateway-args, --verifier-args and --proposer-args pass, e.g. (flags each service takes)
+EXAMPLE_ARGS = {"gateway": "--max-pending 256 --max-prompts 4",
+                "verifier": "--max-waiting 64 --max-num-seqs 16",
+                "proposer": "--max-batch 16 --idle-timeout-s 300"}
+
 
 def add_command(commands: argparse._SubParsersAction) -> None:
     """Register `up` and its flags (one set per method of the registry)."""
-    up = commands.add_parser("up", help="serve gateway + verifier + proposers locally",
-                             description=__doc__,
+    up = commands.add_parser("up", help="serve gateway + verifier + proposers locally, every "
+                             "switch spelled out", description=DESCRIPTION,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
     d = StackConfig()
-    up.add_argument("--model", default=d.model, help="target model directory")
-    up.add_argument("--host", default=d.host)
-    up.add_argument("--http-port", type=int, default=d.http_port)
-    up.add_argument("--grpc-port", type=int, default=d.grpc_port)
-    up.add_argument("--verifier-port", type=int, default=d.verifier_port,
-                    help="the first verifier's port; further replicas take the next ports that "
-                    "no other service has")
-    up.add_argument("--verifier-replicas", type=int, default=d.verifier_replicas,
-                    help="verifiers behind the gateway, sharing the proposers")
+    up.add_argument("--model", default=d.model,
+                    help="target model directory (default: %(default)s)")
+    up.add_argument("--host", default=d.host,
+                    help="address every service listens on (default: %(default)s)")
+    up.add_argument("--http-port", type=int, default=d.http_port,
+                    help="the gateway's REST (OpenAI-compatible) port (default: %(default)s)")
     up.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size,
                     help="devices each verifier splits the target over (it starts one process "
-                    "per device; docs/deploy.md: replicas or tensor parallelism)")
-    flags = "a quoted list of flags, e.g. '--max-waiting 64 --max-num-seqs 16'"
-    up.add_argument("--gateway-args", default="", help=f"passed to the gateway: {flags}")
-    up.add_argument("--verifier-args", default="", help=f"passed to every verifier: {flags}")
-    up.add_argument("--proposer-args", default="", help=f"passed to every proposer: {flags}")
-    up.add_argument("--resume-wait-s", type=float, default=30.0,
-                    help="how long the gateway lets a stream whose verifier died wait for one "
-                    "to serve again (the supervisor restarts it)")
-    up.add_argument("--prefix-routing", action=argparse.BooleanOptionalAction, default=True,
-                    help="the gateway sends a request to the verifier replica recently sent its "
-                    "longest prompt prefix (--no-prefix-routing: least requests in flight)")
-    up.add_argument("--device", default=d.device)
-    up.add_argument("--tls", action="store_true",
-                    help="mutual TLS on every hop and HTTPS at the front door, with a throwaway "
-                    "CA and certificates in a temporary directory")
-    up.add_argument("--log-dir", type=Path, default=None,
-                    help="write each service's log here (default: this terminal)")
-    up.add_argument("--metrics-port", type=int, default=d.metrics_port,
-                    help="Prometheus /metrics of the gateway; the verifier and proposers get the "
-                    "next ports (0: off)")
+                    "per device; docs/deploy.md: replicas or tensor parallelism) "
+                    "(default: %(default)s)")
     up.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                     default=True, help="reuse the KV of prompt prefixes computed before, in "
-                    "the verifiers and the draft proposer (--no-enable-prefix-caching: off)")
+                    "the verifiers and the draft proposer (default: on)")
+    add_stack_arguments(up)
+    up.set_defaults(run=lambda args: run(args, up))
+
+
+def add_stack_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                        methods_default: bool | None = True,
+                        methods_note: str = "") -> None:
+    """The flags `up` and `serve` share. methods_default None: the --METHOD switches default
+    to None and the caller decides (`serve` from its --speculative-config); methods_note says
+    how, in their help."""
+    d = StackConfig()
+    parser.add_argument("--grpc-port", type=int, default=d.grpc_port,
+                        help="the gateway's public gRPC port (default: %(default)s)")
+    parser.add_argument("--verifier-port", type=int, default=d.verifier_port,
+                        help="the first verifier's port; further replicas take the next ports "
+                        "that no other service has (default: %(default)s)")
+    parser.add_argument("--verifier-replicas", type=int, default=d.verifier_replicas,
+                        help="verifiers behind the gateway, sharing the proposers "
+                        "(default: %(default)s)")
+    for service in ("gateway", "verifier", "proposer"):
+        which = "the" if service == "gateway" else "every"
+        parser.add_argument(f"--{service}-args", default="",
+                            help=f"flags passed to {which} {service}, quoted, e.g. "
+                            f"'{EXAMPLE_ARGS[service]}' (default: none)")
+    parser.add_argument("--resume-wait-s", type=float, default=30.0,
+                        help="how long the gateway lets a stream whose verifier died wait for "
+                        "one to serve again (it is restarted) (default: %(default)s)")
+    parser.add_argument("--prefix-routing", action=argparse.BooleanOptionalAction, default=True,
+                        help="the gateway sends a request to the verifier replica recently sent "
+                        "its longest prompt prefix (off: least requests in flight) "
+                        "(default: on)")
+    parser.add_argument("--device", default=d.device,
+                        help="cpu | cuda | mlu | auto, for every service (default: %(default)s)")
+    parser.add_argument("--tls", action="store_true",
+                        help="mutual TLS on every hop and HTTPS at the front door, with a "
+                        "throwaway CA and certificates in a temporary directory (default: off)")
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="write each service's log here (default: this terminal)")
+    parser.add_argument("--metrics-port", type=int, default=d.metrics_port,
+                        help="Prometheus /metrics of the gateway; the verifier and proposers get "
+                        "the next ports; 0: off (default: %(default)s)")
+    on = "on" if methods_default else f"on{methods_note}"
     for name, spec in proposer_methods().items():  # per proposer: on/off, port, model, device
-        up.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True,
-                        help=f"run the {name} proposer ({spec.summary})"
-                        + (" when its model is found" if spec.capabilities.needs_model else ""))
-        up.add_argument(f"--{name}-port", type=int, default=spec.default_port)
-        up.add_argument(f"--{name}-args", default="",
-                        help=f"passed to the {name} proposer (after --proposer-args)")
+        parser.add_argument(
+            f"--{name}", action=argparse.BooleanOptionalAction, default=methods_default,
+            help=f"run the {name} proposer ({spec.summary})"
+            + (" when its model is found" if spec.capabilities.needs_model else "")
+            + f" (default: {on})")
+        parser.add_argument(f"--{name}-port", type=int, default=spec.default_port,
+                            help=f"the {name} proposer's port (default: %(default)s)")
+        parser.add_argument(f"--{name}-args", default="",
+                            help=f"flags passed to the {name} proposer, after --proposer-args "
+                            "(default: none)")
         if spec.capabilities.needs_model:
-            up.add_argument(f"--{name}-model", default=None,
-                            help=f"its model directory (default: TARGET-{spec.model_dir}/, "
-                            f"else {spec.model_dir}/ next to the target, if it fits)")
-            up.add_argument(f"--{name}-device", default=None,
-                            help="its device (default: --device)")
+            parser.add_argument(f"--{name}-model", default=None,
+                                help=f"its model directory (default: TARGET-{spec.model_dir}/, "
+                                f"else {spec.model_dir}/ next to the target, if it fits)")
+            parser.add_argument(f"--{name}-device", default=None,
+                                help="its device (default: --device)")
     for name, spec in in_target_methods().items():  # in-target methods backed by a model
         if spec.capabilities.needs_model:
-            up.add_argument(f"--{name}", action=argparse.BooleanOptionalAction, default=True,
-                            help=f"serve {name} in the verifiers ({spec.summary}) when its "
-                            "model is found")
-            up.add_argument(f"--{name}-model", default=None,
-                            help=f"its model directory (default: TARGET-{spec.model_dir}/, "
-                            f"else {spec.model_dir}/ next to the target, if it fits)")
-    up.set_defaults(run=lambda args: run(args, up))
+            parser.add_argument(
+                f"--{name}", action=argparse.BooleanOptionalAction, default=methods_default,
+                help=f"serve {name} in the verifiers ({spec.summary}) when its model is found "
+                f"(default: {on})")
+            parser.add_argument(f"--{name}-model", default=None,
+                                help=f"its model directory (default: TARGET-{spec.model_dir}/, "
+                                f"else {spec.model_dir}/ next to the target, if it fits)")
 
 
 def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None) -> StackConfig:

@@ -26,9 +26,8 @@ class TelemetryConfig:
     metrics_host: str = ""  # empty: the service's --host
 
 
-def parse_service_config(cls: type[T], argv: Sequence[str] | None,
-                         metrics_port: int) -> tuple[T, TelemetryConfig]:
-    """Parse a service's config dataclass plus the telemetry flags from one command line."""
+def service_parser(cls: type, metrics_port: int) -> argparse.ArgumentParser:
+    """The command line of a service: its config dataclass's flags plus the telemetry flags."""
     parser = argparse.ArgumentParser(description=cls.__doc__)
     add_arguments(parser, cls)
     group = parser.add_argument_group("telemetry (tracing: the OTEL_* environment variables, "
@@ -37,6 +36,13 @@ def parse_service_config(cls: type[T], argv: Sequence[str] | None,
                        help=f"Prometheus /metrics port; 0: off (default: {metrics_port})")
     group.add_argument("--metrics-host", default="",
                        help="address of the metrics endpoint (default: the service's --host)")
+    return parser
+
+
+def parse_service_config(cls: type[T], argv: Sequence[str] | None,
+                         metrics_port: int) -> tuple[T, TelemetryConfig]:
+    """Parse a service's config dataclass plus the telemetry flags from one command line."""
+    parser = service_parser(cls, metrics_port)
     ns = parser.parse_args(argv)
     if not 0 <= ns.metrics_port <= 65535:
         parser.error("--metrics-port: must be in [0, 65535]")

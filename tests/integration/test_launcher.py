@@ -1,8 +1,8 @@
-"""`splitspec up` (what `make run` runs): prints the gateway URL when ready, serves a request,
-and SIGINT stops every service it started, leaving no process behind; SIGKILL of the launcher
-takes its services down too. One run of the documented `make run` with two verifier replicas
-checks all of the first at once (tests/splitspec/test_launcher_ports.py checks the ports of
-every service)."""
+"""`splitspec serve` (what `make run` runs) and `splitspec up`: prints the gateway URL when
+ready, serves a request, and SIGINT stops every service it started, leaving no process behind;
+SIGKILL of the launcher takes its services down too. One run of the documented `make run` with
+two verifier replicas checks all of the first at once (tests/splitspec/test_launcher_ports.py
+checks the ports of every service)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from procs_testlib import alive, children_of, proposer_port_flags, stop_launcher
 
 from splitspec.launcher import sibling_proposer_models
 from splitspec.launcher.cli import build_parser
+from splitspec.launcher.serve import up_namespace
 from splitspec.launcher.service import grpc_healthy
 from splitspec.launcher.stack import Stack
 from splitspec.launcher.up import stack_config
@@ -57,15 +58,20 @@ def test_make_run_serves_every_service_and_sigint_stops_everything(tmp_path):
     it serves a request; SIGINT stops it and every service it started. Where this machine
     already uses a default port, free ones are given instead (the rest is checked the same)."""
     argv = make_run(f"{documented_args()} --log-dir {tmp_path}")
-    # the same flags, parsed in this process: every port the stack will take
-    stack = Stack(stack_config(build_parser().parse_args(argv[argv.index("up"):])))
+
+    def parsed(argv: list[str]) -> Stack:
+        """The same flags, parsed in this process: every port the stack will take."""
+        return Stack(stack_config(up_namespace(build_parser().parse_args(
+            argv[argv.index("serve"):]))))
+
+    stack = parsed(argv)
     ports = [stack.config.http_port, *(s.port for s in stack.services),
              *filter(None, stack.metrics_ports.values())]
     if any(not bindable(stack.config.host, p) for p in ports):
-        argv += ["--http-port", str(free_port()), "--grpc-port", str(free_port()),
+        argv += ["--port", str(free_port()), "--grpc-port", str(free_port()),
                  "--verifier-port", str(free_port()), "--metrics-port", "0",
                  *proposer_port_flags()]
-        stack = Stack(stack_config(build_parser().parse_args(argv[argv.index("up"):])))
+        stack = parsed(argv)
         if busy := [s.port for s in stack.services if not bindable(stack.config.host, s.port)]:
             pytest.skip(f"ports in use on this machine, default and free alike: {busy}")
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
