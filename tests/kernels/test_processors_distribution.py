@@ -1,0 +1,107 @@
+"""Sampled output with logits processors on is distributed as the processed target, at every
+drafted chain position and tree node, the bonus included (soak tier: Pearson's chi-square over
+thousands of copies, with its power check).
+
+The pipeline is the verifier's: the step's sampling state (verifier_service/step/
+sampling_state.py) builds each row's processors from its own history, the rows are processed
+and shaped (temperature), and the tree sampler verifies the drafts. The oracle here is
+independent of it: among copies that accepted j nodes, the (j + 1)-th token must follow the
+Markov target's row after token j, processed with OpenAI's penalties over the copy's committed
+output plus the tokens it actually emitted before it. A sampler whose rows count their
+siblings' tokens, or leave out the drafts before them, draws from another p and fails."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import planted_bugs as bug
+import pytest
+import torch
+from test_tree_rejection import SHAPES, chi_square_pvalue, draw_trees, markov, max_depth
+
+from kernels import StepLayout, tree_rejection_sample
+from kernels.logits_processors import ProcessorRows, process_rows
+from splitspec.params import SamplingParams
+from splitspec.proposal import Draft
+from verifier_service.step.sampling_state import SamplingState
+
+V, ROOT, N = 6, 0, 3_000  # vocab, the root's token, copies per kind (unseeded, seeded)
+PROMPT, OUTPUT = (4, 5), [ROOT, 1, 1]  # the committed history every copy starts from
+FIELDS = dict(frequency_penalty=1.5, presence_penalty=0.7, repetition_penalty=1.4,
+              logit_bias=((3, 1.0),))
+FAMILY_ALPHA = 1e-4
+
+
+def _seq(i: int, seed):
+    p = SamplingParams(temperature=1.0, seed=seed, **FIELDS)
+    return SimpleNamespace(request_id=f"c{i}", inp=SimpleNamespace(sampling=p,
+                                                                   prompt_token_ids=PROMPT),
+                           tokens=list(PROMPT) + OUTPUT, finished=False, bad_words_ids=(),
+                           tracker=SimpleNamespace(stop_token_ids=frozenset()))
+
+
+def _oracle_row(raw_row: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+    """The processed target after `history` [n, L] (emitted tokens): probabilities [n, V]."""
+    n = history.shape[0]
+    counts = torch.zeros(n, V)
+    counts += torch.bincount(torch.tensor(OUTPUT), minlength=V).float()
+    counts.scatter_add_(1, history, torch.ones_like(history, dtype=torch.float32))
+    seen = counts > 0
+    seen[:, list(PROMPT)] = True
+    bias = torch.zeros(n, V)
+    bias[:, 3] = 1.0
+    col = lambda v: torch.full((n, 1), v)  # noqa: E731
+    x = process_rows(raw_row.log(), ProcessorRows(torch.arange(n), counts, seen, col(1.4),
+                                                  col(1.5), col(0.7), bias, None, None))
+    return x.softmax(-1)
+
+
+def check_processed_distribution(name: str) -> None:
+    shape = SHAPES[name]
+    seed = 31 + len(name)
+    gen = torch.Generator().manual_seed(seed)
+    p, q = markov(seed, max_depth(shape))
+    b, m = 2 * N, len(shape)
+    tokens, qs, rows = draw_trees(shape, p, q, b, gen)
+    parents = [par for par, _ in shape]
+    seqs = [_seq(i, i if i % 2 else None) for i in range(b)]
+    drafts = [Draft(s.request_id, tokens[i].tolist(), parents=list(parents))
+              for i, s in enumerate(seqs)]
+    layout = StepLayout.build([m + 1] * b, [len(PROMPT) + len(OUTPUT) - 1] * b, [m] * b,
+                              [True] * b, [list(parents)] * b)
+    step = SamplingState(V, torch.device("cpu")).step(seqs, drafts, layout)
+    probs = step.row_tensors().apply(step.process(rows.reshape(-1, V).log()))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        res = tree_rejection_sample(probs, tokens.reshape(-1), [parents] * b, layout, qs.reshape(
+            b * m, V), step.greedy, step.seeds)
+    out, n_acc = res.output_token_ids, res.num_accepted
+    checks = []
+    for j in range(out.shape[1]):
+        reached = n_acc >= j
+        if int(reached.sum()) < 200:
+            continue
+        prev = out[reached, j - 1] if j else torch.full((int(reached.sum()),), ROOT)
+        expected = _oracle_row(p[j, prev], out[reached, :j]).double().sum(0)
+        checks.append((j, torch.bincount(out[reached, j], minlength=V).double(), expected))
+    assert len(checks) >= 2, checks
+    for j, obs, exp in checks:
+        pval = chi_square_pvalue(obs, exp)
+        assert pval > FAMILY_ALPHA / len(checks), (name, j, pval, obs.tolist(), exp.tolist())
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("name", ["chain", "two-level-wor", "mixed", "star-det"])
+def test_processed_rows_are_distributed_as_the_processed_target(name):
+    check_processed_distribution(name)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("plant, name", [
+    (bug.tree_node_counts_its_siblings, "two-level-wor"),
+    (bug.penalty_counts_leave_out_earlier_drafts, "chain"),
+], ids=["siblings-counted", "earlier-drafts-left-out"])
+def test_the_chi_square_catches_rows_with_another_history(monkeypatch, plant, name):
+    plant(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_processed_distribution(name)
