@@ -87,6 +87,13 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn or fp16 "
                          "(weights packed once); auto picks one that suits this machine",
                          choices=("auto", "dense", "onednn", "fp16"))
+    # Which distribution a request's logprobs describe (vLLM's --logprobs-mode names):
+    # processed_logprobs: the one each token was drawn from (logits processors, temperature with
+    # greedy rows at 1, top-k/top-p/min-p); raw_logprobs: the model's own softmax.
+    logprobs_mode: str = option("processed_logprobs",
+                                "what logprobs report: processed_logprobs (the distribution "
+                                "each token is drawn from) or raw_logprobs (the model's own)",
+                                choices=("processed_logprobs", "raw_logprobs"))
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
     # (powers of two up to --max-num-seqs x (1 + --max-num-speculative-tokens)), each captured

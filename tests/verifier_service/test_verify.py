@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from splitspec.params import GenerationInput, SamplingParams
@@ -24,6 +25,7 @@ class SuccessorRunner:
     device = torch.device("cpu")
     kv = SimpleNamespace(block_size=4, trash_block=99)
     max_model_len = 64
+    vocab_size = V
 
     def run_plan(self, views, plan, out=None):
         self.input_ids, self.layout = views["ids"].tolist(), plan.layout
@@ -91,3 +93,19 @@ def test_a_seeded_sampled_sequence_is_reproducible_and_keeps_what_it_accepts():
     # the target puts ~all mass on the successor: 6 and 7 accepted, 9 rejected
     assert first.num_accepted == 2 and first.tokens[:2] == [6, 7]
     assert list(first.kept_rows) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
+def test_logprobs_describe_the_processed_or_the_raw_distribution(mode):
+    executor = _executor()
+    executor.logprobs_mode = mode
+    # the successor of 5 is 6: a bias of -100 on it makes 6's processed logprob tiny
+    seq = _seq([3, 4, 5], 2, top_logprobs=1,
+               sampling=SamplingParams(temperature=0.0, logit_bias=((6, -100.0),)))
+    (r,) = verify_step(executor, [Scheduled(seq, 1, 0)], [None], [False])
+    assert r.tokens != [6]  # the bias decided the greedy token
+    chosen, top = r.logprobs[0]
+    if mode == "raw_logprobs":  # the model's own: 6 is still its most likely token
+        assert top[0][0] == 6 and chosen < top[0][1]
+    else:  # the distribution the token was drawn from: the chosen token is among the likeliest
+        assert chosen == top[0][1] and top[0][0] != 6

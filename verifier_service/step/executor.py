@@ -135,6 +135,7 @@ class StepExecutor:
                                    counts=self.stats.sampler_steps)
         # every running sequence's sampling fields, expanded once per step to its rows
         self.sampling = SamplingState(getattr(runner, "vocab_size", 1), self.device)
+        self.logprobs_mode = "processed_logprobs"  # or raw_logprobs (VerifierConfig)
         # eager steps on a device that captures: counted by reason, logged once per shape
         self.fallbacks = EagerFallbacks(f"a step on {self.device}", self.stats.eager_steps)
         # tensor parallel, rank 0 (verifier_service/tp/broadcast.py): every plan, and every
@@ -149,7 +150,9 @@ class StepExecutor:
         graphs = config.graphs != "off" and dev.supports_graphs(runner.device)
         ladder = (BucketLadder.powers_of_two(config.max_num_seqs, rows) if graphs
                   else BucketLadder())
-        return cls(runner, ladder, capture=graphs)
+        executor = cls(runner, ladder, capture=graphs)
+        executor.logprobs_mode = config.logprobs_mode
+        return executor
 
     # -- planning ----------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from kernels import tree_rejection
 from kernels.layout import RejectionResult, StepLayout
 from kernels.logprobs import token_logprobs
 from kernels.rejection import greedy_verify, rejection_sample
-from kernels.sampling import noise_key, sample
+from kernels.sampling import SamplingTensors, noise_key, sample
 from kernels.sparse_probs import SparseProbs
 from kernels.tree_rejection import TreeResult, tree_rejection_sample
 from splitspec.device import to_device
@@ -119,9 +119,9 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
     # processor is verified already, inside the forward
     sampling = executor.sampling.step([batch[i].seq for i in emitting],
                                       [drafts[i] for i in emitting], layout)
-    ragged = sampling.process(
-        step.logits if plan.bucket is None else
-        step.logits.index_select(0, step.views["real_rows"][:layout.logits_indices.numel()]))
+    raw = (step.logits if plan.bucket is None else
+           step.logits.index_select(0, step.views["real_rows"][:layout.logits_indices.numel()]))
+    ragged = sampling.process(raw)
     nodes = None
     params = sampling.params
     if plan.chain and sampling.all_greedy and sampling.processors is None:
@@ -184,7 +184,8 @@ def verify_step(executor: StepExecutor, batch: list[Scheduled], drafts: list[Dra
         if argmax_h is not None and i < len(keep_argmax) and keep_argmax[i]:
             results[i].node_argmax = argmax_h[base[r] + 1:base[r] + 1 + ks[i]].tolist()
     _kept_features(step, plan, emitting, results, keep_features)
-    _add_logprobs(ragged, sampling, emitting, rows, results)
+    _add_logprobs(raw if executor.logprobs_mode == "raw_logprobs" else ragged, sampling,
+                  emitting, rows, results, raw=executor.logprobs_mode == "raw_logprobs")
     return results
 
 
@@ -235,10 +236,12 @@ def _left_first_child(parents: Sequence[int], path: Sequence[int]) -> bool:
 
 
 def _add_logprobs(logits: torch.Tensor, sampling: StepSampling, emitting: list[int],
-                  rows: list[list[int]], results: list[SeqResult | None]) -> None:
+                  rows: list[list[int]], results: list[SeqResult | None],
+                  raw: bool = False) -> None:
     """Row j of an emitting sequence picked its token j: gather those rows of the sequences
     that ask for logprobs and score their tokens (one small batch for the whole step), from
-    the processed logits (the distribution the token was drawn from)."""
+    the processed logits and the request's parameters (the distribution the token was drawn
+    from), or with `raw` from the model's logits alone (temperature 1, nothing truncated)."""
     seqs = sampling.seqs
     wanted = [r for r, seq in enumerate(seqs) if seq.inp.top_logprobs is not None]
     if not wanted:
@@ -249,7 +252,8 @@ def _add_logprobs(logits: torch.Tensor, sampling: StepSampling, emitting: list[i
     index = [offsets[r] + picks[r][j] for r in wanted for j in range(len(rows[r]))]
     owner = torch.tensor([r for r in wanted for _ in rows[r]])
     scored = token_logprobs(
-        logits[torch.tensor(index, device=logits.device)], sampling.tensors(owner),
+        logits[torch.tensor(index, device=logits.device)],
+        SamplingTensors.from_lists([1.0] * len(owner)) if raw else sampling.tensors(owner),
         torch.tensor([t for r in wanted for t in rows[r]]),
         max(seqs[r].inp.top_logprobs for r in wanted))
     chosen, ids = scored.chosen.tolist(), scored.top_ids.tolist()
