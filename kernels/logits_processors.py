@@ -35,8 +35,12 @@ class ProcessorRows:
     """What the processors read for R processed rows, on the logits' device."""
 
     rows: torch.Tensor  # int64 [R]: which rows of the step's logits are processed
-    counts: torch.Tensor  # float32 [R, V]: each token's count in the row's output history
-    seen: torch.Tensor  # bool [R, V]: the token is in the prompt or the row's output history
+    # float32 [R, V]: each token's count in the row's output history; None: no row has a
+    # frequency or presence penalty (the stage is skipped)
+    counts: Optional[torch.Tensor]
+    # bool [R, V]: the token is in the prompt or the row's output history; None: no row has a
+    # repetition penalty
+    seen: Optional[torch.Tensor]
     repetition: torch.Tensor  # float32 [R, 1]; 1: off
     frequency: torch.Tensor  # float32 [R, 1]; 0: off
     presence: torch.Tensor  # float32 [R, 1]; 0: off
@@ -48,10 +52,12 @@ class ProcessorRows:
 def process_rows(x: torch.Tensor, p: ProcessorRows) -> torch.Tensor:
     """x [R, V] float32 (the processed rows' logits) -> the processed logits [R, V]."""
     # 1. repetition: shrink the logit of a seen token towards "less likely" by ρ
-    penalised = torch.where(x > 0, x / p.repetition, x * p.repetition)
-    x = torch.where(p.seen, penalised, x)
+    if p.seen is not None:
+        penalised = torch.where(x > 0, x / p.repetition, x * p.repetition)
+        x = torch.where(p.seen, penalised, x)
     # 2. frequency and presence, over the output history only
-    x = x - p.counts * p.frequency - (p.counts > 0).to(x.dtype) * p.presence
+    if p.counts is not None:
+        x = x - p.counts * p.frequency - (p.counts > 0).to(x.dtype) * p.presence
     # 3. bias
     if p.bias is not None:
         x = x + p.bias

@@ -45,7 +45,7 @@ def _counts(step) -> list[dict[int, int]]:
 
 def check_chain_rows_count_the_drafts_before_them() -> None:
     state = SamplingState(V, torch.device("cpu"))
-    seq = _seq("a", [1, 2], frequency_penalty=1.0)
+    seq = _seq("a", [1, 2], frequency_penalty=1.0, repetition_penalty=1.2)
     step = _step(state, [seq], [Draft("a", [3, 1, 4])])
     assert step.processors.rows.tolist() == [0, 1, 2, 3]
     assert _counts(step) == [{1: 1, 2: 1}, {1: 1, 2: 1, 3: 1}, {1: 2, 2: 1, 3: 1},
@@ -118,6 +118,7 @@ def test_emitted_tokens_update_the_counts_and_slots_are_reused():
     state.leave(a)
     state.leave(plain)
     assert state.num_processing == 0
-    b = _seq("b", [], repetition_penalty=1.5)
+    b = _seq("b", [], presence_penalty=1.5)
     step = _step(state, [b], [None])
     assert _counts(step) == [{}] and step.processors.bias is None  # a reused row starts clean
+    assert step.processors.seen is None  # no repetition penalty: that stage reads nothing

@@ -227,13 +227,20 @@ class SamplingState:
                     extra_banned.extend((at, t) for t in r.stop_ids)
         dev = self.device
         dense_t = torch.tensor(dense, device=dev)
-        counts = self.counts.index_select(0, dense_t)
-        seen = self.seen.index_select(0, dense_t)
+        params = [seqs[i].inp.sampling for i, _ in procs]
+        # a stage no processed row needs reads nothing (kernels/logits_processors.py skips it)
+        counts = seen = None
+        if any(p.frequency_penalty or p.presence_penalty for p in params):
+            counts = self.counts.index_select(0, dense_t)
+        if any(p.repetition_penalty != 1.0 for p in params):
+            seen = self.seen.index_select(0, dense_t)
         if extra_counts:
             at, tok = (torch.tensor(c, device=dev) for c in zip(*extra_counts))
-            counts.index_put_((at, tok), torch.ones(len(extra_counts), device=dev),
-                              accumulate=True)
-            seen[at, tok] = True
+            if counts is not None:
+                counts.index_put_((at, tok), torch.ones(len(extra_counts), device=dev),
+                                  accumulate=True)
+            if seen is not None:
+                seen[at, tok] = True
         soft = self.soft.index_select(0, dense_t)
         if extra_banned:
             at, tok = (torch.tensor(c, device=dev) for c in zip(*extra_banned))
@@ -242,8 +249,8 @@ class SamplingState:
         weight = {name: self.floats[_FLOATS.index(name)].index_select(0, slot_t)
                   .to(dev).unsqueeze(1)
                   for name in ("repetition_penalty", "frequency_penalty", "presence_penalty")}
-        any_bias = any(seqs[i].inp.sampling.logit_bias for i, _ in procs)
-        any_hard = any(seqs[i].inp.sampling.allowed_token_ids for i, _ in procs)
+        any_bias = any(p.logit_bias for p in params)
+        any_hard = any(p.allowed_token_ids for p in params)
         return ProcessorRows(
             rows=torch.tensor(rows, device=dev), counts=counts, seen=seen,
             repetition=weight["repetition_penalty"], frequency=weight["frequency_penalty"],
