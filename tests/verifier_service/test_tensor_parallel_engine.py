@@ -35,6 +35,8 @@ from splitspec.tensor_parallel import weight_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 FAMILIES = ("target", "llama", "mistral", "qwen2")
+PROCESSED = SamplingParams(temperature=0.0, presence_penalty=0.6, frequency_penalty=0.8,
+                           repetition_penalty=1.3, logit_bias=((7, 2.0),))
 HELD_OUT_TOKENS = 1024  # teacher-forced positions per family (toy target: its held-out code)
 
 
@@ -62,7 +64,10 @@ def test_greedy_speculation_equals_plain_decoding(family):
     name, _, served, _ = family
     prompts = _prompts(name, served.engine)
     plans = {"off": {}, "chain": dict(k=3), "tree": dict(k=4, branches=2),
-             "lookahead": dict(k=6, method="lookahead")}
+             "lookahead": dict(k=6, method="lookahead"),
+             # logits processors: rank 0 processes every verified row with its own history
+             "processed off": dict(proc=True), "processed chain": dict(k=3, proc=True),
+             "processed tree": dict(k=4, branches=2, proc=True)}
     if name == "target":
         plans |= {"eagle": dict(k=4, method="eagle"),
                   "eagle tree": dict(k=6, branches=2, method="eagle"),
@@ -71,7 +76,7 @@ def test_greedy_speculation_equals_plain_decoding(family):
     for label, plan in plans.items():
         for i, p in enumerate(prompts):
             sampling = (SamplingParams(temperature=0.8, seed=plan["seed"] + i)
-                        if "seed" in plan else None)
+                        if "seed" in plan else PROCESSED if plan.get("proc") else None)
             inp = request_ids(f"{label}{i}", p, 10, k=plan.get("k", 0),
                               method=plan.get("method", "ngram"), sampling=sampling,
                               ignore_eos=True)
@@ -82,7 +87,8 @@ def test_greedy_speculation_equals_plain_decoding(family):
             keys.append((label, i))
     outs = dict(zip(keys, served.run(inputs)))
     for (label, i), (tokens, _, _) in outs.items():
-        plain = "seeded off" if label.startswith("seeded") else "off"
+        plain = ("seeded off" if label.startswith("seeded") else
+                 "processed off" if label.startswith("processed") else "off")
         assert tokens == outs[(plain, i)][0], f"{name} {label} prompt {i}"
 
     def accepted(method: str) -> int:
@@ -90,6 +96,8 @@ def test_greedy_speculation_equals_plain_decoding(family):
                    if plans[label].get("k") and plans[label].get("method", "ngram") == method)
 
     assert accepted("ngram") > 0  # speculation did emit drafted tokens
+    # the processors changed what was generated
+    assert any(outs[("processed off", i)][0] != outs[("off", i)][0] for i in range(len(prompts)))
     if name == "target":  # rank 0's head drafts from the whole tables: its drafts get accepted
         assert accepted("eagle") > 0
 
