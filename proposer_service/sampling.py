@@ -33,6 +33,32 @@ from splitspec.params import SamplingParams
 Row = tuple[list[int], list[float]]  # one draft token's sparse q: (token ids, probabilities)
 
 
+def offsets_wanted(params: Sequence[SamplingParams]) -> bool:
+    """Whether some row has a logit bias or allowed token ids (`logit_offsets` is not None)."""
+    return any(p.logit_bias or p.allowed_token_ids for p in params)
+
+
+def logit_offsets(params: Sequence[SamplingParams], vocab: int, device: torch.device
+                  ) -> torch.Tensor | None:
+    """What each row's draft logits get added [B, V]: its logit_bias, and -inf outside its
+    allowed_token_ids: the verifier's processors that need no history (kernels/
+    logits_processors.py), so a drafter proposes what the biased or masked target prefers.
+    The penalties, which need each drafted position's own history, are left to the verifier:
+    a draft only decides how many tokens a step keeps, never which. None: no row has either."""
+    if not offsets_wanted(params):
+        return None
+    out = torch.zeros(len(params), vocab)
+    for r, p in enumerate(params):
+        if p.allowed_token_ids:
+            allowed = torch.tensor([t for t in p.allowed_token_ids if t < vocab],
+                                   dtype=torch.long)
+            out[r].fill_(float("-inf")).index_fill_(0, allowed, 0.0)
+        for token, bias in p.logit_bias:
+            if token < vocab:
+                out[r, token] += bias
+    return out.to(device, non_blocking=True)
+
+
 def draft_keys(params: Sequence[SamplingParams], positions: Sequence[int]) -> list[int | None]:
     """The noise key of each row's next draft token (None: greedy or unseeded)."""
     return [None if p.greedy or p.seed is None else noise_key(p.seed, pos)

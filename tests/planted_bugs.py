@@ -19,6 +19,7 @@ import kernels.sampling as sampling
 import kernels.tree_rejection as tree_rejection
 import kernels.vocab_subset as vocab_subset
 import proposer_service.draft.graphs as draft_graphs
+import proposer_service.draft.loop as draft_loop
 import proposer_service.draft.slots as draft_slots
 import proposer_service.mlp.proposer as mlp
 import proposer_service.sampling as draft_sampling
@@ -1185,3 +1186,10 @@ def switch_default_unsaid(monkeypatch) -> None:
     monkeypatch.setattr(service_flags, "with_default",
                         lambda help_text, default, repeatable=False: help_text
                         if isinstance(default, bool) else real(help_text, default, repeatable))
+
+
+def drafters_ignore_logit_bias(monkeypatch) -> None:
+    """The draft model and the MLP speculator draft from their own logits alone: a request's
+    logit bias and allowed ids shape the target, not what is proposed for it."""
+    monkeypatch.setattr(draft_loop, "logit_offsets", lambda params, vocab, device: None)
+    monkeypatch.setattr(mlp, "logit_offsets", lambda params, vocab, device: None)

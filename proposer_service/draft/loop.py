@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from kernels.sparse_probs import SparseProbs
-from proposer_service.sampling import DraftChooser, Row, draft_keys
+from proposer_service.sampling import DraftChooser, Row, draft_keys, logit_offsets
 from splitspec.device import HostFetch
 from splitspec.params import SamplingParams
 from splitspec.proposal import Draft
@@ -62,6 +62,7 @@ def draft_loop(forward: Forward, ids: torch.Tensor, pos: torch.Tensor, first_pos
     b, device = len(params), ids.device
     keys = [draft_keys(params, [p + j for p in first_pos]) for j in range(kmax)]
     chooser: DraftChooser | None = None
+    offsets = None  # [B, V]: the rows' logit bias and allowed ids, once the vocabulary is known
     d1_pos = torch.tensor(first_pos).to(device, non_blocking=True)  # [B]
     tokens, alt_ids, alt_probs, q_ids, q_probs = [], [], [], [], []
     for j in range(kmax):
@@ -70,6 +71,9 @@ def draft_loop(forward: Forward, ids: torch.Tensor, pos: torch.Tensor, first_pos
         logits = forward(ids, pos, j).float()  # [B, V]
         if chooser is None:
             chooser = DraftChooser(params, keys, top_k, logits.shape[-1], device, guess_row)
+            offsets = logit_offsets(params, logits.shape[-1], device)
+        if offsets is not None:
+            logits = logits + offsets
         picked, q = chooser(logits, j)  # [B], on the device
         top = logits.softmax(dim=-1).topk(min(ALTERNATIVES, logits.shape[-1]), dim=-1)
         tokens.append(picked)

@@ -48,6 +48,7 @@ from proposer_service.draft.loop import draft_loop
 from proposer_service.draft.prefix import DraftPrefixCache
 from proposer_service.draft.session import DraftSession
 from proposer_service.draft.slots import DraftSlots
+from proposer_service.sampling import offsets_wanted
 from splitspec.device import HostFetch, supports_graphs
 from splitspec.device import to_device as _to
 from splitspec.graphs import EagerFallbacks
@@ -271,7 +272,9 @@ class DraftModelProposer(Proposer):
             if len(history) - state.length() > self.max_batched_catch_up:
                 self._feed(state, history[state.length():-1])  # a (re)sync: prefill alone
         ks = [step.k for step, _, _ in work]
-        if self.graphs is not None and self.graphs.captured:
+        # the captured loop has no input for a logit bias or allowed ids: such rows run eagerly
+        if (self.graphs is not None and self.graphs.captured
+                and not offsets_wanted([step.sampling for step, _, _ in work])):
             lens = [state.length() for _, _, state in work]
             pending = [h[n:] for (_, h, _), n in zip(work, lens)]
             b, s0, kmax = len(work), max(len(p) for p in pending), max(ks)
@@ -437,7 +440,8 @@ class DraftModelProposer(Proposer):
         all-accepted outcome). Needs the lean forward."""
         c, b = state.length(), len(rows)
         kmax = max(k for _, _, k in rows)
-        if guess_row is None and self.graphs is not None and self.graphs.captured:
+        if (guess_row is None and self.graphs is not None and self.graphs.captured
+                and not offsets_wanted([step.sampling])):
             why = self.graphs.why_not(b, 1, max(valid for valid, _, _ in rows), kmax)
             if not why:
                 return self._shared_replayed(step, rows, state)

@@ -47,7 +47,13 @@ from proposer_service.base import (
     load_learned,
 )
 from proposer_service.mlp.speculator import CONFIG_NAME, MLPSpeculator, MLPSpeculatorConfig
-from proposer_service.sampling import DraftChooser, choose_static, draft_keys, sparse_row
+from proposer_service.sampling import (
+    DraftChooser,
+    choose_static,
+    draft_keys,
+    logit_offsets,
+    sparse_row,
+)
 from splitspec.device import HostFetch
 from splitspec.device import to_device as _to
 from splitspec.graphs import EagerFallbacks, Replay
@@ -254,9 +260,11 @@ class MlpSpeculatorProposer(Proposer):
         params = [step.sampling for step, _, _ in work]
         dtype = self.model.head[0].weight.dtype
         bucket = next((b for b in self.buckets if b >= len(work)), None)
-        if bucket in self.replay and all(p.greedy for p in params):
+        offsets = logit_offsets(params, self.vocab_size, self.device)
+        # the captured heads have no input for a logit bias or allowed ids: such rows run eagerly
+        if offsets is None and bucket in self.replay and all(p.greedy for p in params):
             return self._replayed(work, ks, bucket, dtype)
-        if ("sampled", bucket) in self.replay:
+        if offsets is None and ("sampled", bucket) in self.replay:
             return self._replayed_sampled(work, ks, bucket, dtype)
         if self.replay.enabled:
             self.fallbacks.record("batch" if bucket is None else "not_captured", rows=len(work))
@@ -271,7 +279,8 @@ class MlpSpeculatorProposer(Proposer):
         for i in range(heads):
             # one path per row: head i's chosen token feeds head i + 1
             state, logits = self.model.step(state, tok, i)  # [B, inner], [B, V]
-            tok, q = chooser(logits.float(), i)
+            logits = logits.float() if offsets is None else logits.float() + offsets
+            tok, q = chooser(logits, i)
             tokens.append(tok)
             if q is not None:
                 q_ids.append(q[0])
