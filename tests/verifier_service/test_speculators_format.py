@@ -337,3 +337,32 @@ def test_a_head_without_verifier_sizes_still_names_its_verifier(tmp_path):
     spec, _ = load(path)
     why = misfit(spec, {"vocab_size": 100, "hidden_size": H, "num_hidden_layers": 6})
     assert "vocabulary is 96 tokens" in why and "tiny-llama-target" in why
+
+
+# --------------------------------------------------------------------------- elsewhere
+
+
+def test_a_speculators_head_from_its_config_alone(tmp_path):
+    """--load-format dummy reads a speculators config into the same shapes."""
+    from verifier_service.methods.eagle import dummy as eagle_dummy
+
+    shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
+    spec, w = eagle_dummy.load(tmp_path, "dummy", seed=1)
+    real, _ = load(FIXTURE)
+    assert without_verifier(spec) == without_verifier(real)
+    assert w.lm_head.shape == (24, 16) and w.fc.shape == (16, 48)
+
+
+def test_the_launcher_finds_a_speculators_head_that_fits(tmp_path):
+    from splitspec.methods import METHODS
+
+    fits = METHODS["eagle"].fits
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"vocab_size": 48, "hidden_size": 16}))
+    assert fits(target, FIXTURE)
+    (target / "config.json").write_text(json.dumps({"vocab_size": 48, "hidden_size": 32}))
+    assert not fits(target, FIXTURE)
+    bad = fixture_copy(tmp_path, norm_output=True)
+    (target / "config.json").write_text(json.dumps({"vocab_size": 48, "hidden_size": 16}))
+    assert not fits(target, bad)
