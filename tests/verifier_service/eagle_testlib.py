@@ -431,3 +431,15 @@ def write_speculators_checkpoint(path: Path, cfg: dict, tensors: dict[str, torch
         extra = {"fusion_bias": "fc.bias" in tensors} | extra
     scfg = speculators_config(cfg, version, **extra)
     return write_checkpoint(path, scfg, speculators_tensors(tensors, version))
+
+
+def speculators_head_for_target(path: Path, target_dir: str, version: int, seed: int = 0
+                                ) -> Path:
+    """head_for_target's head, written in the speculators format instead."""
+    from safetensors.torch import load_file
+
+    published = head_for_target(path.with_name(path.name + "-published"), target_dir, version,
+                                seed)
+    cfg = json.loads((published / "config.json").read_text())
+    tensors = load_file(str(published / "model.safetensors"))
+    return write_speculators_checkpoint(path, cfg, tensors, version)
