@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from splitspec import speculators_format
 from splitspec.goodput import step_kind
 
 
@@ -83,11 +84,14 @@ def _same_tokenizer(target: Path, model: Path) -> bool:
 
 
 def _eagle_fits(target: Path, model: Path) -> bool:
-    """A head's config.json names the target's vocabulary and reads features of its width
-    (verifier_service/methods/eagle/checkpoint.py checks the rest when it loads)."""
+    """A head's config.json (published or speculators format) names the target's vocabulary and
+    reads features of its width (verifier_service/methods/eagle/checkpoint.py checks the rest
+    when it loads)."""
     try:
         tcfg = json.loads((target / "config.json").read_text())
         hcfg = json.loads((model / "config.json").read_text())
+        if isinstance(hcfg, dict) and speculators_format.is_speculators(hcfg):
+            hcfg = speculators_format.flat_config(hcfg)
     except (OSError, ValueError):
         return False
     width = hcfg.get("target_hidden_size") or hcfg.get("hidden_size")

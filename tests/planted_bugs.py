@@ -43,7 +43,7 @@ from kernels.sampling import keyed_argmax, noise_key
 from proposer_service.draft.proposer import DraftSession
 from proposer_service.mlp.speculator import SpeculatorNorm
 from splitspec import device as dev
-from splitspec import health_probe
+from splitspec import health_probe, speculators_format
 from verifier_service.drafts.collector import DraftCollector
 from verifier_service.model.runner import ModelRunner
 
@@ -430,6 +430,35 @@ def eagle3_d2t_read_as_ids(monkeypatch) -> None:
     """An EAGLE-3 head's d2t read as the target ids themselves instead of offsets."""
     monkeypatch.setattr(eagle_format.EagleWeights, "draft_to_target",
                         lambda self: None if self.d2t is None else self.d2t.long().abs())
+
+
+def speculators_norm_before_residual_dropped(monkeypatch) -> None:
+    """The speculators-format reader leaves norm_before_residual out of the config it hands on
+    (so the published formats' default, false, applies)."""
+    original = speculators_format.flat_config
+
+    def dropped(cfg):
+        flat = original(cfg)
+        flat.pop("norm_before_residual", None)
+        return flat
+
+    monkeypatch.setattr(speculators_format, "flat_config", dropped)
+
+
+def speculators_k_and_v_swapped(monkeypatch) -> None:
+    """The speculators-format reader names a head's k_proj v_proj and its v_proj k_proj (equal
+    shapes: nothing refuses it)."""
+    original = speculators_format.published_name
+    swap = {"k_proj": "v_proj", "v_proj": "k_proj"}
+
+    def swapped(name, kind):
+        new = original(name, kind)
+        for old, other in swap.items():
+            if new is not None and f"self_attn.{old}." in new:
+                return new.replace(f"self_attn.{old}.", f"self_attn.{other}.")
+        return new
+
+    monkeypatch.setattr(speculators_format, "published_name", swapped)
 
 
 def eagle_drafts_kept_as_target_rows(monkeypatch) -> None:

@@ -35,7 +35,8 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     default_num_speculative_tokens: int = option(4, "k used when a request does not set one")
     max_num_speculative_tokens: int = option(8, "largest k a request may ask for")
     eagle: str = option("", "an EAGLE-1/2 or EAGLE-3 head for this target (a directory as "
-                        "published): serves the in-target method eagle (default: none, not served)")
+                        "published, or as the speculators library saves it): serves the "
+                        "in-target method eagle (default: none, not served)")
     eagle_vocab_subset: str = option(
         "auto", "eagle: an EAGLE-1/2 head (scoring with the target's output head) scores only "
         "the N most frequent tokens of its directory's token_frequencies.json (auto: the file's "

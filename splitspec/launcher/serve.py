@@ -9,11 +9,14 @@ counterpart is not accepted (docs/vllm-flags.md says which and why). splitspec's
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import shlex
 import tempfile
 from pathlib import Path
 
+from splitspec import speculators_format
 from splitspec.launcher import up
 from splitspec.launcher.config import sibling_proposer_models
 from splitspec.launcher.speculative_config import (
@@ -124,12 +127,28 @@ def _joined(mapped: list[str], given: str) -> str:
     return " ".join(filter(None, [shlex.join(mapped), given]))
 
 
+def head_tokens(spec: SpeculativeSettings | None) -> SpeculativeSettings | None:
+    """vLLM's default num_speculative_tokens for an EAGLE head in the speculators format: the
+    speculative_tokens of the default proposal method its config.json names (the settings as
+    they are when num_speculative_tokens is given, or the model is not such a head)."""
+    if spec is None or spec.num_speculative_tokens is not None or not spec.model \
+            or spec.model_method != "eagle":
+        return spec
+    try:
+        cfg = json.loads((Path(spec.model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return spec  # the verifier says what is wrong with the directory
+    k = (speculators_format.speculative_tokens(cfg) if isinstance(cfg, dict)
+         and speculators_format.is_speculators(cfg) else None)
+    return spec if k is None else dataclasses.replace(spec, num_speculative_tokens=k)
+
+
 def up_namespace(args: argparse.Namespace, api_key_file: str | None = None,
                  found: dict[str, str] | None = None) -> argparse.Namespace:
     """The `splitspec up` flags this `serve` command line stands for. ValueError: flags that
     contradict each other, or a method with no model. `found`: model-backed methods' directories
     next to the target (default: looked up)."""
-    spec: SpeculativeSettings | None = args.speculative_config
+    spec = head_tokens(args.speculative_config)
     ns = argparse.Namespace(**vars(args))
     ns.http_port = args.port
     verifier, gateway = [], []

@@ -91,6 +91,23 @@ def test_a_model_backed_method_takes_its_model_or_the_one_beside_the_target(tmp_
     assert (eagle.launched(), eagle.in_target_models) == ({}, {"eagle": str(tmp_path)})
 
 
+def test_a_speculators_head_brings_its_speculative_tokens_as_vllm_takes_them(tmp_path):
+    """A speculators-format EAGLE head's config names how many tokens it drafts
+    (speculators_config.proposal_methods): without num_speculative_tokens that is k, as vLLM
+    reads it; given, num_speculative_tokens wins."""
+    head = str(ROOT / "tests/fixtures/speculators-eagle3")  # speculative_tokens 3
+    implied = served(TARGET, "--speculative-config", f'{{"method": "eagle3", "model": "{head}"}}')
+    given = served(TARGET, "--speculative-config",
+                   f'{{"method": "eagle3", "model": "{head}", "num_speculative_tokens": 3}}')
+    assert implied == given and argvs(implied) == argvs(given)
+    assert "--default-num-speculative-tokens 3" in shlex.join(argvs(implied)["verifier"])
+    five = served(TARGET, "--speculative-config",
+                  f'{{"method": "eagle3", "model": "{head}", "num_speculative_tokens": 5}}')
+    assert "--default-num-speculative-tokens 5" in shlex.join(argvs(five)["verifier"])
+    plain = served(TARGET, "--speculative-config", f'{{"method": "eagle3", "model": "{tmp_path}"}}')
+    assert "--default-num-speculative-tokens" not in shlex.join(argvs(plain)["verifier"])
+
+
 def test_own_switches_add_to_the_speculative_config():
     both = served(TARGET, "--speculative-config", '{"method": "ngram"}', "--suffix")
     assert set(both.launched()) == {"ngram", "suffix"}

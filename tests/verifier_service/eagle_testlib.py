@@ -361,3 +361,85 @@ def serve_eagle_beside_plain(engine) -> tuple[list, tuple[int, int, int]]:
     assert drained(engine)
     counts = engine.stats.method("eagle").counts().greedy
     return [t for t, _, _ in out], (counts.accepted, counts.tried, counts.drafts)
+
+
+# --------------------------------------------------------------------------- speculators format
+
+
+def speculators_config(cfg: dict, version: int, **extra) -> dict:
+    """The speculators library's config.json for a head whose published config is `cfg`, as its
+    Eagle3SpeculatorConfig / EagleSpeculatorConfig write it: the decoder layer's keys nested in
+    transformer_layer_config, the algorithm and the verifier in speculators_config."""
+    keys = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "num_hidden_layers", "hidden_act",
+            "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings")
+    layer = {k: cfg[k] for k in keys if k in cfg} | {
+        "model_type": "llama", "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": False}
+    kind = "eagle3" if version == 3 else "eagle"
+    out = {"architectures": ["Eagle3DraftModel" if version == 3 else "EagleSpeculator"],
+           "speculators_model_type": kind, "speculators_version": "0.9.0",
+           "speculators_config": {
+               "algorithm": kind, "default_proposal_method": "greedy",
+               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3,
+                                     "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+               "verifier": {"name_or_path": "tiny-llama-target",
+                            "architectures": ["LlamaForCausalLM"]}},
+           "transformer_layer_config": layer, "torch_dtype": "float32"}
+    if version == 3:
+        eagle = cfg.get("eagle_config") or {}
+        out |= {"draft_vocab_size": cfg.get("draft_vocab_size", cfg["vocab_size"]),
+                "target_hidden_size": cfg.get("target_hidden_size"),
+                "norm_before_residual": cfg.get("norm_before_residual", False),
+                "eagle_aux_hidden_state_layer_ids": cfg.get(
+                    "eagle_aux_hidden_state_layer_ids",
+                    eagle.get("eagle_aux_hidden_state_layer_ids")),
+                "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+                "embed_requires_grad": False}
+    else:
+        out |= {"transformer_layer_architecture": "LlamaDecoderLayer", "layernorms": False,
+                "fusion_bias": False}
+    return out | extra
+
+
+def speculators_tensors(tensors: dict[str, torch.Tensor], version: int
+                        ) -> dict[str, torch.Tensor]:
+    """The published tensors under the speculators library's names: EAGLE-3 `layers.0.*` for
+    `midlayer.*` (no d2t / t2d when the draft vocabulary is the whole one: it keeps none);
+    EAGLE-1/2 `fusion_fc.*` for `fc.*` and `transformer.*` for `layers.0.*` (no input norm: its
+    layer's is an identity)."""
+    out = {}
+    for name, t in tensors.items():
+        if version == 3:
+            if name in ("d2t", "t2d") and tensors["d2t"].count_nonzero() == 0 \
+                    and tensors["d2t"].numel() == VOCAB:
+                continue
+            out[name.replace("midlayer.", "layers.0.")] = t
+        elif name == "layers.0.input_layernorm.weight":
+            continue
+        else:
+            out[name.replace("fc.", "fusion_fc.", 1) if name.startswith("fc.")
+                else name.replace("layers.0.", "transformer.")] = t
+    return out
+
+
+def write_speculators_checkpoint(path: Path, cfg: dict, tensors: dict[str, torch.Tensor],
+                                 version: int, **extra) -> Path:
+    """A head written as the speculators library saves it, from its published config and
+    tensors (fusion_bias set when it has an fc bias)."""
+    if version == 1:
+        extra = {"fusion_bias": "fc.bias" in tensors} | extra
+    scfg = speculators_config(cfg, version, **extra)
+    return write_checkpoint(path, scfg, speculators_tensors(tensors, version))
+
+
+def speculators_head_for_target(path: Path, target_dir: str, version: int, seed: int = 0
+                                ) -> Path:
+    """head_for_target's head, written in the speculators format instead."""
+    from safetensors.torch import load_file
+
+    published = head_for_target(path.with_name(path.name + "-published"), target_dir, version,
+                                seed)
+    cfg = json.loads((published / "config.json").read_text())
+    tensors = load_file(str(published / "model.safetensors"))
+    return write_speculators_checkpoint(path, cfg, tensors, version)

@@ -20,6 +20,10 @@ from test_eagle_sampling import (
     check_sampled_chains_together_as_alone,
     check_tokens_come_from_the_q_sent,
 )
+from test_speculators_format import (
+    check_library_head_scores_as_the_library,
+    check_speculators_loads_as_published,
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +95,24 @@ def test_a_q_other_than_the_sampled_one_fails_the_sampling_check(monkeypatch, se
     bug.eagle_q_is_not_the_sampled_one(monkeypatch)
     with pytest.raises(AssertionError):
         check_tokens_come_from_the_q_sent(seq, seeded, n=400)
+
+
+def test_a_dropped_norm_before_residual_fails_the_library_reference(monkeypatch):
+    check_library_head_scores_as_the_library()
+    bug.speculators_norm_before_residual_dropped(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_library_head_scores_as_the_library()
+
+
+@pytest.mark.parametrize("name", ["eagle1", "eagle3"])
+def test_swapped_k_and_v_fail_the_published_twin(monkeypatch, tmp_path, target, name):
+    check_speculators_loads_as_published(tmp_path / "right", target, name)
+    bug.speculators_k_and_v_swapped(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_speculators_loads_as_published(tmp_path / "wrong", target, name)
+
+
+def test_swapped_k_and_v_fail_the_library_reference(monkeypatch):
+    bug.speculators_k_and_v_swapped(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_library_head_scores_as_the_library()

@@ -13,7 +13,7 @@ import dataclasses
 import planted_bugs as bug
 import pytest
 import torch
-from eagle_testlib import head_for_target, serve_eagle_beside_plain
+from eagle_testlib import head_for_target, serve_eagle_beside_plain, speculators_head_for_target
 from engine_testlib import drained, make_engine, request_ids, run_all
 
 from splitspec.params import SamplingParams
@@ -63,6 +63,23 @@ def test_greedy_chains_and_trees_equal_speculation_off(tiny_target_dir, head):
     # the head's learning from each verified step is its standing cost per sequence and step
     # (what a paused sequence still pays: adaptive k prices it on both sides)
     assert usage.standing[0] >= usage.drafts > 0 and usage.standing[1] > 0
+
+
+@pytest.mark.parametrize("version", [3, 1], ids=["eagle3", "eagle1"])
+def test_a_speculators_format_head_greedy_equals_speculation_off(tiny_target_dir, tmp_path,
+                                                                 version):
+    """A head saved in the speculators format (what vLLM serves) drafts inside the engine:
+    greedy chains and trees give the output of speculation off."""
+    path = speculators_head_for_target(tmp_path / "speculators", tiny_target_dir, version)
+    off = _serve(make_engine(tiny_target_dir, proposers={}),
+                 [request_ids(f"o{i}", p, max_tokens=16) for i, p in enumerate(PROMPTS[:2])])
+    engine = make_engine(tiny_target_dir, proposers={}, eagle=str(path))
+    assert dict(engine.drafts.in_target.methods["eagle"].head.spec.verifier)
+    assert _serve(engine, [
+        request_ids("chain", PROMPTS[0], max_tokens=16, method="eagle", k=4),
+        _plan(request_ids("tree", PROMPTS[1], max_tokens=16, method="eagle", k=4), 2)]) == off
+    assert engine.stats.method("eagle").proposed_tokens > 0
+    assert drained(engine) and engine.drafts.in_target.num_states == 0
 
 
 def test_seeded_sampled_output_is_identical_on_and_off(tiny_target_dir, head):

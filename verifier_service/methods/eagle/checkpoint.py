@@ -29,6 +29,12 @@ explicit id as the layer whose output is taken, one layer later; both default to
 layers 2, L // 2 and L - 3 of an L-layer target. Which version a directory holds is read from
 its weights (q_proj over 2H inputs: EAGLE-3). Anything malformed raises ValueError naming the
 field or tensor.
+
+A head in the speculators format (config.json with speculators_model_type: what `vllm serve`
+reads) is read through splitspec/speculators_format.py: its config into the keys above, its
+tensor names into the published ones, so both formats load into the same EagleSpec and
+EagleWeights; its speculators_config.verifier (name, and sizes when given) is kept in the spec
+and named when the head does not fit a target.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pathlib import Path
 
 import torch
 
+from splitspec import speculators_format
 from splitspec.modelio import read_weight_files
 
 CONFIG_NAME = "config.json"
@@ -70,6 +77,9 @@ class EagleSpec:
     use_aux_hidden_state: bool = True
     aux_layer_ids: tuple[int, ...] | None = None  # None: the default 2, L // 2, L - 3
     max_position_embeddings: int = 8192
+    # speculators format: (key, value) pairs of speculators_config.verifier the head was made
+    # for (name_or_path, and hidden_size / vocab_size when the config gives them); () otherwise
+    verifier: tuple[tuple[str, object], ...] = ()
 
     @property
     def feature_size(self) -> int:
@@ -248,7 +258,10 @@ def spec_from(cfg: dict, w: dict[str, torch.Tensor]) -> EagleSpec:
         norm_before_residual=bool(cfg.get("norm_before_residual", False)),
         use_aux_hidden_state=bool(eagle.get("use_aux_hidden_state", True)),
         aux_layer_ids=tuple(ids) if ids is not None else None,
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)))
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
+        verifier=tuple((key, cfg[f"verifier_{key}"])
+                       for key in ("name_or_path", "hidden_size", "vocab_size")
+                       if cfg.get(f"verifier_{key}") is not None))
     if "fc" not in w and (version == 1 or spec.use_aux_hidden_state):
         raise ValueError("the checkpoint has no fc.weight (it fuses the target's features)")
     check_shapes(spec, w)
@@ -312,14 +325,48 @@ def check_shapes(spec: EagleSpec, w: dict[str, torch.Tensor]) -> None:
                              f"{int((w['t2d'].bool() != said).sum())}")
 
 
+def read_config(path: Path) -> dict:
+    """A head directory's config.json as the reader takes it: a speculators-format config read
+    into the published keys (ValueError naming the key it cannot serve)."""
+    cfg = json.loads((path / CONFIG_NAME).read_text())
+    if not isinstance(cfg, dict):
+        raise ValueError("config.json is not a JSON object")
+    return speculators_format.flat_config(cfg) if speculators_format.is_speculators(cfg) \
+        else cfg
+
+
+def from_speculators(cfg: dict, kind: str, raw: dict[str, torch.Tensor]
+                     ) -> dict[str, torch.Tensor]:
+    """A speculators head's tensors under the published names (ValueError on an fc bias that
+    fusion_bias contradicts, or on a table the speculators library never filled: it creates the
+    embedding and output head as NaN until they are loaded)."""
+    w = {}
+    for name, t in raw.items():
+        new = speculators_format.published_name(name, kind)
+        if new is not None:
+            w[new] = t
+    if kind == "eagle" and cfg["fusion_bias"] != ("fc.bias" in w):
+        raise ValueError("fusion_bias is true but the checkpoint has no fusion_fc.bias"
+                         if cfg["fusion_bias"] else
+                         "the checkpoint has fusion_fc.bias but config.json says fusion_bias "
+                         "false")
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        if name in w and bool(torch.isnan(w[name]).any()):
+            raise ValueError(f"{name} holds NaN (saved before the table was loaded)")
+    return w
+
+
 def load(path: str | Path) -> tuple[EagleSpec, EagleWeights]:
-    """Read a head directory (ValueError naming the file and what is wrong)."""
+    """Read a head directory, in a published format or the speculators one (ValueError naming
+    the file and what is wrong)."""
     path = Path(path)
     try:
-        cfg = json.loads((path / CONFIG_NAME).read_text())
-        if not isinstance(cfg, dict):
-            raise ValueError("config.json is not a JSON object")
-        w = canonical_names(read_weight_files(path, WEIGHTS_NAME))
+        cfg = read_config(path)
+        raw = read_weight_files(path, WEIGHTS_NAME)
+        kind = cfg.get(speculators_format.MODEL_TYPE_KEY)
+        if kind is not None:
+            raw = from_speculators(cfg, kind, raw)
+        w = canonical_names(raw)
         spec = spec_from(cfg, w)
     except (OSError, json.JSONDecodeError, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from exc
@@ -388,13 +435,25 @@ def save_eagle3(path: str | Path, spec: EagleSpec, w: EagleWeights, **config_ext
 
 def misfit(spec: EagleSpec, target_config: dict) -> str | None:
     """Why a head cannot run on a target with this config.json (None: it can): the vocabulary,
-    the hidden size its features have, and (EAGLE-3) three feature layers the target has."""
+    the hidden size its features have, and (EAGLE-3) three feature layers the target has. A
+    speculators head's reason names the speculators_config.verifier key that disagrees and the
+    verifier it was made for."""
     vocab, hidden = target_config.get("vocab_size"), target_config.get("hidden_size")
+    made = dict(spec.verifier)
+    made_for = (f" (it was made for {made['name_or_path']})" if made.get("name_or_path")
+                else "")
     if spec.vocab_size != vocab:
-        return f"the head's vocabulary is {spec.vocab_size} tokens, the target's {vocab}"
+        if "vocab_size" in made:
+            return f"the head's speculators_config.verifier.vocab_size is {spec.vocab_size}, " \
+                   f"the target's vocabulary {vocab} tokens{made_for}"
+        return f"the head's vocabulary is {spec.vocab_size} tokens, the target's {vocab}" \
+               f"{made_for}"
     if spec.target_hidden_size != hidden:
+        if "hidden_size" in made:
+            return f"the head's speculators_config.verifier.hidden_size is " \
+                   f"{spec.target_hidden_size}, the target's hidden size {hidden}{made_for}"
         return f"the head reads features of width {spec.target_hidden_size}, the target's " \
-               f"hidden size is {hidden}"
+               f"hidden size is {hidden}{made_for}"
     try:
         spec.feature_layers(int(target_config.get("num_hidden_layers", 0)))
     except ValueError as exc:

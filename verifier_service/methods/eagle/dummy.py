@@ -2,12 +2,13 @@
 shapes the config gives, for measuring a head of a real target's shape (models/shapes/).
 
 The version follows the config as a published head's would: EAGLE-3 when its architectures
-name LlamaForCausalLMEagle3 (then its own lm_head over draft_vocab_size ids, d2t mapping draft
-id i to target id i, t2d marking exactly those), EAGLE-1/2 otherwise. Tensors are drawn from
-U(-1e-3, 1e-3) in name order from one CPU generator seeded with `seed` (a head is a few hundred
-megabytes at most, copied to the target's device when bound), so a seed gives one head; the
-spec is read and checked by checkpoint.spec_from exactly as for a real directory. The drafts are
-meaningless (the target's are too under dummy weights): only the head's speed is real.
+name LlamaForCausalLMEagle3 or its speculators_model_type is eagle3 (then its own lm_head over
+draft_vocab_size ids, d2t mapping draft id i to target id i, t2d marking exactly those),
+EAGLE-1/2 otherwise. Tensors are drawn from U(-1e-3, 1e-3) in name order from one CPU generator
+seeded with `seed` (a head is a few hundred megabytes at most, copied to the target's device when
+bound), so a seed gives one head; the spec is read and checked by checkpoint.spec_from exactly as
+for a real directory. The drafts are meaningless (the target's are too under dummy weights): only
+the head's speed is real.
 """
 
 from __future__ import annotations
@@ -31,9 +32,7 @@ def load(path: str | Path, load_format: str = "auto", seed: int = 0, dtype=torch
         return eagle_format.load(path)
     path = Path(path)
     try:
-        cfg = json.loads((path / eagle_format.CONFIG_NAME).read_text())
-        if not isinstance(cfg, dict):
-            raise ValueError("config.json is not a JSON object")
+        cfg = eagle_format.read_config(path)  # a speculators config read into the same keys
         w = random_tensors(cfg, seed, dtype)
         spec = eagle_format.spec_from(cfg, w)
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
