@@ -221,6 +221,13 @@ models-eagle: $(STAMP) real-model ## train the EAGLE-3 heads (hours, resumable)
 models-eval: $(STAMP) ## re-measure the model card's figures
 	$(PY) scripts/eval_models.py
 
+# The reference pages in docs/reference/ (every command's flags, every metric, the gRPC contract,
+# the chart's values, the REST routes), written from the code by scripts/gen_reference.py; a
+# test fails when the committed pages are out of date.
+.PHONY: reference
+reference: $(STAMP) ## regenerate docs/reference/ from the code (flags, metrics, gRPC, chart, REST)
+	$(PY) scripts/gen_reference.py
+
 # Render the Helm chart (k8s/splitspec) into the plain manifests in k8s/manifests/ (one
 # kustomize directory per preset, and cpu-tls: cpu with mutual TLS); a test fails when they are
 # stale.

@@ -1185,3 +1185,30 @@ def switch_default_unsaid(monkeypatch) -> None:
     monkeypatch.setattr(service_flags, "with_default",
                         lambda help_text, default, repeatable=False: help_text
                         if isinstance(default, bool) else real(help_text, default, repeatable))
+
+
+def health_flag_undocumented(monkeypatch) -> None:
+    """splitspec-health gains a flag that docs/reference/commands.md does not list."""
+    real = health_probe.parser
+
+    def parser():
+        p = real()
+        p.add_argument("--retries", type=int, default=3, help="tries before failing (default: 3)")
+        return p
+
+    monkeypatch.setattr(health_probe, "parser", parser)
+
+
+def gateway_metric_undocumented(monkeypatch) -> None:
+    """The gateway exports a counter that docs/reference/metrics.md does not list."""
+    from gateway.metrics import GatewayMetrics
+    from splitspec.telemetry.metrics import counter
+
+    real = GatewayMetrics.collect
+
+    def collect(self):
+        yield from real(self)
+        yield counter("splitspec_gateway_retries", "Generations retried on another replica",
+                      samples=[((), 0)])
+
+    monkeypatch.setattr(GatewayMetrics, "collect", collect)
