@@ -221,6 +221,15 @@ models-eagle: $(STAMP) real-model ## train the EAGLE-3 heads (hours, resumable)
 models-eval: $(STAMP) ## re-measure the model card's figures
 	$(PY) scripts/eval_models.py
 
+# The documentation site (mkdocs.yml, mkdocs-material): docs/ into site/, strict, so that a
+# link to a page or anchor that does not exist fails the build. `make docs-serve` previews it.
+.PHONY: docs docs-serve
+docs: $(STAMP) ## build the documentation site into site/ (strict: a broken link fails)
+	$(PY) -m mkdocs build --strict
+
+docs-serve: $(STAMP) ## preview the documentation site on http://127.0.0.1:8001
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8001
+
 # The reference pages in docs/reference/ (every command's flags, every metric, the gRPC contract,
 # the chart's values, the REST routes), written from the code by scripts/gen_reference.py; a
 # test fails when the committed pages are out of date.
