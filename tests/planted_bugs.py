@@ -1212,3 +1212,25 @@ def gateway_metric_undocumented(monkeypatch) -> None:
                       samples=[((), 0)])
 
     monkeypatch.setattr(GatewayMetrics, "collect", collect)
+
+
+def docs_link_to_a_missing_page(docs) -> None:
+    """A page of a copy of docs/ links to a page that does not exist."""
+    page = docs / "getting-started.md"
+    page.write_text(page.read_text() + "\nSee [the old performance page](performance.md).\n")
+
+
+def docs_heading_renamed_under_a_link(docs) -> None:
+    """A heading that another page links to by its anchor renamed (api.md links to
+    architecture.md's prefix-caching section)."""
+    page = docs / "architecture.md"
+    text = page.read_text()
+    heading = "### Prefix caching (verifier_service/kv/prefix.py"
+    assert heading in text
+    page.write_text(text.replace(heading, "### Prefix cache (verifier_service/kv/prefix.py"))
+
+
+def docs_link_to_a_missing_report(docs) -> None:
+    """A page links to a report under bench/reports/ that does not exist."""
+    page = docs / "benchmarking.md"
+    page.write_text(page.read_text() + "\n[2025](../bench/reports/2025-history-performance.md)\n")
