@@ -129,7 +129,7 @@ bench-lookahead: $(STAMP) real-model ## lookahead decoding against off, n-gram a
 # The accelerator benchmark (bench/gpu_bench.py, bench/reports/gpu.md): the whole stack on one
 # CUDA GPU with the shipped toy family, about ten minutes. It runs on the python3 and the torch
 # the machine has (never the CPU build pinned here) and needs no network: carry the service
-# packages as wheels where they are missing (docs/performance.md). bench-gpu-dry runs the same
+# packages as wheels where they are missing (docs/benchmarking.md). bench-gpu-dry runs the same
 # script end to end on the CPU in this virtualenv (GPU-only figures say so).
 GPU_PYTHON ?= python3
 .PHONY: bench-gpu bench-gpu-dry
