@@ -413,6 +413,8 @@ def _schema_type(schema: dict) -> str:
         if key in schema:
             return " or ".join(_schema_type(s) for s in schema[key])
     kind = schema.get("type", "")
+    if "pattern" in schema:
+        return f"{kind or 'string'} matching {schema['pattern']}"
     if kind == "array" and "items" in schema:
         return f"array of ({_schema_type(schema['items'])})"
     bounds = []
