@@ -129,7 +129,7 @@ bench-lookahead: $(STAMP) real-model ## lookahead decoding against off, n-gram a
 # The accelerator benchmark (bench/gpu_bench.py, bench/reports/gpu.md): the whole stack on one
 # CUDA GPU with the shipped toy family, about ten minutes. It runs on the python3 and the torch
 # the machine has (never the CPU build pinned here) and needs no network: carry the service
-# packages as wheels where they are missing (docs/performance.md). bench-gpu-dry runs the same
+# packages as wheels where they are missing (docs/benchmarking.md). bench-gpu-dry runs the same
 # script end to end on the CPU in this virtualenv (GPU-only figures say so).
 GPU_PYTHON ?= python3
 .PHONY: bench-gpu bench-gpu-dry
@@ -220,6 +220,22 @@ models-eagle: $(STAMP) real-model ## train the EAGLE-3 heads (hours, resumable)
 # Re-measure models/README.md's figures (held-out loss, acceptance per proposer and position).
 models-eval: $(STAMP) ## re-measure the model card's figures
 	$(PY) scripts/eval_models.py
+
+# The documentation site (mkdocs.yml, mkdocs-material): docs/ into site/, strict, so that a
+# link to a page or anchor that does not exist fails the build. `make docs-serve` previews it.
+.PHONY: docs docs-serve
+docs: $(STAMP) ## build the documentation site into site/ (strict: a broken link fails)
+	$(PY) -m mkdocs build --strict
+
+docs-serve: $(STAMP) ## preview the documentation site on http://127.0.0.1:8001
+	$(PY) -m mkdocs serve --dev-addr 127.0.0.1:8001
+
+# The reference pages in docs/reference/ (every command's flags, every metric, the gRPC contract,
+# the chart's values, the REST routes), written from the code by scripts/gen_reference.py; a
+# test fails when the committed pages are out of date.
+.PHONY: reference
+reference: $(STAMP) ## regenerate docs/reference/ from the code (flags, metrics, gRPC, chart, REST)
+	$(PY) scripts/gen_reference.py
 
 # Render the Helm chart (k8s/splitspec) into the plain manifests in k8s/manifests/ (one
 # kustomize directory per preset, and cpu-tls: cpu with mutual TLS); a test fails when they are

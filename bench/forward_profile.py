@@ -3,7 +3,8 @@ forward (verifier_service.model.runner) in this process, one decode row and one 
 k + 1 rows over a cached prompt, timed per matmul backend (kernels/linear.py); the default
 backend's cost for every row count up to 13 (the shape of the curve a verification pays: on
 a CPU it climbs in steps, one more pass over the weights per micro-kernel tile of rows, see
-docs/performance.md); and the torch profiler's top operators for the default backend.
+bench/reports/2026-history-performance.md); and the torch profiler's top operators for the
+default backend.
 
     python bench/forward_profile.py            # prints the markdown section
 """

@@ -6,7 +6,7 @@ models the repository ships, in one run of about ten minutes.
                                                  # the same script end to end on the CPU
 
 It needs no network and uses the torch it finds (not the CPU build `make` pins): the service
-packages travel as wheels where the machine lacks them (docs/performance.md says how).
+packages travel as wheels where the machine lacks them (docs/benchmarking.md says how).
 
 Reported, for one model family per run (`--model`: default models/target, the toy family;
 models/smollm2-135m-instruct for the real model once imported), with the draft, MLP speculator

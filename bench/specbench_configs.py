@@ -9,8 +9,9 @@ stack of its own, started for it. A new kind of request is one more line, e.g.
     Config("hybrid2", "hybrid ngram+draft", {"mode": "on", "method": "hybrid:ngram+draft", ...},
            ("ngram", "draft")),
 
-or, without editing this file, `--config 'hybrid={"mode": "on", "method": "hybrid"}@suffix,eagle'`
-on the command line (`parse_extra`).
+or, without editing this file, on the command line (`parse_extra`):
+
+    --config 'hybrid={"mode": "on", "method": "hybrid:suffix+eagle"}@suffix,eagle'
 
 k per method: one each, where bench-real measured it best on held-out chat for the drafters
 (drafts are rarely accepted past the second or third position there), 4 for the copying methods

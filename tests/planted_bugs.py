@@ -1222,3 +1222,52 @@ def drafters_ignore_logit_bias(monkeypatch) -> None:
     logit bias and allowed ids shape the target, not what is proposed for it."""
     monkeypatch.setattr(draft_loop, "logit_offsets", lambda params, vocab, device: None)
     monkeypatch.setattr(mlp, "logit_offsets", lambda params, vocab, device: None)
+
+
+def health_flag_undocumented(monkeypatch) -> None:
+    """splitspec-health gains a flag that docs/reference/commands.md does not list."""
+    real = health_probe.parser
+
+    def parser():
+        p = real()
+        p.add_argument("--retries", type=int, default=3, help="tries before failing (default: 3)")
+        return p
+
+    monkeypatch.setattr(health_probe, "parser", parser)
+
+
+def gateway_metric_undocumented(monkeypatch) -> None:
+    """The gateway exports a counter that docs/reference/metrics.md does not list."""
+    from gateway.metrics import GatewayMetrics
+    from splitspec.telemetry.metrics import counter
+
+    real = GatewayMetrics.collect
+
+    def collect(self):
+        yield from real(self)
+        yield counter("splitspec_gateway_retries", "Generations retried on another replica",
+                      samples=[((), 0)])
+
+    monkeypatch.setattr(GatewayMetrics, "collect", collect)
+
+
+def docs_link_to_a_missing_page(docs) -> None:
+    """A page of a copy of docs/ links to a page that does not exist."""
+    page = docs / "getting-started.md"
+    page.write_text(page.read_text() + "\nSee [the old performance page](performance.md).\n")
+
+
+def docs_heading_renamed_under_a_link(docs) -> None:
+    """A heading that another page links to by its anchor renamed (api.md links to
+    architecture.md's prefix-caching section)."""
+    page = docs / "architecture.md"
+    text = page.read_text()
+    heading = "### Prefix caching (verifier_service/kv/prefix.py"
+    assert heading in text
+    page.write_text(text.replace(heading, "### Prefix cache (verifier_service/kv/prefix.py"))
+
+
+def docs_link_to_a_missing_report(docs) -> None:
+    """A page links to a report under bench/reports/ that does not exist."""
+    page = docs / "benchmarking.md"
+    page.write_text(page.read_text() + "\n[2025](../bench/reports/2025-history-performance.md)\n")

@@ -152,6 +152,23 @@ def add_stack_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGrou
                                 f"else {spec.model_dir}/ next to the target, if it fits)")
 
 
+def serving_banner(args: argparse.Namespace, stack: Stack) -> str:
+    """What the launcher prints once every service is SERVING (docs/getting-started.md shows it;
+    tests/docs/test_docs_examples.py checks the docs against it)."""
+    return (f"splitspec is serving {args.model} (proposers: {', '.join(stack.proposers)}; "
+            f"verifier replicas: {len(stack.verifiers)}"
+            + (f", each over {args.tensor_parallel_size} tensor-parallel ranks"
+               if args.tensor_parallel_size > 1 else "") + ")\n"
+            f"  REST (OpenAI-compatible): {stack.url}\n"
+            f"  gRPC (splitspec.v1.Generation): {args.host}:{args.grpc_port}\n"
+            + "".join(f"  metrics of {name}: {url}\n"
+                      for name, url in stack.metrics_urls.items())
+            + (f"  TLS: mutual TLS on every hop; clients trust {stack.config.tls.ca} (and may "
+               f"present {stack.config.tls['client'].cert} / .key); removed on exit\n"
+               if stack.config.tls else "")
+            + "Ctrl-C stops everything.")
+
+
 def stack_config(args: argparse.Namespace, tls: StackCertificates | None = None) -> StackConfig:
     """The stack `up` starts for these flags (model-backed methods found next to the target)."""
     found = sibling_proposer_models(args.model)
@@ -224,17 +241,7 @@ def _run(args: argparse.Namespace, stack: Stack) -> None:
     except RuntimeError as exc:
         print(f"splitspec: {exc}", file=sys.stderr)
         sys.exit(1)
-    print(f"splitspec is serving {args.model} (proposers: {', '.join(stack.proposers)}; "
-          f"verifier replicas: {len(stack.verifiers)}"
-          + (f", each over {args.tensor_parallel_size} tensor-parallel ranks"
-             if args.tensor_parallel_size > 1 else "") + ")\n"
-          f"  REST (OpenAI-compatible): {stack.url}\n"
-          f"  gRPC (splitspec.v1.Generation): {args.host}:{args.grpc_port}\n"
-          + "".join(f"  metrics of {name}: {url}\n" for name, url in stack.metrics_urls.items())
-          + (f"  TLS: mutual TLS on every hop; clients trust {stack.config.tls.ca} (and may "
-             f"present {stack.config.tls['client'].cert} / .key); removed on exit\n"
-             if stack.config.tls else "")
-          + "Ctrl-C stops everything.", flush=True)
+    print(serving_banner(args, stack), flush=True)
     supervisor = stack.supervisor()
     try:
         while not stopping:

@@ -31,7 +31,7 @@ ATTENTION_NAME = "splitspec_paged"
 # a step that feeds at most MAX_RUN_ROWS rows per sequence attends per sequence, reading a
 # context that lies in at most MAX_RUNS runs of slots in place and gathering one in more: past
 # those, per-run products and masks cost more than the gather (measured on the CPU at a
-# 1,500-token context; docs/performance.md)
+# 1,500-token context; bench/reports/2026-history-performance.md)
 MAX_RUNS = 4
 MAX_RUN_ROWS = 8
 
