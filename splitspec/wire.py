@@ -61,7 +61,9 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
                             top_k=params.top_k, min_p=params.min_p,
                             presence_penalty=params.presence_penalty,
                             frequency_penalty=params.frequency_penalty,
-                            repetition_penalty=params.repetition_penalty,
+                            # 0 on the wire is off (1), as an unset field reads
+                            repetition_penalty=(0.0 if params.repetition_penalty == 1.0
+                                                else params.repetition_penalty),
                             logit_bias=dict(params.logit_bias), min_tokens=params.min_tokens,
                             bad_words=list(params.bad_words),
                             allowed_token_ids=list(params.allowed_token_ids))

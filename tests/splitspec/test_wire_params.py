@@ -30,6 +30,9 @@ from splitspec.wire import (
     SamplingParams(temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=123),
     SamplingParams(temperature=1.3, seed=0),  # seed 0 is a seed, not "unset"
     SamplingParams(seed=2**63 - 1),
+    SamplingParams(temperature=0.0, presence_penalty=-0.5, frequency_penalty=1.5,
+                   repetition_penalty=1.2, logit_bias=((3, -100.0), (70, 2.5)), min_tokens=4,
+                   bad_words=("foo", "bar baz"), allowed_token_ids=(1, 5, 9)),
 ])
 def test_sampling_round_trips(params):
     assert sampling_from_pb(sampling_to_pb(params)) == params
