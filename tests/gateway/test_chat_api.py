@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.chat import Chat, chat_logprobs, parse_chat_request
+from gateway.chat import Chat, chat_logprobs
+from gateway.request_models import parse_chat_request
 from protos import common_pb2
 from splitspec.errors import InvalidArgument
 

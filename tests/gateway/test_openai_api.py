@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.openai_api import parse_completion_request
+from gateway.request_models import parse_completion_request
 from splitspec.errors import InvalidArgument
 from splitspec.params import SpeculationMode
 
