@@ -286,10 +286,10 @@ def cache_salt_unchecked(monkeypatch) -> None:
 
     import pydantic
 
-    import gateway.frontend as frontend
+    import gateway.grpc_api as grpc_api
     import gateway.request_models as request_models
 
-    monkeypatch.setattr(frontend, "check_cache_salt", lambda name, salt: None)
+    monkeypatch.setattr(grpc_api, "check_cache_salt", lambda name, salt: None)
     for name in ("CompletionBody", "ChatBody"):
         declared = getattr(request_models, name)
         monkeypatch.setattr(request_models, name, pydantic.create_model(
