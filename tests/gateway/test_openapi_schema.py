@@ -160,3 +160,41 @@ def test_the_method_pattern_describes_both_hybrid_spellings(doc):
     for ok in ("hybrid:suffix+eagle", "hybrid:suffix|eagle", "hybrid:ngram+suffix|eagle"):
         assert re.match(pattern, ok), ok
     assert not re.match(pattern, "hybrid:suffix") and not re.match(pattern, "hybrid:suffix|")
+
+
+def documented_fields() -> dict[str, list[str]]:
+    """docs/api.md's table of the fields a request can send: its verdict column's first word
+    (accepted, only, refused) -> the fields named in those rows."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    table = text.split("### Fields a request can send", 1)[1].split("\n\n", 2)[2]
+    out: dict[str, list[str]] = {}
+    for row in table.split("\n\n", 1)[0].splitlines()[2:]:
+        names, _, verdict = [cell.strip() for cell in row.strip("|").split("|")]
+        if names.startswith("message "):
+            continue  # what a message may hold: tests/gateway/test_chat_api.py
+        out.setdefault(verdict.split()[0].rstrip(":"), []).extend(re.findall(r"`([^`]+)`",
+                                                                             names))
+    return out
+
+
+def test_the_documented_table_of_fields_is_what_the_declarations_accept(doc):
+    """Each field docs/api.md says is accepted is declared, each declared field is in the
+    table, and each it says is refused gets a 400 naming it, on both endpoints."""
+    table = documented_fields()
+    assert set(table) == {"accepted", "only", "refused"}
+    completion = set(body_schema(doc, "/v1/completions")["properties"])
+    chat = set(body_schema(doc, "/v1/chat/completions")["properties"])
+    listed = {name.partition(".")[0] for name in table["accepted"] + table["only"]}
+    assert listed - {"messages", "prompt"} <= completion | chat
+    assert completion | chat <= listed
+    assert set(table["only"]) <= completion
+    bodies = ((COMPLETION, parse_completion_request), (CHAT, parse_chat_request))
+    for name in table["refused"]:
+        parent, _, child = name.partition(".")
+        for body, parse in bodies:
+            sent = {**body, parent: {child: True}} if child else {**body, name: None}
+            with pytest.raises(InvalidArgument) as e:
+                parse(sent)
+            assert e.value.field == name, name
