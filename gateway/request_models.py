@@ -141,8 +141,8 @@ class Speculation(_Body):
     """Extension: speculative decoding for this request. The method, k and branches are
     checked against the deployment by the gateway's policy (SpeculationRequest.validate)."""
 
-    mode: Literal["auto", "on", "off"] = Field(
-        "auto", description="auto (default): the gateway's policy decides")
+    mode: Literal["auto", "on", "off"] | None = Field(
+        None, description="auto (default): the gateway's policy decides")
     method: Method | None = Field(
         None, description="which proposer; default: the deployment's first. "
         f"{HYBRID}:<method>+<method>: their drafts merged into one token tree per step (e.g. "
@@ -153,20 +153,21 @@ class Speculation(_Body):
     num_branches: int | None = Field(
         None, ge=1, le=MAX_INT32, description="token trees: children per draft node at most "
         "(1: a chain); num_speculative_tokens is the tree's node budget")
-    details: bool = Field(False,
-                          description="report acceptance per draft position and per step")
+    details: bool | None = Field(
+        None, description="report acceptance per draft position and per step")
     lookahead: Lookahead | None = None
 
     def request(self) -> SpeculationRequest:
         return SpeculationRequest(
-            mode=SpeculationMode(self.mode), method=self.method,
-            num_speculative_tokens=self.num_speculative_tokens, details=self.details,
+            mode=SpeculationMode(self.mode or "auto"), method=self.method,
+            num_speculative_tokens=self.num_speculative_tokens, details=bool(self.details),
             num_branches=self.num_branches,
             lookahead=self.lookahead.params() if self.lookahead is not None else None)
 
 
 class StreamOptions(_Body):
-    include_usage: bool = Field(False, description="a last chunk with the request's usage")
+    include_usage: bool | None = Field(None,
+                                       description="a last chunk with the request's usage")
 
 
 class GenerationBody(_Body):
@@ -253,7 +254,7 @@ class GenerationBody(_Body):
             speculation=(self.speculation.request() if self.speculation is not None
                          else SpeculationRequest()),
             n=self.n or 1, stream=bool(self.stream),
-            include_usage=self.stream_options is not None and self.stream_options.include_usage,
+            include_usage=bool(self.stream_options and self.stream_options.include_usage),
             top_logprobs=top_logprobs, cache_salt=self.cache_salt)
 
 
