@@ -49,6 +49,7 @@ from splitspec.params import (
     MAX_SEED,
     MAX_STOP_STRINGS,
     MAX_TOP_LOGPROBS,
+    MIN_REPETITION_PENALTY,
     LookaheadParams,
     SamplingParams,
     SpeculationMode,
@@ -188,8 +189,9 @@ class GenerationBody(_Body):
         ge=-MAX_PENALTY, le=MAX_PENALTY, description="subtracted from a token's logit once per "
         "time the output holds it; 0: off")
     repetition_penalty: float | None = _number(
-        gt=0, le=MAX_REPETITION_PENALTY, description="extension: the logit of every token of "
-        "the prompt or output divided by it (multiplied where negative); 1: off")
+        ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, description="extension: the "
+        "logit of every token of the prompt or output divided by it (multiplied where "
+        "negative); 1: off")
     logit_bias: LogitBias | None = Field(
         None, description="token id (as a string) -> bias added to its logit")
     min_tokens: int | None = Field(

@@ -42,7 +42,10 @@ class SpeculationMode(str, enum.Enum):
 
 # Logits processors' limits, as OpenAI's API and vLLM's set them.
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty in [-2, 2]
-MAX_REPETITION_PENALTY = 10.0  # repetition_penalty in (0, 10]
+# repetition_penalty in [0.01, 10]: it divides positive logits in float32, where a smaller one
+# (5e-324 is 0 there) turns them into inf and the row's distribution into NaN
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 10.0
 MAX_LOGIT_BIAS = 100.0  # each bias in [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_BAD_WORDS = 64
@@ -105,9 +108,10 @@ class SamplingParams:
                 raise InvalidArgument(prefix + name, f"must be in [-{MAX_PENALTY:g}, "
                                       f"{MAX_PENALTY:g}]")
         _finite(prefix + "repetition_penalty", self.repetition_penalty)
-        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise InvalidArgument(prefix + "repetition_penalty",
-                                  f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1: off)")
+                                  f"must be in [{MIN_REPETITION_PENALTY:g}, "
+                                  f"{MAX_REPETITION_PENALTY:g}] (1: off)")
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidArgument(prefix + "logit_bias", f"has {len(self.logit_bias)} entries; "
                                   f"at most {MAX_LOGIT_BIAS_ENTRIES}")

@@ -83,6 +83,8 @@ def test_unset_messages_stay_unset_so_the_verifier_applies_its_defaults():
      "frequency_penalty"),
     (dict(sampling=common_pb2.SamplingParams(temperature=1, repetition_penalty=11)),
      "repetition_penalty"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, repetition_penalty=1e-3)),
+     "repetition_penalty"),
     (dict(sampling=common_pb2.SamplingParams(temperature=1, logit_bias={5: 101})),
      "logit_bias"),
     (dict(sampling=common_pb2.SamplingParams(temperature=1, logit_bias={-1: 1})),

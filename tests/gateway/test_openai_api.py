@@ -54,6 +54,8 @@ def test_defaults_and_extensions():
     ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
     ({"prompt": "x", "frequency_penalty": "1"}, "frequency_penalty"),
     ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    # float32 has no 5e-324: the division would make the row's logits inf
+    ({"prompt": "x", "repetition_penalty": 5e-324}, "repetition_penalty"),
     ({"prompt": "x", "repetition_penalty": 10.5}, "repetition_penalty"),
     ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"1.5": 1}}, "logit_bias"),

@@ -20,6 +20,7 @@ from splitspec.params import (
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_PENALTY,
     MAX_REPETITION_PENALTY,
+    MIN_REPETITION_PENALTY,
 )
 
 
@@ -117,7 +118,7 @@ def test_the_sampling_fields_are_described_with_their_ranges(doc):
             assert (p["type"], p["minimum"], p["maximum"]) == ("number", -MAX_PENALTY,
                                                                MAX_PENALTY)
         p = nonnull(props["repetition_penalty"])
-        assert (p["exclusiveMinimum"], p["maximum"]) == (0, MAX_REPETITION_PENALTY)
+        assert (p["minimum"], p["maximum"]) == (MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY)
         p = nonnull(props["logit_bias"])
         assert p["type"] == "object" and p["maxProperties"] == MAX_LOGIT_BIAS_ENTRIES
         assert p["additionalProperties"] is False
