@@ -1,7 +1,7 @@
 """What the REST and gRPC front doors share: the checks that need the served model (model name,
-prompt size, token ids), the speculation policy, picking a verifier, streaming its answer, and
-collecting a finished result; metrics and the request's span, when the gateway has them, are fed
-here too.
+prompt size, token ids; each door checks the rest of a request at its own edge), the
+speculation policy, picking a verifier, streaming its answer, and collecting a finished result;
+metrics and the request's span, when the gateway has them, are fed here too.
 
 Every decided generation counts as in flight here from its decision until its stream ends (or,
 for one never streamed, RESERVATION_TTL_S). A replica's load, as the policy sees it, is these
@@ -29,10 +29,8 @@ from splitspec.params import (
     SamplingParams,
     SpeculationRequest,
     StoppingCriteria,
-    check_cache_salt,
     check_prompt_chars,
     check_token_ids,
-    check_top_logprobs,
 )
 from splitspec.wire import FINISH_REASON_NAMES, plan_to_pb, sampling_to_pb, stopping_to_pb
 
@@ -87,7 +85,7 @@ class Frontend:
                              samplings: list[SamplingParams] | None = None,
                              top_logprobs: int | None = None, cache_salt: str | None = None
                              ) -> list[common_pb2.GenerateRequest]:
-        """REST: one GenerateRequest per prompt from the parsed, validated dataclasses (converted
+        """REST: one GenerateRequest per prompt from the declared, validated dataclasses (converted
         to protobuf here, once), each with its own speculation decision; `samplings` (one per
         prompt) overrides `sampling`, e.g. for the n choices' own seeds."""
         samplings = samplings or [sampling] * len(prompts)
@@ -114,8 +112,6 @@ class Frontend:
                      speculation: SpeculationRequest, span, top_logprobs: int | None,
                      cache_salt: str | None) -> list[common_pb2.GenerateRequest]:
         info = await self.pool.info()
-        check_top_logprobs("top_logprobs", top_logprobs)
-        check_cache_salt("cache_salt", cache_salt)
         for prompt in prompts:  # what the verifier would refuse, refused before it is sent
             if isinstance(prompt, Chat):
                 check_prompt_chars("messages", prompt.chars, info.max_model_len)

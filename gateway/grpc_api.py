@@ -3,9 +3,11 @@ the same validation (splitspec.params, splitspec.wire, Frontend.build_request) a
 optional API keys (`authorization: Bearer KEY` metadata), per-key concurrency limit and
 prefix-cache salt (`cache_salt`, the caller's own or derived from its key).
 
-The request's sampling and stopping messages are checked where they stand (each error names
-the public field) and forwarded to the verifier unchanged; its SpeculationConfig becomes the
-policy's SpeculationPlan."""
+This is the gRPC door's edge: the request's fields are checked here, once, with the limits REST
+declares (splitspec.params), each error naming the public field: sampling (logits processors
+included) and stopping as the verifier will read them, min_tokens against max_tokens,
+top_logprobs and the caller's cache_salt. The sampling and stopping messages are then forwarded
+to the verifier unchanged; the SpeculationConfig becomes the policy's SpeculationPlan."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from gateway.frontend import Frontend
 from gateway.limits import ConcurrencyLimit
 from protos import generation_pb2, generation_pb2_grpc
 from splitspec.errors import InvalidArgument, ServiceError
+from splitspec.params import check_cache_salt, check_min_tokens, check_top_logprobs
 from splitspec.wire import (
     FINISH_REASON_NAMES,
     sampling_from_pb,
@@ -85,6 +88,12 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         has_sampling, has_stopping = request.HasField("sampling"), request.HasField("stopping")
         sampling = sampling_from_pb(request.sampling, has_sampling).validate()
         stopping = stopping_from_pb(request.stopping, has_stopping).validate()
+        check_min_tokens(sampling, stopping)
+        top_logprobs = (request.options.top_logprobs
+                        if request.options.HasField("top_logprobs") else None)
+        check_top_logprobs("top_logprobs", top_logprobs)
+        own_salt = request.cache_salt if request.HasField("cache_salt") else None
+        check_cache_salt("cache_salt", own_salt)
         if span is not None:
             self._frontend.tracer.on_parsed(span, await self._frontend.model_id(), sampling,
                                             stopping, 1, True)
@@ -92,10 +101,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             request.request_id or "gen-" + uuid.uuid4().hex, prompt,
             request.sampling if has_sampling else None, sampling.greedy,
             request.stopping if has_stopping else None, speculation_from_pb(request.speculation),
-            span, top_logprobs=(request.options.top_logprobs
-                                if request.options.HasField("top_logprobs") else None),
-            cache_salt=request_salt(
-                request.cache_salt if request.HasField("cache_salt") else None, key))
+            span, top_logprobs=top_logprobs, cache_salt=request_salt(own_salt, key))
         stream = self._frontend.stream(pb)
         if span is None:
             async for msg in stream:

@@ -31,7 +31,7 @@ from gateway.fanout import Fanout
 from gateway.frontend import Collected, Frontend
 from gateway.limits import ClientGone, ConcurrencyLimit, read_body
 from gateway.openai_api import Generation, error_body, parse_json
-from gateway.openapi_schema import openapi_schema
+from gateway.openapi import openapi_document
 from gateway.rest_bodies import GenerationApi, request_usage
 from protos import common_pb2
 from splitspec.errors import ServiceError
@@ -251,7 +251,7 @@ class RestHandlers:
         return JSONResponse({"status": "ready" if ok else "not_ready"}, 200 if ok else 503)
 
     async def openapi(self, request: Request):
-        return JSONResponse(openapi_schema(self.routes, self.max_prompts))
+        return JSONResponse(openapi_document(self.routes, self.max_prompts))
 
 
 async def _collect(fan: Fanout, n: int) -> list[Collected]:

@@ -13,7 +13,6 @@ from gateway.chat import (
     chat_delta,
     chat_logprobs,
     new_chat_id,
-    parse_chat_request,
 )
 from gateway.frontend import Collected
 from gateway.openai_api import (
@@ -23,9 +22,9 @@ from gateway.openai_api import (
     completion_body,
     completion_logprobs,
     new_completion_id,
-    parse_completion_request,
     usage_body,
 )
+from gateway.request_models import parse_chat_request, parse_completion_request
 from protos import common_pb2
 
 

@@ -25,6 +25,8 @@ from splitspec.methods import (
 
 # Limits every front door enforces alike (the wire types are 32-bit).
 MAX_INT32 = 2**31 - 1
+MAX_SEED = 2**63 - 1  # a request's seed (the generators take 63 bits)
+MAX_STOP_STRINGS = 16
 MAX_CACHE_SALT_CHARS = 256  # a request's cache_salt (prefix-cache isolation), as vLLM allows
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as OpenAI's API allows
 # A prompt text longer than max_model_len * this many characters cannot fit the context (a
@@ -40,7 +42,10 @@ class SpeculationMode(str, enum.Enum):
 
 # Logits processors' limits, as OpenAI's API and vLLM's set them.
 MAX_PENALTY = 2.0  # presence_penalty and frequency_penalty in [-2, 2]
-MAX_REPETITION_PENALTY = 10.0  # repetition_penalty in (0, 10]
+# repetition_penalty in [0.01, 10]: it divides positive logits in float32, where a smaller one
+# (5e-324 is 0 there) turns them into inf and the row's distribution into NaN
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 10.0
 MAX_LOGIT_BIAS = 100.0  # each bias in [-100, 100]
 MAX_LOGIT_BIAS_ENTRIES = 300
 MAX_BAD_WORDS = 64
@@ -94,7 +99,7 @@ class SamplingParams:
         _finite(prefix + "min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidArgument(prefix + "min_p", "must be in [0, 1]")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise InvalidArgument(prefix + "seed", "must be in [0, 2**63)")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -103,9 +108,10 @@ class SamplingParams:
                 raise InvalidArgument(prefix + name, f"must be in [-{MAX_PENALTY:g}, "
                                       f"{MAX_PENALTY:g}]")
         _finite(prefix + "repetition_penalty", self.repetition_penalty)
-        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
             raise InvalidArgument(prefix + "repetition_penalty",
-                                  f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1: off)")
+                                  f"must be in [{MIN_REPETITION_PENALTY:g}, "
+                                  f"{MAX_REPETITION_PENALTY:g}] (1: off)")
         if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
             raise InvalidArgument(prefix + "logit_bias", f"has {len(self.logit_bias)} entries; "
                                   f"at most {MAX_LOGIT_BIAS_ENTRIES}")
@@ -155,8 +161,8 @@ class StoppingCriteria:
     def validate(self) -> "StoppingCriteria":
         if not 1 <= self.max_tokens <= MAX_INT32:
             raise InvalidArgument("max_tokens", "must be in [1, 2**31)")
-        if len(self.stop) > 16:
-            raise InvalidArgument("stop", "at most 16 stop strings")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise InvalidArgument("stop", f"at most {MAX_STOP_STRINGS} stop strings")
         if any(not s for s in self.stop):
             raise InvalidArgument("stop", "stop strings must be non-empty")
         check_token_ids("stop_token_ids", self.stop_token_ids)
@@ -169,6 +175,9 @@ MAX_LOOKAHEAD_WINDOW = 16
 MAX_LOOKAHEAD_NGRAM = 8
 MAX_LOOKAHEAD_GUESSES = 16
 LOOKAHEAD = "lookahead"  # the registry's in-target method these parameters shape
+# each field's [lo, hi]: a window of at least one guess, n-grams of at least two tokens
+LOOKAHEAD_RANGES = {"window": (1, MAX_LOOKAHEAD_WINDOW), "ngram": (2, MAX_LOOKAHEAD_NGRAM),
+                    "guesses": (0, MAX_LOOKAHEAD_GUESSES)}
 
 
 @dataclass(frozen=True)
@@ -182,9 +191,8 @@ class LookaheadParams:
     guesses: int | None = None
 
     def validate(self) -> "LookaheadParams":
-        for name, value, lo, hi in (("window", self.window, 1, MAX_LOOKAHEAD_WINDOW),
-                                    ("ngram", self.ngram, 2, MAX_LOOKAHEAD_NGRAM),
-                                    ("guesses", self.guesses, 0, MAX_LOOKAHEAD_GUESSES)):
+        for name, (lo, hi) in LOOKAHEAD_RANGES.items():
+            value = getattr(self, name)
             if value is not None and not lo <= value <= hi:
                 raise InvalidArgument(f"speculation.lookahead.{name}", f"must be in [{lo}, {hi}]")
         return self
@@ -337,11 +345,12 @@ def check_cache_salt(name: str, salt) -> None:
 
 
 def check_min_tokens(sampling: SamplingParams, stopping: StoppingCriteria,
-                     prefix: str = "") -> None:
-    """min_tokens may not exceed max_tokens (a request could never satisfy both)."""
+                     prefix: str = "", max_tokens_field: str = "max_tokens") -> None:
+    """min_tokens may not exceed max_tokens (a request could never satisfy both); the message
+    names max_tokens by the field the request gave it in."""
     if sampling.min_tokens > stopping.max_tokens:
         raise InvalidArgument(prefix + "min_tokens", f"({sampling.min_tokens}) must be <= "
-                              f"max_tokens ({stopping.max_tokens})")
+                              f"{max_tokens_field} ({stopping.max_tokens})")
 
 
 def check_top_logprobs(name: str, n: int | None) -> None:

@@ -57,13 +57,14 @@ def sampling_from_pb(msg: pb.SamplingParams, has_field: bool = True) -> Sampling
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
+    """The message sampling_from_pb reads back as `params`; repetition_penalty off is written
+    as proto3's unset 0, so a message a client sent without it round-trips unchanged."""
+    off = params.repetition_penalty == 1.0
     msg = pb.SamplingParams(temperature=params.temperature, top_p=params.top_p,
                             top_k=params.top_k, min_p=params.min_p,
                             presence_penalty=params.presence_penalty,
                             frequency_penalty=params.frequency_penalty,
-                            # 0 on the wire is off (1), as an unset field reads
-                            repetition_penalty=(0.0 if params.repetition_penalty == 1.0
-                                                else params.repetition_penalty),
+                            repetition_penalty=0.0 if off else params.repetition_penalty,
                             logit_bias=dict(params.logit_bias), min_tokens=params.min_tokens,
                             bad_words=list(params.bad_words),
                             allowed_token_ids=list(params.allowed_token_ids))

@@ -283,12 +283,20 @@ def cache_salt_ignores_the_key(monkeypatch) -> None:
 
 
 def cache_salt_unchecked(monkeypatch) -> None:
-    """The gateway takes any cache_salt (a number, an overlong string) as it came."""
-    import gateway.frontend as frontend
-    import gateway.openai_api as openai_api
+    """The gateway takes any cache_salt (a number, an overlong string) as it came: REST's
+    declaration types it as anything, the gRPC door does not check it."""
+    from typing import Any
 
-    for module in (openai_api, frontend):
-        monkeypatch.setattr(module, "check_cache_salt", lambda name, salt: None)
+    import pydantic
+
+    import gateway.grpc_api as grpc_api
+    import gateway.request_models as request_models
+
+    monkeypatch.setattr(grpc_api, "check_cache_salt", lambda name, salt: None)
+    for name in ("CompletionBody", "ChatBody"):
+        declared = getattr(request_models, name)
+        monkeypatch.setattr(request_models, name, pydantic.create_model(
+            name, __base__=declared, cache_salt=(Any, None)))
 
 
 def resume_drops_the_cache_salt(monkeypatch) -> None:
@@ -871,10 +879,12 @@ def eagle_rows_restored_as_blocks(monkeypatch) -> None:
 
 
 def lone_surrogates_let_through(monkeypatch) -> None:
-    """The REST door no longer checks its strings' Unicode: protobuf meets the lone surrogate."""
-    import gateway.openai_api as openai_api
+    """The REST door no longer checks its strings' Unicode first: a lone surrogate is refused
+    only as a malformed value (pydantic's strict strings), without saying why, and inside a
+    message's content or a prompt list, under another name."""
+    import gateway.request_models as request_models
 
-    monkeypatch.setattr(openai_api, "_check_unicode", lambda body: None)
+    monkeypatch.setattr(request_models, "_check_unicode", lambda body: None)
 
 
 def dummy_weights_ignore_the_seed(monkeypatch) -> None:

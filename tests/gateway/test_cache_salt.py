@@ -15,11 +15,10 @@ from starlette.testclient import TestClient
 from test_gateway_telemetry import FakePool
 
 from gateway.auth import ApiKeys
-from gateway.chat import parse_chat_request
 from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
-from gateway.openai_api import parse_completion_request
 from gateway.policy import SpeculationPolicy
+from gateway.request_models import parse_chat_request, parse_completion_request
 from gateway.rest import RestLimits, build_app
 from gateway.resume import StreamProgress
 from protos import common_pb2
@@ -208,13 +207,14 @@ def test_cached_tokens_reach_every_usage_and_the_openai_client_parses_them():
 ])
 def test_a_lone_surrogate_in_any_string_is_a_400_naming_its_field(path, body, field):
     """JSON can escape a lone surrogate, which protobuf cannot encode: refused at the door
-    (not a 500 from the wire), and the service keeps serving."""
+    (not a 500 from the wire), saying why, and the service keeps serving."""
     pool = RecordingPool()
     with TestClient(rest_app(pool), raise_server_exceptions=False) as client:
         r = client.post(path, content=json.dumps({**body, "max_tokens": 2}),
                         headers={"Content-Type": "application/json"})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == field
+        assert "valid Unicode" in r.json()["error"]["message"]
         ok = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
         assert ok.status_code == 200
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.chat import Chat, chat_logprobs, parse_chat_request
+from gateway.chat import Chat, chat_logprobs
+from gateway.request_models import parse_chat_request
 from protos import common_pb2
 from splitspec.errors import InvalidArgument
 
@@ -32,6 +33,7 @@ def test_messages_and_shared_fields():
     ({"messages": []}, "messages"),
     ({"messages": ["hi"]}, "messages[0]"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
      "messages[0].tool_calls"),
@@ -44,11 +46,20 @@ def test_messages_and_shared_fields():
       "max_completion_tokens": 2}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 4,
+      "min_tokens": 5}, "min_tokens"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 3},
+     "presence_penalty"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}},
+     "response_format"),
 ])
 def test_bad_chat_requests_name_the_field(body, field):
     with pytest.raises(InvalidArgument) as e:
         parse_chat_request(body)
-    assert e.value.field == field
+    assert e.value.field == field and e.value.message.startswith(f"{field}: ")
 
 
 def test_chat_logprobs_body():

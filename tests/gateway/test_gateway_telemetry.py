@@ -19,8 +19,8 @@ from starlette.testclient import TestClient
 from gateway.frontend import Frontend
 from gateway.grpc_api import GenerationServicer
 from gateway.metrics import GatewayMetrics
-from gateway.openai_api import parse_completion_request
 from gateway.policy import SpeculationPolicy
+from gateway.request_models import parse_completion_request
 from gateway.rest import build_app
 from gateway.tracing import GatewayTracer
 from protos import common_pb2, verifier_pb2

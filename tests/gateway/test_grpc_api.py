@@ -1,6 +1,7 @@
 """The gRPC front door's request handling (gateway/grpc_api.py) against a recording verifier
-pool: the client's sampling and stopping messages are checked and forwarded as they came, its
-SpeculationConfig becomes the policy's plan, and bad fields are refused by their public name."""
+pool: the client's sampling and stopping messages (logits processors included) are checked and
+forwarded as they came, its SpeculationConfig becomes the policy's plan, and bad fields are
+refused by their public name before anything reaches a verifier."""
 
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def send(request: common_pb2.GenerateRequest) -> common_pb2.GenerateRequest:
 
 
 def test_sampling_and_stopping_are_forwarded_as_they_came():
-    sampling = common_pb2.SamplingParams(temperature=0.7, top_p=0, top_k=-1, seed=5)
+    sampling = common_pb2.SamplingParams(
+        temperature=0.7, top_p=0, top_k=-1, seed=5, presence_penalty=0.5,
+        frequency_penalty=-1, repetition_penalty=1.2, logit_bias={7: 3.5, 2: -100},
+        min_tokens=7, bad_words=["foo"], allowed_token_ids=[2, 7, 9])
     stopping = common_pb2.StoppingCriteria(max_tokens=7, stop=["\n"], ignore_eos=True)
     sent = send(common_pb2.GenerateRequest(
         request_id="r", token_ids=common_pb2.TokenIds(ids=[1, 2]), sampling=sampling,
@@ -73,8 +77,33 @@ def test_unset_messages_stay_unset_so_the_verifier_applies_its_defaults():
     (dict(speculation=common_pb2.SpeculationConfig(num_speculative_tokens=9)),
      "speculation.num_speculative_tokens"),
     (dict(speculation=common_pb2.SpeculationConfig(method="draft")), "speculation.method"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, presence_penalty=2.5)),
+     "presence_penalty"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, frequency_penalty=float("nan"))),
+     "frequency_penalty"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, repetition_penalty=11)),
+     "repetition_penalty"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, repetition_penalty=1e-3)),
+     "repetition_penalty"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, logit_bias={5: 101})),
+     "logit_bias"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, logit_bias={-1: 1})),
+     "logit_bias"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1,
+                                             logit_bias={i: 1 for i in range(301)})),
+     "logit_bias"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, min_tokens=17)),
+     "min_tokens"),  # above the default max_tokens, 16
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, min_tokens=5),
+          stopping=common_pb2.StoppingCriteria(max_tokens=4)), "min_tokens"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, bad_words=["ok", ""])),
+     "bad_words"),
+    (dict(sampling=common_pb2.SamplingParams(temperature=1, allowed_token_ids=[3, -1])),
+     "allowed_token_ids"),
+    (dict(options=common_pb2.GenerateOptions(top_logprobs=21)), "top_logprobs"),
+    (dict(cache_salt="s" * 257), "cache_salt"),
 ])
 def test_bad_fields_are_refused_by_their_public_name(request_fields, field):
     with pytest.raises(InvalidArgument) as e:
         send(common_pb2.GenerateRequest(text="x", **request_fields))
-    assert e.value.field == field
+    assert e.value.field == field and e.value.message.startswith(f"{field}: ")

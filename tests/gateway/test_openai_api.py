@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.openai_api import parse_completion_request
+from gateway.request_models import parse_completion_request
 from splitspec.errors import InvalidArgument
 from splitspec.params import SpeculationMode
 
@@ -45,11 +45,55 @@ def test_defaults_and_extensions():
     ({"prompt": "x", "speculation": {"k": 2}}, "speculation.k"),
     ({"prompt": "x", "frobnicate": 1}, "frobnicate"),
     ({"prompt": "x", "": 1}, "body"),
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "best_of": 2}, "best_of"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "suffix": "s"}, "suffix"),
+    # the logits processors' fields
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "x", "frequency_penalty": "1"}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    # float32 has no 5e-324: the division would make the row's logits inf
+    ({"prompt": "x", "repetition_penalty": 5e-324}, "repetition_penalty"),
+    ({"prompt": "x", "repetition_penalty": 10.5}, "repetition_penalty"),
+    ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"1.5": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"-1": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"2147483648": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [[5, 1]]}, "logit_bias"),
+    ({"prompt": "x", "min_tokens": 17}, "min_tokens"),  # above the default max_tokens
+    ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ({"prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ({"prompt": "x", "bad_words": [5]}, "bad_words"),
+    ({"prompt": "x", "bad_words": "foo"}, "bad_words"),
+    ({"prompt": "x", "bad_words": [""]}, "bad_words"),
+    ({"prompt": "x", "bad_words": ["w"] * 65}, "bad_words"),
+    ({"prompt": "x", "allowed_token_ids": [1.5]}, "allowed_token_ids"),
+    ({"prompt": "x", "allowed_token_ids": [2**31]}, "allowed_token_ids"),
 ])
 def test_bad_requests_name_the_field(body, field):
     with pytest.raises(InvalidArgument) as e:
         parse_completion_request(body)
-    assert e.value.field == field
+    assert e.value.field == field and e.value.message.startswith(f"{field}: ")
+
+
+def test_the_logits_processors_fields_reach_the_sampling_parameters():
+    s = parse_completion_request({
+        "prompt": "x", "max_tokens": 8, "presence_penalty": -2, "frequency_penalty": 2,
+        "repetition_penalty": 10, "logit_bias": {"50256": -100, "0": 100}, "min_tokens": 8,
+        "bad_words": ["a b"], "allowed_token_ids": []}).sampling
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (-2, 2, 10)
+    assert s.logit_bias == ((0, 100.0), (50256, -100.0)) and s.min_tokens == 8
+    assert s.bad_words == ("a b",) and s.allowed_token_ids == ()  # empty: every token
+    # null is each field's default, as OpenAI's clients may send it
+    nulls = parse_completion_request({"prompt": "x", "presence_penalty": None,
+                                      "logit_bias": None, "min_tokens": None,
+                                      "bad_words": None, "repetition_penalty": None})
+    assert not nulls.sampling.has_processors
 
 
 def test_not_a_json_object():

@@ -1,9 +1,10 @@
 """Property-based requests against a live gateway's two front doors: schemathesis over the
 /openapi.json it serves (valid and invalid bodies for every route: no 5xx, and every 4xx that
-is about the request names its field), and hypothesis-built GenerateRequests and raw bytes at
-the public gRPC Generate (only OK or a documented status, INVALID_ARGUMENT naming the field).
-The gateway runs over its own verifier with a 32-token context and at most 2 prompts per
-request, so that every generated request is quick."""
+is about the request names its field), and hypothesis-built GenerateRequests (the logits
+processors' fields included) and raw bytes at the public gRPC Generate (only OK or a
+documented status, INVALID_ARGUMENT naming the field). The gateway runs over its own verifier
+with a 32-token context and at most 2 prompts per request, so that every generated request is
+quick."""
 
 from __future__ import annotations
 
@@ -68,11 +69,18 @@ _I32 = st.integers(-(2**31), 2**31 - 1)
 _FLOAT = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, 0.5, 1.0, -0.5])
 _TEXT = st.text(max_size=40)
 
+# the logits processors' fields, in and out of their ranges
+_PROCESSORS = st.fixed_dictionaries({}, optional={
+    "presence_penalty": _FLOAT, "frequency_penalty": _FLOAT, "repetition_penalty": _FLOAT,
+    "logit_bias": st.dictionaries(_I32, _FLOAT | st.floats(-100, 100), max_size=4),
+    "min_tokens": st.integers(0, 48), "bad_words": st.lists(_TEXT, max_size=3),
+    "allowed_token_ids": st.lists(_I32 | st.integers(0, 300), max_size=4)})
+
 _REQUESTS = st.builds(
     lambda prompt, temperature, top_p, top_k, min_p, seed, max_tokens, stop, stop_ids, mode,
-    method, k, top_logprobs, roles: common_pb2.GenerateRequest(
+    method, k, top_logprobs, roles, processors: common_pb2.GenerateRequest(
         sampling=common_pb2.SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
-                                           min_p=min_p, seed=seed),
+                                           min_p=min_p, seed=seed, **processors),
         stopping=common_pb2.StoppingCriteria(max_tokens=max_tokens, stop=stop,
                                              stop_token_ids=stop_ids),
         speculation=common_pb2.SpeculationConfig(mode=mode, method=method,
@@ -86,7 +94,8 @@ _REQUESTS = st.builds(
     st.none() | st.integers(0, 2**64 - 1), st.integers(0, 40), st.lists(_TEXT, max_size=3),
     st.lists(_I32, max_size=3), _I32, st.sampled_from(["", "ngram", "suffix", "nope"]),
     st.none() | st.integers(0, 2**32 - 1), st.none() | st.integers(0, 30),
-    st.lists(st.sampled_from(["user", "system", "assistant", "tool"]), max_size=2))
+    st.lists(st.sampled_from(["user", "system", "assistant", "tool"]), max_size=2),
+    _PROCESSORS)
 
 # what a client may see from Generate besides OK; INVALID_ARGUMENT must name the field
 _DOCUMENTED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED,

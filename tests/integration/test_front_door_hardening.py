@@ -1,9 +1,10 @@
 """The gateway's front doors against hostile or broken clients, through the real processes:
-out-of-range numbers and unparsable JSON are 400s naming the field on a connection that stays
-usable, oversized and half-sent requests are refused, prompts too long for the context are
-refused before anyone tokenizes them, a client that leaves is aborted in the verifier, gRPC
-validates as REST does, health agrees on both doors, unconnected proposers are not listed, and
-the optional API keys and per-key concurrency limit hold."""
+out-of-range numbers, unparsable JSON and bad sampling fields (the verifier's vocabulary check
+included) are 400s naming the field on a connection that stays usable, oversized and half-sent
+requests are refused, prompts too long for the context are refused before anyone tokenizes
+them, a client that leaves is aborted in the verifier, gRPC validates as REST does, health
+agrees on both doors, unconnected proposers are not listed, and the optional API keys and
+per-key concurrency limit hold."""
 
 from __future__ import annotations
 
@@ -80,6 +81,65 @@ def test_out_of_range_numbers_are_a_400_on_a_connection_that_stays_usable(stack,
         status, _, body = http_exchange(sock, json.dumps({
             "prompt": "x", "max_tokens": 2, "temperature": 0}).encode())
         assert status == 200 and body["usage"]["completion_tokens"] == 2
+
+
+OUTSIDE_ANY_VOCAB = 10**9  # a token id in range for the wire, beyond the served vocabulary
+
+
+@pytest.mark.parametrize("path, fields, field", [
+    ("/v1/completions", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("/v1/chat/completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/completions", {"logit_bias": {"five": 1}}, "logit_bias"),
+    # in the declared range, outside the model's vocabulary: only the verifier can tell
+    ("/v1/completions", {"logit_bias": {str(OUTSIDE_ANY_VOCAB): 1}}, "logit_bias"),
+    ("/v1/chat/completions", {"logit_bias": {str(OUTSIDE_ANY_VOCAB): 1}, "stream": True},
+     "logit_bias"),
+    ("/v1/completions", {"allowed_token_ids": [1, OUTSIDE_ANY_VOCAB]}, "allowed_token_ids"),
+    ("/v1/completions", {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+    ("/v1/completions", {"max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ("/v1/chat/completions", {"max_completion_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ("/v1/completions", {"bad_words": ["fine", 7]}, "bad_words"),
+])
+def test_bad_sampling_fields_are_a_400_naming_them_and_the_next_request_is_served(
+        stack, path, fields, field):
+    body = {"prompt": "x"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "x"}]}
+    with connect(stack.config.http_port) as sock:
+        status, _, error = http_exchange(sock, json.dumps({**body, **fields}).encode(), path)
+        assert status == 400, error
+        assert error["error"]["param"] == field, error
+        assert error["error"]["message"].startswith(f"{field}: ")
+        status, _, ok = http_exchange(sock, json.dumps({
+            "prompt": "x", "max_tokens": 2, "temperature": 0, "logit_bias": {"1": 1},
+            "min_tokens": 2}).encode())
+        assert status == 200 and ok["usage"]["completion_tokens"] == 2
+
+
+def test_grpc_refuses_bad_sampling_fields_naming_them(stack):
+    """The same fields at the public gRPC door: INVALID_ARGUMENT naming each, the gateway's own
+    checks and the verifier's vocabulary check alike; then a good request is served."""
+    with grpc.insecure_channel(f"127.0.0.1:{stack.config.grpc_port}") as ch:
+        stub = generation_pb2_grpc.GenerationStub(ch)
+        for sampling, stopping, field in [
+            (dict(presence_penalty=-2.5), None, "presence_penalty"),
+            (dict(logit_bias={OUTSIDE_ANY_VOCAB: 1.0}), None, "logit_bias"),
+            (dict(logit_bias={i: 1.0 for i in range(301)}), None, "logit_bias"),
+            (dict(allowed_token_ids=[OUTSIDE_ANY_VOCAB]), None, "allowed_token_ids"),
+            (dict(min_tokens=5), dict(max_tokens=4), "min_tokens"),
+            (dict(bad_words=[""]), None, "bad_words"),
+        ]:
+            request = common_pb2.GenerateRequest(
+                text="x", sampling=common_pb2.SamplingParams(temperature=1, **sampling),
+                stopping=common_pb2.StoppingCriteria(**(stopping or {"max_tokens": 2})))
+            with pytest.raises(grpc.RpcError) as e:
+                list(stub.Generate(request, timeout=60))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (field, e.value)
+            assert e.value.details().startswith(f"{field}: "), e.value.details()
+        ok = list(stub.Generate(common_pb2.GenerateRequest(
+            text="x", sampling=common_pb2.SamplingParams(temperature=0, min_tokens=2,
+                                                         logit_bias={1: 1.0}),
+            stopping=common_pb2.StoppingCriteria(max_tokens=2)), timeout=60))
+        assert ok[-1].usage.completion_tokens == 2
 
 
 def test_a_prompt_too_long_for_the_context_is_refused_before_tokenizing(stack):

@@ -1,7 +1,7 @@
 """The OpenAI surface through the real processes and the official `openai` client: chat and
 completions, streaming and not, logprobs (equal with speculation on and off), n > 1 with
-per-choice seeds, `extra_body` speculation, prefix caching's cached_tokens per cache_salt,
-/ready and /openapi.json."""
+per-choice seeds, `extra_body` speculation, every sampling field (penalties, logit bias and the
+extensions), prefix caching's cached_tokens per cache_salt, /ready and /openapi.json."""
 
 from __future__ import annotations
 
@@ -185,12 +185,47 @@ def test_extra_body_shapes_lookahead(oa, model):
     assert e.value.body["param"] == "speculation.lookahead.window"
 
 
+def _vocab_size(stack) -> int:
+    from protos import verifier_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{stack.verifier.port}") as ch:
+        return verifier_pb2_grpc.VerifierStub(ch).Info(common_pb2.Empty(), timeout=30).vocab_size
+
+
+def test_every_sampling_field_through_the_openai_client(stack, oa, model):
+    """Penalties and logit_bias are the client's own parameters; min_tokens, bad_words,
+    repetition_penalty and allowed_token_ids go in extra_body (vLLM's names). With
+    min_tokens = max_tokens no reply ends early, and under every processor the greedy reply is
+    the same with speculation on and off."""
+    vocab = _vocab_size(stack)
+    sampling = dict(max_tokens=10, temperature=0, presence_penalty=0.4, frequency_penalty=0.2,
+                    logit_bias={"5": 3, "7": -100})
+    extra = {"min_tokens": 10, "repetition_penalty": 1.2, "bad_words": ["gamma"],
+             "allowed_token_ids": list(range(0, vocab, 2)) + [5]}
+    texts = []
+    for spec in (SPEC_ON, SPEC_OFF):
+        out = oa.completions.create(model=model, prompt=REPETITIVE, **sampling,
+                                    extra_body={**extra, "speculation": spec})
+        assert out.usage.completion_tokens == 10
+        if spec is SPEC_ON:  # drafts were verified under the processors
+            assert out.usage.model_extra["speculation"]["proposed_tokens"] > 0
+        texts.append(out.choices[0].text)
+    assert texts[0] == texts[1]
+    chat = oa.chat.completions.create(model=model, messages=CHAT, **sampling,
+                                      extra_body={**extra, "speculation": SPEC_ON})
+    assert chat.usage.completion_tokens == 10 and chat.choices[0].finish_reason == "length"
+
+
 def test_ready_and_the_openapi_document(stack):
     with httpx.Client(base_url=stack.url, timeout=30) as client:
         assert client.get("/ready").json() == {"status": "ready"}
         doc = client.get("/openapi.json").json()
         assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/ready",
                 "/openapi.json"} <= set(doc["paths"])
+        # the served document states the sampling fields' ranges (tests/gateway has the rest)
+        penalty = doc["components"]["schemas"]["CompletionBody"]["properties"]["presence_penalty"]
+        assert {"type": "number", "minimum": -2.0, "maximum": 2.0}.items() <= \
+            penalty["anyOf"][0].items()
         r = client.delete("/v1/completions")
         assert r.status_code == 405 and r.json()["error"]["param"] == "method"
 
