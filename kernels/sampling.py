@@ -33,7 +33,10 @@ from typing import Optional, Sequence
 
 import torch
 
+MIN_TEMPERATURE = 0.01  # a sampled row's temperature is at least this (vLLM's floor too)
+
 __all__ = [
+    "MIN_TEMPERATURE",
     "SamplingTensors",
     "apply_sampling_params",
     "draw_exponentials",
@@ -144,8 +147,10 @@ def apply_sampling_params(
 
     temp = temperature.to(device=device, dtype=torch.float32, non_blocking=True)
     greedy = temp == 0  # [N]
-    # greedy rows are divided by 1 and overwritten with a one-hot at the end
-    x = x / torch.where(greedy, torch.ones_like(temp), temp).unsqueeze(1)
+    # greedy rows are divided by 1 and overwritten with a one-hot at the end; a temperature
+    # below MIN_TEMPERATURE samples at it (dividing by 1e-38 overflows every logit to inf)
+    x = x / torch.where(greedy, torch.ones_like(temp), temp.clamp(min=MIN_TEMPERATURE)
+                        ).unsqueeze(1)
 
     if use_top_p:
         if use_top_k:

@@ -406,39 +406,69 @@ def openapi_document() -> dict:
         return client.get("/openapi.json").json()
 
 
-def _schema_type(schema: dict) -> str:
+def _resolve(schema: dict, doc: dict) -> dict:
+    """A schema with its $ref followed (components/schemas) and an optional field's null
+    alternative dropped (pydantic writes `T | None` as anyOf [T, null])."""
+    while "$ref" in schema:
+        schema = doc["components"]["schemas"][schema["$ref"].rsplit("/", 1)[-1]]
+    alts = [a for a in schema.get("anyOf", ()) if a.get("type") != "null"]
+    if "anyOf" in schema and len(alts) == 1:
+        merged = {k: v for k, v in schema.items() if k != "anyOf"}
+        return {**_resolve(alts[0], doc), **{k: v for k, v in merged.items()
+                                            if k in ("description",)}}
+    if "anyOf" in schema:
+        return {**schema, "anyOf": alts}
+    return schema
+
+
+def _schema_type(schema: dict, doc: dict) -> str:
+    schema = _resolve(schema, doc)
+    if "const" in schema:
+        return "only " + json.dumps(schema["const"])
     if "enum" in schema:
         return "one of " + ", ".join(json.dumps(v) for v in schema["enum"])
     for key in ("oneOf", "anyOf"):
         if key in schema:
-            return " or ".join(_schema_type(s) for s in schema[key])
+            return " or ".join(_schema_type(s, doc) for s in schema[key])
     kind = schema.get("type", "")
     if "pattern" in schema:
         return f"{kind or 'string'} matching {schema['pattern']}"
     if kind == "array" and "items" in schema:
-        return f"array of ({_schema_type(schema['items'])})"
+        return f"array of ({_schema_type(schema['items'], doc)})"
+    if kind == "object" and "patternProperties" in schema:
+        (key, value), = schema["patternProperties"].items()
+        most = f", at most {schema['maxProperties']}" if "maxProperties" in schema else ""
+        return f"object of (key matching {key}: {_schema_type(value, doc)}{most})"
     bounds = []
-    if "minimum" in schema and kind in ("integer", "number"):
-        bounds.append(f">{'' if schema.get('exclusiveMinimum') else '='} {schema['minimum']}")
-    if "maximum" in schema and kind in ("integer", "number"):
-        bounds.append(f"<= {schema['maximum']}")
+    if kind in ("integer", "number"):
+        # OpenAPI 3.1: exclusiveMinimum is the bound itself; 3.0: a flag beside minimum
+        if isinstance(schema.get("exclusiveMinimum"), (int, float)) and \
+                not isinstance(schema.get("exclusiveMinimum"), bool):
+            bounds.append(f"> {schema['exclusiveMinimum']}")
+        elif "minimum" in schema:
+            bounds.append(f">{'' if schema.get('exclusiveMinimum') else '='} "
+                          f"{schema['minimum']}")
+        if "maximum" in schema:
+            bounds.append(f"<= {schema['maximum']}")
     return kind + (f" ({', '.join(bounds)})" if bounds else "")
 
 
-def _properties(schema: dict, prefix: str = "") -> list[tuple[str, str, str]]:
+def _properties(schema: dict, doc: dict, prefix: str = "") -> list[tuple[str, str, str]]:
     rows = []
+    schema = _resolve(schema, doc)
     required = set(schema.get("required", ()))
-    for name, prop in schema.get("properties", {}).items():
+    for name, raw in schema.get("properties", {}).items():
+        prop = _resolve(raw, doc)
         key = prefix + name
-        what = prop.get("description", "")
+        what = raw.get("description", prop.get("description", ""))
         if name in required:
             what = ("required. " + what).strip()
-        rows.append((key, _schema_type(prop), what))
+        rows.append((key, _schema_type(prop, doc), what))
         if prop.get("type") == "object" and "properties" in prop:
-            rows += _properties(prop, key + ".")
-        items = prop.get("items", {})
+            rows += _properties(prop, doc, key + ".")
+        items = _resolve(prop.get("items", {}), doc)
         if prop.get("type") == "array" and items.get("type") == "object":
-            rows += _properties(items, key + "[].")
+            rows += _properties(items, doc, key + "[].")
     return rows
 
 
@@ -454,7 +484,8 @@ def rest_page(document: Callable[[], dict] = openapi_document) -> str:
             body = op.get("requestBody", {}).get("content", {}).get("application/json")
             if body:
                 out += table(["field", "type", "what"],
-                             [(f"`{k}`", t, w) for k, t, w in _properties(body["schema"])])
+                             [(f"`{k}`", t, w)
+                              for k, t, w in _properties(body["schema"], doc)])
                 out += "\n"
             responses = op.get("responses", {})
             if responses:

@@ -169,3 +169,14 @@ def test_keyed_sampling_matches_the_distribution():
     sigma = (p * (1 - p) / n).sqrt()
     assert hist[2] == 0
     assert ((hist - p).abs() <= 5 * sigma + 1e-9).all(), hist
+
+
+def test_a_tiny_temperature_samples_at_the_floor_not_nan():
+    from kernels.sampling import MIN_TEMPERATURE, apply_sampling_params
+
+    logits = (torch.randn(1, 50) * 5).repeat(3, 1)
+    t = torch.tensor([1e-38, MIN_TEMPERATURE, 0.5])
+    p = apply_sampling_params(logits, t, torch.zeros(3, dtype=torch.long), torch.ones(3),
+                              torch.zeros(3))
+    assert torch.isfinite(p).all() and torch.equal(p[0], p[1])
+    assert torch.equal(p[2], (logits[2] / 0.5).softmax(-1))
