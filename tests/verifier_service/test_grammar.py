@@ -227,19 +227,3 @@ def test_a_grammar_past_its_time_limit_is_refused(tokenizer, monkeypatch):
             c.compile_now(_structured("regex", "a+"))
     finally:
         c.shutdown()
-
-
-@pytest.mark.parametrize("structured, field", [
-    (_structured("json_schema", "{not json"), "response_format.json_schema"),
-    (_structured("json_schema", "[1]"), "response_format.json_schema"),
-    (_structured("regex", "x" * (64 * 1024 + 1)), "structured_outputs.regex"),
-    (_structured("regex", ""), "structured_outputs.regex"),
-    (_structured("choice"), "structured_outputs.choice"),
-    (_structured("choice", choices=("a", "")), "structured_outputs.choice"),
-    (_structured("grammar", " "), "structured_outputs.grammar"),
-    (_structured("json_object", "{}"), "response_format"),
-])
-def test_structured_outputs_are_validated_naming_their_field(structured, field):
-    with pytest.raises(InvalidArgument) as err:
-        SamplingParams(structured=structured).validate()
-    assert err.value.field == field
