@@ -27,6 +27,7 @@ from splitspec.proposal import Draft
 from verifier_service.grammar.compiler import GrammarCompiler
 from verifier_service.grammar.matcher import GrammarState
 from verifier_service.grammar.prune import prune_draft
+from verifier_service.methods.in_target import DeviceDraft
 from verifier_service.step.sampling_state import SamplingState
 
 V, EOS = 1024, 0
@@ -142,6 +143,11 @@ def test_forbidden_drafts_are_pruned_with_their_subtrees(compiler, tokenizer):
     assert n == 2
     assert pruned.tokens == [a, b, a, c] and pruned.parents == [-1, -1, 1, 2]
     assert pruned.q.probs[:, 0].tolist() == [0.0, 1.0, 3.0, 5.0]
+    # a head's q drawn on the device stays one (the step checks it there)
+    held = DeviceDraft("s", list(tokens), parents=list(parents), device_q=q)
+    pruned_held, _ = prune_draft(held, state)
+    assert isinstance(pruned_held, DeviceDraft) and pruned_held.q is None
+    assert pruned_held.device_q.probs[:, 0].tolist() == [0.0, 1.0, 3.0, 5.0]
     chain = Draft("s", [a, b, c])
     assert prune_draft(chain, state) == (chain, 0)  # nothing forbidden: the same draft
     assert prune_draft(Draft("s", [c, a]), state) == (None, 2)

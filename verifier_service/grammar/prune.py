@@ -14,7 +14,7 @@ import torch
 from kernels.sparse_probs import SparseProbs
 from splitspec.proposal import Draft
 from verifier_service.grammar.matcher import GrammarState
-from verifier_service.methods.in_target import materialize
+from verifier_service.methods.in_target import DeviceDraft, materialize
 
 __all__ = ["prune_draft"]
 
@@ -30,11 +30,18 @@ def prune_draft(draft: Draft, grammar: GrammarState) -> tuple[Draft | None, int]
     if not kept:
         return None, pruned
     index = {node: i for i, node in enumerate(kept)}
-    q = None
-    if draft.q is not None:
-        at = torch.tensor(kept, device=draft.q.indices.device)
-        q = SparseProbs(draft.q.indices.index_select(0, at), draft.q.probs.index_select(0, at))
-    return Draft(draft.seq_id, [draft.tokens[n] for n in kept], q,
-                 ahead_outcome=draft.ahead_outcome,
-                 parents=[-1 if draft.parents[n] < 0 else index[draft.parents[n]]
-                          for n in kept]), pruned
+    tokens = [draft.tokens[n] for n in kept]
+    parents = [-1 if draft.parents[n] < 0 else index[draft.parents[n]] for n in kept]
+    q = None if draft.q is None else _rows(draft.q, kept)
+    if isinstance(draft, DeviceDraft) and draft.device_q is not None:
+        # a head's q made on the device is still checked there by the step (a half-precision
+        # head can give inf or NaN): it stays a device q
+        return DeviceDraft(draft.seq_id, tokens, ahead_outcome=draft.ahead_outcome,
+                           parents=parents, device_q=q), pruned
+    return Draft(draft.seq_id, tokens, q, ahead_outcome=draft.ahead_outcome,
+                 parents=parents), pruned
+
+
+def _rows(q: SparseProbs, kept: list[int]) -> SparseProbs:
+    at = torch.tensor(kept, device=q.indices.device)
+    return SparseProbs(q.indices.index_select(0, at), q.probs.index_select(0, at))
