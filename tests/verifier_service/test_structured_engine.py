@@ -24,9 +24,12 @@ from proposer_service.config import ProposerConfig
 from proposer_service.ngram import NgramProposer
 from proposer_service.server import build_proposer
 from proposer_service.suffix import SuffixProposer
+from protos import common_pb2
 from splitspec.config import parse_config
 from splitspec.errors import InvalidArgument
-from splitspec.params import SamplingParams, StructuredKind, StructuredOutput
+from splitspec.params import SamplingParams, StoppingCriteria, StructuredKind, StructuredOutput
+from splitspec.wire import sampling_to_pb, stopping_to_pb
+from verifier_service.servicer import VerifierServicer
 
 # (method, k, branches): every shape of draft
 PLANS = [(None, 0, 1), ("ngram", 4, 1), ("ngram", 6, 2), ("suffix", 4, 1), ("draft", 3, 1),
@@ -233,6 +236,35 @@ def test_a_grammar_that_does_not_compile_is_refused_and_the_engine_keeps_serving
     assert fields == list(bad)
     assert last.finish_reason == "stop" and complies("regex", text)
     assert drained(engine) and engine.num_in_flight == 0
+
+
+def test_the_servicer_takes_a_structured_request_off_the_wire(setup):
+    engine = _engine(setup)
+    servicer = VerifierServicer(engine, "target", "", "cpu", "float32")
+    prompt = engine.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
+
+    async def generate(structured: StructuredOutput):
+        msg = common_pb2.GenerateRequest(
+            token_ids=common_pb2.TokenIds(ids=prompt),
+            sampling=sampling_to_pb(SamplingParams(temperature=0.0, structured=structured)),
+            stopping=stopping_to_pb(StoppingCriteria(max_tokens=MAX_TOKENS)),
+            speculation=common_pb2.SpeculationConfig(mode=common_pb2.SPECULATION_MODE_ON,
+                                                     method="ngram", num_speculative_tokens=4))
+        return [out async for out in servicer.Generate(msg, None)]
+
+    async def run():
+        engine.start()
+        try:
+            with pytest.raises(InvalidArgument) as err:
+                await generate(StructuredOutput(StructuredKind.REGEX, "(unclosed"))
+            return err.value.field, await generate(STRUCTURES["choice"])
+        finally:
+            await engine.shutdown()
+
+    field, outs = asyncio.run(run())
+    assert field == "structured_outputs.regex"
+    assert "".join(o.text for o in outs) in CHOICES
+    assert outs[-1].finish_reason == common_pb2.FINISH_REASON_STOP
 
 
 # -- against Hugging Face generate with xgrammar's logits processor ----------------------------
