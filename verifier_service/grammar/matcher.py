@@ -109,6 +109,27 @@ class GrammarState:
             return ""
         return self.matcher.find_jump_forward_string()
 
+    def forced_tokens(self, encode, extendable, k: int) -> list[int]:
+        """Up to k tokens of the text the grammar forces after the committed output (encode:
+        text -> the served tokenizer's ids). The text's last token is left off where a longer
+        token starts with it (`extendable`: their ids): what the model writes next may merge
+        into it across the forced text's end. Only tokens the grammar accepts in turn are kept
+        (a tokenization the grammar does not take is no draft); the matcher is left as found."""
+        text = self.jump_forward()
+        if not text or k <= 0:
+            return []
+        ids = list(encode(text))
+        if ids and ids[-1] in extendable:
+            ids.pop()
+        out: list[int] = []
+        for t in ids[:k]:
+            if not self.matcher.accept_token(int(t)):
+                break
+            out.append(int(t))
+        if out:
+            self.matcher.rollback(len(out))
+        return out
+
 
 def _bit(j: int) -> int:
     """Bit j of an int32 word, as a Python int of the word's signed value."""
