@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import platform
 import statistics
 import sys
@@ -116,6 +115,7 @@ def _engine(model: str, threads: int, methods: list[str]):
     from splitspec.config import parse_config
     sys.path.insert(0, str(ROOT / "tests/verifier_service"))  # the in-process transport
     from proposer_testlib import InProcessProposerClient
+
     from verifier_service.config import VerifierConfig
     from verifier_service.server import build_engine
 
