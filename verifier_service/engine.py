@@ -454,7 +454,10 @@ class Engine:
                 ms.add_draft(k, n_acc, result.branch_hit)
             method.kind(seq.inp.sampling.greedy, branches).add_asked(seq.asked_k, k, n_acc)
             seq.asked_k = 0
-        appended = seq.tracker.append(result.tokens)
+        tokens = result.tokens
+        if seq.grammar is not None:  # nothing after the token that completes the structure
+            tokens = tokens[:seq.grammar.complete_within(tokens)]
+        appended = seq.tracker.append(tokens)
         seq.tokens.extend(appended.token_ids)
         self.executor.sampling.emitted(seq, appended.token_ids)
         if seq.grammar is not None and not self._grammar_emitted(seq, draft, result, appended):

@@ -10,7 +10,8 @@ itself, so the thousandth request with the same schema compiles nothing; two req
 together with one grammar share one compilation.
 
 A compilation past its time limit cannot be stopped (it runs in native code): its thread
-finishes it in the background and the result is cached for the next request that asks.
+finishes it in the background and the result is cached for the next request that asks. The
+limit counts from the request's arrival, a wait behind other compilations included.
 
 JSON is compiled compact (no whitespace between tokens, separators "," and ":"): a model may
 not pad its output with unbounded whitespace, which a structure would otherwise allow.
@@ -50,17 +51,16 @@ class GrammarCompiler:
         import xgrammar as xgr  # a dependency of structured requests only
 
         self._xgr = xgr
+        self._tokenizer, self._stop = tokenizer, sorted(stop_token_ids) or None
         self.vocab_size = vocab_size
         self.timeout_s = timeout_s
         self.cache_size = cache_size
-        self.info = xgr.TokenizerInfo.from_huggingface(
-            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None)
-        # its own cache is unbounded: this one is bounded by entries
-        self._compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        self._xgr_compiler = None  # made in the pool on first use (a large vocabulary: seconds)
         self._pool = concurrent.futures.ThreadPoolExecutor(threads,
                                                            thread_name_prefix="grammar")
         self._cache: OrderedDict[tuple, concurrent.futures.Future] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache's
+        self._making = threading.Lock()  # the xgrammar compiler's (held for seconds, in the pool)
         self.compiled = 0  # grammars compiled (cache misses)
 
     # -- public --------------------------------------------------------------------------------
@@ -101,14 +101,27 @@ class GrammarCompiler:
             self._cache[key] = future
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        future.add_done_callback(lambda f: f.exception() is not None and self._forget(key, f))
+        future.add_done_callback(lambda f: self._forget(key, f))
         return future
 
     def _forget(self, key: tuple, future: concurrent.futures.Future) -> None:
         """A failed compilation is not cached (the error is the request's, raised once)."""
+        if not future.cancelled() and future.exception() is None:
+            return
         with self._lock:
             if self._cache.get(key) is future:
                 del self._cache[key]
+
+    @property
+    def _compiler(self):
+        with self._making:
+            if self._xgr_compiler is None:
+                info = self._xgr.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop)
+                # its own cache is unbounded: this one is bounded by entries
+                self._xgr_compiler = self._xgr.GrammarCompiler(info, max_threads=1,
+                                                               cache_enabled=False)
+            return self._xgr_compiler
 
     def _compile(self, s: StructuredOutput):
         c = self._compiler
