@@ -127,7 +127,10 @@ def test_a_complete_structure_allows_only_a_stop_token_and_nothing_after_it(comp
     assert allowed[len(yes)].nonzero().flatten().tolist() == [EOS]  # after "yes": EOS only
     assert allowed[len(yes) + 1].nonzero().flatten().tolist() == [EOS]  # after EOS: no NaN row
     assert state.kept_nodes(tokens, parents) == list(range(len(yes) + 1))  # x goes
-    assert not state.terminated  # the walk moved nothing
+    # a step's tokens are kept up to the one that completes it (a bonus EOS after it is not)
+    assert state.complete_within([*yes, EOS, EOS]) == len(yes) + 1
+    assert state.complete_within(yes) == len(yes)
+    assert not state.terminated  # the walks moved nothing
     assert state.accept([*yes, EOS]) and state.terminated
 
 

@@ -18,7 +18,7 @@ import jsonschema
 import planted_bugs as bug
 import pytest
 import torch
-from engine_testlib import PROMPTS, collect, drained, make_engine, request
+from engine_testlib import PROMPTS, collect, drained, make_engine, request, request_ids
 
 from proposer_service.config import ProposerConfig
 from proposer_service.ngram import NgramProposer
@@ -204,6 +204,21 @@ def test_a_structure_that_cannot_finish_ends_with_length_and_a_complete_one_with
     assert last.finish_reason == "length" and len(tokens) == 10 and set(text) == {"a"}
     assert choice_last.finish_reason == "stop" and choice_text in CHOICES
     assert drained(engine)
+
+
+def test_nothing_is_output_after_the_token_that_completes_the_structure(setup):
+    """A drafted EOS that completes the structure, accepted: the bonus row after it allows only
+    EOS, and with ignore_eos that second EOS must not reach the output."""
+    engine = _engine(setup)
+    words = engine.tokenizer.encode("class Foo", add_special_tokens=False)
+    prompt = (words + [0]) * 3 + words[:1]  # n-gram drafts the rest, then EOS
+    only = SamplingParams(temperature=0.0, structured=StructuredOutput(
+        StructuredKind.CHOICE, choices=("class Foo",)))
+    (out,) = _run(engine, [request_ids("one", prompt, max_tokens=20, k=6, method="ngram",
+                                       sampling=only, ignore_eos=True)])
+    tokens, text, last = out
+    assert (text, last.finish_reason, tokens.count(0)) == ("class Foo", "stop", 1)
+    assert tokens[-1] == 0 and last.usage.accepted_tokens > 0
 
 
 def test_a_grammar_that_does_not_compile_is_refused_and_the_engine_keeps_serving(setup):

@@ -56,6 +56,21 @@ class GrammarState:
                 return False
         return True
 
+    def complete_within(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` (a step's emitted tokens) the request keeps: up to and
+        including the one that completes the structure (the stop token the matcher terminates
+        on), all of them if none does. A bonus row after that token allows the stop tokens only,
+        so a step may emit one more; it is not output. The matcher is left as found."""
+        m, taken = self.matcher, 0
+        for t in tokens:
+            if m.is_terminated() or not m.accept_token(int(t)):
+                break
+            taken += 1
+        done = m.is_terminated()
+        if taken:
+            m.rollback(taken)
+        return taken if done else len(tokens)
+
     def kept_nodes(self, tokens: Sequence[int], parents: Sequence[int]) -> list[int]:
         """The draft nodes the grammar allows after the committed output, in node order: a
         node whose token the grammar forbids after its path goes, with its subtree."""
