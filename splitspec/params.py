@@ -11,6 +11,7 @@ against its own limits, Engine.add_request).
 from __future__ import annotations
 
 import enum
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -52,6 +53,81 @@ MAX_BAD_WORDS = 64
 MAX_BAD_WORD_CHARS = 256
 MAX_ALLOWED_TOKEN_IDS = 1 << 16
 
+# Structured outputs' limits: the spec's text (a schema, a regex, a grammar, the choices
+# together) and how many choices.
+MAX_STRUCTURED_SPEC_BYTES = 64 * 1024
+MAX_STRUCTURED_CHOICES = 1024
+
+
+class StructuredKind(str, enum.Enum):
+    """What a structured output is held to: OpenAI's response_format types and vLLM's
+    structured_outputs fields."""
+
+    JSON_OBJECT = "json_object"  # any JSON object
+    JSON_SCHEMA = "json_schema"  # a JSON object valid against a schema
+    REGEX = "regex"  # text matching a regular expression
+    CHOICE = "choice"  # exactly one of a list of strings
+    GRAMMAR = "grammar"  # text of an EBNF (GBNF) grammar, its root rule `root`
+
+
+# The public field each kind comes from (what an InvalidArgument names): OpenAI's
+# response_format for JSON, vLLM's structured_outputs for the rest.
+STRUCTURED_FIELDS = {
+    StructuredKind.JSON_OBJECT: "response_format",
+    StructuredKind.JSON_SCHEMA: "response_format.json_schema",
+    StructuredKind.REGEX: "structured_outputs.regex",
+    StructuredKind.CHOICE: "structured_outputs.choice",
+    StructuredKind.GRAMMAR: "structured_outputs.grammar",
+}
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A request's output held to a structure: every verified row of the target is masked to
+    the tokens the structure allows after that row's prefix, and the request ends ("stop") when
+    the structure is complete (verifier_service/grammar/)."""
+
+    kind: StructuredKind
+    spec: str = ""  # the schema (JSON text), the regex or the grammar; "" for json_object
+    choices: tuple[str, ...] = ()  # kind choice only
+
+    @property
+    def field(self) -> str:
+        return STRUCTURED_FIELDS[self.kind]
+
+    @property
+    def key(self) -> tuple:
+        """What names the compiled grammar (the verifier's compile cache is keyed by it)."""
+        return (self.kind.value, self.spec, self.choices)
+
+    def validate(self) -> "StructuredOutput":
+        name = self.field
+        if not isinstance(self.kind, StructuredKind):
+            raise InvalidArgument("structured_outputs", f"unknown kind {self.kind!r}")
+        size = len(self.spec.encode()) + sum(len(c.encode()) for c in self.choices)
+        if size > MAX_STRUCTURED_SPEC_BYTES:
+            raise InvalidArgument(name, f"is {size} bytes; at most {MAX_STRUCTURED_SPEC_BYTES}")
+        if self.kind is StructuredKind.CHOICE:
+            if not self.choices or len(self.choices) > MAX_STRUCTURED_CHOICES:
+                raise InvalidArgument(name, f"must list 1 to {MAX_STRUCTURED_CHOICES} strings")
+            if any(not c for c in self.choices):
+                raise InvalidArgument(name, "choices must be non-empty strings")
+        elif self.choices:
+            raise InvalidArgument(name, "takes no choices")
+        if self.kind in (StructuredKind.REGEX, StructuredKind.GRAMMAR, StructuredKind.JSON_SCHEMA):
+            if not self.spec.strip():
+                raise InvalidArgument(name, "must not be empty")
+        elif self.spec:
+            raise InvalidArgument(name, "takes no spec")
+        if self.kind is StructuredKind.JSON_SCHEMA:
+            try:
+                schema = json.loads(self.spec)
+            except ValueError as exc:
+                raise InvalidArgument(name, f"is not JSON: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise InvalidArgument(name, "must be a JSON object (a schema)")
+        return self
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -60,7 +136,8 @@ class SamplingParams:
     Logits processors first, on the raw logits and with the row's own history (the committed
     output plus the drafts before the row; kernels/logits_processors.py): repetition, frequency
     and presence penalties, logit bias, then the masks (allowed_token_ids, bad_words,
-    min_tokens). Then temperature, top-k, top-p and min-p (kernels/sampling.py)."""
+    min_tokens, and a structured output's grammar). Then temperature, top-k, top-p and min-p
+    (kernels/sampling.py)."""
 
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0  # 1: off
@@ -74,6 +151,7 @@ class SamplingParams:
     min_tokens: int = 0  # 0: off
     bad_words: tuple[str, ...] = ()
     allowed_token_ids: tuple[int, ...] = ()  # empty: every token
+    structured: StructuredOutput | None = None  # None: free text
 
     @property
     def greedy(self) -> bool:
@@ -85,7 +163,7 @@ class SamplingParams:
         processed with its own history before sampling or the argmax)."""
         return bool(self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0 or self.logit_bias or self.min_tokens
-                    or self.bad_words or self.allowed_token_ids)
+                    or self.bad_words or self.allowed_token_ids or self.structured is not None)
 
     def validate(self, prefix: str = "") -> "SamplingParams":
         _finite(prefix + "temperature", self.temperature)
@@ -133,6 +211,8 @@ class SamplingParams:
             raise InvalidArgument(prefix + "allowed_token_ids",
                                   f"at most {MAX_ALLOWED_TOKEN_IDS} token ids")
         check_token_ids(prefix + "allowed_token_ids", self.allowed_token_ids)
+        if self.structured is not None:
+            self.structured.validate()
         return self
 
     def check_vocab(self, vocab: int, prefix: str = "") -> None:

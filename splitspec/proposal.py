@@ -10,6 +10,7 @@ on these types only. Layers, wire to kernel:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -168,7 +169,10 @@ def tensor_from_pb(msg: common_pb2.Tensor, name: str = "tensor") -> torch.Tensor
 def step_to_pb(step: SequenceStep) -> pb.SequenceStep:
     msg = pb.SequenceStep(seq_id=step.seq_id, new_tokens=step.new_tokens,
                           full_history=step.full_history, history_len=step.history_len,
-                          k=step.k, sampling=sampling_to_pb(step.sampling),
+                          k=step.k,
+                          # a structured output's grammar is the verifier's: not sent every step
+                          sampling=sampling_to_pb(dataclasses.replace(step.sampling,
+                                                                      structured=None)),
                           draft_ahead=step.draft_ahead,
                           max_branch=step.max_branch if step.max_branch > 1 else 0)
     if step.hidden_state is not None:

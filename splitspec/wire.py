@@ -14,6 +14,8 @@ from splitspec.params import (
     SpeculationPlan,
     SpeculationRequest,
     StoppingCriteria,
+    StructuredKind,
+    StructuredOutput,
     logit_bias_items,
 )
 
@@ -53,7 +55,33 @@ def sampling_from_pb(msg: pb.SamplingParams, has_field: bool = True) -> Sampling
         min_tokens=msg.min_tokens,
         bad_words=tuple(msg.bad_words),
         allowed_token_ids=tuple(msg.allowed_token_ids),
+        structured=structured_from_pb(msg.structured) if msg.HasField("structured") else None,
     )
+
+
+def structured_from_pb(msg: pb.StructuredOutput) -> StructuredOutput:
+    """A StructuredOutput from its message (InvalidArgument when no kind is set);
+    StructuredOutput.validate checks the rest."""
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgument("structured_outputs", "names no kind (json_object, json_schema, "
+                              "regex, choice or grammar)")
+    if kind == "choice":
+        return StructuredOutput(StructuredKind.CHOICE, choices=tuple(msg.choice.choices))
+    if kind == "json_object":
+        return StructuredOutput(StructuredKind.JSON_OBJECT)
+    return StructuredOutput(StructuredKind(kind), spec=getattr(msg, kind))
+
+
+def structured_to_pb(s: StructuredOutput) -> pb.StructuredOutput:
+    msg = pb.StructuredOutput()
+    if s.kind is StructuredKind.CHOICE:
+        msg.choice.choices.extend(s.choices)
+    elif s.kind is StructuredKind.JSON_OBJECT:
+        msg.json_object = True
+    else:
+        setattr(msg, s.kind.value, s.spec)
+    return msg
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
@@ -70,6 +98,8 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
                             allowed_token_ids=list(params.allowed_token_ids))
     if params.seed is not None:
         msg.seed = params.seed
+    if params.structured is not None:
+        msg.structured.CopyFrom(structured_to_pb(params.structured))
     return msg
 
 

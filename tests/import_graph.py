@@ -44,6 +44,7 @@ ROOMS: dict[str, dict[str, tuple[str, ...]]] = {
                   "methods.eagle.dummy"),
         "drafts": ("batching", "telemetry", "methods.in_target"),
         "tp": ("config", "kv", "step", "model"),
+        "grammar": ("methods.in_target",),
     },
     "proposer_service": {
         "telemetry": (),

@@ -27,6 +27,8 @@ import splitspec.config as service_flags
 import splitspec.goodput as goodput
 import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
+import verifier_service.engine as engine_module
+import verifier_service.grammar.matcher as grammar_matcher
 import verifier_service.kv.cache as kv_cache
 import verifier_service.kv.paged_attention as kv_paged_attention
 import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
@@ -1281,3 +1283,60 @@ def docs_link_to_a_missing_report(docs) -> None:
     """A page links to a report under bench/reports/ that does not exist."""
     page = docs / "benchmarking.md"
     page.write_text(page.read_text() + "\n[2025](../bench/reports/2025-history-performance.md)\n")
+
+
+def grammar_mask_one_row_late(monkeypatch) -> None:
+    """A draft node's row is masked by the grammar's state before the node's own token (its
+    parent's row): each row one token behind its prefix."""
+    real = grammar_matcher.GrammarState.fill_rows
+
+    def late(self, tokens, parents, bitmask, first):
+        real(self, tokens, parents, bitmask, first)
+        rows = bitmask[first:first + 1 + len(tokens)].clone()
+        for node, parent in enumerate(parents):
+            bitmask[first + 1 + node] = rows[parent + 1]
+
+    monkeypatch.setattr(grammar_matcher.GrammarState, "fill_rows", late)
+
+
+def grammar_node_masked_with_its_siblings_state(monkeypatch) -> None:
+    """The tree walk rolls a child back only after all its siblings: a node's row is the
+    grammar's state after its earlier siblings' tokens too (right for a chain, wrong for a
+    tree)."""
+
+    def fill_rows(self, tokens, parents, bitmask, first):
+        children = grammar_matcher.children_of(parents)
+        m = self.matcher
+
+        def visit(node, row):
+            self._fill(bitmask, row)
+            taken = 0
+            for child in children[node]:
+                if not m.is_terminated() and m.accept_token(int(tokens[child])):
+                    taken += 1
+                    visit(child, first + 1 + child)
+                else:
+                    bitmask[first + 1 + child] = bitmask[row]
+            if taken:
+                m.rollback(taken)
+
+        visit(-1, first)
+
+    monkeypatch.setattr(grammar_matcher.GrammarState, "fill_rows", fill_rows)
+
+
+def grammar_matcher_advanced_by_rejected_drafts(monkeypatch) -> None:
+    """After a step the matcher takes the whole draft and the step's last token, not the
+    emitted tokens: rejected drafts move the grammar's state."""
+    real = engine_module.Engine._grammar_emitted
+
+    def drafted(self, seq, draft, result, appended):
+        if draft is None or not draft.tokens:
+            return real(self, seq, draft, result, appended)
+        taken = dataclasses.replace(appended, token_ids=list(draft.tokens)
+                                    + appended.token_ids[result.num_accepted:])
+        ok = real(self, seq, draft, result, taken)
+        appended.text, appended.finish_reason = taken.text, taken.finish_reason
+        return ok
+
+    monkeypatch.setattr(engine_module.Engine, "_grammar_emitted", drafted)

@@ -14,6 +14,8 @@ tests/import_graph.py holds these directions and `make lint` fails on an import 
     drafts/     where a step's drafts come from: proposer clients and pools over gRPC, the
                 collector that checks every draft, drafting ahead, the per-step k
     tp/         tensor parallelism: the one broadcast per step, the other ranks' loop
+    grammar/    structured outputs: grammars compiled against the tokenizer and cached, one
+                matcher per request walked over each step's drafts, forbidden drafts pruned
 
 At the top: the one config object (config.py, importable from any folder that names it) and its
 checks, the engine that ties the folders into a step loop (engine.py), the gRPC edge

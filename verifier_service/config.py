@@ -95,6 +95,12 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
                                 "what logprobs report: processed_logprobs (the distribution "
                                 "each token is drawn from) or raw_logprobs (the model's own)",
                                 choices=("processed_logprobs", "raw_logprobs"))
+    # Structured outputs (verifier_service/grammar/compiler.py): a request's grammar is compiled
+    # off the step loop, within this limit, and kept in an LRU of this many grammars.
+    grammar_compile_timeout_s: float = option(
+        10.0, "seconds a structured output's grammar may take to compile; longer: the request "
+        "is refused (INVALID_ARGUMENT)")
+    grammar_cache_size: int = option(64, "compiled grammars kept for later requests (LRU)")
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
     # (powers of two up to --max-num-seqs x (1 + --max-num-speculative-tokens)), each captured

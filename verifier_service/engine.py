@@ -15,6 +15,10 @@ One step (see docs/architecture.md):
   4. _apply: the KV cache keeps the fed rows verification accepted (the rest are rolled back,
      emptied blocks freed), detokenization, stop checks, streaming; then the step's and finished
      requests' records go to the observers (telemetry/stats.py: metrics, traces).
+A structured request (verifier_service/grammar/) has its grammar compiled before it is queued,
+off the loop; its drafts lose the nodes the grammar forbids before the step is planned, its rows
+are masked by the grammar after each row's own prefix (step/sampling_state.py), its matcher
+accepts the emitted tokens after the step, and it ends ("stop") when the structure is complete.
 A proposer that is late, gone or wrong costs only speculation: its sequences decode plainly.
 """
 
@@ -30,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 from typing import Sequence as Seq
 
-from splitspec.errors import InvalidArgument, Unavailable
+from splitspec.errors import InvalidArgument, ServiceError, Unavailable
 from splitspec.methods import hybrid_components
 from splitspec.params import GenerationInput, check_min_tokens
 from splitspec.proposal import Draft
@@ -42,6 +46,9 @@ from verifier_service.config import VerifierConfig
 from verifier_service.drafts.adaptive_k import AdaptiveK
 from verifier_service.drafts.client import ProposerClient
 from verifier_service.drafts.collector import DraftCollector
+from verifier_service.grammar.compiler import GrammarCompiler
+from verifier_service.grammar.matcher import GrammarState
+from verifier_service.grammar.prune import prune_draft
 from verifier_service.methods.in_target import InTargetDrafts
 from verifier_service.model.runner import ModelRunner
 from verifier_service.step.executor import StepExecutor
@@ -96,6 +103,7 @@ class Engine:
         self._by_id: dict[str, SequenceState] = {}
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._grammars: GrammarCompiler | None = None  # made with the first structured request
         self._task: asyncio.Task | None = None
         # set by drain() and fail_all(): new requests are refused with it (UNAVAILABLE)
         self.refusal: Unavailable | None = None
@@ -135,6 +143,8 @@ class Engine:
         for seq in list(self._by_id.values()):
             self._finish(seq, "abort")
         self._executor.shutdown(wait=False)
+        if self._grammars is not None:
+            self._grammars.shutdown()
 
     async def on_model_thread(self, fn, *args):
         """Run fn(*args) on the thread that runs the steps (device work stays on one thread)."""
@@ -170,9 +180,22 @@ class Engine:
             self._fail(seq, exc)
         return len(left)
 
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The compiler of structured outputs' grammars against the served tokenizer."""
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(
+                self.tokenizer, self.runner.vocab_size, self.eos_token_ids,
+                self.config.grammar_compile_timeout_s, self.config.grammar_cache_size)
+        return self._grammars
+
     async def generate(self, inp: GenerationInput) -> AsyncIterator[StepOutput]:
         """Stream a request's outputs; leaving early (client gone) aborts it."""
-        seq = self.add_request(inp)
+        compiled = None
+        if inp.sampling.structured is not None and self.refusal is None:
+            # off the loop's thread, within the time limit (InvalidArgument otherwise)
+            compiled = await self.grammars.compile(inp.sampling.structured)
+        seq = self.add_request(inp, compiled)
         try:
             while True:
                 item = await seq.outputs.get()
@@ -185,7 +208,9 @@ class Engine:
             if not seq.finished:
                 self.abort(seq.request_id)
 
-    def add_request(self, inp: GenerationInput) -> SequenceState:
+    def add_request(self, inp: GenerationInput, compiled=None) -> SequenceState:
+        """Queue a request; a structured one's grammar `compiled` already (generate), else
+        compiled here, blocking."""
         if self.refusal is not None:
             raise copy.copy(self.refusal)  # a fresh traceback per refused request
         if not inp.prompt_token_ids:
@@ -234,6 +259,10 @@ class Engine:
                                   inp.sampling.min_tokens))
         if inp.sampling.bad_words:
             seq.bad_words_ids = bad_word_ids(inp.sampling.bad_words, self._encode_word)
+        if inp.sampling.structured is not None:
+            if compiled is None:
+                compiled = self.grammars.compile_now(inp.sampling.structured)
+            seq.grammar = GrammarState(compiled, vocab)
         if inp.resumed_output_ids and self._resume(seq):
             return seq  # the replayed output already ends it
         self.scheduler.add(seq)
@@ -249,7 +278,13 @@ class Engine:
         sequence (prefilled with the prompt, at the same positions), the text counts as sent.
         True when they already end the request (its last message was lost with the replica)."""
         inp = seq.inp
+        if seq.grammar is not None and not seq.grammar.accept(inp.resumed_output_ids):
+            raise InvalidArgument("resume.output_token_ids",
+                                  "do not follow the request's structured output")
         appended = seq.tracker.resume(list(inp.resumed_output_ids), inp.resumed_text_chars)
+        if seq.grammar is not None and seq.grammar.terminated and appended.finish_reason is None:
+            appended.text += seq.tracker.finish("stop")
+            appended.finish_reason = "stop"
         seq.tokens.extend(inp.resumed_output_ids)
         if appended.finish_reason is not None:
             self.stats.finished_requests += 1
@@ -330,8 +365,8 @@ class Engine:
         keep_features = [self.drafts.in_target.wants_features(s.seq) for s in batch]
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, verify_step, self.executor,
-                                                 batch, step_drafts, keep_hidden, keep_argmax,
+            results = await loop.run_in_executor(self._executor, self._verify, batch,
+                                                 step_drafts, keep_hidden, keep_argmax,
                                                  keep_features)
         except Exception as exc:  # noqa: BLE001 - a failed step fails its requests, not the server
             log.exception("engine step failed")
@@ -364,6 +399,15 @@ class Engine:
                 continue
             step.emitted_tokens += self._apply(s.seq, draft, result, per_method.get(method))
         return step
+
+    def _verify(self, batch: list[Scheduled], drafts: list[Draft | None], *keep) -> list:
+        """On the model thread: structured requests' drafts pruned to what their grammars
+        allow (in place: the step's accounting sees what was verified), then the step."""
+        for i, s in enumerate(batch):
+            if s.seq.grammar is not None and drafts[i] is not None:
+                drafts[i], pruned = prune_draft(drafts[i], s.seq.grammar)
+                self.stats.grammar_pruned_tokens += pruned
+        return verify_step(self.executor, batch, drafts, *keep)
 
     def _draft_budget(self, seq: SequenceState) -> int:
         plan = seq.inp.speculation
@@ -410,9 +454,14 @@ class Engine:
                 ms.add_draft(k, n_acc, result.branch_hit)
             method.kind(seq.inp.sampling.greedy, branches).add_asked(seq.asked_k, k, n_acc)
             seq.asked_k = 0
-        appended = seq.tracker.append(result.tokens)
+        tokens = result.tokens
+        if seq.grammar is not None:  # nothing after the token that completes the structure
+            tokens = tokens[:seq.grammar.complete_within(tokens)]
+        appended = seq.tracker.append(tokens)
         seq.tokens.extend(appended.token_ids)
         self.executor.sampling.emitted(seq, appended.token_ids)
+        if seq.grammar is not None and not self._grammar_emitted(seq, draft, result, appended):
+            return 0
         self._commit(seq)
         # a stop condition may keep only a prefix of the tokens: their logprobs alike
         logprobs = (result.logprobs[:len(appended.token_ids)]
@@ -429,6 +478,20 @@ class Engine:
             seq.outputs.put_nowait(StepOutput(appended.token_ids, appended.text,
                                               logprobs=logprobs))
         return len(appended.token_ids)
+
+    def _grammar_emitted(self, seq: SequenceState, draft: Draft | None, result: SeqResult,
+                         appended) -> bool:
+        """The structured request's matcher takes the tokens the step committed, exactly; a
+        complete structure ends the request ("stop", the held-back text with it). False: the
+        grammar refused a committed token (a fault of the masks) and the request failed."""
+        if not seq.grammar.accept(appended.token_ids):
+            self._fail(seq, ServiceError("structured output: the grammar refused a token the "
+                                         "step emitted"))
+            return False
+        if seq.grammar.terminated and appended.finish_reason is None:
+            appended.text += seq.tracker.finish("stop")
+            appended.finish_reason = "stop"
+        return True
 
     def _commit(self, seq: SequenceState) -> None:
         """Offer the blocks the sequence's kept rows filled to the prefix cache."""

@@ -98,7 +98,8 @@ def test_gauges_come_from_the_engine_snapshot_at_scrape_time():
     assert ("splitspec_num_requests_running", ()) not in scrape(registry)  # not bound yet
     snap = EngineStats(running=3, waiting=2, kv_blocks_total=100, kv_blocks_free=75,
                        preemptions=4, prefix_cache_queries=500, prefix_cache_hits=320,
-                       prefix_cache_blocks=30, prefix_cache_evictions=7)
+                       prefix_cache_blocks=30, prefix_cache_evictions=7,
+                       grammar_pruned_tokens=9)
     m.bind(lambda: snap)
     s = scrape(registry)
     assert s[("splitspec_num_requests_running", ())] == 3
@@ -112,6 +113,7 @@ def test_gauges_come_from_the_engine_snapshot_at_scrape_time():
     assert s[("splitspec_prefix_cache_hits_total", ())] == 320
     assert s[("splitspec_prefix_cache_evictions_total", ())] == 7
     assert s[("splitspec_prefix_cache_blocks", ())] == 30
+    assert s[("splitspec_structured_output_pruned_draft_tokens_total", ())] == 9
 
 
 def test_in_target_methods_stats_are_counters_and_gauges_labelled_by_method():

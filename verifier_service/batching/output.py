@@ -65,6 +65,12 @@ class OutputTracker:
                 self.finish_reason = "length"
         return Appended(kept, self._take_text(), self.finish_reason)
 
+    def finish(self, reason: str) -> str:
+        """End the output here (a structured output is complete): the text still held back
+        for stop strings, now due."""
+        self.finish_reason = reason
+        return self._take_text()
+
     def resume(self, token_ids: list[int], sent_chars: int) -> Appended:
         """Continue a request another replica started: replay the output it streamed (the
         same decode calls, so the same text and stop checks as had it been generated here),

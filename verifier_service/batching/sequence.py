@@ -65,6 +65,9 @@ class SequenceState:
     target_hidden: torch.Tensor | None = None
     # bad_words as the served tokenizer writes them (each word alone and after a space)
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    # a structured request's grammar state (verifier_service/grammar/matcher.py GrammarState):
+    # what its committed output matched so far
+    grammar: object = None
     speculation_reason: str = ""
     aborted: bool = False
     finished: bool = False

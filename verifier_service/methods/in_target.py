@@ -12,7 +12,10 @@ Each sequence whose plan names the method gets its own `InTargetState`:
                                                                  features it should hand over)
     a request arrives               method.check_plan(plan, max_k)  (InvalidArgument if the
                                                                  method cannot run its plan here)
-    admitted to the running batch   method.admit(...)        -> state
+    admitted to the running batch   method.admit(...)        -> state  (a method that
+                                                                 `reads_grammar` is also handed
+                                                                 the sequence's grammar state:
+                                                                 grammar=, None if unstructured)
     a prefill chunk was cached      state.prefilled(features, position)  (states that read the
                                                                  target's features: its rows')
     a step wants k draft tokens     state.propose(tokens, k)  -> up to k candidate token ids,
@@ -230,6 +233,10 @@ class InTargetState(abc.ABC):
 class InTargetMethod(abc.ABC):
     """An in-target method: one instance per verifier, a state per running sequence."""
 
+    # whether `admit` takes the sequence's grammar state as grammar= (a structured request's
+    # matcher, verifier_service/grammar/matcher.py; None for a request without a structure)
+    reads_grammar: bool = False
+
     @classmethod
     def from_verifier(cls, vocab_size: int, config=None) -> "InTargetMethod | None":
         """The method as the verifier creates it, knowing the target's vocabulary and the
@@ -326,9 +333,11 @@ class InTargetDrafts:
         plan = seq.inp.speculation
         method = self.method_of(plan)
         if plan.enabled and method is not None and seq not in self._states:
-            state = self._states[seq] = self.methods[method].admit(
+            impl = self.methods[method]
+            extra = {"grammar": seq.grammar} if impl.reads_grammar else {}
+            state = self._states[seq] = impl.admit(
                 seq.request_id, seq.tokens, seq.inp.sampling,
-                dataclasses.replace(plan, method=method))
+                dataclasses.replace(plan, method=method), **extra)
             self._method[seq] = method
             if seq.num_computed:  # admitted on cached blocks
                 state.restore(seq.block_keys, seq.num_computed)

@@ -17,7 +17,10 @@ rows: per emitting sequence its root row, then one row per draft node). A proces
 history is the sequence's committed output plus the drafts on its own path: chain row i sees
 drafts[:i], a tree node's row its ancestors and itself, never a sibling. Those drafts are added
 to the gathered counts in one scatter; multi-token bad words and min_tokens become the row's
-banned ids on the host (both need the row's own suffix and length).
+banned ids on the host (both need the row's own suffix and length). A structured request's
+grammar (seq.grammar: verifier_service/grammar/matcher.py) writes each of its rows' allowed
+tokens after that row's own path into one host bitmask for the step, folded into the rows'
+hard mask: every sampler, the argmax and the logprobs read it.
 
 The rejection samplers, the step sampler, the logprobs and the bad-q fallback read the step's
 `SamplingTensors` from here; the target's logits pass through `process` first, so the greedy
@@ -34,6 +37,7 @@ import torch
 from kernels.layout import StepLayout
 from kernels.logits_processors import ProcessorRows, apply_processors
 from kernels.sampling import SamplingTensors
+from kernels.token_bitmask import banned_from_bitmask
 from splitspec.params import SamplingParams
 
 __all__ = ["SamplingState", "StepSampling", "bad_word_ids"]
@@ -205,6 +209,7 @@ class SamplingState:
         offsets = layout.target_offsets.tolist()
         ks = layout.num_draft_tokens.tolist()
         rows, dense, extra_counts, extra_banned, slots = [], [], [], [], []
+        grammars = []  # (first row, grammar, draft tokens, parents)
         for i, r in procs:
             d = drafts[i]
             tokens = list(d.tokens) if d is not None and ks[i] else []
@@ -212,6 +217,9 @@ class SamplingState:
                        else list(range(-1, len(tokens) - 1)))
             output = seqs[i].tokens[r.prompt_len:]
             slot = self._slot[seqs[i].request_id]
+            grammar = getattr(seqs[i], "grammar", None)
+            if grammar is not None:
+                grammars.append((len(rows), grammar, tokens, parents))
             for node in range(-1, ks[i]):  # -1: the root row
                 path = _path(parents, node)  # the drafts in this row's history, root first
                 at = len(rows)
@@ -251,12 +259,19 @@ class SamplingState:
                   for name in ("repetition_penalty", "frequency_penalty", "presence_penalty")}
         any_bias = any(p.logit_bias for p in params)
         any_hard = any(p.allowed_token_ids for p in params)
+        hard = self.hard.index_select(0, dense_t) if any_hard else None
+        if grammars:  # every row of the others allows every token
+            bitmask = torch.full((len(rows), (self.vocab + 31) // 32), -1, dtype=torch.int32)
+            for first, grammar, tokens, parents in grammars:
+                grammar.fill_rows(tokens, parents, bitmask, first)
+            banned = banned_from_bitmask(bitmask.to(dev), self.vocab)
+            hard = banned if hard is None else hard | banned
         return ProcessorRows(
             rows=torch.tensor(rows, device=dev), counts=counts, seen=seen,
             repetition=weight["repetition_penalty"], frequency=weight["frequency_penalty"],
             presence=weight["presence_penalty"],
             bias=self.bias.index_select(0, dense_t) if any_bias else None,
-            hard=self.hard.index_select(0, dense_t) if any_hard else None,
+            hard=hard,
             soft=soft if extra_banned or any(r.single_words for _, r in procs) else None)
 
     def _before_min_tokens(self, seq, r: _Rows, slot: int, path: list[int]) -> bool:

@@ -244,6 +244,9 @@ class VerifierMetrics:
                       "allocation took", samples=[((), s.prefix_cache_evictions)])
         yield gauge("splitspec_prefix_cache_blocks", "KV cache blocks the prefix cache names "
                     "(held by requests or free to reuse)", s.prefix_cache_blocks)
+        yield counter("splitspec_structured_output_pruned_draft_tokens", "Draft tokens pruned "
+                      "before their step because the request's grammar forbids them (rejected "
+                      "for certain; no row spent)", samples=[((), s.grammar_pruned_tokens)])
         yield from _in_target_families(s.in_target)
         if s.executor is not None:
             yield from _executor_families(s.executor)

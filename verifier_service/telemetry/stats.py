@@ -190,6 +190,9 @@ class EngineStats(ReplicaLoad):
     prefix_cache_hits: int = 0
     prefix_cache_blocks: int = 0
     prefix_cache_evictions: int = 0
+    # structured outputs: draft nodes pruned before the step because the request's grammar
+    # forbids them (with their subtrees; each would have been rejected for certain)
+    grammar_pruned_tokens: int = 0
     # in-target methods' own counters and gauges (InTargetMethod.stats), by method
     in_target: dict[str, dict[str, float]] = field(default_factory=dict)
     # how steps ran: replayed graphs or eager, and why (verifier_service/step/executor.py)

@@ -1,0 +1,106 @@
+"""The grammar as a drafter: an in-target method that drafts the tokens a structured request's
+grammar forces next.
+
+After `{"name":` a JSON schema leaves the model no choice for a while (`"`, then whatever the
+schema says); xgrammar finds that text (its jump-forward string) from the request's matcher,
+which has accepted exactly the committed output. The text is tokenized with the served tokenizer
+and drafted as a chain (deterministic: one-hot q), verified like any other draft: the target's
+rows are masked by the same grammar, so a forced token is accepted unless the model would spell
+the same text with other tokens. The text's last token is left out where a longer token starts
+with it (the model's next token may cross the forced text's end), and only tokens the grammar
+accepts in turn are drafted (verifier_service/grammar/matcher.py `forced_tokens`).
+
+A request without a structure drafts nothing with it. It reads the request's grammar state
+(`reads_grammar`: InTargetDrafts.admit hands it over) and never moves it.
+
+Not in the registry yet: the gateway's policy prices every served method for every request, and
+this one drafts only for structured requests (a policy that offers it to those alone, or puts it
+first in their hybrids, comes with the gateway's structured-output fields). Tests register it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence as Seq
+
+from splitspec.params import SamplingParams, SpeculationPlan
+from verifier_service.methods.in_target import InTargetMethod, InTargetState
+
+__all__ = ["GrammarMethod", "extendable_ids"]
+
+
+def extendable_ids(vocab: Seq[bytes]) -> frozenset[int]:
+    """The ids whose text some longer token starts with (vocab: each id's bytes). Sorted, a
+    string's extensions come right after it and its equals."""
+    order = sorted(range(len(vocab)), key=lambda i: vocab[i])
+    out: set[int] = set()
+    start = 0
+    while start < len(order):
+        text = vocab[order[start]]
+        end = start + 1
+        while end < len(order) and vocab[order[end]] == text:
+            end += 1
+        if end < len(order) and vocab[order[end]].startswith(text):
+            out.update(order[start:end])
+        start = end
+    return frozenset(out)
+
+
+class GrammarMethod(InTargetMethod):
+    """One per verifier; the served tokenizer loaded on the first structured request."""
+
+    reads_grammar = True
+
+    def __init__(self, vocab_size: int, model: str, trust_remote_code: bool = False,
+                 load_format: str = "auto"):
+        self.vocab_size = vocab_size
+        self._source = (model, trust_remote_code, load_format)
+        self._tokenizer = None
+        self._extendable: frozenset[int] | None = None
+        self.forced_tokens = 0  # drafted, since start
+
+    @classmethod
+    def from_verifier(cls, vocab_size: int, config=None) -> "GrammarMethod | None":
+        if config is None:
+            return None
+        return cls(vocab_size, config.model, config.trust_remote_code, config.load_format)
+
+    def admit(self, request_id: str, tokens: Seq[int], sampling: SamplingParams,
+              plan: SpeculationPlan, grammar=None) -> InTargetState:
+        return _ForcedDrafts(self, grammar)
+
+    def encode(self, text: str) -> list[int]:
+        return self._served()[0].encode(text, add_special_tokens=False)
+
+    @property
+    def extendable(self) -> frozenset[int]:
+        return self._served()[1]
+
+    def _served(self):
+        if self._tokenizer is None:
+            import xgrammar as xgr
+
+            from splitspec.modelio import load_tokenizer
+
+            self._tokenizer = load_tokenizer(*self._source)
+            info = xgr.TokenizerInfo.from_huggingface(self._tokenizer,
+                                                      vocab_size=self.vocab_size)
+            self._extendable = extendable_ids(info.decoded_vocab)
+        return self._tokenizer, self._extendable
+
+    def stats(self) -> dict[str, float]:
+        return {"forced_tokens_total": self.forced_tokens}
+
+
+class _ForcedDrafts(InTargetState):
+    def __init__(self, method: GrammarMethod, grammar):
+        self.method, self.grammar = method, grammar
+
+    def propose(self, tokens: Seq[int], k: int) -> list[int]:
+        if self.grammar is None or self.grammar.terminated:
+            return []
+        forced = self.grammar.forced_tokens(self.method.encode, self.method.extendable, k)
+        self.method.forced_tokens += len(forced)
+        return forced
+
+    def free(self) -> None:
+        self.grammar = None
