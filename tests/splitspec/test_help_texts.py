@@ -6,14 +6,15 @@ tests/splitspec/test_help_text_controls.py."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
 from gateway.config import GatewayConfig
 from proposer_service.config import ProposerConfig
-from splitspec import health_probe
 from splitspec.launcher import up
 from splitspec.launcher.cli import build_parser
 from splitspec.telemetry import config as telemetry
@@ -25,17 +26,13 @@ SWITCHES = (argparse.BooleanOptionalAction, argparse._StoreTrueAction,
 
 
 def entry_points() -> dict[str, argparse.ArgumentParser]:
-    """Each command's parser, built as its main() builds it."""
-    return {
-        "splitspec": build_parser(),
-        "splitspec-verifier": telemetry.service_parser(VerifierConfig,
-                                                       telemetry.VERIFIER_METRICS_PORT),
-        "splitspec-gateway": telemetry.service_parser(GatewayConfig,
-                                                      telemetry.GATEWAY_METRICS_PORT),
-        "splitspec-proposer": telemetry.service_parser(ProposerConfig,
-                                                       telemetry.PROPOSER_METRICS_PORT),
-        "splitspec-health": health_probe.parser(),
-    }
+    """Each command's parser, built as its main() builds it: the reference generator's own list
+    (scripts/gen_reference.py), so the reference and this test walk the same commands."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gen_reference.py"
+    spec = importlib.util.spec_from_file_location("gen_reference_for_help", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.entry_points()
 
 
 def help_problems(parser: argparse.ArgumentParser, name: str) -> list[str]:

@@ -70,3 +70,20 @@ async def run_all(engine, inputs: list[GenerationInput]):
         return await asyncio.gather(*(collect(engine, i) for i in inputs))
     finally:
         await engine.shutdown()
+
+
+def learned_drafters(learned_models) -> dict[str, Proposer]:
+    """Every proposer on the learned target, in process: n-gram, suffix, the draft model and
+    the MLP speculator (tests that run each method through one engine)."""
+    from proposer_service.config import ProposerConfig
+    from proposer_service.server import build_proposer
+    from proposer_service.suffix import SuffixProposer
+    from splitspec.config import parse_config
+
+    target, draft, spec = learned_models
+    flags = ["--device", "cpu", "--dtype", "float32"]
+    proposers: dict[str, Proposer] = {"ngram": NgramProposer(), "suffix": SuffixProposer()}
+    for method, path, extra in (("draft", draft, []), ("mlp", spec, ["--tokenizer", target])):
+        proposers[method] = build_proposer(parse_config(ProposerConfig, [
+            "--method", method, "--model", path, *flags, *extra]))
+    return proposers

@@ -10,22 +10,15 @@ import asyncio
 import planted_bugs as bug
 import pytest
 import torch
-from engine_testlib import PROMPTS, make_engine, request, run_all
+from engine_testlib import PROMPTS, learned_drafters, make_engine, request, run_all
 
-from proposer_service.config import ProposerConfig
-from proposer_service.server import build_proposer
-from splitspec.config import parse_config
 from splitspec.params import SamplingParams
 
 
 @pytest.fixture(scope="module")
 def drafters(learned_models):
     torch.set_num_threads(1)
-    target, draft, spec = learned_models
-    flags = ["--device", "cpu", "--dtype", "float32"]
-    return target, {m: build_proposer(parse_config(ProposerConfig, [
-        "--method", m, "--model", path, *flags, *extra]))
-        for m, path, extra in (("draft", draft, []), ("mlp", spec, ["--tokenizer", target]))}
+    return learned_models[0], learned_drafters(learned_models)
 
 
 def acceptance(drafters, method: str) -> float:

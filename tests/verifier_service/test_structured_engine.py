@@ -18,14 +18,17 @@ import jsonschema
 import planted_bugs as bug
 import pytest
 import torch
-from engine_testlib import PROMPTS, collect, drained, make_engine, request, request_ids
+from engine_testlib import (
+    PROMPTS,
+    collect,
+    drained,
+    learned_drafters,
+    make_engine,
+    request,
+    request_ids,
+)
 
-from proposer_service.config import ProposerConfig
-from proposer_service.ngram import NgramProposer
-from proposer_service.server import build_proposer
-from proposer_service.suffix import SuffixProposer
 from protos import common_pb2
-from splitspec.config import parse_config
 from splitspec.errors import InvalidArgument
 from splitspec.params import SamplingParams, StoppingCriteria, StructuredKind, StructuredOutput
 from splitspec.wire import sampling_to_pb, stopping_to_pb
@@ -63,13 +66,7 @@ def _engine(setup, **kw):
 @pytest.fixture(scope="module")
 def setup(learned_models, learned_eagle_head):
     torch.set_num_threads(1)
-    target, draft, spec = learned_models
-    flags = ["--device", "cpu", "--dtype", "float32"]
-    proposers = {"ngram": NgramProposer(), "suffix": SuffixProposer()}
-    for method, path, extra in (("draft", draft, []), ("mlp", spec, ["--tokenizer", target])):
-        proposers[method] = build_proposer(parse_config(ProposerConfig, [
-            "--method", method, "--model", path, *flags, *extra]))
-    return target, proposers, learned_eagle_head
+    return learned_models[0], learned_drafters(learned_models), learned_eagle_head
 
 
 def _requests(engine, sampling: SamplingParams, tag: str, plans=PLANS, **stop):
