@@ -50,7 +50,7 @@ def check_every_split(make, text: str, pairs: bool = False) -> None:
         assert same(got, whole), (cut, got, whole)
 
 
-def test_hermes_reads_calls_and_keeps_the_text_outside_them():
+def check_hermes_reads_calls_and_keeps_the_text_outside_them():
     message = HermesParser().parse(TWO_CALLS)
     assert message.content == "Let me look that up."
     assert calls(message) == [("get_weather", {"city": "Paris", "unit": "C"}),
@@ -60,6 +60,10 @@ def test_hermes_reads_calls_and_keeps_the_text_outside_them():
     assert message.body()["content"] == "Let me look that up."
     assert HermesParser().parse(TWO_CALLS[TWO_CALLS.index("<"):]).body()["content"] is None
     assert PARSERS["hermes"] is HermesParser
+
+
+def test_hermes_reads_calls_and_keeps_the_text_outside_them():
+    check_hermes_reads_calls_and_keeps_the_text_outside_them()
 
 
 @pytest.mark.parametrize("text, content, n_calls", [

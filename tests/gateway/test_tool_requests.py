@@ -37,7 +37,7 @@ def schema_of(req) -> dict:
     return json.loads(s.spec)
 
 
-def test_required_is_held_to_an_array_of_calls_one_branch_per_tool():
+def check_required_is_held_to_an_array_of_calls_one_branch_per_tool():
     schema = schema_of(chat(tool_choice="required"))
     ok = [{"name": "get_weather", "parameters": {"city": "Paris"}},
           {"name": "get_time", "parameters": {}}]
@@ -50,6 +50,10 @@ def test_required_is_held_to_an_array_of_calls_one_branch_per_tool():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(ok, one)
     assert list(schema["items"]["anyOf"][0]["properties"]) == ["name", "parameters"]
+
+
+def test_required_is_held_to_an_array_of_calls_one_branch_per_tool():
+    check_required_is_held_to_an_array_of_calls_one_branch_per_tool()
 
 
 def test_a_named_function_is_held_to_its_parameters():

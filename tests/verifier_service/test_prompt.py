@@ -93,7 +93,7 @@ def tool_history() -> common_pb2.GenerateRequest:
     ], tools=[json.dumps(WEATHER)]))
 
 
-def test_the_shipped_template_shows_the_tools_the_call_and_the_tool_result(tokenizer):
+def check_the_shipped_template_shows_the_tools_the_call_and_the_tool_result(tokenizer):
     template = load_chat_template("chatml_tools")
     enc = PromptEncoder(tokenizer, 4096, template)
     assert enc.chat_template == template and "chatml_tools" in SHIPPED
@@ -115,6 +115,10 @@ def test_the_shipped_template_shows_the_tools_the_call_and_the_tool_result(token
     assert plain == tokenizer.encode("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi"
                                      "<|im_end|>\n<|im_start|>assistant\n",
                                      add_special_tokens=False)
+
+
+def test_the_shipped_template_shows_the_tools_the_call_and_the_tool_result(tokenizer):
+    check_the_shipped_template_shows_the_tools_the_call_and_the_tool_result(tokenizer)
 
 
 def test_the_default_template_shows_tools_and_calls_as_hermes_blocks(tokenizer):
