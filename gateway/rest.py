@@ -181,11 +181,17 @@ class RestHandlers:
         fan = Fanout(frontend, pbs, span)
         if gen.stream:
             # an error before the first token raises here: it becomes the response's status
-            await _while_connected(request, fan.start(), fan)
+            try:
+                await _while_connected(request, fan.start(), fan)
+            except ServiceError as exc:
+                raise api.request_error(gen, exc) from None
             return _Stream(self._stream(api, cid, model, gen, fan, len(pbs), span, release),
                            lambda: (fan.cancel(), release()), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache"}), True
-        results = await _while_connected(request, _collect(fan, len(pbs)), fan)
+        try:
+            results = await _while_connected(request, _collect(fan, len(pbs)), fan)
+        except ServiceError as exc:
+            raise api.request_error(gen, exc) from None
         usages = [r.usage for r in results]
         if span is not None:
             tracer.finish(span, cid, model, usages, [r.finish_reason for r in results])

@@ -28,7 +28,7 @@ from gateway.request_models import parse_chat_request, parse_completion_request
 from gateway.tool_parsers import ToolCallParser
 from gateway.tool_parsers.events import Content, delta_tool_calls
 from protos import common_pb2
-from splitspec.errors import InvalidArgument
+from splitspec.errors import InvalidArgument, ServiceError
 
 
 def request_usage(usages: list[common_pb2.Usage], details: bool = False, n: int = 1) -> dict:
@@ -135,6 +135,17 @@ class GenerationApi:
                   else r.finish_reason)
         return chat_choice(index, r.text, reason, self.logprobs(gen, r.logprobs),
                            message.body())
+
+    def request_error(self, gen: Generation, exc: ServiceError) -> ServiceError:
+        """An error of the verifier about the structured output of a required or named tool
+        choice is about the tools (their parameters did not compile): it names them."""
+        tools = gen.tools
+        if tools is None or exc.http_status != 400 or \
+                not (exc.field or "").startswith("response_format"):
+            return exc
+        field = "tools" if tools.choice == "required" else \
+            f"tools[{[f.name for f in tools.functions].index(tools.name)}].function.parameters"
+        return InvalidArgument(field, exc.message.split(": ", 1)[-1])
 
     def tool_streams(self, gen: Generation, n: int) -> ToolStreams | None:
         if not self.chat or gen.tools is None:

@@ -120,3 +120,20 @@ def test_bad_tools_are_a_400_naming_the_field(oa, model, tools, tool_choice, par
         oa.chat.completions.create(model=model, messages=MESSAGES, tools=tools,
                                    tool_choice=tool_choice, max_tokens=4)
     assert e.value.body["param"] == param
+
+
+@pytest.mark.parametrize("tool_choice, param", [
+    ("required", "tools"), ({"type": "function", "function": {"name": "f"}},
+                            "tools[1].function.parameters")])
+def test_parameters_that_do_not_compile_are_a_400_naming_the_tools(oa, model, tool_choice,
+                                                                    param):
+    """A schema valid against the metaschema that the grammar compiler cannot take (a $ref
+    to nothing): the verifier's refusal names the tools, not a response_format."""
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}}}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            oa.chat.completions.create(model=model, messages=MESSAGES, tools=[TIME, broken],
+                                       tool_choice=tool_choice, max_tokens=4, stream=stream)
+        assert e.value.body["param"] == param and "does not compile" in \
+            e.value.body["message"], e.value.body
