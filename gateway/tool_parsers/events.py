@@ -75,13 +75,17 @@ def fold(events: list[Event], into: Message | None = None) -> Message:
 
 
 def delta_tool_calls(events: list[Event]) -> list[dict]:
-    """The `delta.tool_calls` fragments of a stream chunk, one per call event: a call's first
-    carries its id, type and name, the others a piece of its arguments."""
-    out = []
+    """The `delta.tool_calls` fragments of a stream chunk, one per call it touches (as OpenAI
+    sends them): a call's first carries its id, type and name, and each a piece of its
+    arguments."""
+    out: list[dict] = []
     for e in events:
         if isinstance(e, CallStart):
             out.append({"index": e.index, "id": e.id, "type": "function",
                         "function": {"name": e.name, "arguments": ""}})
         elif isinstance(e, Arguments) and e.text:
-            out.append({"index": e.index, "function": {"arguments": e.text}})
+            if out and out[-1]["index"] == e.index:
+                out[-1]["function"]["arguments"] += e.text
+            else:
+                out.append({"index": e.index, "function": {"arguments": e.text}})
     return out

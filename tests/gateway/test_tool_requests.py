@@ -202,8 +202,9 @@ def test_streamed_deltas_reassemble_to_the_message(choice):
 
 def test_required_arguments_stream_as_they_are_generated():
     _, deltas = response("required", REQUIRED_REPLY)
-    pieces = [f["function"]["arguments"] for d in deltas for f in d["delta"].get("tool_calls", [])
-              if "arguments" in f["function"] and "id" not in f]
+    frags = [d["delta"].get("tool_calls", []) for d in deltas]
+    assert all(len({f["index"] for f in fs}) == len(fs) for fs in frags)  # one per call a chunk
+    pieces = [f["function"]["arguments"] for fs in frags for f in fs if f["function"]["arguments"]]
     assert len(pieces) > 3 and "".join(pieces) == '{"city": "Paris", "days": 2}'
 
 
