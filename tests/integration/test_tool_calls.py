@@ -10,6 +10,10 @@ import json
 
 import jsonschema
 import pytest
+from services_testlib import on_port, start_healthy
+
+from splitspec.launcher import Service
+from splitspec.net import free_port, wait_for_port
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +44,24 @@ def oa(stack):
 @pytest.fixture(scope="module")
 def model(oa):
     return oa.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def auto_oa(stack, tmp_path_factory):
+    """A client of a second gateway, started with --enable-auto-tool-choice, over the stack's
+    verifier."""
+    grpc_port, http_port = free_port(), free_port()
+    gateway = Service("gateway-auto-tools", [
+        *on_port(stack.gateway.argv, grpc_port, "--grpc-port", "--http-port", str(http_port)),
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes"], grpc_port,
+        tmp_path_factory.mktemp("auto-tools") / "gateway.log")
+    try:
+        start_healthy(gateway, stack.config.startup_timeout_s)
+        assert wait_for_port("127.0.0.1", http_port, 60)
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused",
+                            max_retries=0, timeout=60)
+    finally:
+        gateway.stop()
 
 
 def ask(oa, model, tool_choice, speculation=SPEC_OFF, **kw):
@@ -137,3 +159,13 @@ def test_parameters_that_do_not_compile_are_a_400_naming_the_tools(oa, model, to
                                        tool_choice=tool_choice, max_tokens=4, stream=stream)
         assert e.value.body["param"] == param and "does not compile" in \
             e.value.body["message"], e.value.body
+
+
+def test_auto_is_served_with_the_flag_and_plain_text_stays_content(auto_oa, model):
+    """The toy model writes no <tool_call>: its reply is content, streamed or not alike."""
+    out = ask(auto_oa, model, "auto", max_tokens=24)
+    choice = out.choices[0]
+    assert choice.message.tool_calls is None and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert streamed(auto_oa, model, "auto", max_tokens=24) == (
+        choice.message.content, [], choice.finish_reason)
