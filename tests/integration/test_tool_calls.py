@@ -112,10 +112,11 @@ def test_tool_calls_validate_and_stream_to_the_same_message(oa, model, tool_choi
 
 
 def test_greedy_required_calls_are_the_same_with_speculation_on_and_off(oa, model):
-    on = ask(oa, model, "required", SPEC_ON).choices[0]
-    off = ask(oa, model, "required", SPEC_OFF).choices[0]
+    on_out = ask(oa, model, "required", SPEC_ON, max_tokens=96)
+    on, off = on_out.choices[0], ask(oa, model, "required", SPEC_OFF, max_tokens=96).choices[0]
     assert calls_of(on.message) == calls_of(off.message) and calls_of(on.message)
     assert on.finish_reason == off.finish_reason
+    assert on_out.usage.model_extra["speculation"]["accepted_tokens"] > 0  # it did speculate
 
 
 def test_a_tool_call_history_renders_and_the_reply_is_text(oa, model):
