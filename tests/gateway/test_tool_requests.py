@@ -10,7 +10,7 @@ import json
 import jsonschema
 import pytest
 
-from gateway.chat import Chat, ToolTurn
+from gateway.chat import Chat, ToolTurn, chat_from_pb
 from gateway.frontend import Collected, chat_messages_to_pb
 from gateway.request_models import parse_chat_request
 from gateway.rest_bodies import GenerationApi
@@ -89,6 +89,9 @@ def test_tools_and_tool_history_reach_the_wire():
     assert msgs[2].tool_call_id == "call_1" and msgs[2].name == "get_weather"
     assert chat_messages_to_pb(Chat((("user", "x"),))) == [
         common_pb2.ChatMessage(role="user", content="x")]
+    # the public gRPC API's messages and tools reach the verifier as they came
+    options = common_pb2.GenerateOptions(messages=msgs, tools=req.chat.tools)
+    assert chat_from_pb(options) == req.chat
 
 
 @pytest.mark.parametrize("body, field", [
