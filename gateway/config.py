@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.prefix_index import PrefixRoutingConfig
+from gateway.tool_parsers import PARSERS
 from splitspec.config import option
 from splitspec.tls_options import GROUP as TLS_GROUP
 from splitspec.tls_options import TlsClientOptions, TlsServerOptions
@@ -61,7 +62,17 @@ class GatewayConfig(TlsServerOptions, TlsClientOptions):
     tls_front_door_ca: str = option(
         "", "PEM CA bundle: clients of the REST and gRPC front doors must present a certificate "
         "it signed (needs --tls-cert; default: none, API keys authenticate them)", group=TLS_GROUP)
+    enable_auto_tool_choice: bool = option(
+        False, "chat requests with tools may leave the choice to the model (tool_choice auto, "
+        "the default with tools): its calls are read out of the output by --tool-call-parser")
+    tool_call_parser: str = option(
+        "hermes", "the served model's tool-call format, for auto tool choice",
+        choices=tuple(PARSERS))
     log_level: str = option("INFO", "logging level")
+
+    def auto_tool_parser(self) -> str | None:
+        """The tool-call format auto tool choice reads; None: auto is not served."""
+        return self.tool_call_parser if self.enable_auto_tool_choice else None
 
     def prefix_routing_config(self) -> PrefixRoutingConfig:
         return PrefixRoutingConfig(self.prefix_routing, self.prefix_routing_threshold,

@@ -142,8 +142,8 @@ class Frontend:
             if cache_salt is not None:
                 req.cache_salt = cache_salt
             if isinstance(prompt, Chat):
-                req.options.messages.extend(common_pb2.ChatMessage(role=r, content=c)
-                                            for r, c in prompt.turns)
+                req.options.messages.extend(chat_messages_to_pb(prompt))
+                req.options.tools.extend(prompt.tools)
             elif isinstance(prompt, str):
                 req.text = prompt
             else:
@@ -205,6 +205,16 @@ class Frontend:
         async for msg in self.stream(request):
             out.add(msg)
         return out
+
+
+def chat_messages_to_pb(chat: Chat) -> list[common_pb2.ChatMessage]:
+    """A chat's turns as the wire's messages, with their tool fields."""
+    out = [common_pb2.ChatMessage(role=r, content=c) for r, c in chat.turns]
+    for msg, turn in zip(out, chat.tool_turns):
+        msg.tool_calls.extend(common_pb2.ToolCall(id=i, name=n, arguments=a)
+                              for i, n, a in turn.tool_calls)
+        msg.tool_call_id, msg.name = turn.tool_call_id, turn.name
+    return out
 
 
 def _prompt_tokens(prompt) -> int:

@@ -17,7 +17,7 @@ import grpc
 from opentelemetry import trace
 
 from gateway.auth import ApiKeys, request_salt
-from gateway.chat import Chat
+from gateway.chat import chat_from_pb
 from gateway.frontend import Frontend
 from gateway.limits import ConcurrencyLimit
 from protos import generation_pb2, generation_pb2_grpc
@@ -78,7 +78,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         if request.options.messages:
             if which is not None:
                 raise InvalidArgument("messages", "a request has messages or a prompt, not both")
-            prompt = Chat(tuple((m.role, m.content) for m in request.options.messages))
+            prompt = chat_from_pb(request.options)
         elif which is None or (which == "text" and not request.text) or (
                 which == "token_ids" and not request.token_ids.ids):
             raise InvalidArgument("prompt", "is required (text or token_ids)")

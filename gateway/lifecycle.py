@@ -59,7 +59,7 @@ class GatewayLifecycle:
         """The REST door's application, on the shared frontend, keys and concurrency limit."""
         c = self.config
         limits = RestLimits(c.max_body_bytes, c.body_timeout_s, self.keys, self.concurrency)
-        return build_app(self.frontend, c.max_prompts, limits)
+        return build_app(self.frontend, c.max_prompts, limits, c.auto_tool_parser())
 
     async def start(self) -> None:
         """Watch the verifiers' stats, open the gRPC door, serve /metrics."""

@@ -16,12 +16,15 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from splitspec.errors import InvalidArgument
 from splitspec.params import SamplingParams, SpeculationRequest, StoppingCriteria
+
+if TYPE_CHECKING:
+    from gateway.tools import ToolUse
 
 Prompt = str | list[int]
 
@@ -41,6 +44,7 @@ class Generation:
     include_usage: bool = False
     top_logprobs: int | None = None  # set: report logprobs with this many alternatives
     cache_salt: str | None = None  # prefix-cache isolation (None: the gateway's default)
+    tools: "ToolUse | None" = None  # chat with tools: how the output is read for calls
 
     @property
     def speculation_details(self) -> bool:

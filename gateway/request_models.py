@@ -14,6 +14,8 @@ inside a list of objects name the item (`messages[0]`); inside any other value, 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import types
 import typing
 from typing import Annotated, Any, Literal
@@ -31,8 +33,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from gateway.chat import CHAT_ROLES, Chat, ChatRequest
+from gateway.chat import CHAT_ROLES, Chat, ChatRequest, ToolTurn
 from gateway.openai_api import MAX_N, CompletionRequest, Generation, Prompt
+from gateway.tools import Function, ToolUse
 from splitspec.errors import InvalidArgument
 from splitspec.methods import HYBRID, method_names
 from splitspec.params import (
@@ -296,11 +299,106 @@ class TextPart(_Body):
     text: str
 
 
+# -- tools ------------------------------------------------------------------------------------
+
+MAX_TOOLS = 128  # tools per request
+FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")]
+
+
+def _json_schema(value: dict) -> dict:
+    """A tool's parameters must be a JSON schema (checked against the metaschema)."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(value).check_schema(value)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path)
+        raise PydanticCustomError("json_schema", "is not a JSON schema ({where}{reason})", {
+            "where": f"at {where}: " if where else "", "reason": exc.message}) from None
+    return value
+
+
+class FunctionDefinition(_Body):
+    name: FunctionName = Field(description="a-z, A-Z, 0-9, _ . -; at most 64 characters")
+    description: str | None = None
+    parameters: Annotated[dict[str, Any], WrapValidator(
+        lambda v, handler: _json_schema(handler(v)))] | None = Field(
+        None, description="a JSON schema of the arguments (an object); none: no arguments")
+    strict: bool | None = Field(None, description="accepted; required and named calls are "
+                                "always held to the schema")
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+ToolChoice = Annotated[Literal["none", "auto", "required"] | NamedToolChoice, _one_error(
+    'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')]
+
+
+class CalledFunction(_Body):
+    name: str
+    arguments: str = Field(description="the arguments, as JSON text")
+
+    @field_validator("arguments")
+    @classmethod
+    def _json(cls, arguments: str) -> str:
+        try:
+            json.loads(arguments)
+        except ValueError:
+            raise PydanticCustomError("json", "must be JSON text") from None
+        return arguments
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(_Body):
     role: Role
     content: Annotated[str | list[TextPart],
-                       _one_error("must be a string or a list of text parts")]
-    name: str | None = Field(None, description="accepted and ignored")
+                       _one_error("must be a string or a list of text parts")] | None = Field(
+        None, description="null only in an assistant message with tool_calls")
+    name: str | None = Field(None, description="a tool message: the tool's name; else ignored")
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant message's calls")
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _assistant_calls(cls, calls, info: ValidationInfo):
+        if calls is not None and info.data.get("role") != "assistant":
+            raise PydanticCustomError("tool_calls", "only an assistant message has tool_calls")
+        return calls
+
+    @model_validator(mode="after")
+    def _content(self):
+        if self.content is None and not self.tool_calls:
+            raise PydanticCustomError("content", "content is required (null only in an "
+                                      "assistant message with tool_calls)")
+        return self
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(
+            p.text for p in self.content)
+
+    def tool_turn(self) -> ToolTurn:
+        return ToolTurn(tuple((c.id, c.function.name, c.function.arguments)
+                              for c in self.tool_calls or ()),
+                        self.tool_call_id or "", self.name or "" if self.role == "tool" else "")
 
 
 class ChatBody(GenerationBody):
@@ -312,6 +410,12 @@ class ChatBody(GenerationBody):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                      description="needs logprobs: true")
+    tools: list[Tool] | None = Field(None, min_length=1, max_length=MAX_TOOLS,
+                                     description="functions the model may call")
+    tool_choice: ToolChoice | None = Field(
+        None, description="none | auto (default with tools) | required | a named function")
+    parallel_tool_calls: bool | None = Field(
+        None, description="false: at most one call (required); default true")
 
     @model_validator(mode="after")
     def _aliases(self):
@@ -321,15 +425,57 @@ class ChatBody(GenerationBody):
             raise InvalidArgument("top_logprobs", "needs logprobs: true")
         return self
 
+    @model_validator(mode="after")
+    def _tools(self):
+        names = [t.function.name for t in self.tools or ()]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise InvalidArgument(f"tools[{i}].function.name", f"{name!r} is named twice")
+        if self.tool_choice not in (None, "none") and not names:
+            raise InvalidArgument("tool_choice", "needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice) and \
+                self.tool_choice.function.name not in names:
+            raise InvalidArgument("tool_choice.function.name",
+                                  f"{self.tool_choice.function.name!r} is not one of the tools")
+        return self
+
+    def tool_use(self) -> ToolUse | None:
+        if not self.tools:
+            return None
+        choice = self.tool_choice or "auto"
+        named = isinstance(choice, NamedToolChoice)
+        return ToolUse("named" if named else choice,
+                       tuple(Function(t.function.name, t.function.parameters)
+                             for t in self.tools),
+                       choice.function.name if named else None,
+                       self.parallel_tool_calls is not False)
+
     def max_tokens_field(self) -> str:
         return ("max_completion_tokens" if self.max_completion_tokens is not None
                 else "max_tokens")
 
     def request(self) -> ChatRequest:
-        chat = Chat(tuple((m.role, m.content if isinstance(m.content, str)
-                           else "".join(p.text for p in m.content)) for m in self.messages))
-        return ChatRequest(chat, self.generation((self.top_logprobs or 0) if self.logprobs
-                                                 else None))
+        turns = tuple((m.role, m.text()) for m in self.messages)
+        tool_turns = tuple(m.tool_turn() for m in self.messages)
+        chat = Chat(turns, tuple(json.dumps(t.model_dump(exclude_none=True))
+                                 for t in self.tools or ()),
+                    tool_turns if any(t != ToolTurn() for t in tool_turns) else ())
+        gen = self.generation((self.top_logprobs or 0) if self.logprobs else None)
+        tools = self.tool_use()
+        if tools is not None:
+            gen = dataclasses.replace(gen, tools=tools)
+            structured = tools.structured()
+            if structured is not None:
+                if gen.sampling.structured is not None:
+                    raise InvalidArgument("tool_choice", f"{tools.choice} cannot be combined "
+                                          "with a structured output")
+                try:
+                    structured.validate()
+                except InvalidArgument as exc:
+                    raise InvalidArgument("tools", exc.message.split(": ", 1)[-1]) from None
+                gen = dataclasses.replace(gen, sampling=dataclasses.replace(
+                    gen.sampling, structured=structured))
+        return ChatRequest(chat, gen)
 
 
 def parse_completion_request(body: Any, max_prompts: int = DEFAULT_MAX_PROMPTS

@@ -90,8 +90,9 @@ async def _while_connected(request: Request, work, fan: Fanout):
 
 
 def build_app(frontend: Frontend, max_prompts: int = 16,
-              limits: RestLimits | None = None) -> Starlette:
-    handlers = RestHandlers(frontend, max_prompts, limits or RestLimits())
+              limits: RestLimits | None = None, tool_parser: str | None = None) -> Starlette:
+    """`tool_parser`: the format of auto tool choice (None: tool_choice "auto" is refused)."""
+    handlers = RestHandlers(frontend, max_prompts, limits or RestLimits(), tool_parser)
     return Starlette(routes=handlers.routes, exception_handlers={
         ServiceError: _service_error, HTTPException: _http_error, Exception: _internal_error})
 
@@ -101,7 +102,8 @@ class RestHandlers:
     authorized, counted against its key's concurrency, traced and counted in the metrics), the
     model list, health, readiness and the OpenAPI document of these very routes."""
 
-    def __init__(self, frontend: Frontend, max_prompts: int, limits: RestLimits):
+    def __init__(self, frontend: Frontend, max_prompts: int, limits: RestLimits,
+                 tool_parser: str | None = None):
         self.frontend = frontend
         self.tracer, self.metrics = frontend.tracer, frontend.metrics
         self.max_prompts = max_prompts
@@ -109,7 +111,8 @@ class RestHandlers:
         self.routes = [
             Route("/v1/completions", self._endpoint(GenerationApi(chat=False)),
                   methods=["POST"]),
-            Route("/v1/chat/completions", self._endpoint(GenerationApi(chat=True)),
+            Route("/v1/chat/completions",
+                  self._endpoint(GenerationApi(chat=True, tool_parser=tool_parser)),
                   methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
@@ -178,11 +181,17 @@ class RestHandlers:
         fan = Fanout(frontend, pbs, span)
         if gen.stream:
             # an error before the first token raises here: it becomes the response's status
-            await _while_connected(request, fan.start(), fan)
+            try:
+                await _while_connected(request, fan.start(), fan)
+            except ServiceError as exc:
+                raise api.request_error(gen, exc) from None
             return _Stream(self._stream(api, cid, model, gen, fan, len(pbs), span, release),
                            lambda: (fan.cancel(), release()), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache"}), True
-        results = await _while_connected(request, _collect(fan, len(pbs)), fan)
+        try:
+            results = await _while_connected(request, _collect(fan, len(pbs)), fan)
+        except ServiceError as exc:
+            raise api.request_error(gen, exc) from None
         usages = [r.usage for r in results]
         if span is not None:
             tracer.finish(span, cid, model, usages, [r.finish_reason for r in results])
@@ -196,6 +205,7 @@ class RestHandlers:
         usages: list[common_pb2.Usage] = []
         reasons: list[str | None] = [None] * n
         offsets = [0] * n  # completions logprobs: where each choice's next token's text starts
+        tools = api.tool_streams(gen, n)  # chat with tools: each choice's calls read as it goes
         error: BaseException | None = None
         try:
             if api.chat:  # the assistant role first, once per choice
@@ -210,8 +220,9 @@ class RestHandlers:
                 if item.text or reason or item.logprobs:
                     logprobs = api.logprobs(gen, item.logprobs, offsets[index])
                     offsets[index] += sum(len(e.token) for e in item.logprobs)
-                    yield _sse(api.chunk(cid, model,
-                                         [api.delta(index, item.text, reason, logprobs)]))
+                    delta = api.delta(index, item.text, reason, logprobs, tools)
+                    if delta is not None:
+                        yield _sse(api.chunk(cid, model, [delta]))
                 if reason:
                     reasons[index] = reason
                     usages.append(item.usage)

@@ -5,10 +5,14 @@ check, and asserts that the check fails. They live in the test tree only."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import torch
 
+import gateway.rest_bodies as rest_bodies
+import gateway.tool_parsers.hermes as hermes
+import gateway.tools as gateway_tools
 import kernels.eagle_tree as eagle_tree
 import kernels.hybrid_merge as hybrid_merge
 import kernels.logits_processors as logits_processors
@@ -36,6 +40,7 @@ import verifier_service.methods.eagle.checkpoint as eagle_format
 import verifier_service.methods.eagle.graphs as eagle_graphs
 import verifier_service.methods.eagle.head as eagle_head
 import verifier_service.methods.eagle.method as eagle
+import verifier_service.prompt as verifier_prompt
 import verifier_service.step.executor as step_executor
 import verifier_service.step.plan as step_plan
 import verifier_service.step.sampler as step_sampler
@@ -1340,3 +1345,65 @@ def grammar_matcher_advanced_by_rejected_drafts(monkeypatch) -> None:
         return ok
 
     monkeypatch.setattr(engine_module.Engine, "_grammar_emitted", drafted)
+
+
+# -- tools ------------------------------------------------------------------------------------
+
+def hermes_drops_text_before_a_call(monkeypatch) -> None:
+    """The content just before a <tool_call> is dropped instead of kept."""
+    real = hermes.HermesParser._content
+
+    def content(self, text):
+        if not self._in_call and self._buf[len(text):].startswith(hermes.START):
+            return []
+        return real(self, text)
+
+    monkeypatch.setattr(hermes.HermesParser, "_content", content)
+
+
+def hermes_holds_nothing_back(monkeypatch) -> None:
+    """Streamed text that may start a <tool_call> is sent as content at once."""
+    monkeypatch.setattr(hermes, "_held", lambda text: 0)
+
+
+def tool_deltas_lose_an_argument_fragment(monkeypatch) -> None:
+    """A stream chunk's second piece of a call's arguments is not sent."""
+    real = rest_bodies.delta_tool_calls
+    seen: dict[int, int] = {}
+
+    def lossy(events):
+        out = []
+        for frag in real(events):
+            if "id" not in frag:
+                seen[frag["index"]] = seen.get(frag["index"], 0) + 1
+                if seen[frag["index"]] == 2:
+                    continue
+            out.append(frag)
+        return out
+
+    monkeypatch.setattr(rest_bodies, "delta_tool_calls", lossy)
+
+
+def required_schema_ignores_parameters(monkeypatch) -> None:
+    """tool_choice required holds each call's parameters to any object, not its tool's schema."""
+    real = gateway_tools.required_schema
+
+    def loose(functions, parallel=True):
+        schema = real(functions, parallel)
+        for branch in schema["items"]["anyOf"]:
+            branch["properties"]["parameters"] = {"type": "object"}
+        return json.loads(json.dumps(schema))
+
+    monkeypatch.setattr(gateway_tools, "required_schema", loose)
+
+
+def template_drops_tool_calls(monkeypatch) -> None:
+    """An assistant message's tool calls do not reach the chat template."""
+    real = verifier_prompt._turn
+
+    def turn(i, m):
+        out = real(i, m)
+        out.pop("tool_calls", None)
+        return out
+
+    monkeypatch.setattr(verifier_prompt, "_turn", turn)

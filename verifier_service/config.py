@@ -101,6 +101,10 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
         10.0, "seconds a structured output's grammar may take to compile; longer: the request "
         "is refused (INVALID_ARGUMENT)")
     grammar_cache_size: int = option(64, "compiled grammars kept for later requests (LRU)")
+    chat_template: str = option(
+        "", "the chat template of chat requests: a Jinja file, or a template shipped in "
+        "splitspec/chat_templates by name (chatml_tools: ChatML showing tools in the Hermes "
+        "format); default: the model's own, else the plain default (docs/api.md)")
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
     # (powers of two up to --max-num-seqs x (1 + --max-num-speculative-tokens)), each captured

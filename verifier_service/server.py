@@ -15,6 +15,7 @@ from typing import Sequence
 import grpc
 
 from protos import verifier_pb2, verifier_pb2_grpc
+from splitspec.chat_templates import load_chat_template
 from splitspec.device import trim_host_heap
 from splitspec.grpc_server import (
     add_health_and_reflection,
@@ -131,6 +132,11 @@ async def _until_stopped_or(event: asyncio.Event) -> None:
 
 async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     check_config(config)  # an inconsistent configuration is refused before the model loads
+    try:
+        chat_template = (load_chat_template(config.chat_template) if config.chat_template
+                         else None)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if config.tensor_parallel_node_rank > 0:  # a host of further ranks: no gRPC here
         sys.exit(await asyncio.to_thread(serve_node, config))
     tls = server_tls(config, "verifier")  # and certificates that cannot serve
@@ -165,7 +171,7 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     name = config.served_model_name or model_name(config.model)
     verifier_pb2_grpc.add_VerifierServicer_to_server(
         VerifierServicer(engine, name, fingerprint, str(device), str(dtype).removeprefix("torch."),
-                         tracer=telemetry.tracer),
+                         tracer=telemetry.tracer, chat_template=chat_template),
         server)
     health = add_health_and_reflection(server, [SERVICE_NAME])
     address = f"{config.host}:{config.port}"

@@ -40,13 +40,14 @@ IN_TARGET_ADDRESS = "in-target"  # ProposerStatus.address of a method the verifi
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, engine: Engine, model_name: str, fingerprint: str, device: str,
-                 dtype: str, tracer: VerifierTracer | None = None):
+                 dtype: str, tracer: VerifierTracer | None = None,
+                 chat_template: str | None = None):
         self._engine = engine
         self._model_name = model_name
         self._fingerprint = fingerprint
         self._device, self._dtype = device, dtype
         self._tracer = tracer
-        self._prompts = PromptEncoder(engine.tokenizer, engine.max_model_len)
+        self._prompts = PromptEncoder(engine.tokenizer, engine.max_model_len, chat_template)
 
     async def _from_pb(self, req: common_pb2.GenerateRequest) -> GenerationInput:
         top_logprobs = (req.options.top_logprobs if req.options.HasField("top_logprobs")

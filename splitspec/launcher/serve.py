@@ -109,6 +109,14 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                    "prompt_lookup_max, prompt_lookup_min, draft_tensor_parallel_size, "
                    "disable_by_batch_size (default: none: every method that fits MODEL, "
                    "chosen per request)")
+    v.add_argument("--chat-template", metavar="PATH", default=None,
+                   help="the verifier's chat template: a Jinja file, or a shipped one by name "
+                   "(chatml_tools) (default: the model's own)")
+    v.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="serve tool_choice auto: the gateway reads calls out of the output with "
+                   "--tool-call-parser (default: off)")
+    v.add_argument("--tool-call-parser", metavar="NAME", default=None,
+                   help="the model's tool-call format (hermes) (default: hermes)")
     own = serve.add_argument_group("splitspec's own flags")
     up.add_stack_arguments(own, methods_default=None,
                            methods_note=", unless --speculative-config names other methods")
@@ -172,6 +180,12 @@ def up_namespace(args: argparse.Namespace, api_key_file: str | None = None,
             verifier += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     if api_key_file:
         gateway += ["--api-key-file", api_key_file]
+    if args.chat_template:
+        verifier += ["--chat-template", args.chat_template]
+    if args.enable_auto_tool_choice:
+        gateway += ["--enable-auto-tool-choice"]
+    if args.tool_call_parser:
+        gateway += ["--tool-call-parser", args.tool_call_parser]
     if spec is not None:
         verifier += spec.verifier_args()
         gateway += spec.gateway_args()

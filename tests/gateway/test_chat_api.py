@@ -32,7 +32,7 @@ def test_messages_and_shared_fields():
     ({}, "messages"),
     ({"messages": []}, "messages"),
     ({"messages": ["hi"]}, "messages[0]"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "developer", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},

@@ -76,8 +76,15 @@ COMMON = {"model": "m", "max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "top_
 COMPLETION = {**COMMON, "prompt": "x", "logprobs": 2, "best_of": 1, "echo": False,
               "suffix": None}
 CHAT = {**{k: v for k, v in COMMON.items() if k != "max_tokens"},
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}], "name": "a"}],
-        "max_completion_tokens": 4, "logprobs": True, "top_logprobs": 3}
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}], "name": "a"},
+                     {"role": "assistant", "content": None, "tool_calls": [{
+                         "id": "c", "type": "function",
+                         "function": {"name": "f", "arguments": "{}"}}]},
+                     {"role": "tool", "content": "1", "tool_call_id": "c"}],
+        "max_completion_tokens": 4, "logprobs": True, "top_logprobs": 3,
+        "tools": [{"type": "function", "function": {
+            "name": "f", "description": "d", "parameters": {"type": "object"}, "strict": False}}],
+        "tool_choice": "none", "parallel_tool_calls": True}
 
 
 def test_a_body_with_every_described_field_parses(doc):
@@ -107,7 +114,7 @@ def test_every_object_refuses_what_it_does_not_describe(doc):
                  "TextPart", "StreamOptions"):
         assert schema(doc, name)["additionalProperties"] is False, name
     assert set(schema(doc, "Speculation")["properties"]) == set(COMMON["speculation"])
-    assert set(schema(doc, "Message")["properties"]) == set(CHAT["messages"][0])
+    assert set(schema(doc, "Message")["properties"]) == {k for m in CHAT["messages"] for k in m}
 
 
 def test_the_sampling_fields_are_described_with_their_ranges(doc):

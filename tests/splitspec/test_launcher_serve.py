@@ -62,6 +62,14 @@ def test_vllms_flags_are_the_services_own():
     assert argvs(vllm) == argvs(up)
 
 
+def test_vllms_tool_flags_go_to_the_verifier_and_the_gateway():
+    vllm = served(TARGET, "--chat-template", "chatml_tools", "--enable-auto-tool-choice",
+                  "--tool-call-parser", "hermes")
+    up = upped("--model", TARGET, "--verifier-args", "--chat-template chatml_tools",
+               "--gateway-args", "--enable-auto-tool-choice --tool-call-parser hermes")
+    assert vllm == up and argvs(vllm) == argvs(up)
+
+
 def test_speculative_config_is_the_up_flags_it_stands_for():
     """The example of the docs: only the n-gram proposer, k at most 5 (lookahead's window
     narrowed to fit it), the gateway's queue-size rule."""
