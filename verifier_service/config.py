@@ -27,6 +27,11 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
                               "from config.json alone (output meaningless)",
                               choices=("auto", "dummy"))
     load_seed: int = option(0, "seed of --load-format dummy's random weights")
+    # vLLM's --seed: the random generator unseeded sampled requests draw from, seeded once at
+    # start-up, so a restarted verifier given the same requests in the same order draws the
+    # same tokens (a request's own `seed` needs none of this)
+    seed: int = option(-1, "seed of the random generator unseeded requests draw from "
+                       "(-1: not seeded)")
     proposer: tuple[str, ...] = option(
         (),
         "a proposer as METHOD=HOST:PORT, e.g. ngram=127.0.0.1:50052; a HOST with several "

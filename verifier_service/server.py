@@ -13,6 +13,7 @@ import time
 from typing import Sequence
 
 import grpc
+import torch
 
 from protos import verifier_pb2, verifier_pb2_grpc
 from splitspec.chat_templates import load_chat_template
@@ -92,6 +93,8 @@ def build_engine(config: VerifierConfig, proposers: dict[str, ProposerClient] | 
                  observers: Sequence = (), group: TPGroup | None = None):
     """Load the target and tokenizer; returns (engine, fingerprint, device, dtype). With a
     tensor-parallel group this is rank 0: each step's plan is broadcast to the other ranks."""
+    if config.seed >= 0:
+        torch.manual_seed(config.seed)
     tokenizer = load_tokenizer(config.model, config.trust_remote_code, config.load_format)
     runner, model, dtype = build_runner(config, group)
     fingerprint = tokenizer_fingerprint(tokenizer)

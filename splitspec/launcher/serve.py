@@ -87,6 +87,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True, help="reuse the KV of prompt prefixes computed before, in the "
                    "verifiers and the draft proposer (default: on)")
+    v.add_argument("--seed", type=int, default=None,
+                   help="seed of the random generator unseeded sampled requests draw from, in "
+                   "every verifier (default: not seeded; a request's own seed needs none)")
     v.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly, capturing no CUDA (or MLU) graphs "
                    "(default: off)")
@@ -175,6 +178,8 @@ def up_namespace(args: argparse.Namespace, api_key_file: str | None = None,
         verifier += ["--gpu-memory-utilization", str(args.gpu_memory_utilization)]
     if args.enforce_eager:
         verifier += ["--graphs", "off"]
+    if args.seed is not None:
+        verifier += ["--seed", str(args.seed)]
     for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
         if getattr(args, flag) is not None:
             verifier += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

@@ -310,3 +310,17 @@ def test_characters_split_over_tokens_and_steps_stream_whole(target_model_dir, t
     # The partial-character branch ran: one-token steps whose token ends inside a character
     # stream no text yet.
     assert sum(1 for out in off if out.token_ids and not out.text) >= 10
+
+
+def test_a_seeded_verifier_draws_unseeded_requests_alike_after_a_restart(target_model_dir):
+    """--seed (vLLM's): two verifiers started with the same seed give the same unseeded draws
+    for the same requests in the same order; another seed, others."""
+    def draws(seed: int):
+        engine = make_engine(target_model_dir, seed=seed)
+        res = asyncio.run(run_all(engine, [request(engine, f"r{i}", p, max_tokens=12,
+                                                   sampling=SamplingParams(temperature=1.0))
+                                           for i, p in enumerate(PROMPTS[:2])]))
+        return [r[0] for r in res]
+
+    first = draws(3)
+    assert draws(3) == first and draws(4) != first
