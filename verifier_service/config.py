@@ -84,9 +84,10 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     max_model_len: int = option(0, "context length limit (0: the model's own)")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
     # kernels/linear.py
-    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn or fp16 "
-                         "(weights packed once); auto picks one that suits this machine",
-                         choices=("auto", "dense", "onednn", "fp16"))
+    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn, fp16 "
+                         "(FBGEMM) or fp16-dot (split over every thread; weights packed once); "
+                         "auto picks one that suits this machine",
+                         choices=("auto", "dense", "onednn", "fp16", "fp16-dot"))
     warmup: bool = option(True, "run one short generation before reporting SERVING")
     # On a device with graphs (CUDA, MLU), decode steps run in buckets of sequences x rows
     # (powers of two up to --max-num-seqs x (1 + --max-num-speculative-tokens)), each captured
