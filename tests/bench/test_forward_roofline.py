@@ -1,0 +1,65 @@
+"""bench/forward_roofline.py: the roofline's arithmetic on a worked example (the real model's
+shapes on the 2-core development machine's limits)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from splitspec.launcher import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "bench"))
+
+from forward_roofline import (  # noqa: E402
+    GOALS,
+    Samples,
+    flops_per_row,
+    goals,
+    roofline_ms,
+    weight_bytes,
+)
+
+# SmolLM2-135M: the tied head [49152, 576] and 30 layers of q/k/v, o, gate/up and down
+SHAPES = [(49152, 576)] + [(960, 576), (576, 576), (3072, 576), (576, 1536)] * 30
+PARAMS = 49152 * 576 + 30 * (960 * 576 + 576 * 576 + 3072 * 576 + 576 * 1536)
+
+
+def test_weights_and_flops_of_the_real_model():
+    assert PARAMS == 134_479_872
+    assert weight_bytes(SHAPES, "fp16") == weight_bytes(SHAPES, "fp16-dot") == 2 * PARAMS
+    assert weight_bytes(SHAPES, "onednn") == weight_bytes(SHAPES, "dense") == 4 * PARAMS
+    assert flops_per_row(SHAPES) == 2 * PARAMS  # a multiply and an add per weight per row
+
+
+def test_the_floor_is_the_read_until_the_flops_take_longer():
+    """269 MB of fp16 weights at 31 GB/s take 8.676 ms; 269 MFLOP per row at 200 GFLOP/s take
+    1.345 ms a row, so the read bounds 1 to 6 rows (8.07 ms of FLOPs) and the FLOPs 7 and more
+    (9.41 ms)."""
+    nbytes, flops = weight_bytes(SHAPES, "fp16"), flops_per_row(SHAPES)
+    read = 1000 * nbytes / 31e9
+    assert read == pytest.approx(8.676, abs=1e-3)
+    for rows in (1, 4, 6):
+        assert roofline_ms(nbytes, flops, rows, 31e9, 200e9) == pytest.approx(read)
+    assert roofline_ms(nbytes, flops, 7, 31e9, 200e9) == pytest.approx(9.414, abs=1e-3)
+    assert roofline_ms(nbytes, flops, 10, 31e9, 200e9) == pytest.approx(13.448, abs=1e-3)
+    # fp32 weights read twice the bytes: the read bounds them up to 12 rows
+    assert roofline_ms(2 * nbytes, flops, 12, 31e9, 200e9) == pytest.approx(2 * read)
+    assert roofline_ms(2 * nbytes, flops, 13, 31e9, 200e9) > 2 * read
+
+
+def test_goals_hold_the_forward_against_the_read_and_one_row():
+    """1 row at 10.0 ms against an 8.676 ms read (1.15x: met), 4 rows at 1.2x one row (missed),
+    10 rows at 1.5x (met); the spread is the middle 80% of the rounds."""
+    ms = {1: 10.0, 4: 12.0, 10: 15.0}
+    cells = {"shapes": SHAPES, "chosen": "fp16-dot"}
+    cells.update({("forward", "fp16-dot", 2, r): Samples([t / 1000] * 3) for r, t in ms.items()})
+    nbytes = weight_bytes(SHAPES, "fp16")
+    lines = goals(cells, {(nbytes, 2): 31e9}, [1, 2], 13)
+    table = {line.split(" | ")[0].lstrip("| "): line for line in lines if line.startswith("| ")}
+    assert [g[2] for g in GOALS] == [k for k in table if k not in ("goal", "---")][:3]
+    assert "1.15x" in table["1 row / fp16 weight-read time"] and table[
+        "1 row / fp16 weight-read time"].endswith("met |")
+    assert "1.20x" in table["4 rows / 1 row"] and "MISSED" in table["4 rows / 1 row"]
+    assert "1.50x" in table["10 rows / 1 row"] and table["10 rows / 1 row"].endswith("met |")
+    assert Samples([0.001 * i for i in range(1, 11)]).spread() == "2.0-9.0"
