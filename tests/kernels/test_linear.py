@@ -162,8 +162,8 @@ def test_fp16_row_block_is_refused_when_no_padding_makes_rows_independent(monkey
         assert not lin.batch_invariant("fp16")
     finally:
         monkeypatch.undo()
-        lin.fp16_row_block.cache_clear()
-        lin.batch_invariant.cache_clear()
+        for cached in (lin.fp16_row_block, lin.available, lin.batch_invariant):
+            cached.cache_clear()  # verdicts reached under the plant would outlive it
 
 
 def test_auto_packs_fp16_only_when_every_weight_is_an_fp16_value():
@@ -210,6 +210,7 @@ def test_auto_never_picks_a_kernel_that_changes_a_row_with_its_batch(monkeypatch
         assert resolve("auto", exact) == "dense"
     finally:
         monkeypatch.undo()
+        available.cache_clear()  # verdicts reached under the plant would outlive it
         batch_invariant.cache_clear()
 
 
