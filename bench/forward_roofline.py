@@ -277,7 +277,28 @@ def goals(cells: dict, bw: dict, threads: list[int], max_rows: int) -> list[str]
             value = cells[("forward", chosen, t, rows)].median / one
         out.append(f"| {what} | {value:.2f}x | {limit:.2f}x | "
                    f"{'met' if value <= limit else 'MISSED'} |")
-    return out + [""]
+    return out + [""] + where_the_time_goes(cells, chosen, t, read16 / bw[(read16, t)] * 1000)
+
+
+def where_the_time_goes(cells: dict, backend: str, t: int, read_ms: float) -> list[str]:
+    """The forward split into its products and the rest (attention, norms, RoPE, Python), at
+    1 row and as rows are added: which of the two a missed goal is owed to."""
+    def ms(kind, rows):
+        key = (kind, backend, t, rows)
+        return cells[key].median * 1000 if key in cells else None
+
+    f1, p1 = ms("forward", 1), ms("products", 1)
+    if f1 is None or p1 is None:
+        return []
+    out = [f"Where the time goes ({backend}, {t} threads): at 1 row the products take "
+           f"{p1:.1f} ms ({p1 / read_ms:.2f}x the fp16 weight-read time) and the rest of the "
+           f"forward {f1 - p1:.1f} ms."]
+    for rows in PRODUCT_ROWS[1:]:
+        f, p = ms("forward", rows), ms("products", rows)
+        if f is not None and p is not None:
+            out.append(f"From 1 to {rows} rows the forward grows {f - f1:.1f} ms: the products "
+                       f"{p - p1:.1f} ms ({p / p1:.2f}x), the rest {(f - p) - (f1 - p1):.1f} ms.")
+    return [" ".join(out), ""]
 
 
 def main(argv=None) -> None:

@@ -18,6 +18,7 @@ from forward_roofline import (  # noqa: E402
     goals,
     roofline_ms,
     weight_bytes,
+    where_the_time_goes,
 )
 
 # SmolLM2-135M: the tied head [49152, 576] and 30 layers of q/k/v, o, gate/up and down
@@ -63,3 +64,15 @@ def test_goals_hold_the_forward_against_the_read_and_one_row():
     assert "1.20x" in table["4 rows / 1 row"] and "MISSED" in table["4 rows / 1 row"]
     assert "1.50x" in table["10 rows / 1 row"] and table["10 rows / 1 row"].endswith("met |")
     assert Samples([0.001 * i for i in range(1, 11)]).spread() == "2.0-9.0"
+
+
+def test_where_the_time_goes_splits_the_forward_into_products_and_the_rest():
+    cells = {("forward", "fp16-dot", 2, 1): Samples([0.0138]),
+             ("products", "fp16-dot", 2, 1): Samples([0.0087]),
+             ("forward", "fp16-dot", 2, 4): Samples([0.0164]),
+             ("products", "fp16-dot", 2, 4): Samples([0.0099])}
+    text = where_the_time_goes(cells, "fp16-dot", 2, 8.7)[0]
+    assert "the products take 8.7 ms (1.00x the fp16 weight-read time)" in text
+    assert "the rest of the forward 5.1 ms" in text
+    assert "From 1 to 4 rows the forward grows 2.6 ms: the products 1.2 ms (1.14x), " \
+           "the rest 1.4 ms." in text
