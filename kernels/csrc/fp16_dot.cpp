@@ -10,7 +10,7 @@
 //
 // The weight is packed by panels of PANEL columns: [ceil(N / PANEL)][K][PANEL] fp16, zero-padded,
 // so one thread streams its panels' weights as one sequential read (a decode row is bound by
-// reading the weights).
+// reading the weights), asking for the line PREFETCH bytes ahead as it goes.
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -103,14 +103,14 @@ const Tile avx512_tiles[MT512] = {
     tile_avx512<5, 2>, tile_avx512<6, 2>, tile_avx512<7, 2>, tile_avx512<8, 2>,
     tile_avx512<9, 2>, tile_avx512<10, 2>, tile_avx512<11, 2>, tile_avx512<12, 2>,
     tile_avx512<13, 2>, tile_avx512<14, 2>};
-// AVX2: a half panel (2 vectors) against up to 6 rows: 12 accumulators, 2 weights, 1 row.
-constexpr int MT256 = 6;
 // AVX-512 with up to 7 rows: two panels at once, 4 accumulators a row (more independent sums
 // in flight for the few rows of a decode or a short verification).
 constexpr int PAIR_MT = 7;
 const Tile avx512_pair_tiles[PAIR_MT] = {
     tile_avx512<1, 4>, tile_avx512<2, 4>, tile_avx512<3, 4>, tile_avx512<4, 4>,
     tile_avx512<5, 4>, tile_avx512<6, 4>, tile_avx512<7, 4>};
+// AVX2: a half panel (2 vectors) against up to 6 rows: 12 accumulators, 2 weights, 1 row.
+constexpr int MT256 = 6;
 const Tile avx2_tiles[MT256] = {tile_avx2<1, 2>, tile_avx2<2, 2>, tile_avx2<3, 2>,
                                 tile_avx2<4, 2>, tile_avx2<5, 2>, tile_avx2<6, 2>};
 
