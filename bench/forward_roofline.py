@@ -301,6 +301,21 @@ def where_the_time_goes(cells: dict, backend: str, t: int, read_ms: float) -> li
     return [" ".join(out), ""]
 
 
+def _busy_seconds() -> float | None:
+    """CPU seconds every process of the machine has run (/proc/stat), None off Linux."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
 def main(argv=None) -> None:
     from compare_bench import machine_facts
 
@@ -315,9 +330,19 @@ def main(argv=None) -> None:
     facts.pop("torch threads (HF in the bench process; verifier; each proposer)", None)
     facts["torch threads"] = ", ".join(str(t) for t in THREADS) + " (each cell)"
     facts["model"] = Path(args.model).name
+    import torch
+
+    from kernels import fp16_dot
+    facts["vector ISA (torch; fp16-dot)"] = (f"{torch.backends.cpu.get_cpu_capability()}; "
+                                             f"{fp16_dot.isa() or 'not built'}")
+    busy, own, wall = _busy_seconds(), _own_seconds(), time.perf_counter()
     cells = measure(args.model, tuple(args.backends.split(",")), THREADS, args.max_rows,
                     args.rounds, log=lambda s: print(s, file=sys.stderr, flush=True))
     load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    if busy is not None:  # what the machine's other processes ran meanwhile, in cores
+        others = (_busy_seconds() - busy - (_own_seconds() - own)) / (time.perf_counter() - wall)
+        load_end += (f"; other processes used {max(others, 0):.2f} of the {os.cpu_count()} "
+                     "cores on average during the run")
     write_markdown(args.out, report(cells, facts, load_end, args.max_rows))
 
 
