@@ -111,6 +111,26 @@ def test_fp16_dot_gives_a_row_the_same_bits_at_every_thread_count_and_vector_wid
         torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-4)
 
 
+def test_fp16_dot_says_why_it_is_missing_and_builds_into_its_cache(monkeypatch, tmp_path):
+    """No compiler: no library, and the reason named; with one, the library is built into
+    $SPLITSPEC_KERNEL_CACHE under a name keyed by its source, torch and the compiler."""
+    monkeypatch.setattr(fp16_dot, "_compiler", lambda: None)
+    fp16_dot.library.cache_clear()
+    try:
+        assert fp16_dot.library() is None
+        assert "compiler" in fp16_dot.why_unavailable()
+        monkeypatch.undo()
+        if fp16_dot._compiler() is None or fp16_dot.isa() == 0:
+            return
+        monkeypatch.setenv("SPLITSPEC_KERNEL_CACHE", str(tmp_path))
+        fp16_dot.library.cache_clear()
+        assert fp16_dot.library() is not None and fp16_dot.why_unavailable() is None
+        assert [p.name.startswith("fp16_dot-") for p in tmp_path.iterdir()] == [True]
+    finally:
+        monkeypatch.undo()
+        fp16_dot.library.cache_clear()
+
+
 def test_auto_skips_fp16_dot_where_it_cannot_be_built(monkeypatch):
     """No compiler (or no AVX2): the library is None, fp16-dot is unavailable and the target's
     auto falls back to FBGEMM's fp16 for fp16-exact weights."""
