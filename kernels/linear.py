@@ -23,9 +23,10 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
           output one sequential fused multiply-add sum over the inner dimension, columns split
           over torch's threads, a tile of rows sharing each weight chunk from registers. A row's
           bits are the same alone, among any rows, at any thread count, and with AVX-512 or
-          AVX2. On the 2-core development machine (AVX-512) a decode row's products take about
-          half of fp16's time with 2 threads, and 10 rows cost ~1.5x one row
-          (bench/reports/forward.md).
+          AVX2. On the 2-core development machine (AVX-512, 2 threads) the real target's products
+          for a decode row take 8.9 ms against fp16's 23.9, 1.04x the time two cores take to
+          read its fp16 weights once, and its forward costs 1.12x a decode for 4 rows, 1.37x
+          for 10 (bench/reports/forward.md).
   auto    for a model whose rows must not depend on their batch (the target: a verified row
           must see a decode row's numbers): fp16-dot where every weight of the model is
           fp16-exact and it runs here, else fp16, else onednn, on a CPU float32 model; dense on
