@@ -139,9 +139,17 @@ def product(x: torch.Tensor, packed: torch.Tensor, out_features: int,
     """x [M, K] float32 @ weight.T (+ bias) with the weight as pack() left it: [M, N] float32.
     avx2: run the AVX2 code on one thread even where AVX-512 runs (the test that both give the
     same bits)."""
+    if x.dtype != torch.float32 or packed.dtype != torch.int16:
+        raise TypeError("fp16-dot multiplies float32 rows by weights pack() made")
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
     m, k = x.shape
+    panels, inner, width = packed.shape if packed.dim() == 3 else (0, -1, 0)
+    if inner != k or panels * width < out_features:
+        raise ValueError(f"fp16-dot weights {tuple(packed.shape)} do not take rows of {k} "
+                         f"to {out_features} outputs")
     y = torch.empty(m, out_features, dtype=torch.float32)
     if m:
         lib = library()
