@@ -91,6 +91,14 @@ def test_a_row_gets_the_same_bits_whatever_shares_its_call(backend, threads):
         assert torch.equal(lin(x), alone)  # a prefill's worth of rows too
 
 
+@pytest.mark.parametrize("backend", [b for b in PACKED if b not in INVARIANT])
+def test_a_kernel_the_probe_turns_down_does_change_a_row_with_its_batch(backend):
+    """The probe's no is the check's no (oneDNN on the AVX-512 development machine: a 1-row call
+    over 1536 inputs takes other code), so auto never loses an invariant kernel to the probe."""
+    with pytest.raises(AssertionError):
+        check_rows_independent_of_their_call(backend, 1)
+
+
 @pytest.mark.skipif(not available("fp16-dot"), reason="no fp16-dot kernel on this CPU")
 @pytest.mark.parametrize("shape", [(1376, 512), (961, 577), (33, 7), (5, 1)])
 def test_fp16_dot_gives_a_row_the_same_bits_at_every_thread_count_and_vector_width(shape):
