@@ -40,6 +40,8 @@ CONTEXT = 100  # cached tokens before the timed rows
 THREADS = (1, 2)
 BACKENDS = ("dense", "onednn", "fp16", "fp16-dot")
 PRODUCT_ROWS = (1, 4, 10)  # row counts whose products are also timed alone
+QUIET = 0.25  # cores other processes may use in a round that counts (of the machine's)
+MIN_QUIET = 5  # fewer quiet rounds than this: every round counts
 GOALS = ((1, 1.25, "1 row / fp16 weight-read time"), (4, 1.15, "4 rows / 1 row"),
          (10, 1.6, "10 rows / 1 row"))
 
@@ -154,7 +156,9 @@ def measure(model_dir: str, backends: tuple[str, ...], threads: tuple[int, ...],
     def add(key, seconds):
         cells.setdefault(key, Samples([])).times.append(seconds)
 
+    others: list[float] = []  # cores the machine's other processes used, per round
     for i in range(rounds + 1):  # round 0 warms every cell up, untimed
+        busy, own, wall = _busy_seconds(), _own_seconds(), time.perf_counter()
         for t in threads:
             torch.set_num_threads(t)
             for n, buf in buffers.items():
@@ -169,9 +173,15 @@ def measure(model_dir: str, backends: tuple[str, ...], threads: tuple[int, ...],
                 for r in PRODUCT_ROWS:
                     if (be, r) in products:
                         add(("products", be, t, r), _timed(products[(be, r)]))
+        if busy is not None:
+            others.append(max(0.0, (_busy_seconds() - busy - (_own_seconds() - own))
+                              / (time.perf_counter() - wall)))
         if i == 0:
             cells.clear()
-        log(f"round {i}/{rounds}")
+            others.clear()
+        log(f"round {i}/{rounds}" + (f": other processes {others[-1]:.2f} cores"
+                                     if others else ""))
+    cells["others"] = others
     cells["shapes"] = shapes
     cells["chosen"] = auto.linear
     # whether a row gets the same bits from each backend as from auto's (the first layer's
@@ -188,7 +198,25 @@ def measure(model_dir: str, backends: tuple[str, ...], threads: tuple[int, ...],
 
 # ---- the report ----
 
+def quiet_rounds(cells: dict) -> tuple[dict, str]:
+    """The cells restricted to the rounds in which the machine's other processes used at most
+    QUIET cores (when at least MIN_QUIET rounds were), and a sentence saying which were kept."""
+    others = cells.get("others") or []
+    quiet = [i for i, o in enumerate(others) if o <= QUIET]
+    if not others:
+        return cells, "Every round counts (the machine's other work is not known here)."
+    said = (f"Other processes used {statistics.median(others):.2f} cores in the median round "
+            f"({min(others):.2f}-{max(others):.2f}); ")
+    if len(quiet) < MIN_QUIET or len(quiet) == len(others):
+        return cells, said + f"every one of the {len(others)} rounds counts."
+    kept = {k: (Samples([v.times[i] for i in quiet]) if isinstance(v, Samples) else v)
+            for k, v in cells.items()}
+    return kept, said + (f"the {len(quiet)} of {len(others)} rounds in which they used at most "
+                         f"{QUIET} cores count, the others are left out.")
+
+
 def report(cells: dict, facts: dict, load_end: str, max_rows: int) -> list[str]:
+    cells, rounds_kept = quiet_rounds(cells)
     shapes = cells["shapes"]
     backends = [b for b in BACKENDS if ("forward", b, THREADS[0], 1) in cells]
     threads = sorted({k[2] for k in cells if isinstance(k, tuple) and k[0] == "forward"})
@@ -199,7 +227,7 @@ def report(cells: dict, facts: dict, load_end: str, max_rows: int) -> list[str]:
              "`make bench-forward` (bench/forward_roofline.py). " + __doc__.split("\n\n")[1]
              .replace("\n", " "), ""]
     lines += ["| machine | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in facts.items()]
-    lines += [f"| load average (1/5/15 min) at the end | {load_end} |", ""]
+    lines += [f"| load average (1/5/15 min) at the end | {load_end} |", "", rounds_kept, ""]
     lines += ["## Limits measured here", ""]
     cols = {"threads": "r"}
     cols.update({f"read GB/s, {n / 1e6:.0f} MB": "r" for n in sizes})
