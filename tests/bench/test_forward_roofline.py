@@ -16,6 +16,7 @@ from forward_roofline import (  # noqa: E402
     Samples,
     flops_per_row,
     goals,
+    quiet_rounds,
     roofline_ms,
     weight_bytes,
     where_the_time_goes,
@@ -76,3 +77,18 @@ def test_where_the_time_goes_splits_the_forward_into_products_and_the_rest():
     assert "the rest of the forward 5.1 ms" in text
     assert "From 1 to 4 rows the forward grows 2.6 ms: the products 1.2 ms (1.14x), " \
            "the rest 1.4 ms." in text
+
+
+def test_only_the_rounds_other_processes_left_alone_count():
+    """Rounds 1 and 4 were busy (another process on a core): with 5 quiet rounds left, the
+    medians come from those; with fewer, every round counts and the report says so."""
+    busy = {1, 4}
+    times = [0.030 if i in busy else 0.010 for i in range(7)]
+    cells = {"shapes": SHAPES, "others": [0.9 if i in busy else 0.05 for i in range(7)],
+             ("forward", "fp16-dot", 2, 1): Samples(times)}
+    kept, said = quiet_rounds(cells)
+    assert kept[("forward", "fp16-dot", 2, 1)].times == [0.010] * 5
+    assert "the 5 of 7 rounds" in said and kept["shapes"] is SHAPES
+    cells["others"][0] = 0.5
+    kept, said = quiet_rounds(cells)
+    assert kept[("forward", "fp16-dot", 2, 1)].times == times and "every one of the 7" in said
