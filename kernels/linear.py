@@ -24,8 +24,8 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
           over torch's threads, a tile of rows sharing each weight chunk from registers. A row's
           bits are the same alone, among any rows, at any thread count, and with AVX-512 or
           AVX2. On the 2-core development machine (AVX-512, 2 threads) the real target's products
-          for a decode row take 8.9 ms against fp16's 23.9, 1.04x the time two cores take to
-          read its fp16 weights once, and its forward costs 1.12x a decode for 4 rows, 1.37x
+          for a decode row take 9.8 ms against fp16's 25.2, 1.13x the time two cores take to
+          read its fp16 weights once, and its forward costs 1.15x a decode for 4 rows, 1.40x
           for 10 (bench/reports/forward.md).
   auto    for a model whose rows must not depend on their batch (the target: a verified row
           must see a decode row's numbers): fp16-dot where every weight of the model is
