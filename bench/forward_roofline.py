@@ -303,7 +303,7 @@ def goals(cells: dict, bw: dict, threads: list[int], max_rows: int) -> list[str]
             value = one / (read16 / bw[(read16, t)])
         else:
             value = cells[("forward", chosen, t, rows)].median / one
-        out.append(f"| {what} | {value:.2f}x | {limit:.2f}x | "
+        out.append(f"| {what} | {value:.3f}x | {limit:.2f}x | "
                    f"{'met' if value <= limit else 'MISSED'} |")
     return out + [""] + where_the_time_goes(cells, chosen, t, read16 / bw[(read16, t)] * 1000)
 
