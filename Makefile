@@ -150,6 +150,14 @@ bench-gpu-scale: ## the step at real model shapes on one CUDA GPU
 bench-gpu-scale-dry: $(STAMP) ## bench-gpu-scale's harness on the CPU with a tiny shape
 	$(PY) bench/gpu_scale.py --dry $(BENCH_ARGS)
 
+# The target's forward against this machine's limits (bench/forward_roofline.py,
+# bench/reports/forward.md): read bandwidth and FLOP rate per thread count, the real model's
+# forward at 1-13 rows at 1 and 2 threads per matmul backend against max(bytes / bandwidth,
+# FLOPs / rate), and the goals for --linear auto; about 3 minutes on 2 idle cores.
+.PHONY: bench-forward
+bench-forward: $(STAMP) real-model ## the target's forward by rows against the machine's roofline
+	$(PY) bench/forward_roofline.py $(BENCH_ARGS)
+
 # Where a decode step's host time goes (bench/step_profile.py, bench/reports/step-profile.md):
 # the verifier's engine in one process and one thread under cProfile, speculation off and the
 # in-target methods; on the GPU machine's python3 like bench-gpu (--device cpu runs it here).

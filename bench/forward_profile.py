@@ -100,7 +100,7 @@ def profile_section(model_dir: str = str(ROOT / DEFAULT_MODEL), k: int = 5,
              "(`--linear`, kernels/linear.py; best of 5 rounds of 30 calls).", "",
              "| backend | 1 row ms | k + 1 rows ms | k + 1 rows / 1 row |", "|---|---:|---:|---:|"]
     default = _runner(model_dir, "auto")
-    for backend in ("dense", "onednn", "fp16"):
+    for backend in ("dense", "onednn", "fp16", "fp16-dot"):
         if not available(backend):
             continue
         try:

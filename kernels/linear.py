@@ -16,15 +16,30 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
           bits depend on the row count; padded with zero rows to a whole number of blocks (the
           block probed once, `fp16_row_block`: 3 on the AMD EPYC development parts) every row of
           every call gets the bits it gets alone. There the target's products for one row cost
-          0.3-0.5x oneDNN's (3.6 against 10.7 ms for the toy family's step).
-  auto    fp16 where every weight of the model is fp16-exact, else onednn, on a CPU float32
-          model; dense on accelerators and other dtypes. For a model whose rows must not depend
-          on their batch (the target: a verified row must see a decode row's numbers) a packed
-          kernel is chosen only where it is batch invariant on this CPU (probed once, see
-          below). Drafters (proposers, heads on the target's features) need no such thing: a
+          0.3-0.5x oneDNN's (3.6 against 10.7 ms for the toy family's step). It splits a call
+          over threads by rows: a decode row runs on one core however many it is given.
+  fp16-dot  the same fp16 weights and fp32 arithmetic in this project's own product
+          (kernels/fp16_dot.py, compiled at first use where a C++ compiler is found): every
+          output one sequential fused multiply-add sum over the inner dimension, columns split
+          over torch's threads, a tile of rows sharing each weight chunk from registers. A row's
+          bits are the same alone, among any rows, at any thread count, and with AVX-512 or
+          AVX2. On the 2-core development machine (AVX-512, 2 threads) the real target's products
+          for a decode row take 9.8 ms against fp16's 25.2, 1.13x the time two cores take to
+          read its fp16 weights once, and its forward costs 1.15x a decode for 4 rows, 1.40x
+          for 10 (bench/reports/forward.md).
+  auto    for a model whose rows must not depend on their batch (the target: a verified row
+          must see a decode row's numbers): fp16-dot where every weight of the model is
+          fp16-exact and it runs here, else fp16, else onednn, on a CPU float32 model; dense on
+          accelerators and other dtypes; a packed kernel only where it is batch invariant on this
+          CPU (probed once, see below). The fp16 kernels need not give a row the same bits
+          (on the development machine they agree for the real target's shapes, not for every
+          shape), so one model runs one of them for every row count, never a choice by count;
+          fp16-dot is the faster there at every count from 1 to 13 rows anyway.
+          Drafters (proposers, heads on the target's features) need no such thing: a
           draft only decides how many tokens a step keeps, never which, so for them
           (`invariant=False`) auto takes fp16 wherever the weights allow, the kernel that reads
-          the fewest bytes (a drafting step reads every weight for one or a few rows).
+          the fewest bytes (a drafting step reads every weight for one or a few rows), FBGEMM's
+          as before: a drafter's process has its own threads and small weights.
 
 Unlike dense, the packed kernels are batch invariant on the CPUs they were built for: a row's
 result does not depend on how many other rows share the call (tests/kernels/test_linear.py), so
@@ -43,7 +58,10 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "dense", "onednn", "fp16")
+from kernels import fp16_dot
+
+BACKENDS = ("auto", "dense", "onednn", "fp16", "fp16-dot")
+FP16 = ("fp16", "fp16-dot")  # the backends that compute with the weights' fp16 values
 _BATCH_HINT = 8  # oneDNN picks its blocking for about this many rows; any count is accepted
 _ROW_BLOCKS = (1, 2, 3, 4, 6, 8, 12, 14, 16)  # FBGEMM fp16 micro-kernel heights tried
 
@@ -105,6 +123,8 @@ def available(backend: str) -> bool:
         return False
     if backend == "fp16" and "fbgemm" not in torch.backends.quantized.supported_engines:
         return False
+    if backend == "fp16-dot" and fp16_dot.library() is None:
+        return False
     if backend == "onednn" and not torch.backends.mkldnn.is_available():
         return False
     try:
@@ -118,18 +138,24 @@ def available(backend: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def batch_invariant(backend: str) -> bool:
     """Whether the backend gives every row the same bits whatever else shares its call, on this
-    CPU (probed once on a fixed fp16-exact weight, row counts a step uses)."""
+    CPU (probed once on fixed fp16-exact weights, a short and a long reduction as a model's
+    products have, at the row counts a step uses and the current thread count). A long one
+    matters: on the AVX-512 development machine oneDNN is invariant over 512 inputs and not
+    over 1536 (a 1-row call takes other code)."""
     if not available(backend):
         return False
     if backend == "dense":
         return False  # MKL sgemm picks its blocking by the row count
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(256, 512, generator=g).to(torch.float16).to(torch.float32)
-    x = torch.randn(16, 512, generator=g)
     with torch.inference_mode():
-        lin = PackedLinear(w, None, backend)
-        alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
-        return all(torch.equal(lin(x[:rows]), alone[:rows]) for rows in (2, 5, 8, 16))
+        for out, inner in ((256, 512), (96, 1536)):
+            w = torch.randn(out, inner, generator=g).to(torch.float16).to(torch.float32)
+            x = torch.randn(16, inner, generator=g)
+            lin = PackedLinear(w, None, backend)
+            alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
+            if not all(torch.equal(lin(x[:rows]), alone[:rows]) for rows in (2, 5, 8, 13, 16)):
+                return False
+    return True
 
 
 def fp16_exact(weight: torch.Tensor) -> bool:
@@ -148,8 +174,11 @@ def resolve(backend: str, weights: Iterable[torch.Tensor], invariant: bool = Tru
     if backend == "auto":
         if not cpu_fp32:
             return "dense"
+        exact = all(fp16_exact(w) for w in weights)
+        if exact and invariant and batch_invariant("fp16-dot"):
+            return "fp16-dot"
         fp16_ok = batch_invariant("fp16") if invariant else available("fp16")
-        if fp16_ok and all(fp16_exact(w) for w in weights):
+        if fp16_ok and exact:
             return "fp16"
         onednn_ok = batch_invariant("onednn") if invariant else available("onednn")
         return "onednn" if onednn_ok else "dense"
@@ -170,7 +199,7 @@ class PackedLinear:
                  invariant: bool = True):
         if backend not in BACKENDS[1:]:
             raise ValueError(f"unknown linear backend {backend!r}")
-        if backend == "fp16" and not fp16_exact(weight):
+        if backend in FP16 and not fp16_exact(weight):
             raise ValueError("fp16 packing needs weights that are exactly fp16 values")
         self.backend = backend
         self.weight = weight.detach()
@@ -181,6 +210,8 @@ class PackedLinear:
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _BATCH_HINT)
             elif backend == "fp16":
                 self._packed = _pack_fp16(self.weight)
+            elif backend == "fp16-dot":
+                self._packed = fp16_dot.pack(self.weight)
             else:
                 self._packed = self.weight
 
@@ -201,6 +232,8 @@ class PackedLinear:
         rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])  # rows as they come: no op
         if self.backend == "onednn":
             y = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")
+        elif self.backend == "fp16-dot":
+            y = fp16_dot.product(rows, self._packed, self.weight.shape[0], self.bias)
         else:
             y = _fp16_rows(self._packed, rows, self._block)
             if self.bias is not None:

@@ -40,9 +40,10 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
         1, "draft: devices the draft model is split over (tensor parallel; its KV head count "
         "must be a multiple); the proposer starts one process per device")
     # kernels/linear.py
-    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn or fp16 "
-                         "(weights packed once); auto picks one that suits this machine",
-                         choices=("auto", "dense", "onednn", "fp16"))
+    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn, fp16 "
+                         "(FBGEMM) or fp16-dot (split over every thread; weights packed once); "
+                         "auto picks one that suits this machine",
+                         choices=("auto", "dense", "onednn", "fp16", "fp16-dot"))
     # FR-Spec: a head scoring only the most frequent tokens (splitspec/vocab_frequencies.py)
     vocab_subset: str = option("auto", "draft/mlp: score only the N most frequent tokens of the "
                                        "model directory's token_frequencies.json in the output "

@@ -14,6 +14,7 @@ import gateway.rest_bodies as rest_bodies
 import gateway.tool_parsers.hermes as hermes
 import gateway.tools as gateway_tools
 import kernels.eagle_tree as eagle_tree
+import kernels.fp16_dot as fp16_dot
 import kernels.hybrid_merge as hybrid_merge
 import kernels.logits_processors as logits_processors
 import kernels.lookahead as lookahead
@@ -1407,3 +1408,18 @@ def template_drops_tool_calls(monkeypatch) -> None:
         return out
 
     monkeypatch.setattr(verifier_prompt, "_turn", turn)
+
+
+def fp16_dot_rows_change_with_the_row_count(monkeypatch) -> None:
+    """fp16-dot handing a call of several rows to another kernel (F.linear's MKL blocking on the
+    same fp16 values): a row's bits then depend on how many rows share its call."""
+    real = fp16_dot.product
+
+    def by_row_count(x, packed, out_features, bias=None, avx2=False):
+        if x.shape[0] == 1:
+            return real(x, packed, out_features, bias, avx2)
+        panels = packed.view(torch.float16)  # [N / panel, K, panel]
+        weight = panels.transpose(1, 2).reshape(-1, x.shape[1])[:out_features].float()
+        return torch.nn.functional.linear(x, weight, bias)
+
+    monkeypatch.setattr(fp16_dot, "product", by_row_count)

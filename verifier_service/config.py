@@ -90,9 +90,10 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     max_model_len: int = option(0, "context length limit (0: the model's own)")
     threads: int = option(0, "torch intra-op threads (0: torch default)")
     # kernels/linear.py
-    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn or fp16 "
-                         "(weights packed once); auto picks one that suits this machine",
-                         choices=("auto", "dense", "onednn", "fp16"))
+    linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn, fp16 "
+                         "(FBGEMM) or fp16-dot (split over every thread; weights packed once); "
+                         "auto picks one that suits this machine",
+                         choices=("auto", "dense", "onednn", "fp16", "fp16-dot"))
     # Which distribution a request's logprobs describe (vLLM's --logprobs-mode names):
     # processed_logprobs: the one each token was drawn from (logits processors, temperature with
     # greedy rows at 1, top-k/top-p/min-p); raw_logprobs: the model's own softmax.

@@ -1,12 +1,15 @@
-"""Negative controls for the rejection sampler's invariant tests: each guarding check passes on
-the real sampler and fails on its planted bug (tests/planted_bugs.py)."""
+"""Negative controls for the kernels' invariant tests: each guarding check passes on the real
+kernel and fails on its planted bug (tests/planted_bugs.py)."""
 
 from __future__ import annotations
 
 import planted_bugs as bug
 import pytest
 from test_convergence import check_every_position_converges, check_first_token_converges
+from test_linear import check_rows_independent_of_their_call
 from test_rejection import check_seeded_output_ignores_drafts
+
+from kernels.linear import batch_invariant
 
 
 @pytest.mark.parametrize("plant, check", [
@@ -19,3 +22,13 @@ def test_the_guarding_check_fails_on_the_planted_bug(monkeypatch, plant, check):
     plant(monkeypatch)
     with pytest.raises(AssertionError):
         check()
+
+
+@pytest.mark.skipif(not batch_invariant("fp16-dot"), reason="no fp16-dot kernel on this CPU")
+def test_the_row_check_fails_on_a_kernel_whose_row_depends_on_the_row_count(monkeypatch):
+    """fp16-dot handing calls of several rows to other code (as FBGEMM's micro-kernel treats a
+    remainder of rows) fails the batch-invariance check of tests/kernels/test_linear.py."""
+    check_rows_independent_of_their_call("fp16-dot", 1)  # the real kernel passes
+    bug.fp16_dot_rows_change_with_the_row_count(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_rows_independent_of_their_call("fp16-dot", 1)

@@ -1,10 +1,13 @@
-"""Packed linear kernels: the same products as F.linear, row for row independent of the batch,
-and fp16 packing only where it is exact."""
+"""Packed linear kernels: the same products as F.linear, row for row independent of the batch
+at every thread count, and fp16 packing only where it is exact."""
+
+import contextlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import fp16_dot
 from kernels.linear import (
     PackedLinear,
     available,
@@ -14,7 +17,8 @@ from kernels.linear import (
     resolve,
 )
 
-PACKED = [b for b in ("onednn", "fp16") if available(b)]
+PACKED = [b for b in ("onednn", "fp16", "fp16-dot") if available(b)]
+THREADS = sorted({1, 2, torch.get_num_threads()})  # 1, this machine's default, and 2
 
 
 def _fp16_valued(*shape, seed=0):
@@ -47,16 +51,112 @@ def test_packed_linear_keeps_leading_dims(backend):
 INVARIANT = [b for b in PACKED if batch_invariant(b)]
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def check_rows_independent_of_their_call(backend: str, threads: int) -> None:
+    """What makes a verified token see the numbers of a plain decode: row i of a product of 2 to
+    13 rows (a decode row among a verification's k + 1) equals the 1-row product of that row,
+    bit for bit, at this thread count, for the target's shapes (a short and a long reduction, a
+    column count that is no multiple of any tile)."""
+    g = torch.Generator().manual_seed(3)
+    with torch_threads(threads):
+        for out, inner in ((1376, 512), (200, 1536)):
+            lin = PackedLinear(_fp16_valued(out, inner, seed=out), None, backend)
+            x = torch.randn(20, inner, generator=g)
+            alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
+            for rows in range(2, 14):
+                for start in (0, 7):
+                    got = lin(x[start:start + rows])
+                    assert torch.equal(got, alone[start:start + rows]), (backend, rows, start)
+
+
+@pytest.mark.parametrize("threads", THREADS)
 @pytest.mark.parametrize("backend", INVARIANT)
-def test_a_row_gets_the_same_bits_whatever_shares_its_call(backend):
-    """What makes a verified token see the numbers of a plain decode: row i of a k+1-row product
-    equals the 1-row product of that row, bit for bit (for every kernel the probe admits)."""
+def test_a_row_gets_the_same_bits_whatever_shares_its_call(backend, threads):
+    """Every kernel the probe admits, at every thread count the step may be given."""
+    check_rows_independent_of_their_call(backend, threads)
     w = _fp16_valued(1376, 512)
     x = torch.randn(64, 512)
-    lin = PackedLinear(w, None, backend)
-    alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
-    for rows in (2, 6, 8, 64):
-        assert torch.equal(lin(x[:rows]), alone[:rows]), rows
+    with torch_threads(threads):
+        lin = PackedLinear(w, None, backend)
+        alone = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
+        assert torch.equal(lin(x), alone)  # a prefill's worth of rows too
+
+
+@pytest.mark.parametrize("backend", [b for b in PACKED if b not in INVARIANT])
+def test_a_kernel_the_probe_turns_down_does_change_a_row_with_its_batch(backend):
+    """The probe's no is the check's no (oneDNN on the AVX-512 development machine: a 1-row call
+    over 1536 inputs takes other code), so auto never loses an invariant kernel to the probe."""
+    with pytest.raises(AssertionError):
+        check_rows_independent_of_their_call(backend, 1)
+
+
+@pytest.mark.skipif(not available("fp16-dot"), reason="no fp16-dot kernel on this CPU")
+@pytest.mark.parametrize("shape", [(1376, 512), (961, 577), (33, 7), (5, 1)])
+def test_fp16_dot_gives_a_row_the_same_bits_at_every_thread_count_and_vector_width(shape):
+    """fp16-dot's outputs are each one sequential sum, so neither the threads that split the
+    columns nor AVX-512 against AVX2 change a bit (bias, odd shapes, rows with a stride)."""
+    out, inner = shape
+    w, b = _fp16_valued(out, inner), torch.randn(out)
+    x = torch.randn(13, 2 * inner)[:, ::2]  # rows with a stride
+    packed = fp16_dot.pack(w)
+    for rows in (1, 4, 13):  # AVX-512 takes up to 7 rows two panels at a time
+        results = []
+        for threads in THREADS:
+            with torch_threads(threads):
+                results.append(fp16_dot.product(x[:rows], packed, out, b))
+        results.append(fp16_dot.product(x[:rows], packed, out, b, avx2=True))
+        assert all(torch.equal(r, results[0]) for r in results[1:]), rows
+        want = (x[:rows].double() @ w.double().T + b.double()).float()
+        torch.testing.assert_close(results[0], want, rtol=1e-5, atol=1e-4)
+
+
+def test_fp16_dot_says_why_it_is_missing_and_builds_into_its_cache(monkeypatch, tmp_path):
+    """No compiler: no library, and the reason named; with one, the library is built into
+    $SPLITSPEC_KERNEL_CACHE under a name keyed by its source, torch and the compiler."""
+    monkeypatch.setattr(fp16_dot, "_compiler", lambda: None)
+    fp16_dot.library.cache_clear()
+    try:
+        assert fp16_dot.library() is None
+        assert "compiler" in fp16_dot.why_unavailable()
+        monkeypatch.undo()
+        if fp16_dot._compiler() is None or fp16_dot.isa() == 0:
+            return
+        monkeypatch.setenv("SPLITSPEC_KERNEL_CACHE", str(tmp_path))
+        fp16_dot.library.cache_clear()
+        assert fp16_dot.library() is not None and fp16_dot.why_unavailable() is None
+        assert [p.name.startswith("fp16_dot-") for p in tmp_path.iterdir()] == [True]
+    finally:
+        monkeypatch.undo()
+        fp16_dot.library.cache_clear()
+
+
+def test_auto_skips_fp16_dot_where_it_cannot_be_built(monkeypatch):
+    """No compiler (or no AVX2): the library is None, fp16-dot is unavailable and the target's
+    auto falls back to FBGEMM's fp16 for fp16-exact weights."""
+    import kernels.linear as lin
+
+    monkeypatch.setattr(fp16_dot, "library", lambda: None)
+    for cached in (lin.available, lin.batch_invariant):
+        cached.cache_clear()
+    try:
+        assert not available("fp16-dot")
+        want = "fp16" if batch_invariant("fp16") else "onednn"
+        assert resolve("auto", [_fp16_valued(8, 8)]) in (want, "dense")
+        with pytest.raises(ValueError, match="fp16-dot"):
+            resolve("fp16-dot", [_fp16_valued(8, 8)])
+    finally:
+        monkeypatch.undo()
+        for cached in (lin.available, lin.batch_invariant):
+            cached.cache_clear()
 
 
 def test_fp16_row_block_is_refused_when_no_padding_makes_rows_independent(monkeypatch):
@@ -77,20 +177,23 @@ def test_fp16_row_block_is_refused_when_no_padding_makes_rows_independent(monkey
         assert not lin.batch_invariant("fp16")
     finally:
         monkeypatch.undo()
-        lin.fp16_row_block.cache_clear()
-        lin.batch_invariant.cache_clear()
+        for cached in (lin.fp16_row_block, lin.available, lin.batch_invariant):
+            cached.cache_clear()  # verdicts reached under the plant would outlive it
 
 
 def test_auto_packs_fp16_only_when_every_weight_is_an_fp16_value():
     exact = [_fp16_valued(8, 8), _fp16_valued(16, 8, seed=2)]
     inexact = exact + [torch.randn(8, 8)]
     assert all(fp16_exact(w) for w in exact) and not fp16_exact(inexact[-1])
-    if batch_invariant("fp16"):
+    if batch_invariant("fp16-dot"):  # the kernel that splits every product over the threads
+        assert resolve("auto", exact) == "fp16-dot"
+    elif batch_invariant("fp16"):
         assert resolve("auto", exact) == "fp16"
     if batch_invariant("onednn"):
         assert resolve("auto", inexact) == "onednn"
-    with pytest.raises(ValueError, match="exactly fp16"):
-        PackedLinear(inexact[-1], None, "fp16")
+    for backend in ("fp16", "fp16-dot"):
+        with pytest.raises(ValueError, match="exactly fp16"):
+            PackedLinear(inexact[-1], None, backend)
 
 
 def test_auto_for_drafters_reads_fp16_weights_as_fp16_even_when_not_batch_invariant(monkeypatch):
@@ -118,10 +221,11 @@ def test_auto_never_picks_a_kernel_that_changes_a_row_with_its_batch(monkeypatch
     monkeypatch.setattr(PackedLinear, "__call__", batch_dependent)
     batch_invariant.cache_clear()
     try:
-        assert not batch_invariant("onednn") and not batch_invariant("fp16")
+        assert not any(batch_invariant(b) for b in ("onednn", "fp16", "fp16-dot"))
         assert resolve("auto", exact) == "dense"
     finally:
         monkeypatch.undo()
+        available.cache_clear()  # verdicts reached under the plant would outlive it
         batch_invariant.cache_clear()
 
 

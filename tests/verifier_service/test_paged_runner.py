@@ -90,7 +90,7 @@ def _one_forward(runner, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return runner.forward(ids, [table], layout)
 
 
-@pytest.mark.parametrize("linear", ["onednn", "fp16"])
+@pytest.mark.parametrize("linear", ["onednn", "fp16", "fp16-dot"])
 def test_a_packed_runner_lets_go_of_the_layers_float32_weights_and_computes_the_same(
         tmp_path, monkeypatch, linear):
     """The packed products keep their own copies, so the layers' float32 weights go (the
