@@ -79,6 +79,7 @@ from splitspec.params import (
     SpeculationRequest,
     check_lookahead_fits,
     lookahead_step_nodes,
+    plan_prompt_lookup,
 )
 from splitspec.wire import lookahead_from_pb
 
@@ -153,7 +154,8 @@ class SpeculationPolicy:
             return SpeculationPlan(method, k, adaptive=k_min is not None, k_min=k_min or 0,
                                    num_branches=branches if method else 1,
                                    details=req.details,
-                                   lookahead=req.lookahead if method == LOOKAHEAD else None)
+                                   lookahead=req.lookahead if method == LOOKAHEAD else None,
+                                   **plan_prompt_lookup(req, method))
 
         if mode is SpeculationMode.OFF:
             return Decision(plan(), "requested_off", mode)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x0csplitspec.v1\"\x07\n\x05\x45mpty\"\xf4\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x01\x12?\n\nlogit_bias\x18\t \x03(\x0b\x32+.splitspec.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\n \x01(\r\x12\x11\n\tbad_words\x18\x0b \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x0c \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_seed\"`\n\x10StoppingCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\"\x95\x02\n\x11SpeculationConfig\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.splitspec.v1.SpeculationMode\x12\x0e\n\x06method\x18\x02 \x01(\t\x12#\n\x16num_speculative_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07\x64\x65tails\x18\x04 \x01(\x08\x12\x14\n\x08\x61\x64\x61ptive\x18\x05 \x01(\x08\x42\x02\x18\x01\x12\x19\n\x0cnum_branches\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x30\n\tlookahead\x18\x07 \x01(\x0b\x32\x1d.splitspec.v1.LookaheadConfigB\x19\n\x17_num_speculative_tokensB\x0f\n\r_num_branches\"q\n\x0fLookaheadConfig\x12\x13\n\x06window\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x12\n\x05ngram\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x14\n\x07guesses\x18\x03 \x01(\rH\x02\x88\x01\x01\x42\t\n\x07_windowB\x08\n\x06_ngramB\n\n\x08_guesses\"\xa6\x01\n\x0fSpeculationPlan\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12\x10\n\x08\x61\x64\x61ptive\x18\x03 \x01(\x08\x12\r\n\x05k_min\x18\x04 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x05 \x01(\x08\x12\x14\n\x0cnum_branches\x18\x06 \x01(\r\x12\x30\n\tlookahead\x18\x07 \x01(\x0b\x32\x1d.splitspec.v1.LookaheadConfig\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc0\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.splitspec.v1.TokenIdsH\x00\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.splitspec.v1.SamplingParams\x12\x30\n\x08stopping\x18\x05 \x01(\x0b\x32\x1e.splitspec.v1.StoppingCriteria\x12\x34\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1f.splitspec.v1.SpeculationConfig\x12.\n\x07options\x18\x07 \x01(\x0b\x32\x1d.splitspec.v1.GenerateOptions\x12)\n\x06resume\x18\x08 \x01(\x0b\x32\x19.splitspec.v1.ResumeState\x12\x37\n\x10speculation_plan\x18\t \x01(\x0b\x32\x1d.splitspec.v1.SpeculationPlan\x12\x17\n\ncache_salt\x18\n \x01(\tH\x01\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_salt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"j\n\x0fGenerateOptions\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.splitspec.v1.ChatMessage\x12\x19\n\x0ctop_logprobs\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_top_logprobs\"@\n\x0bResumeState\x12\x18\n\x10output_token_ids\x18\x01 \x03(\x05\x12\x17\n\x0fsent_text_chars\x18\x02 \x01(\x04\"\xcf\x02\n\x10SpeculationStats\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x1e\n\x16num_speculative_tokens\x18\x02 \x01(\r\x12\x17\n\x0fproposed_tokens\x18\x03 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x04\x12\r\n\x05steps\x18\x05 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x19\n\x11step_draft_tokens\x18\x07 \x03(\r\x12\x1c\n\x14step_accepted_tokens\x18\x08 \x03(\r\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x0c\n\x04mode\x18\n \x01(\t\x12\x15\n\rpolicy_reason\x18\x0b \x01(\t\x12\x13\n\x0b\x62ranch_hits\x18\x0c \x01(\x04\x12\x14\n\x0cnum_branches\x18\r \x01(\r\x12\x12\n\nrejections\x18\x0e \x01(\x04\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x33\n\x0bspeculation\x18\x03 \x01(\x0b\x32\x1e.splitspec.v1.SpeculationStats\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\xcc\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.splitspec.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.splitspec.v1.Usage\x12,\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1a.splitspec.v1.TokenLogprob\"g\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12%\n\x03top\x18\x04 \x03(\x0b\x32\x18.splitspec.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"4\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c*\x81\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x01\x12\x17\n\x13SPECULATION_MODE_ON\x10\x02\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13protos/common.proto\x12\x0csplitspec.v1\"\x07\n\x05\x45mpty\"\xf4\x02\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x01\x12\r\n\x05top_p\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x01\x12?\n\nlogit_bias\x18\t \x03(\x0b\x32+.splitspec.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\n \x01(\r\x12\x11\n\tbad_words\x18\x0b \x03(\t\x12\x19\n\x11\x61llowed_token_ids\x18\x0c \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_seed\"`\n\x10StoppingCriteria\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\"\x81\x03\n\x11SpeculationConfig\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.splitspec.v1.SpeculationMode\x12\x0e\n\x06method\x18\x02 \x01(\t\x12#\n\x16num_speculative_tokens\x18\x03 \x01(\rH\x00\x88\x01\x01\x12\x0f\n\x07\x64\x65tails\x18\x04 \x01(\x08\x12\x14\n\x08\x61\x64\x61ptive\x18\x05 \x01(\x08\x42\x02\x18\x01\x12\x19\n\x0cnum_branches\x18\x06 \x01(\rH\x01\x88\x01\x01\x12\x30\n\tlookahead\x18\x07 \x01(\x0b\x32\x1d.splitspec.v1.LookaheadConfig\x12\x1e\n\x11prompt_lookup_min\x18\x08 \x01(\rH\x02\x88\x01\x01\x12\x1e\n\x11prompt_lookup_max\x18\t \x01(\rH\x03\x88\x01\x01\x42\x19\n\x17_num_speculative_tokensB\x0f\n\r_num_branchesB\x14\n\x12_prompt_lookup_minB\x14\n\x12_prompt_lookup_max\"q\n\x0fLookaheadConfig\x12\x13\n\x06window\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x12\n\x05ngram\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x14\n\x07guesses\x18\x03 \x01(\rH\x02\x88\x01\x01\x42\t\n\x07_windowB\x08\n\x06_ngramB\n\n\x08_guesses\"\xdc\x01\n\x0fSpeculationPlan\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\t\n\x01k\x18\x02 \x01(\r\x12\x10\n\x08\x61\x64\x61ptive\x18\x03 \x01(\x08\x12\r\n\x05k_min\x18\x04 \x01(\r\x12\x0f\n\x07\x64\x65tails\x18\x05 \x01(\x08\x12\x14\n\x0cnum_branches\x18\x06 \x01(\r\x12\x30\n\tlookahead\x18\x07 \x01(\x0b\x32\x1d.splitspec.v1.LookaheadConfig\x12\x19\n\x11prompt_lookup_min\x18\x08 \x01(\r\x12\x19\n\x11prompt_lookup_max\x18\t \x01(\r\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xc0\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.splitspec.v1.TokenIdsH\x00\x12.\n\x08sampling\x18\x04 \x01(\x0b\x32\x1c.splitspec.v1.SamplingParams\x12\x30\n\x08stopping\x18\x05 \x01(\x0b\x32\x1e.splitspec.v1.StoppingCriteria\x12\x34\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1f.splitspec.v1.SpeculationConfig\x12.\n\x07options\x18\x07 \x01(\x0b\x32\x1d.splitspec.v1.GenerateOptions\x12)\n\x06resume\x18\x08 \x01(\x0b\x32\x19.splitspec.v1.ResumeState\x12\x37\n\x10speculation_plan\x18\t \x01(\x0b\x32\x1d.splitspec.v1.SpeculationPlan\x12\x17\n\ncache_salt\x18\n \x01(\tH\x01\x88\x01\x01\x42\x08\n\x06promptB\r\n\x0b_cache_salt\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"j\n\x0fGenerateOptions\x12+\n\x08messages\x18\x01 \x03(\x0b\x32\x19.splitspec.v1.ChatMessage\x12\x19\n\x0ctop_logprobs\x18\x02 \x01(\rH\x00\x88\x01\x01\x42\x0f\n\r_top_logprobs\"@\n\x0bResumeState\x12\x18\n\x10output_token_ids\x18\x01 \x03(\x05\x12\x17\n\x0fsent_text_chars\x18\x02 \x01(\x04\"\xcf\x02\n\x10SpeculationStats\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x1e\n\x16num_speculative_tokens\x18\x02 \x01(\r\x12\x17\n\x0fproposed_tokens\x18\x03 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\x04\x12\r\n\x05steps\x18\x05 \x01(\x04\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x19\n\x11step_draft_tokens\x18\x07 \x03(\r\x12\x1c\n\x14step_accepted_tokens\x18\x08 \x03(\r\x12\x0e\n\x06reason\x18\t \x01(\t\x12\x0c\n\x04mode\x18\n \x01(\t\x12\x15\n\rpolicy_reason\x18\x0b \x01(\t\x12\x13\n\x0b\x62ranch_hits\x18\x0c \x01(\x04\x12\x14\n\x0cnum_branches\x18\r \x01(\r\x12\x12\n\nrejections\x18\x0e \x01(\x04\"\x85\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x33\n\x0bspeculation\x18\x03 \x01(\x0b\x32\x1e.splitspec.v1.SpeculationStats\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"\xcc\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.splitspec.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.splitspec.v1.Usage\x12,\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1a.splitspec.v1.TokenLogprob\"g\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\x12%\n\x03top\x18\x04 \x03(\x0b\x32\x18.splitspec.v1.TopLogprob\">\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x01\"4\n\x06Tensor\x12\r\n\x05shape\x18\x01 \x03(\x03\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c*\x81\x01\n\x0fSpeculationMode\x12 \n\x1cSPECULATION_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15SPECULATION_MODE_AUTO\x10\x01\x12\x17\n\x13SPECULATION_MODE_ON\x10\x02\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x03*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
   _globals['_SPECULATIONCONFIG'].fields_by_name['adaptive']._loaded_options = None
   _globals['_SPECULATIONCONFIG'].fields_by_name['adaptive']._serialized_options = b'\030\001'
-  _globals['_SPECULATIONMODE']._serialized_start=2684
-  _globals['_SPECULATIONMODE']._serialized_end=2813
-  _globals['_FINISHREASON']._serialized_start=2815
-  _globals['_FINISHREASON']._serialized_end=2935
+  _globals['_SPECULATIONMODE']._serialized_start=2846
+  _globals['_SPECULATIONMODE']._serialized_end=2975
+  _globals['_FINISHREASON']._serialized_start=2977
+  _globals['_FINISHREASON']._serialized_end=3097
   _globals['_EMPTY']._serialized_start=37
   _globals['_EMPTY']._serialized_end=44
   _globals['_SAMPLINGPARAMS']._serialized_start=47
@@ -48,31 +48,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STOPPINGCRITERIA']._serialized_start=421
   _globals['_STOPPINGCRITERIA']._serialized_end=517
   _globals['_SPECULATIONCONFIG']._serialized_start=520
-  _globals['_SPECULATIONCONFIG']._serialized_end=797
-  _globals['_LOOKAHEADCONFIG']._serialized_start=799
-  _globals['_LOOKAHEADCONFIG']._serialized_end=912
-  _globals['_SPECULATIONPLAN']._serialized_start=915
-  _globals['_SPECULATIONPLAN']._serialized_end=1081
-  _globals['_TOKENIDS']._serialized_start=1083
-  _globals['_TOKENIDS']._serialized_end=1106
-  _globals['_GENERATEREQUEST']._serialized_start=1109
-  _globals['_GENERATEREQUEST']._serialized_end=1557
-  _globals['_CHATMESSAGE']._serialized_start=1559
-  _globals['_CHATMESSAGE']._serialized_end=1603
-  _globals['_GENERATEOPTIONS']._serialized_start=1605
-  _globals['_GENERATEOPTIONS']._serialized_end=1711
-  _globals['_RESUMESTATE']._serialized_start=1713
-  _globals['_RESUMESTATE']._serialized_end=1777
-  _globals['_SPECULATIONSTATS']._serialized_start=1780
-  _globals['_SPECULATIONSTATS']._serialized_end=2115
-  _globals['_USAGE']._serialized_start=2118
-  _globals['_USAGE']._serialized_end=2251
-  _globals['_GENERATERESPONSE']._serialized_start=2254
-  _globals['_GENERATERESPONSE']._serialized_end=2458
-  _globals['_TOKENLOGPROB']._serialized_start=2460
-  _globals['_TOKENLOGPROB']._serialized_end=2563
-  _globals['_TOPLOGPROB']._serialized_start=2565
-  _globals['_TOPLOGPROB']._serialized_end=2627
-  _globals['_TENSOR']._serialized_start=2629
-  _globals['_TENSOR']._serialized_end=2681
+  _globals['_SPECULATIONCONFIG']._serialized_end=905
+  _globals['_LOOKAHEADCONFIG']._serialized_start=907
+  _globals['_LOOKAHEADCONFIG']._serialized_end=1020
+  _globals['_SPECULATIONPLAN']._serialized_start=1023
+  _globals['_SPECULATIONPLAN']._serialized_end=1243
+  _globals['_TOKENIDS']._serialized_start=1245
+  _globals['_TOKENIDS']._serialized_end=1268
+  _globals['_GENERATEREQUEST']._serialized_start=1271
+  _globals['_GENERATEREQUEST']._serialized_end=1719
+  _globals['_CHATMESSAGE']._serialized_start=1721
+  _globals['_CHATMESSAGE']._serialized_end=1765
+  _globals['_GENERATEOPTIONS']._serialized_start=1767
+  _globals['_GENERATEOPTIONS']._serialized_end=1873
+  _globals['_RESUMESTATE']._serialized_start=1875
+  _globals['_RESUMESTATE']._serialized_end=1939
+  _globals['_SPECULATIONSTATS']._serialized_start=1942
+  _globals['_SPECULATIONSTATS']._serialized_end=2277
+  _globals['_USAGE']._serialized_start=2280
+  _globals['_USAGE']._serialized_end=2413
+  _globals['_GENERATERESPONSE']._serialized_start=2416
+  _globals['_GENERATERESPONSE']._serialized_end=2620
+  _globals['_TOKENLOGPROB']._serialized_start=2622
+  _globals['_TOKENLOGPROB']._serialized_end=2725
+  _globals['_TOPLOGPROB']._serialized_start=2727
+  _globals['_TOPLOGPROB']._serialized_end=2789
+  _globals['_TENSOR']._serialized_start=2791
+  _globals['_TENSOR']._serialized_end=2843
 # @@protoc_insertion_point(module_scope)
