@@ -1281,3 +1281,18 @@ def docs_link_to_a_missing_report(docs) -> None:
     """A page links to a report under bench/reports/ that does not exist."""
     page = docs / "benchmarking.md"
     page.write_text(page.read_text() + "\n[2025](../bench/reports/2025-history-performance.md)\n")
+
+
+def policy_drops_prompt_lookups_shape(monkeypatch) -> None:
+    """auto never weighs prompt lookup's shape: only ngram at the proposer's own range."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "shaped_candidates", lambda methods, req: ())
+
+
+def policy_measures_the_shape_as_plain_ngram(monkeypatch) -> None:
+    """The usage of a request run at prompt lookup's shape is counted as plain ngram's."""
+    import gateway.frontend as frontend
+
+    monkeypatch.setattr(frontend, "plan_candidate",
+                        lambda plan: plan.method if plan.enabled else None)
