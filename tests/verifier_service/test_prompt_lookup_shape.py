@@ -53,3 +53,17 @@ def test_greedy_with_a_requests_range_equals_off_and_the_range_reaches_the_propo
     assert [r[0] for r in results] == baseline
     assert ngram.ranges == {(lo, hi)}
     assert all(r[2].usage.method == "ngram" for r in results)
+
+
+def test_a_hybrid_with_ngram_sends_the_range_to_its_ngram_component(target_model_dir,
+                                                                     baseline):
+    from proposer_service.suffix import SuffixProposer
+
+    ngram = RecordingNgram()
+    engine = make_engine(target_model_dir, {"ngram": ngram, "suffix": SuffixProposer()})
+    inputs = [dataclasses.replace(request(engine, f"h{i}", p), speculation=SpeculationPlan(
+        "hybrid:ngram+suffix", 4, prompt_lookup_min=2, prompt_lookup_max=2))
+        for i, p in enumerate(PROMPTS[:3])]
+    results = asyncio.run(run_all(engine, inputs))
+    assert [r[0] for r in results] == baseline
+    assert ngram.ranges == {(2, 2)}
