@@ -400,6 +400,7 @@ def render(rows: list[Row], questions: list[Question], args, command: str) -> st
     base_lp = tok_s(llama_plain, questions) if llama_plain else None
     base_off = tok_s(off, questions) if off else None
     lines = ["# Peers: llama-server and Hugging Face beside splitspec on Spec-Bench", "",
+             *([args.note, ""] if getattr(args, "note", None) else []),
              f"Command: `{command}`", "",
              f"{len(questions)} questions ({', '.join(GROUPS[g] for g in groups)}), greedy, "
              f"batch 1, at most {args.max_new_tokens} new tokens per turn, {args.threads} "
@@ -454,6 +455,8 @@ def parser():
     ap.add_argument("--max-k", type=int, default=10)
     ap.add_argument("--shared-stack", action="store_true",
                     help="one stack for every project configuration (quick, for tests)")
+    ap.add_argument("--note", default=None, help="a line under the report's title (e.g. where "
+                    "and how it was measured)")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/peers.md"))
     return ap
 
