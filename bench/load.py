@@ -291,6 +291,7 @@ def goals(systems: list[System], concurrency: list[int], fixed_labels: list[str]
 def render(systems: list[System], args, command: str, images: list[Path]) -> str:
     fixed = [c.label for c in peers.OURS if c.key in args.ours and c.key not in ("off", "auto")]
     lines = ["# Load: throughput and latency under concurrent clients", "",
+             *([args.note, ""] if getattr(args, "note", None) else []),
              f"Command: `{command}`", "",
              f"Driven by locust (bench/load_locustfile.py), greedy chat completions of Spec-Bench "
              f"questions, streamed, at most {args.max_tokens} new tokens each, {args.threads} "
@@ -349,6 +350,8 @@ def parser():
     ap.add_argument("--locust", default=None, help="the locust executable (default: this "
                     "interpreter's locust module, else locust on PATH)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per level at most")
+    ap.add_argument("--note", default=None, help="a line under the report's title (e.g. where "
+                    "and how it was measured)")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/load.md"))
     return ap
 
