@@ -11,7 +11,8 @@ completion of a Spec-Bench question (bench/specbench_data.py, cycled) and record
 the first token, its end and its output tokens. Two sweeps per system, each system in a
 process of its own started for it:
   * concurrency: C users at once, each sending its next request when its last one ended
-    (closed loop), max(C, --requests) requests per level;
+    (closed loop), max(C, --requests) requests per level, rounded up to whole passes over the
+    questions (every level the same prompt mix);
   * request rate: request i sent at i / R seconds (open loop, one user per request, whatever
     the ones before it are doing), --rate-requests per level.
 Systems: the project (its stack, bench/specbench.py's launcher) with off, its best fixed
@@ -146,16 +147,26 @@ def run_level(command: list[str], port: int, prompts_file: Path, level: Level, r
     return level
 
 
+def level_requests(wanted: int, n_prompts: int) -> int:
+    """Requests a level sends: at least `wanted`, a whole number of passes over the prompts,
+    so that every level has the same prompt mix (long prompts' prefill is not only at the
+    levels large enough to reach them)."""
+    return n_prompts * max(1, math.ceil(wanted / n_prompts))
+
+
 def sweep(args, command: list[str], port: int, prompts_file: Path, extra: dict) -> list[Level]:
     levels = []
+    n_prompts = len(json.loads(prompts_file.read_text()))
     for c in args.concurrency:
         print(f"[load]   concurrency {c}", flush=True)
         levels.append(run_level(command, port, prompts_file, Level("concurrency", c),
-                                max(c, args.requests), args.max_tokens, extra, args.timeout))
+                                level_requests(max(c, args.requests), n_prompts),
+                                args.max_tokens, extra, args.timeout))
     for r in args.rates:
         print(f"[load]   rate {r}/s", flush=True)
         levels.append(run_level(command, port, prompts_file, Level("rate", r),
-                                args.rate_requests, args.max_tokens, extra, args.timeout))
+                                level_requests(args.rate_requests, n_prompts),
+                                args.max_tokens, extra, args.timeout))
     return levels
 
 
@@ -326,7 +337,7 @@ def parser():
     ap.add_argument("--draft", default=None,
                     help="llama-server's draft model (default: the target's -draft sibling)")
     ap.add_argument("--questions", default=str(QUESTIONS))
-    ap.add_argument("--per-group", type=int, default=2, help="questions per group, cycled")
+    ap.add_argument("--per-group", type=int, default=1, help="questions per group, cycled")
     ap.add_argument("--max-chars", type=int, default=None,
                     help="cut each question to N characters (a target with a short context)")
     ap.add_argument("--concurrency", type=int, nargs="*", default=[1, 4, 16, 64])

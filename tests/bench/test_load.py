@@ -104,10 +104,12 @@ def test_the_toy_family_runs_the_harness(target_model_dir, tmp_path, monkeypatch
                         "--out", str(out)])
     (off, *llama) = result["systems"]
     assert off.label == "splitspec off" and all("not built" in s.skipped for s in llama)
+    # every level: whole passes over the 6 questions (one per group)
     assert [(lv.kind, lv.value, len(lv.records), lv.errors) for lv in off.levels] == [
-        ("concurrency", 1, 2, 0), ("concurrency", 2, 2, 0), ("rate", 4.0, 2, 0)]
+        ("concurrency", 1, 6, 0), ("concurrency", 2, 6, 0), ("rate", 4.0, 6, 0)]
+    assert load.level_requests(7, 6) == 12 and load.level_requests(64, 6) == 66
     assert all(0 < r["tokens"] <= 4 and r["first"] for lv in off.levels for r in lv.records)
     report = out.read_text()
-    assert "| splitspec off | 2 clients | 2 | 0 |" in report
+    assert "| splitspec off | 2 clients | 6 | 0 |" in report
     assert "![load-throughput](load-throughput.png)" in report
     assert (tmp_path / "load-tpot.png").exists()
