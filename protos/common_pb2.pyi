@@ -102,7 +102,7 @@ class StoppingCriteria(_message.Message):
     def __init__(self, max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class SpeculationConfig(_message.Message):
-    __slots__ = ("mode", "method", "num_speculative_tokens", "details", "adaptive", "num_branches", "lookahead")
+    __slots__ = ("mode", "method", "num_speculative_tokens", "details", "adaptive", "num_branches", "lookahead", "prompt_lookup_min", "prompt_lookup_max")
     MODE_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     NUM_SPECULATIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +110,8 @@ class SpeculationConfig(_message.Message):
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
     NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOOKUP_MIN_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOOKUP_MAX_FIELD_NUMBER: _ClassVar[int]
     mode: SpeculationMode
     method: str
     num_speculative_tokens: int
@@ -117,7 +119,9 @@ class SpeculationConfig(_message.Message):
     adaptive: bool
     num_branches: int
     lookahead: LookaheadConfig
-    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ..., num_branches: _Optional[int] = ..., lookahead: _Optional[_Union[LookaheadConfig, _Mapping]] = ...) -> None: ...
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+    def __init__(self, mode: _Optional[_Union[SpeculationMode, str]] = ..., method: _Optional[str] = ..., num_speculative_tokens: _Optional[int] = ..., details: _Optional[bool] = ..., adaptive: _Optional[bool] = ..., num_branches: _Optional[int] = ..., lookahead: _Optional[_Union[LookaheadConfig, _Mapping]] = ..., prompt_lookup_min: _Optional[int] = ..., prompt_lookup_max: _Optional[int] = ...) -> None: ...
 
 class LookaheadConfig(_message.Message):
     __slots__ = ("window", "ngram", "guesses")
@@ -130,7 +134,7 @@ class LookaheadConfig(_message.Message):
     def __init__(self, window: _Optional[int] = ..., ngram: _Optional[int] = ..., guesses: _Optional[int] = ...) -> None: ...
 
 class SpeculationPlan(_message.Message):
-    __slots__ = ("method", "k", "adaptive", "k_min", "details", "num_branches", "lookahead")
+    __slots__ = ("method", "k", "adaptive", "k_min", "details", "num_branches", "lookahead", "prompt_lookup_min", "prompt_lookup_max")
     METHOD_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +142,8 @@ class SpeculationPlan(_message.Message):
     DETAILS_FIELD_NUMBER: _ClassVar[int]
     NUM_BRANCHES_FIELD_NUMBER: _ClassVar[int]
     LOOKAHEAD_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOOKUP_MIN_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOOKUP_MAX_FIELD_NUMBER: _ClassVar[int]
     method: str
     k: int
     adaptive: bool
@@ -145,7 +151,9 @@ class SpeculationPlan(_message.Message):
     details: bool
     num_branches: int
     lookahead: LookaheadConfig
-    def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ..., adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ..., details: _Optional[bool] = ..., num_branches: _Optional[int] = ..., lookahead: _Optional[_Union[LookaheadConfig, _Mapping]] = ...) -> None: ...
+    prompt_lookup_min: int
+    prompt_lookup_max: int
+    def __init__(self, method: _Optional[str] = ..., k: _Optional[int] = ..., adaptive: _Optional[bool] = ..., k_min: _Optional[int] = ..., details: _Optional[bool] = ..., num_branches: _Optional[int] = ..., lookahead: _Optional[_Union[LookaheadConfig, _Mapping]] = ..., prompt_lookup_min: _Optional[int] = ..., prompt_lookup_max: _Optional[int] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from protos import common_pb2 as protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/proposer.proto\x12\x0csplitspec.v1\x1a\x13protos/common.proto\"\xe7\x02\n\x0cSequenceStep\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x12\n\nnew_tokens\x18\x02 \x03(\x05\x12\x14\n\x0c\x66ull_history\x18\x03 \x01(\x08\x12\x13\n\x0bhistory_len\x18\x04 \x01(\r\x12\t\n\x01k\x18\x05 \x01(\r\x12.\n\x08sampling\x18\x06 \x01(\x0b\x32\x1c.splitspec.v1.SamplingParams\x12*\n\x0chidden_state\x18\x07 \x01(\x0b\x32\x14.splitspec.v1.Tensor\x12\x43\n\rtrace_context\x18\x08 \x03(\x0b\x32,.splitspec.v1.SequenceStep.TraceContextEntry\x12\x13\n\x0b\x64raft_ahead\x18\t \x01(\x08\x12\x12\n\nmax_branch\x18\n \x01(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8c\x01\n\x0eProposeRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12-\n\tsequences\x18\x02 \x03(\x0b\x32\x1a.splitspec.v1.SequenceStep\x12\x10\n\x08released\x18\x03 \x03(\t\x12\x12\n\npush_ahead\x18\x04 \x01(\x08\x12\x14\n\x0coutcome_only\x18\x05 \x01(\x08\"3\n\x11\x44raftDistribution\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"\xd9\x01\n\rSequenceDraft\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x36\n\rdistributions\x18\x03 \x03(\x0b\x32\x1f.splitspec.v1.DraftDistribution\x12,\n\x06status\x18\x04 \x01(\x0e\x32\x1c.splitspec.v1.SequenceStatus\x12\x31\n\rahead_outcome\x18\x05 \x01(\x0e\x32\x1a.splitspec.v1.AheadOutcome\x12\x0f\n\x07parents\x18\x06 \x03(\x05\"n\n\nAheadDraft\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x13\n\x0bhistory_len\x18\x02 \x01(\r\x12\x0f\n\x07outcome\x18\x03 \x03(\x05\x12*\n\x05\x64raft\x18\x04 \x01(\x0b\x32\x1b.splitspec.v1.SequenceDraft\"x\n\x0fProposeResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12+\n\x06\x64rafts\x18\x02 \x03(\x0b\x32\x1b.splitspec.v1.SequenceDraft\x12\'\n\x05\x61head\x18\x03 \x03(\x0b\x32\x18.splitspec.v1.AheadDraft\"\xce\x01\n\x0cProposerInfo\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\"\n\x1amax_num_speculative_tokens\x18\x04 \x01(\r\x12\x1a\n\x12needs_hidden_state\x18\x05 \x01(\x08\x12\r\n\x05model\x18\x06 \x01(\t\x12\x14\n\x0c\x64rafts_ahead\x18\x07 \x01(\x08\x12\x16\n\x0emax_tree_nodes\x18\x08 \x01(\r*D\n\x0eSequenceStatus\x12\x16\n\x12SEQUENCE_STATUS_OK\x10\x00\x12\x1a\n\x16SEQUENCE_STATUS_RESYNC\x10\x01*=\n\x0c\x41headOutcome\x12\x0e\n\nAHEAD_NONE\x10\x00\x12\r\n\tAHEAD_HIT\x10\x01\x12\x0e\n\nAHEAD_MISS\x10\x02\x32\x8f\x01\n\x08Proposer\x12J\n\x07Propose\x12\x1c.splitspec.v1.ProposeRequest\x1a\x1d.splitspec.v1.ProposeResponse(\x01\x30\x01\x12\x37\n\x04Info\x12\x13.splitspec.v1.Empty\x1a\x1a.splitspec.v1.ProposerInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15protos/proposer.proto\x12\x0csplitspec.v1\x1a\x13protos/common.proto\"\x8d\x03\n\x0cSequenceStep\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x12\n\nnew_tokens\x18\x02 \x03(\x05\x12\x14\n\x0c\x66ull_history\x18\x03 \x01(\x08\x12\x13\n\x0bhistory_len\x18\x04 \x01(\r\x12\t\n\x01k\x18\x05 \x01(\r\x12.\n\x08sampling\x18\x06 \x01(\x0b\x32\x1c.splitspec.v1.SamplingParams\x12*\n\x0chidden_state\x18\x07 \x01(\x0b\x32\x14.splitspec.v1.Tensor\x12\x43\n\rtrace_context\x18\x08 \x03(\x0b\x32,.splitspec.v1.SequenceStep.TraceContextEntry\x12\x13\n\x0b\x64raft_ahead\x18\t \x01(\x08\x12\x12\n\nmax_branch\x18\n \x01(\r\x12\x11\n\tngram_min\x18\x0b \x01(\r\x12\x11\n\tngram_max\x18\x0c \x01(\r\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x8c\x01\n\x0eProposeRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12-\n\tsequences\x18\x02 \x03(\x0b\x32\x1a.splitspec.v1.SequenceStep\x12\x10\n\x08released\x18\x03 \x03(\t\x12\x12\n\npush_ahead\x18\x04 \x01(\x08\x12\x14\n\x0coutcome_only\x18\x05 \x01(\x08\"3\n\x11\x44raftDistribution\x12\x0f\n\x07indices\x18\x01 \x03(\x05\x12\r\n\x05probs\x18\x02 \x03(\x02\"\xd9\x01\n\rSequenceDraft\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0e\n\x06tokens\x18\x02 \x03(\x05\x12\x36\n\rdistributions\x18\x03 \x03(\x0b\x32\x1f.splitspec.v1.DraftDistribution\x12,\n\x06status\x18\x04 \x01(\x0e\x32\x1c.splitspec.v1.SequenceStatus\x12\x31\n\rahead_outcome\x18\x05 \x01(\x0e\x32\x1a.splitspec.v1.AheadOutcome\x12\x0f\n\x07parents\x18\x06 \x03(\x05\"n\n\nAheadDraft\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x13\n\x0bhistory_len\x18\x02 \x01(\r\x12\x0f\n\x07outcome\x18\x03 \x03(\x05\x12*\n\x05\x64raft\x18\x04 \x01(\x0b\x32\x1b.splitspec.v1.SequenceDraft\"x\n\x0fProposeResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12+\n\x06\x64rafts\x18\x02 \x03(\x0b\x32\x1b.splitspec.v1.SequenceDraft\x12\'\n\x05\x61head\x18\x03 \x03(\x0b\x32\x18.splitspec.v1.AheadDraft\"\xce\x01\n\x0cProposerInfo\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x1d\n\x15tokenizer_fingerprint\x18\x03 \x01(\t\x12\"\n\x1amax_num_speculative_tokens\x18\x04 \x01(\r\x12\x1a\n\x12needs_hidden_state\x18\x05 \x01(\x08\x12\r\n\x05model\x18\x06 \x01(\t\x12\x14\n\x0c\x64rafts_ahead\x18\x07 \x01(\x08\x12\x16\n\x0emax_tree_nodes\x18\x08 \x01(\r*D\n\x0eSequenceStatus\x12\x16\n\x12SEQUENCE_STATUS_OK\x10\x00\x12\x1a\n\x16SEQUENCE_STATUS_RESYNC\x10\x01*=\n\x0c\x41headOutcome\x12\x0e\n\nAHEAD_NONE\x10\x00\x12\r\n\tAHEAD_HIT\x10\x01\x12\x0e\n\nAHEAD_MISS\x10\x02\x32\x8f\x01\n\x08Proposer\x12J\n\x07Propose\x12\x1c.splitspec.v1.ProposeRequest\x1a\x1d.splitspec.v1.ProposeResponse(\x01\x30\x01\x12\x37\n\x04Info\x12\x13.splitspec.v1.Empty\x1a\x1a.splitspec.v1.ProposerInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,26 +34,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SEQUENCESTEP_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_SEQUENCESTEP_TRACECONTEXTENTRY']._serialized_options = b'8\001'
-  _globals['_SEQUENCESTATUS']._serialized_start=1281
-  _globals['_SEQUENCESTATUS']._serialized_end=1349
-  _globals['_AHEADOUTCOME']._serialized_start=1351
-  _globals['_AHEADOUTCOME']._serialized_end=1412
+  _globals['_SEQUENCESTATUS']._serialized_start=1319
+  _globals['_SEQUENCESTATUS']._serialized_end=1387
+  _globals['_AHEADOUTCOME']._serialized_start=1389
+  _globals['_AHEADOUTCOME']._serialized_end=1450
   _globals['_SEQUENCESTEP']._serialized_start=61
-  _globals['_SEQUENCESTEP']._serialized_end=420
-  _globals['_SEQUENCESTEP_TRACECONTEXTENTRY']._serialized_start=369
-  _globals['_SEQUENCESTEP_TRACECONTEXTENTRY']._serialized_end=420
-  _globals['_PROPOSEREQUEST']._serialized_start=423
-  _globals['_PROPOSEREQUEST']._serialized_end=563
-  _globals['_DRAFTDISTRIBUTION']._serialized_start=565
-  _globals['_DRAFTDISTRIBUTION']._serialized_end=616
-  _globals['_SEQUENCEDRAFT']._serialized_start=619
-  _globals['_SEQUENCEDRAFT']._serialized_end=836
-  _globals['_AHEADDRAFT']._serialized_start=838
-  _globals['_AHEADDRAFT']._serialized_end=948
-  _globals['_PROPOSERESPONSE']._serialized_start=950
-  _globals['_PROPOSERESPONSE']._serialized_end=1070
-  _globals['_PROPOSERINFO']._serialized_start=1073
-  _globals['_PROPOSERINFO']._serialized_end=1279
-  _globals['_PROPOSER']._serialized_start=1415
-  _globals['_PROPOSER']._serialized_end=1558
+  _globals['_SEQUENCESTEP']._serialized_end=458
+  _globals['_SEQUENCESTEP_TRACECONTEXTENTRY']._serialized_start=407
+  _globals['_SEQUENCESTEP_TRACECONTEXTENTRY']._serialized_end=458
+  _globals['_PROPOSEREQUEST']._serialized_start=461
+  _globals['_PROPOSEREQUEST']._serialized_end=601
+  _globals['_DRAFTDISTRIBUTION']._serialized_start=603
+  _globals['_DRAFTDISTRIBUTION']._serialized_end=654
+  _globals['_SEQUENCEDRAFT']._serialized_start=657
+  _globals['_SEQUENCEDRAFT']._serialized_end=874
+  _globals['_AHEADDRAFT']._serialized_start=876
+  _globals['_AHEADDRAFT']._serialized_end=986
+  _globals['_PROPOSERESPONSE']._serialized_start=988
+  _globals['_PROPOSERESPONSE']._serialized_end=1108
+  _globals['_PROPOSERINFO']._serialized_start=1111
+  _globals['_PROPOSERINFO']._serialized_end=1317
+  _globals['_PROPOSER']._serialized_start=1453
+  _globals['_PROPOSER']._serialized_end=1596
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ AHEAD_HIT: AheadOutcome
 AHEAD_MISS: AheadOutcome
 
 class SequenceStep(_message.Message):
-    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state", "trace_context", "draft_ahead", "max_branch")
+    __slots__ = ("seq_id", "new_tokens", "full_history", "history_len", "k", "sampling", "hidden_state", "trace_context", "draft_ahead", "max_branch", "ngram_min", "ngram_max")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,8 @@ class SequenceStep(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_AHEAD_FIELD_NUMBER: _ClassVar[int]
     MAX_BRANCH_FIELD_NUMBER: _ClassVar[int]
+    NGRAM_MIN_FIELD_NUMBER: _ClassVar[int]
+    NGRAM_MAX_FIELD_NUMBER: _ClassVar[int]
     seq_id: str
     new_tokens: _containers.RepeatedScalarFieldContainer[int]
     full_history: bool
@@ -53,7 +55,9 @@ class SequenceStep(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     draft_ahead: bool
     max_branch: int
-    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_ahead: _Optional[bool] = ..., max_branch: _Optional[int] = ...) -> None: ...
+    ngram_min: int
+    ngram_max: int
+    def __init__(self, seq_id: _Optional[str] = ..., new_tokens: _Optional[_Iterable[int]] = ..., full_history: _Optional[bool] = ..., history_len: _Optional[int] = ..., k: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., hidden_state: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., draft_ahead: _Optional[bool] = ..., max_branch: _Optional[int] = ..., ngram_min: _Optional[int] = ..., ngram_max: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("step_id", "sequences", "released", "push_ahead", "outcome_only")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from splitspec.errors import InvalidArgument
 from splitspec.methods import (
+    components_of,
     hybrid_components,
     hybrid_error,
     is_method,
@@ -311,6 +312,46 @@ def check_lookahead_fits(shape: LookaheadParams, max_k: int) -> None:
             f"exceed this deployment's node limit {max_k} (--max-num-speculative-tokens)")
 
 
+# Prompt lookup's match range per request (vLLM's prompt_lookup_min / prompt_lookup_max): the
+# n-gram proposer matches suffixes of min..max tokens for this request instead of its own
+# --ngram-min / --ngram-max. Bounded so that one request cannot make every step scan long keys.
+MAX_PROMPT_LOOKUP_N = 16
+NGRAM = "ngram"  # the registry's method these fields shape (alone or inside a hybrid)
+
+
+def check_prompt_lookup(lo: int | None, hi: int | None, method: str | None,
+                        available_methods: tuple[str, ...] | None = None) -> None:
+    """The range's one check: each bound in [1, MAX_PROMPT_LOOKUP_N], min <= max when both are
+    given, and a method that drafts by prompt lookup (ngram, or a hybrid with it; None: the
+    policy's choice, which then must be able to pick it)."""
+    if lo is None and hi is None:
+        return
+    for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+        if value is not None and not 1 <= value <= MAX_PROMPT_LOOKUP_N:
+            raise InvalidArgument(f"speculation.{name}", f"must be in [1, {MAX_PROMPT_LOOKUP_N}]")
+    name = "speculation.prompt_lookup_min" if lo is not None else "speculation.prompt_lookup_max"
+    if lo is not None and hi is not None and lo > hi:
+        raise InvalidArgument("speculation.prompt_lookup_min",
+                              f"({lo}) must be <= speculation.prompt_lookup_max ({hi})")
+    if method is not None and NGRAM not in components_of(method):
+        raise InvalidArgument(name, f"shapes method {NGRAM!r} (alone or in a hybrid) only, "
+                              f"not {method!r}")
+    if available_methods is not None and NGRAM not in available_methods:
+        raise InvalidArgument(name, f"no {NGRAM!r} proposer is served by this deployment")
+
+
+def prompt_lookup_range(lo: int, hi: int, default_lo: int, default_hi: int) -> tuple[int, int]:
+    """The range an n-gram proposer matches for a step: the request's bounds (0: unset) over its
+    own; a bound given alone that crosses the other default moves that default with it."""
+    if lo and hi:
+        return lo, hi
+    if lo:
+        return lo, max(lo, default_hi)
+    if hi:
+        return min(hi, default_lo), hi
+    return default_lo, default_hi
+
+
 @dataclass(frozen=True)
 class SpeculationRequest:
     """What the client asked for (the public SpeculationConfig, or REST's `speculation`); the
@@ -322,6 +363,9 @@ class SpeculationRequest:
     details: bool = False  # per-position and per-step counts in usage.speculation
     num_branches: int | None = None  # children per draft node at most; None: 1 (a chain)
     lookahead: LookaheadParams | None = None  # lookahead's (W, N, G); None: the defaults
+    # prompt lookup's match range (n-gram proposer); None: the proposer's --ngram-min/-max
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
 
     def validate(self, available_methods: tuple[str, ...] | None = None,
                  max_k: int | None = None, max_branches: int | None = None
@@ -363,6 +407,8 @@ class SpeculationRequest:
                 raise InvalidArgument("speculation.lookahead",
                                       f"shapes method {LOOKAHEAD!r} only, not {self.method!r}")
             self.lookahead.validate()
+        check_prompt_lookup(self.prompt_lookup_min, self.prompt_lookup_max, self.method,
+                            available_methods)
         if self.mode is SpeculationMode.ON and k != 0 and available_methods == ():
             raise InvalidArgument("speculation.mode", "no proposer is served by this deployment")
         return self
@@ -384,10 +430,22 @@ class SpeculationPlan:
     # the tree's node budget.
     num_branches: int = 1
     lookahead: LookaheadParams | None = None  # with method lookahead: its (W, N, G) as asked
+    # with a method that drafts by prompt lookup: its match range (0: the proposer's own)
+    prompt_lookup_min: int = 0
+    prompt_lookup_max: int = 0
 
     @property
     def enabled(self) -> bool:
         return self.method is not None and self.k > 0
+
+
+def plan_prompt_lookup(req: SpeculationRequest, method: str | None) -> dict[str, int]:
+    """The plan's prompt-lookup fields for a request run with `method`: the request's range
+    where the method drafts by prompt lookup, else none."""
+    if method is None or NGRAM not in components_of(method):
+        return {}
+    return {"prompt_lookup_min": req.prompt_lookup_min or 0,
+            "prompt_lookup_max": req.prompt_lookup_max or 0}
 
 
 @dataclass(frozen=True)
@@ -464,4 +522,5 @@ def resolve_speculation(req: SpeculationRequest, available_methods: tuple[str, .
     method = req.method or available_methods[0]
     return SpeculationPlan(method=method, k=k, details=req.details,
                            num_branches=req.num_branches or 1,
-                           lookahead=req.lookahead if method == LOOKAHEAD else None)
+                           lookahead=req.lookahead if method == LOOKAHEAD else None,
+                           **plan_prompt_lookup(req, method))

@@ -42,6 +42,10 @@ class SequenceStep:
     # 1: a chain (must not branch); > 1: a node may have up to max_branch children (k is then
     # the node budget: at most k nodes).
     max_branch: int = 1
+    # The n-gram proposer's match range for this sequence (the request's prompt lookup shape);
+    # 0: the proposer's own --ngram-min / --ngram-max.
+    ngram_min: int = 0
+    ngram_max: int = 0
 
 
 @dataclass
@@ -174,7 +178,8 @@ def step_to_pb(step: SequenceStep) -> pb.SequenceStep:
                           sampling=sampling_to_pb(dataclasses.replace(step.sampling,
                                                                       structured=None)),
                           draft_ahead=step.draft_ahead,
-                          max_branch=step.max_branch if step.max_branch > 1 else 0)
+                          max_branch=step.max_branch if step.max_branch > 1 else 0,
+                          ngram_min=step.ngram_min, ngram_max=step.ngram_max)
     if step.hidden_state is not None:
         msg.hidden_state.CopyFrom(tensor_to_pb(step.hidden_state))
     return msg
@@ -187,7 +192,8 @@ def step_from_pb(msg: pb.SequenceStep) -> SequenceStep:
         sampling=sampling_from_pb(msg.sampling, msg.HasField("sampling")),
         hidden_state=(tensor_from_pb(msg.hidden_state, "sequences.hidden_state")
                       if msg.HasField("hidden_state") else None),
-        draft_ahead=msg.draft_ahead, max_branch=max(1, msg.max_branch))
+        draft_ahead=msg.draft_ahead, max_branch=max(1, msg.max_branch),
+        ngram_min=msg.ngram_min, ngram_max=msg.ngram_max)
 
 
 

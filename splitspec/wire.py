@@ -132,6 +132,10 @@ def speculation_from_pb(msg: pb.SpeculationConfig) -> SpeculationRequest:
         details=msg.details,
         num_branches=msg.num_branches if msg.HasField("num_branches") else None,
         lookahead=(lookahead_from_pb(msg.lookahead) if msg.HasField("lookahead") else None),
+        prompt_lookup_min=(msg.prompt_lookup_min if msg.HasField("prompt_lookup_min")
+                           else None),
+        prompt_lookup_max=(msg.prompt_lookup_max if msg.HasField("prompt_lookup_max")
+                           else None),
     )
 
 
@@ -155,7 +159,9 @@ def plan_to_pb(plan: SpeculationPlan) -> pb.SpeculationPlan:
         return pb.SpeculationPlan(details=plan.details)
     msg = pb.SpeculationPlan(method=plan.method, k=plan.k, adaptive=plan.adaptive,
                              k_min=plan.k_min, details=plan.details,
-                             num_branches=plan.num_branches if plan.num_branches > 1 else 0)
+                             num_branches=plan.num_branches if plan.num_branches > 1 else 0,
+                             prompt_lookup_min=plan.prompt_lookup_min,
+                             prompt_lookup_max=plan.prompt_lookup_max)
     if plan.lookahead is not None:
         msg.lookahead.CopyFrom(lookahead_to_pb(plan.lookahead))
     return msg
@@ -169,4 +175,6 @@ def plan_from_pb(msg: pb.SpeculationPlan) -> SpeculationPlan:
     return SpeculationPlan(method=msg.method, k=msg.k, adaptive=msg.adaptive, k_min=msg.k_min,
                            details=msg.details, num_branches=max(1, msg.num_branches),
                            lookahead=(lookahead_from_pb(msg.lookahead)
-                                      if msg.HasField("lookahead") else None))
+                                      if msg.HasField("lookahead") else None),
+                           prompt_lookup_min=msg.prompt_lookup_min,
+                           prompt_lookup_max=msg.prompt_lookup_max)

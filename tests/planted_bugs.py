@@ -1423,3 +1423,18 @@ def fp16_dot_rows_change_with_the_row_count(monkeypatch) -> None:
         return torch.nn.functional.linear(x, weight, bias)
 
     monkeypatch.setattr(fp16_dot, "product", by_row_count)
+
+
+def policy_drops_prompt_lookups_shape(monkeypatch) -> None:
+    """auto never weighs prompt lookup's shape: only ngram at the proposer's own range."""
+    import gateway.policy as policy
+
+    monkeypatch.setattr(policy, "shaped_candidates", lambda methods, req: ())
+
+
+def policy_measures_the_shape_as_plain_ngram(monkeypatch) -> None:
+    """The usage of a request run at prompt lookup's shape is counted as plain ngram's."""
+    import gateway.frontend as frontend
+
+    monkeypatch.setattr(frontend, "plan_candidate",
+                        lambda plan: plan.method if plan.enabled else None)

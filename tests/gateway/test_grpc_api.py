@@ -107,3 +107,23 @@ def test_bad_fields_are_refused_by_their_public_name(request_fields, field):
     with pytest.raises(InvalidArgument) as e:
         send(common_pb2.GenerateRequest(text="x", **request_fields))
     assert e.value.field == field and e.value.message.startswith(f"{field}: ")
+
+
+@pytest.mark.parametrize("config, field", [
+    (dict(prompt_lookup_min=0), "speculation.prompt_lookup_min"),
+    (dict(prompt_lookup_max=17), "speculation.prompt_lookup_max"),
+    (dict(prompt_lookup_min=3, prompt_lookup_max=2), "speculation.prompt_lookup_min"),
+])
+def test_prompt_lookups_range_is_refused_by_its_public_name(config, field):
+    with pytest.raises(InvalidArgument) as e:
+        send(common_pb2.GenerateRequest(
+            text="x", speculation=common_pb2.SpeculationConfig(**config)))
+    assert e.value.field == field and e.value.message.startswith(f"{field}: ")
+
+
+def test_prompt_lookups_range_reaches_the_verifier_in_the_plan():
+    sent = send(common_pb2.GenerateRequest(text="x", speculation=common_pb2.SpeculationConfig(
+        mode=common_pb2.SPECULATION_MODE_ON, method="ngram", num_speculative_tokens=4,
+        prompt_lookup_min=2, prompt_lookup_max=3)))
+    plan = sent.speculation_plan
+    assert (plan.method, plan.prompt_lookup_min, plan.prompt_lookup_max) == ("ngram", 2, 3)

@@ -19,6 +19,7 @@ from splitspec.params import (
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_PENALTY,
+    MAX_PROMPT_LOOKUP_N,
     MAX_REPETITION_PENALTY,
     MIN_REPETITION_PENALTY,
 )
@@ -113,8 +114,17 @@ def test_every_object_refuses_what_it_does_not_describe(doc):
     for name in ("CompletionBody", "ChatBody", "Speculation", "Lookahead", "Message",
                  "TextPart", "StreamOptions"):
         assert schema(doc, name)["additionalProperties"] is False, name
-    assert set(schema(doc, "Speculation")["properties"]) == set(COMMON["speculation"])
+    # prompt lookup's range shapes ngram, which COMMON's lookahead request cannot name
+    assert set(schema(doc, "Speculation")["properties"]) == set(COMMON["speculation"]) | {
+        "prompt_lookup_min", "prompt_lookup_max"}
     assert set(schema(doc, "Message")["properties"]) == {k for m in CHAT["messages"] for k in m}
+
+
+def test_prompt_lookups_range_is_described_with_its_bounds(doc):
+    props = schema(doc, "Speculation")["properties"]
+    for name in ("prompt_lookup_min", "prompt_lookup_max"):
+        p = nonnull(props[name])
+        assert (p["type"], p["minimum"], p["maximum"]) == ("integer", 1, MAX_PROMPT_LOOKUP_N)
 
 
 def test_the_sampling_fields_are_described_with_their_ranges(doc):

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from gateway.estimates import Estimates, MethodSnapshot, ReplicaSnapshot
-from gateway.policy import Load, PolicyConfig, SpeculationPolicy
+from gateway.policy import PLD_SHAPE, Load, PolicyConfig, SpeculationPolicy, shaped_name
 from gateway.stats_watch import snapshot_from_pb
 from protos import common_pb2, verifier_pb2
 from splitspec.errors import InvalidArgument
@@ -192,11 +192,12 @@ def test_exploration_is_deterministic_and_goes_to_the_stale_method():
         ["goodput"] * 3 + ["exploration"]
     explored = decisions[3]
     assert explored.plan.method == "ngram" and explored.plan.k >= 1 and explored.plan.k_min == 1
-    # once every method (and the hybrids auto weighs with them) has enough data nothing is
-    # stale: no exploration
+    # once every method (and the hybrids and prompt lookup's shape auto weighs with them) has
+    # enough data nothing is stale: no exploration
     fresh = policy(snapshot(greedy={"mlp": (900, 1000), "ngram": (300, 1000),
                                     "hybrid:ngram+mlp": (300, 1000),
-                                    "hybrid:ngram|mlp": (300, 1000)}), explore_every=4)
+                                    "hybrid:ngram|mlp": (300, 1000),
+                                    shaped_name(*PLD_SHAPE): (300, 1000)}), explore_every=4)
     assert all(fresh.decide(AUTO, INFO, True, load()).reason == "goodput" for _ in range(8))
 
 

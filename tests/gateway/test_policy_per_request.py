@@ -8,16 +8,19 @@ from __future__ import annotations
 import pytest
 from test_policy import ADDRESS, AUTO, INFO, load, policy, snapshot
 
+from gateway.policy import PLD_SHAPE, shaped_name
 from splitspec.goodput import LONG_PROMPT_TOKENS, prompt_class
 
 HYBRID = "hybrid:ngram+mlp"
 GATED = "hybrid:ngram|mlp"
+PLD = shaped_name(*PLD_SHAPE)
 LONG, SHORT = 4 * LONG_PROMPT_TOKENS, 40  # prompt tokens
 
 
 def served(**config):
-    """Over all requests the MLP accepts best; n-gram and their hybrids measured too."""
-    return policy(snapshot(greedy={"mlp": (700, 1000), "ngram": (350, 1000),
+    """Over all requests the MLP accepts best; n-gram (at its own range and at prompt lookup's
+    shape) and their hybrids measured too."""
+    return policy(snapshot(greedy={"mlp": (700, 1000), "ngram": (350, 1000), PLD: (350, 1000),
                                    HYBRID: (500, 1000), GATED: (450, 1000)}), **config)
 
 
@@ -51,7 +54,7 @@ def test_a_long_prompt_that_measured_retrieval_well_gets_retrieval_drafts():
 
 def test_a_class_where_nothing_pays_is_decoded_plainly():
     p = served()
-    for m in ("ngram", "mlp", HYBRID, GATED):
+    for m in ("ngram", PLD, "mlp", HYBRID, GATED):
         finished(p, "long", m, accepted=0, proposed=40)
     d = p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG)
     assert not d.plan.enabled and d.reason == "low_acceptance"
@@ -72,7 +75,7 @@ def test_a_long_prompt_without_its_own_data_favours_retrieval_drafts():
     assert p.decide(AUTO, INFO, True, load(), prompt_tokens=SHORT).plan.method == "mlp"
     d = p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG)
     assert d.plan.method in ("ngram", HYBRID, GATED) and d.reason == "goodput", d
-    for m in ("ngram", HYBRID, GATED):
+    for m in ("ngram", PLD, HYBRID, GATED):
         finished(p, "long", m, accepted=5, proposed=40)
     assert p.decide(AUTO, INFO, True, load(), prompt_tokens=LONG).plan.method == "mlp"
 

@@ -84,3 +84,37 @@ def test_branching_trees_hold_only_real_continuations_within_budget():
         # a single continuation is a chain, however much branching is allowed
         if len(conts) == 1:
             assert d.tokens == conts[0] and d.parents == list(range(-1, k - 1))
+
+
+def test_a_step_matches_with_its_requests_range_not_the_proposers():
+    """prompt_lookup_min/max travel per sequence: a history where only a 1-token suffix
+    matches drafts under the proposer's own [1, 3] but not under a request's [2, 3]; one where
+    only a 4-token suffix tells the continuations apart copies the right one under [4, 4]."""
+    proposer = NgramProposer(min_n=1, max_n=3)
+    hist = [5, 1, 2, 3, 9, 9, 4, 5]  # the suffix [5] occurs once before; [4, 5] never
+    (own,) = proposer.open_session().propose([SequenceStep("s", hist, len(hist), 2,
+                                                           full_history=True)])
+    assert own.tokens == [1, 2]
+    (shaped,) = proposer.open_session().propose([SequenceStep(
+        "s", hist, len(hist), 2, full_history=True, ngram_min=2, ngram_max=3)])
+    assert shaped.tokens == []
+    # after [1, 2, 3, 4]: 7 followed it; after [2, 3, 4] alone the latest occurrence says 8
+    hist = [1, 2, 3, 4, 7, 0, 2, 3, 4, 8, 0, 1, 2, 3, 4]
+    (own,) = proposer.open_session().propose([SequenceStep("s", hist, len(hist), 1,
+                                                           full_history=True)])
+    assert own.tokens == [8]
+    (shaped,) = proposer.open_session().propose([SequenceStep(
+        "s", hist, len(hist), 1, full_history=True, ngram_min=4, ngram_max=4)])
+    assert shaped.tokens == [7]
+    # a bound given alone moves the proposer's other one where they would cross
+    (alone,) = proposer.open_session().propose([SequenceStep(
+        "s", hist, len(hist), 1, full_history=True, ngram_min=4)])
+    assert alone.tokens == [7]
+
+
+def test_the_range_crosses_the_wire_per_sequence():
+    from splitspec.proposal import step_from_pb, step_to_pb
+    step = SequenceStep("s", [1, 2], 2, 3, ngram_min=2, ngram_max=5)
+    back = step_from_pb(step_to_pb(step))
+    assert (back.ngram_min, back.ngram_max) == (2, 5)
+    assert step_from_pb(step_to_pb(SequenceStep("s", [1], 1, 1))).ngram_min == 0

@@ -25,6 +25,8 @@ from splitspec.wire import plan_from_pb, plan_to_pb, speculation_from_pb
     SpeculationPlan("ngram", 6, num_branches=3),
     SpeculationPlan("lookahead", 8, lookahead=LookaheadParams(4, 3, 0)),
     SpeculationPlan("lookahead", 8, lookahead=LookaheadParams(window=2)),  # the rest: defaults
+    SpeculationPlan("ngram", 10, prompt_lookup_min=1, prompt_lookup_max=3),
+    SpeculationPlan("hybrid:suffix|ngram", 4, prompt_lookup_max=2),  # min: the proposer's
 ])
 def test_a_plan_crosses_the_wire_unchanged(plan):
     msg = common_pb2.GenerateRequest.FromString(
@@ -60,3 +62,24 @@ def test_a_lookahead_shape_is_validated_once_naming_the_field():
     with pytest.raises(InvalidArgument) as e:  # only lookahead reads it
         SpeculationRequest(method="ngram", lookahead=LookaheadParams(window=2)).validate()
     assert e.value.field == "speculation.lookahead"
+
+
+def test_prompt_lookups_range_is_read_as_sent_and_validated_naming_the_field():
+    msg = common_pb2.SpeculationConfig(method="ngram", prompt_lookup_min=2, prompt_lookup_max=3)
+    req = speculation_from_pb(msg)
+    assert (req.prompt_lookup_min, req.prompt_lookup_max) == (2, 3)
+    assert req.validate(("ngram",)) is req
+    assert speculation_from_pb(common_pb2.SpeculationConfig()).prompt_lookup_min is None
+    bad = [(dict(prompt_lookup_min=0), "speculation.prompt_lookup_min"),
+           (dict(prompt_lookup_max=17), "speculation.prompt_lookup_max"),
+           (dict(prompt_lookup_min=4, prompt_lookup_max=3), "speculation.prompt_lookup_min"),
+           (dict(method="draft", prompt_lookup_max=3), "speculation.prompt_lookup_max")]
+    for fields, name in bad:
+        with pytest.raises(InvalidArgument) as e:
+            SpeculationRequest(**fields).validate()
+        assert e.value.field == name
+    # a hybrid with ngram is shaped by it; a deployment without an n-gram proposer refuses it
+    SpeculationRequest(method="hybrid:suffix|ngram", prompt_lookup_min=2).validate()
+    with pytest.raises(InvalidArgument) as e:
+        SpeculationRequest(prompt_lookup_min=2).validate(("draft",))
+    assert e.value.field == "speculation.prompt_lookup_min" and "no 'ngram'" in str(e.value)

@@ -326,7 +326,9 @@ class DraftCollector:
                                       full_history=full, sampling=seq.inp.sampling,
                                       hidden_state=seq.target_hidden if needs_hidden else None,
                                       draft_ahead=ahead,
-                                      max_branch=seq.inp.speculation.num_branches))
+                                      max_branch=seq.inp.speculation.num_branches,
+                                      ngram_min=seq.inp.speculation.prompt_lookup_min,
+                                      ngram_max=seq.inp.speculation.prompt_lookup_max))
             wanted[seq.request_id] = (seq, s.k)
             seq.proposer_marks[client.method] = (len(seq.tokens), client.epoch)
         return steps, wanted
