@@ -1340,3 +1340,14 @@ def grammar_matcher_advanced_by_rejected_drafts(monkeypatch) -> None:
         return ok
 
     monkeypatch.setattr(engine_module.Engine, "_grammar_emitted", drafted)
+
+
+def forced_draft_crosses_the_token_boundary(monkeypatch) -> None:
+    """The grammar drafter keeps the forced text's last token even where a longer token starts
+    with it: the model's next token may cross the forced text's end, unchecked."""
+    real = grammar_matcher.GrammarState.forced_tokens
+
+    def unchecked(self, encode, extendable, k):
+        return real(self, encode, frozenset(), k)
+
+    monkeypatch.setattr(grammar_matcher.GrammarState, "forced_tokens", unchecked)
