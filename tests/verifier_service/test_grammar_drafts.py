@@ -122,6 +122,12 @@ def test_forced_drafts_are_accepted_and_change_nothing(target_model_dir, kind):
                               "forced_tokens_accepted_total": forced.forced_accepted}
     assert sum(u.accepted_tokens for rid, u in usage.items() if rid.endswith("-grammar")) > 0
     assert usage["free"].proposed_tokens == 0  # no structure: nothing forced
+    # what /metrics reports: requests by kind, each grammar compiled once, then found cached
+    snap = engine.snapshot()
+    n = len(FORCED_METHODS)
+    assert snap.structured_requests == {"json_schema": n, "choice": n, "grammar": n}
+    assert (snap.grammar_compiles, snap.grammar_cache_hits) == (3, 3 * (n - 1))
+    assert snap.grammar_compile_seconds > 0
 
 
 def check_forced_drafts_end_at_a_token_boundary(model_dir, monkeypatch) -> int:
