@@ -45,7 +45,7 @@ def test_defaults_and_extensions():
     ({"prompt": "x", "speculation": {"k": 2}}, "speculation.k"),
     ({"prompt": "x", "frobnicate": 1}, "frobnicate"),
     ({"prompt": "x", "": 1}, "body"),
-    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "json"}}, "response_format.type"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "suffix": "s"}, "suffix"),
