@@ -178,8 +178,6 @@ class JsonSchemaFormat(_Body):
     """OpenAI's response_format.json_schema: the schema the output is held to, whatever
     `strict` says (a grammar enforces it either way)."""
 
-    model_config = ConfigDict(populate_by_name=True)
-
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
                       description="the schema's name (letters, digits, _ and -)")
     schema_: JsonSchemaValue = Field(alias="schema", description="a JSON Schema")
@@ -222,8 +220,6 @@ class StructuredOutputs(_Body):
     grammar: str | None = Field(None, min_length=1, description="an EBNF (GBNF) grammar; its "
                                 "start rule is `root`")
     json_object: bool | None = Field(None, description="true: any JSON object")
-
-    model_config = ConfigDict(populate_by_name=True)
 
     @model_validator(mode="after")
     def _exactly_one(self):

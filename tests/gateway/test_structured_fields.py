@@ -93,6 +93,10 @@ def test_both_endpoints_take_each_structure(fields, want):
     ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
      "structured_outputs"),
     ({"guided_json": SCHEMA}, "guided_json"),
+    # the declarations' own attribute names are no public fields
+    ({"structured_outputs": {"json_": SCHEMA}}, "structured_outputs.json_"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema_": {}}}},
+     "response_format.json_schema.schema_"),
 ])
 def test_bad_structures_are_refused_naming_the_field(fields, field):
     for parse in (chat, complete):
