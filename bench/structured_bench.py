@@ -7,8 +7,9 @@ The committed JSONSchemaBench subset (bench/data/jsonschemabench), its first `--
 schemas taken in turn from each set (Glaiveai2K, GitHub easy, GitHub medium); each prompt asks
 the chat model, through its chat template, for one JSON instance of the schema, and the request
 holds its output to the schema (a structured request, as `response_format: json_schema` makes
-it). Greedy, up to `--max-tokens` new tokens, in one in-process engine (the proposers in
-process too), at batch 1 (one request at a time) and with 16 requests in flight. Per
+it). Greedy, up to `--max-tokens` new tokens, each configuration in an in-process engine
+of its own (the proposers in process too), at batch 1 (one request at a time) and with 16
+requests in flight. Per
 configuration (off, n-gram, suffix, the grammar's forced tokens, hybrids with the grammar
 first, EAGLE): compliance (finished and valid against the schema by jsonschema), tokens per
 second and against off's in the same run, tokens per step, draft tokens pruned by the grammar,
@@ -130,13 +131,12 @@ def _counters(engine) -> tuple[float, float, float]:
 
 def run_engine(model: str, cases: list[dict], max_tokens: int, configs: list[str],
                threads: int) -> tuple[dict, list[list[int]], list]:
-    engine = _engine(model, threads, configs)
-    prompts = ChatPrompts(engine.tokenizer)
-    ids = [tuple(prompts.ids([PROMPT.format(schema=json.dumps(c["schema"]))], []))
-           for c in cases]
+    """Each (configuration, concurrency) in an engine of its own, so that none drafts from what
+    an earlier one served (the suffix proposer's tree keeps every answer it saw: the same
+    prompts' answers from an earlier configuration would be copied whole)."""
+    results, grammars, ids = {}, [], []
     structured = [StructuredOutput(StructuredKind.JSON_SCHEMA, json.dumps(c["schema"]))
                   for c in cases]
-    results, grammars = {}, []
 
     def inputs(config, tag):
         plan = SpeculationPlan(config, K[config]) if config != "off" else SpeculationPlan()
@@ -145,24 +145,33 @@ def run_engine(model: str, cases: list[dict], max_tokens: int, configs: list[str
                                 StoppingCriteria(max_tokens=max_tokens), plan)
                 for i, (p, s) in enumerate(zip(ids, structured))]
 
-    async def run():
+    async def run(engine, config, concurrency):
         engine.start()
         try:
-            await _serve(engine, inputs("off", "warm")[:2], 1)  # compiles two grammars too
-            for concurrency in (1, CONCURRENT):
-                for config in configs:
-                    before = _counters(engine)
-                    out, seconds = await _serve(engine, inputs(config, f"c{concurrency}"),
-                                                concurrency)
-                    after = _counters(engine)
-                    results[(config, concurrency)] = (out, seconds,
-                                                      [a - b for a, b in zip(after, before)])
-            # the compiled grammars, for Hugging Face's run (cached: nothing compiles again)
-            grammars.extend([await engine.grammars.compile(s) for s in structured])
+            # warm-up on another prompt (the model's first forwards; no answer to copy later)
+            warm = GenerationInput("warm", tuple(engine.tokenizer.encode("Hello")),
+                                   SamplingParams(temperature=0.0), StoppingCriteria(max_tokens=4))
+            await _serve(engine, [warm], 1)
+            for s in structured:  # compiled before the clock starts, as a warm cache holds them
+                grammar = await engine.grammars.compile(s)
+                if len(grammars) < len(structured):
+                    grammars.append(grammar)
+            before = _counters(engine)
+            out, seconds = await _serve(engine, inputs(config, f"c{concurrency}"), concurrency)
+            after = _counters(engine)
+            results[(config, concurrency)] = (out, seconds,
+                                              [a - b for a, b in zip(after, before)])
         finally:
             await engine.shutdown()
 
-    asyncio.run(run())
+    for concurrency in (1, CONCURRENT):
+        for config in configs:
+            engine = _engine(model, threads, [config])
+            if not ids:
+                prompts = ChatPrompts(engine.tokenizer)
+                ids.extend(tuple(prompts.ids([PROMPT.format(schema=json.dumps(c["schema"]))],
+                                             [])) for c in cases)
+            asyncio.run(run(engine, config, concurrency))
     return results, [list(p) for p in ids], grammars
 
 
@@ -239,8 +248,10 @@ def main() -> None:
               "(bench/data/jsonschemabench), taken in turn from Glaiveai2K, GitHub easy and "
               "GitHub medium; the prompt asks for one JSON instance of the schema through the "
               f"chat template; greedy, at most {args.max_tokens} new tokens, each request "
-              "held to its schema (compact JSON). One in-process engine; `concurrency` is the "
-              "requests in flight (1: one after another). `compliant`: finished (`stop`) and "
+              "held to its schema (compact JSON). Each configuration and concurrency in an "
+              "in-process engine of its own, grammars compiled before the clock starts; "
+              "`concurrency` is the requests in flight (1: one after another). `compliant`: "
+              "finished (`stop`) and "
               "valid by jsonschema; `length`: cut at max_tokens. `pruned`: draft tokens the "
               "grammar refused before the step; `forced`: the grammar drafter's forced tokens "
               "accepted / proposed. `= off`: every output equals off's token for token.", ""]
