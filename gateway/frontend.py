@@ -123,7 +123,9 @@ class Frontend:
         for i, (request_id, prompt, (sampling, greedy)) in enumerate(
                 zip(request_ids, prompts, samplings)):
             tokens = _prompt_tokens(prompt)
-            decision = self.policy.decide(speculation, info, greedy, self.load(), tokens)
+            decision = self.policy.decide(
+                speculation, info, greedy, self.load(), tokens,
+                structured=sampling is not None and sampling.HasField("structured"))
             # the candidate the usage is measured under (a shaped ngram: its own acceptance)
             self._decided[request_id] = (time.monotonic(), decision.mode.value, decision.reason,
                                          prompt_class(tokens), greedy,

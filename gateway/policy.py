@@ -39,6 +39,11 @@ method ngram with prompt_lookup_min/max set, and priced from its own acceptance,
 gateway measures from the usage of the requests it ran with the shape (overall and per prompt
 class, gateway/estimates.py observe_request), so auto picks it per request where it measured
 better than the proposer's own range.
+
+Structured requests: a method that drafts for structured requests only (the grammar's forced
+tokens, registry capability `structured_only`) is offered to them alone: for any other request
+it is never a candidate, explored or defaulted to; for a structured one it is weighed alone and
+first in a hybrid with each served proposer (hybrid:grammar+suffix), and is its cold default.
 Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
 flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
 counted beyond them (other gateways, direct clients). The
@@ -76,6 +81,7 @@ from splitspec.methods import (
     method_served,
     retrieval_based,
     step_kind_of,
+    structured_only,
 )
 from splitspec.params import (
     LOOKAHEAD,
@@ -189,15 +195,19 @@ class SpeculationPolicy:
 
     def decide(self, req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
                greedy: bool = True, load: Load = Load(),
-               prompt_tokens: int | None = None) -> Decision:
+               prompt_tokens: int | None = None, structured: bool = False) -> Decision:
         """prompt_tokens: the request's prompt length (an estimate for text), None unknown: its
-        class (goodput.prompt_class) selects the acceptance auto prices each method with."""
+        class (goodput.prompt_class) selects the acceptance auto prices each method with.
+        structured: the request has a structured output; only then are the methods that draft
+        for structured requests alone (the grammar's forced tokens) offered, and first."""
         cls = prompt_class(prompt_tokens) if prompt_tokens is not None else None
         methods = tuple(p.method for p in info.proposers)
         k_max = info.max_num_speculative_tokens
         # the request's one check, against this deployment (a verifier that predates trees
         # reports no branch limit: chains only)
         req.validate(methods, k_max, max(1, info.max_num_branches))
+        if not structured:  # never explored, chosen or defaulted to: it would draft nothing
+            methods = tuple(m for m in methods if not structured_only(m))
         mode, fixed_k = req.mode, req.num_speculative_tokens
 
         def plan(chosen: Candidate | None = None, k: int = 0, k_min: int | None = None
@@ -242,6 +252,10 @@ class SpeculationPolicy:
         if req.num_branches in (None, 1):  # prompt lookup's shape: a chain candidate
             candidates += tuple((s, 1) for s in shaped_candidates(
                 (req.method,) if req.method else methods, req))
+        # a structured request's forced tokens are taken where the grammar forces them: its
+        # cold default is the grammar's chain (a step it forces nothing in forwards no row)
+        forced = [c for c in candidates if c[1] == 1 and c[0] in METHODS
+                  and structured_only(c[0])] if structured else []
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
             return Decision(plan(), "queue_size", mode)
         self.auto_decisions += 1
@@ -252,7 +266,8 @@ class SpeculationPolicy:
                                         floors=floors, cls=cls)
             return Decision(plan(chosen, k, k_min=max(1, floors.get(chosen[0], 1))
                                  if fixed_k is None else None), "exploration", mode)
-        candidates = self._competing(candidates, req, greedy)
+        candidates = self._competing(candidates, req, greedy,
+                                     forced[0] if forced else None)
         chosen, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
                                          allow_off=True, floors=floors, cls=cls)
         if chosen is None:
@@ -263,7 +278,7 @@ class SpeculationPolicy:
                              if fixed_k is None else None), reason, mode)
 
     def _competing(self, candidates: tuple[Candidate, ...], req: SpeculationRequest,
-                   greedy: bool) -> tuple[Candidate, ...]:
+                   greedy: bool, cold: Candidate | None = None) -> tuple[Candidate, ...]:
         """The candidates auto prices against each other and off: those with enough recent
         data, and of those without, only the one that cannot lose much (`cold_default`: the
         served retrieval drafts, gated). The others wait for their exploration turns: priced at
@@ -276,8 +291,10 @@ class SpeculationPolicy:
         def measured(c: Candidate) -> bool:
             return self.estimates.acceptance_of(c[0], greedy, c[1]).tried >= self.config.stale_tried
 
-        cold = cold_default(candidates) if req.method is None and req.num_branches is None \
-            else None
+        if req.method is not None or req.num_branches is not None:
+            cold = None
+        elif cold is None:
+            cold = cold_default(candidates)
         if cold is not None:
             return tuple(c for c in candidates if c == cold or measured(c))
         return tuple((m, b) for m, b in candidates
@@ -374,6 +391,12 @@ def _hybrids(methods: tuple[str, ...]) -> tuple[str, ...]:
     if len(retrieval) > 1:
         names.append(hybrid_name(*retrieval[:MAX_HYBRID_COMPONENTS], gated=True))
     names += [hybrid_name(retrieval[0], m, gated=True) for m in models if retrieval]
+    # served only to structured requests (decide drops them for the rest): the grammar's
+    # forced tokens first, merged with each served proposer's drafts (hybrid:grammar+suffix;
+    # an in-target drafter cannot join another in-target one)
+    forced = [m for m in methods if m in METHODS and structured_only(m)]
+    names += [hybrid_name(f, m) for f in forced for m in methods
+              if m in METHODS and METHODS[m].kind is Kind.PROPOSER]
     return tuple(n for n in names if is_method(n))
 
 

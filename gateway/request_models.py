@@ -52,6 +52,7 @@ from splitspec.params import (
     MAX_REPETITION_PENALTY,
     MAX_SEED,
     MAX_STOP_STRINGS,
+    MAX_STRUCTURED_CHOICES,
     MAX_TOP_LOGPROBS,
     MIN_REPETITION_PENALTY,
     LookaheadParams,
@@ -59,6 +60,8 @@ from splitspec.params import (
     SpeculationMode,
     SpeculationRequest,
     StoppingCriteria,
+    StructuredKind,
+    StructuredOutput,
     check_min_tokens,
     check_prompt_lookup,
     logit_bias_items,
@@ -186,6 +189,86 @@ class Speculation(_Body):
             prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
 
 
+JsonSchemaValue = Annotated[dict[str, Any] | bool,
+                            _one_error("must be a JSON schema (an object or a boolean)")]
+
+
+class JsonSchemaFormat(_Body):
+    """OpenAI's response_format.json_schema: the schema the output is held to, whatever
+    `strict` says (a grammar enforces it either way)."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$",
+                      description="the schema's name (letters, digits, _ and -)")
+    schema_: JsonSchemaValue = Field(alias="schema", description="a JSON Schema")
+    strict: bool | None = Field(None, description="accepted; the schema is always enforced")
+    description: str | None = Field(None, description="accepted and ignored")
+
+
+class ResponseFormat(_Body):
+    """OpenAI's response_format: text (free), json_object (any JSON object) or json_schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = Field(None, description="with type json_schema")
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise InvalidArgument("response_format.json_schema",
+                                  "is required with type json_schema, and only with it")
+        return self
+
+    def structured(self) -> StructuredOutput | None:
+        if self.type == "json_object":
+            return StructuredOutput(StructuredKind.JSON_OBJECT)
+        if self.type == "json_schema":
+            return StructuredOutput(StructuredKind.JSON_SCHEMA,
+                                    _schema_text(self.json_schema.schema_))
+        return None
+
+
+class StructuredOutputs(_Body):
+    """Extension (vLLM's structured_outputs, its StructuredOutputsParams): exactly one of
+    json, regex, choice, grammar, json_object."""
+
+    json_: JsonSchemaValue | str | None = Field(
+        None, alias="json", description="a JSON Schema (an object, or its JSON text)")
+    regex: str | None = Field(None, min_length=1, description="a regular expression the "
+                              "whole output matches")
+    choice: list[Text] | None = Field(None, min_length=1, max_length=MAX_STRUCTURED_CHOICES,
+                                      description="the output is exactly one of these")
+    grammar: str | None = Field(None, min_length=1, description="an EBNF (GBNF) grammar; its "
+                                "start rule is `root`")
+    json_object: bool | None = Field(None, description="true: any JSON object")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [n for n, v in (("json", self.json_), ("regex", self.regex),
+                                ("choice", self.choice), ("grammar", self.grammar),
+                                ("json_object", self.json_object or None)) if v is not None]
+        if len(given) != 1:
+            raise InvalidArgument("structured_outputs", "must set exactly one of json, regex, "
+                                  "choice, grammar, json_object (set: "
+                                  f"{', '.join(given) or 'none'})")
+        return self
+
+    def structured(self) -> StructuredOutput:
+        if self.json_ is not None:
+            return StructuredOutput(StructuredKind.JSON_SCHEMA, self.json_ if isinstance(
+                self.json_, str) else _schema_text(self.json_),
+                public_field="structured_outputs.json")
+        if self.regex is not None:
+            return StructuredOutput(StructuredKind.REGEX, self.regex)
+        if self.choice is not None:
+            return StructuredOutput(StructuredKind.CHOICE, choices=tuple(self.choice))
+        if self.grammar is not None:
+            return StructuredOutput(StructuredKind.GRAMMAR, self.grammar)
+        return StructuredOutput(StructuredKind.JSON_OBJECT)
+
+
+def _schema_text(schema) -> str:
+    return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+
+
 class StreamOptions(_Body):
     include_usage: bool | None = Field(None,
                                        description="a last chunk with the request's usage")
@@ -229,6 +312,12 @@ class GenerationBody(_Body):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     speculation: Speculation | None = None
+    response_format: ResponseFormat | None = Field(
+        None, description="OpenAI's: the output as JSON (json_object), or as JSON valid against "
+        "a schema (json_schema); text: free")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="extension (vLLM's): the output held to a regex, a list of choices, "
+        "a grammar or a JSON schema; not with a response_format other than text")
     cache_salt: str | None = Field(
         None, max_length=MAX_CACHE_SALT_CHARS, description="prefix-cache isolation: KV blocks "
         "are shared only between requests with the same salt (vLLM's name)")
@@ -246,6 +335,21 @@ class GenerationBody(_Body):
                          max_tokens_field=self.max_tokens_field())
         return self
 
+    @model_validator(mode="after")
+    def _structured(self):
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise InvalidArgument("structured_outputs", "give response_format or this, not both")
+        structured = self.structured()
+        if structured is not None:
+            structured.validate()  # the spec's size, its JSON, unsupported schema keywords
+        return self
+
+    def structured(self) -> StructuredOutput | None:
+        if self.structured_outputs is not None:
+            return self.structured_outputs.structured()
+        return self.response_format.structured() if self.response_format is not None else None
+
     def max_tokens_field(self) -> str:
         return "max_tokens"
 
@@ -259,7 +363,8 @@ class GenerationBody(_Body):
                  else logit_bias_items(self.logit_bias),
                  "bad_words": None if self.bad_words is None else tuple(self.bad_words),
                  "allowed_token_ids": (None if self.allowed_token_ids is None
-                                       else tuple(self.allowed_token_ids))}
+                                       else tuple(self.allowed_token_ids)),
+                 "structured": self.structured()}
         return SamplingParams(**{k: v for k, v in given.items() if v is not None})
 
     def stopping(self) -> StoppingCriteria:

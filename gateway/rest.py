@@ -14,6 +14,7 @@ a child of the caller's when the request has a W3C `traceparent` header."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from gateway.openapi import openapi_document
 from gateway.rest_bodies import GenerationApi, request_usage
 from protos import common_pb2
 from splitspec.errors import ServiceError
+from splitspec.params import STRUCTURED_FIELDS, StructuredOutput
 from splitspec.wire import FINISH_REASON_NAMES
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,22 @@ class RestLimits:
     api_keys: ApiKeys = field(default_factory=ApiKeys)
     # requests in flight per API key, shared with the gRPC door when given the same object
     concurrency: ConcurrencyLimit = field(default_factory=lambda: ConcurrencyLimit(0))
+
+
+@contextlib.contextmanager
+def public_structured_field(structured: StructuredOutput | None):
+    """A structured output's error from the verifier (a grammar that does not compile, or not
+    in time) named by the field the request gave it in: the wire carries its kind, whose
+    field is response_format.json_schema for a schema sent as structured_outputs.json."""
+    try:
+        yield
+    except ServiceError as exc:  # a verifier's InvalidArgument arrives as a ServiceError
+        wire_field = STRUCTURED_FIELDS[structured.kind] if structured is not None else None
+        if wire_field is None or exc.field != wire_field or structured.field == wire_field:
+            raise
+        exc.field = structured.field
+        exc.message = structured.field + exc.message.removeprefix(wire_field)
+        raise
 
 
 def _sse(obj: dict | str) -> str:
@@ -172,6 +190,13 @@ class RestHandlers:
             tracer.on_parsed(span, model, gen.sampling, gen.stopping, len(prompts) * gen.n,
                              gen.stream, operation="chat" if api.chat else "text_completion")
         cid = api.new_id()
+        with public_structured_field(gen.sampling.structured):
+            return await self._run(api, request, span, release, key, prompts, gen, model, cid)
+
+    async def _run(self, api: GenerationApi, request: Request, span,
+                   release: Callable[[], None], key: str, prompts: list, gen: Generation,
+                   model: str, cid: str) -> tuple:
+        frontend, tracer = self.frontend, self.tracer
         choices = [p for p in prompts for _ in range(gen.n)]  # choice i: prompt i // n
         pbs = await frontend.build_requests(
             [f"{cid}-{i}" for i in range(len(choices))], choices, gen.sampling, gen.stopping,

@@ -59,6 +59,9 @@ class Capabilities:
     # Drafts are copies of earlier text (the prompt, earlier answers): they pay most where an
     # answer quotes its prompt (summaries, retrieval-augmented answers).
     copies_context: bool = False
+    # Drafts only for structured requests (the tokens a request's grammar forces): the policy
+    # offers it, alone or in a hybrid, to those alone.
+    structured_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,10 @@ METHODS: dict[str, MethodSpec] = {spec.name: spec for spec in (
                "and EAGLE-2 dynamic trees", "verifier_service.methods.eagle.method:EagleMethod",
                Capabilities(sampled_drafts=True, needs_model=True, token_trees=True),
                model_dir="eagle", fits=_eagle_fits, kind=Kind.IN_TARGET),
+    MethodSpec("grammar", "the tokens a structured request's grammar forces next (JSON's keys "
+               "and punctuation), tokenized as the model would: structured requests only",
+               "verifier_service.methods.grammar:GrammarMethod",
+               Capabilities(structured_only=True), kind=Kind.IN_TARGET),
 )}
 
 
@@ -235,6 +242,13 @@ def retrieval_based(method: str | None) -> bool:
     """Whether the method's drafts (or one of a hybrid's) copy from the context rather than
     model it: prompt lookup and suffix decoding, which pay where an answer quotes its prompt."""
     return any(METHODS[p].capabilities.copies_context for p in components_of(method)
+               if p in METHODS)
+
+
+def structured_only(method: str | None) -> bool:
+    """Whether a method (or one of a hybrid's components) drafts only for structured requests:
+    the policy never offers it to others."""
+    return any(METHODS[p].capabilities.structured_only for p in components_of(method)
                if p in METHODS)
 
 

@@ -58,6 +58,16 @@ MAX_ALLOWED_TOKEN_IDS = 1 << 16
 # together) and how many choices.
 MAX_STRUCTURED_SPEC_BYTES = 64 * 1024
 MAX_STRUCTURED_CHOICES = 1024
+# JSON Schema keywords a grammar cannot hold the output to (xgrammar compiles a schema with them
+# and ignores them, so the output would not be what the schema says): refused, naming the field.
+UNSUPPORTED_SCHEMA_KEYWORDS = ("if", "then", "else", "$dynamicRef", "$dynamicAnchor")
+# keywords whose value is a schema, a list of schemas, or an object of schemas (where the
+# unsupported keywords are looked for; a property named "if" is not one)
+_SUBSCHEMA = ("items", "additionalProperties", "additionalItems", "not", "contains",
+              "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_SUBSCHEMAS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
 
 
 class StructuredKind(str, enum.Enum):
@@ -91,10 +101,13 @@ class StructuredOutput:
     kind: StructuredKind
     spec: str = ""  # the schema (JSON text), the regex or the grammar; "" for json_object
     choices: tuple[str, ...] = ()  # kind choice only
+    # the public field it came from where it is not the kind's own (a schema given as vLLM's
+    # structured_outputs.json); not sent on the wire: the gateway names it in errors
+    public_field: str = field(default="", compare=False)
 
     @property
     def field(self) -> str:
-        return STRUCTURED_FIELDS[self.kind]
+        return self.public_field or STRUCTURED_FIELDS[self.kind]
 
     @property
     def key(self) -> tuple:
@@ -127,7 +140,37 @@ class StructuredOutput:
                 raise InvalidArgument(name, f"is not JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise InvalidArgument(name, "must be a JSON object (a schema)")
+            unsupported = unsupported_schema_keyword(schema)
+            if unsupported is not None:
+                raise InvalidArgument(name, f"uses {unsupported}, which structured outputs do "
+                                      "not support")
         return self
+
+
+def unsupported_schema_keyword(schema) -> str | None:
+    """The first keyword of a JSON schema that a grammar cannot enforce (`if` at #/properties/a
+    is "keyword 'if' at #/properties/a"), a $ref outside the schema included; None: none."""
+    todo = [(schema, "#")]
+    while todo:
+        node, where = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        for key in UNSUPPORTED_SCHEMA_KEYWORDS:
+            if key in node:
+                return f"keyword {key!r} at {where}"
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            return f"a $ref outside the schema ({ref[:80]!r}) at {where}"
+        for key in _SUBSCHEMA:
+            if isinstance(node.get(key), dict):
+                todo.append((node[key], f"{where}/{key}"))
+        for key in _SUBSCHEMAS:
+            if isinstance(node.get(key), list):
+                todo += [(sub, f"{where}/{key}/{i}") for i, sub in enumerate(node[key])]
+        for key in _SUBSCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                todo += [(sub, f"{where}/{key}/{name}") for name, sub in node[key].items()]
+    return None
 
 
 @dataclass(frozen=True)

@@ -1438,3 +1438,14 @@ def policy_measures_the_shape_as_plain_ngram(monkeypatch) -> None:
 
     monkeypatch.setattr(frontend, "plan_candidate",
                         lambda plan: plan.method if plan.enabled else None)
+
+
+def forced_draft_crosses_the_token_boundary(monkeypatch) -> None:
+    """The grammar drafter keeps the forced text's last token even where a longer token starts
+    with it: the model's next token may cross the forced text's end, unchecked."""
+    real = grammar_matcher.GrammarState.forced_tokens
+
+    def unchecked(self, encode, extendable, k):
+        return real(self, encode, frozenset(), k)
+
+    monkeypatch.setattr(grammar_matcher.GrammarState, "forced_tokens", unchecked)

@@ -130,6 +130,10 @@ class Engine:
             s.prefix_cache_queries = self.prefix.stats.queries
             s.prefix_cache_hits = self.prefix.stats.hits
         s.in_target = self.drafts.in_target.stats()
+        if self._grammars is not None:
+            g = self._grammars
+            s.grammar_compiles, s.grammar_compile_seconds = g.compiled, g.compile_seconds
+            s.grammar_cache_hits = g.hits
         s.executor = self.executor.stats
         return s
 
@@ -263,6 +267,8 @@ class Engine:
             if compiled is None:
                 compiled = self.grammars.compile_now(inp.sampling.structured)
             seq.grammar = GrammarState(compiled, vocab)
+            kind = inp.sampling.structured.kind.value
+            self.stats.structured_requests[kind] = self.stats.structured_requests.get(kind, 0) + 1
         if inp.resumed_output_ids and self._resume(seq):
             return seq  # the replayed output already ends it
         self.scheduler.add(seq)

@@ -53,8 +53,8 @@ def test_messages_and_shared_fields():
      "presence_penalty"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages[0].content"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}},
-     "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}},
+     "response_format.type"),
 ])
 def test_bad_chat_requests_name_the_field(body, field):
     with pytest.raises(InvalidArgument) as e:

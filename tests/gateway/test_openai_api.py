@@ -53,7 +53,7 @@ def test_defaults_and_extensions():
      "speculation.prompt_lookup_min"),
     ({"prompt": "x", "frobnicate": 1}, "frobnicate"),
     ({"prompt": "x", "": 1}, "body"),
-    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "response_format": {"type": "json"}}, "response_format.type"),
     ({"prompt": "x", "best_of": 2}, "best_of"),
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": "x", "suffix": "s"}, "suffix"),

@@ -22,6 +22,8 @@ from splitspec.params import (
     MAX_PROMPT_LOOKUP_N,
     MAX_REPETITION_PENALTY,
     MIN_REPETITION_PENALTY,
+    StructuredKind,
+    StructuredOutput,
 )
 
 
@@ -73,7 +75,8 @@ COMMON = {"model": "m", "max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "top_
                           "lookahead": {"window": 2, "ngram": 3, "guesses": 1}},
           "user": "u", "presence_penalty": 0.5, "frequency_penalty": -0.5,
           "repetition_penalty": 1.1, "logit_bias": {"7": 5, "3": -100}, "min_tokens": 2,
-          "bad_words": ["foo bar"], "allowed_token_ids": [3, 7, 9], "cache_salt": "tenant-a"}
+          "bad_words": ["foo bar"], "allowed_token_ids": [3, 7, 9], "cache_salt": "tenant-a",
+          "response_format": {"type": "text"}, "structured_outputs": {"regex": "[a-z]+"}}
 COMPLETION = {**COMMON, "prompt": "x", "logprobs": 2, "best_of": 1, "echo": False,
               "suffix": None}
 CHAT = {**{k: v for k, v in COMMON.items() if k != "max_tokens"},
@@ -104,15 +107,13 @@ def test_a_body_with_every_described_field_parses(doc):
     assert set(CHAT) | {"max_tokens"} == chat_described
     chat = parse_chat_request(CHAT).generation
     assert chat.top_logprobs == 3 and chat.sampling == s
-    for body, parse in ((COMPLETION, parse_completion_request), (CHAT, parse_chat_request)):
-        with pytest.raises(InvalidArgument) as e:
-            parse({**body, "response_format": {"type": "json_object"}})
-        assert e.value.field == "response_format"
+    assert s.structured == StructuredOutput(StructuredKind.REGEX, "[a-z]+")
 
 
 def test_every_object_refuses_what_it_does_not_describe(doc):
     for name in ("CompletionBody", "ChatBody", "Speculation", "Lookahead", "Message",
-                 "TextPart", "StreamOptions"):
+                 "TextPart", "StreamOptions", "ResponseFormat", "JsonSchemaFormat",
+                 "StructuredOutputs"):
         assert schema(doc, name)["additionalProperties"] is False, name
     # prompt lookup's range shapes ngram, which COMMON's lookahead request cannot name
     assert set(schema(doc, "Speculation")["properties"]) == set(COMMON["speculation"]) | {

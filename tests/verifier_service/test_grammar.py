@@ -200,11 +200,12 @@ def test_a_grammar_compiles_once_and_the_cache_is_bounded(tokenizer):
         got = [c.compile_now(first) for _ in range(3)]
         got.append(asyncio.run(c.compile(first)))
         assert c.compiled == 1 and all(g is got[0] for g in got)
+        assert c.hits == 3 and c.compile_seconds > 0  # what /metrics reports
         for spec in ("x+", "y+", "z+"):
             c.compile_now(_structured("regex", spec))
         assert c.cached == 2 and c.compiled == 4
         c.compile_now(first)  # evicted: compiled again
-        assert c.compiled == 5
+        assert c.compiled == 5 and c.hits == 3
     finally:
         c.shutdown()
 

@@ -10,12 +10,15 @@ import asyncio
 import dataclasses
 import json
 
+import planted_bugs as bug
 import pytest
 import torch
 from engine_testlib import PROMPTS, collect, drained, make_engine, request
 from tiny_proposer_models import TINY_TARGET
 
-from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec
+from proposer_service.ngram import NgramProposer
+from proposer_service.suffix import SuffixProposer
+from splitspec.methods import METHODS, Kind, is_method, structured_only
 from splitspec.params import SamplingParams, StructuredKind, StructuredOutput
 from verifier_service.grammar.compiler import GrammarCompiler
 from verifier_service.grammar.matcher import GrammarState
@@ -63,14 +66,6 @@ def test_forced_tokens_are_the_grammars_own_and_leave_the_matcher_as_found(token
         compiler.shutdown()
 
 
-@pytest.fixture
-def grammar_method(monkeypatch):
-    """The method in the registry for one test (what its registry line will do)."""
-    monkeypatch.setitem(METHODS, "grammar", MethodSpec(
-        "grammar", "the tokens the grammar forces", "verifier_service.methods.grammar:"
-        "GrammarMethod", Capabilities(), kind=Kind.IN_TARGET))
-
-
 def _run(engine, inputs):
     async def run():
         engine.start()
@@ -82,16 +77,34 @@ def _run(engine, inputs):
     return asyncio.run(run())
 
 
+FORCED_METHODS = ("grammar", "hybrid:grammar+ngram", "hybrid:grammar+suffix")
+
+
+def _engine(model_dir):
+    return make_engine(model_dir, max_num_seqs=16,
+                       proposers={"ngram": NgramProposer(), "suffix": SuffixProposer()})
+
+
+def test_the_grammar_drafter_is_registered_for_structured_requests_only():
+    spec = METHODS["grammar"]
+    assert spec.kind is Kind.IN_TARGET and spec.capabilities.structured_only
+    assert structured_only("grammar") and structured_only("hybrid:grammar+ngram")
+    assert not structured_only("ngram") and not structured_only("hybrid:suffix+eagle")
+    assert is_method("hybrid:grammar+ngram") and is_method("hybrid:grammar+suffix")
+    # one in-target state per sequence: not beside EAGLE; an in-target drafter gates nothing
+    assert not is_method("hybrid:grammar+eagle") and not is_method("hybrid:grammar|ngram")
+
+
 @pytest.mark.parametrize("kind", ["greedy", "seeded"])
-def test_forced_drafts_are_accepted_and_change_nothing(grammar_method, target_model_dir, kind):
+def test_forced_drafts_are_accepted_and_change_nothing(target_model_dir, kind):
     torch.set_num_threads(1)
     base = dict(temperature=0.0) if kind == "greedy" else dict(temperature=0.9, seed=5)
-    engine = make_engine(target_model_dir, max_num_seqs=16)
+    engine = _engine(target_model_dir)
     inputs = [request(engine, f"{name}-{method}", PROMPTS[i % len(PROMPTS)], max_tokens=40,
                       method=method, k=6,
                       sampling=SamplingParams(**base, structured=structured))
               for i, (name, structured) in enumerate(STRUCTURES.items())
-              for method in ("grammar", "hybrid:grammar+ngram")]
+              for method in FORCED_METHODS]
     inputs.append(request(engine, "free", PROMPTS[0], max_tokens=16, method="grammar", k=6,
                           sampling=SamplingParams(**base)))
     got = _run(engine, inputs)
@@ -104,6 +117,72 @@ def test_forced_drafts_are_accepted_and_change_nothing(grammar_method, target_mo
     assert drained(engine)
     forced = engine.drafts.in_target.methods["grammar"]
     usage = {inp.request_id: last.usage for inp, (_, _, last) in zip(inputs, got)}
-    assert forced.forced_tokens > 0
+    assert forced.forced_tokens > 0 and 0 < forced.forced_accepted <= forced.forced_tokens
+    assert forced.stats() == {"forced_tokens_total": forced.forced_tokens,
+                              "forced_tokens_accepted_total": forced.forced_accepted}
     assert sum(u.accepted_tokens for rid, u in usage.items() if rid.endswith("-grammar")) > 0
     assert usage["free"].proposed_tokens == 0  # no structure: nothing forced
+    # what /metrics reports: requests by kind, each grammar compiled once, then found cached
+    snap = engine.snapshot()
+    n = len(FORCED_METHODS)
+    assert snap.structured_requests == {"json_schema": n, "choice": n, "grammar": n}
+    assert (snap.grammar_compiles, snap.grammar_cache_hits) == (3, 3 * (n - 1))
+    assert snap.grammar_compile_seconds > 0
+
+
+def check_forced_drafts_end_at_a_token_boundary(model_dir, monkeypatch) -> int:
+    """Greedy structured requests drafted by the grammar (alone and first in hybrids) equal
+    speculation off, and every forced draft is the forced text's own: its bytes a prefix of the
+    text the grammar forces, and where it spells all of it, its last token one no longer token
+    starts with (found by brute force over the vocabulary), so the model's next token cannot
+    cross the forced text's end. Returns the drafts checked."""
+    import verifier_service.methods.grammar as grammar_drafter
+
+    seen = []
+    real = grammar_drafter._ForcedDrafts.propose
+
+    def recorded(self, tokens, k):
+        text = self.grammar.jump_forward() if self.grammar is not None else ""
+        out = real(self, tokens, k)
+        seen.append((text, list(out)))
+        return out
+
+    monkeypatch.setattr(grammar_drafter._ForcedDrafts, "propose", recorded)
+    engine = _engine(model_dir)
+    inputs = [request(engine, f"{name}-{method}-{i}", PROMPTS[i], max_tokens=40, method=method,
+                      k=8, sampling=SamplingParams(temperature=0.0, structured=structured))
+              for name, structured in STRUCTURES.items() for method in FORCED_METHODS
+              for i in range(2)]
+    got = _run(engine, inputs)
+    off = _run(make_engine(model_dir), [
+        dataclasses.replace(inp, request_id=inp.request_id + "-off",
+                            speculation=dataclasses.replace(inp.speculation, method=None, k=0))
+        for inp in inputs])
+    assert [g[0] for g in got] == [o[0] for o in off]
+    vocab = engine.drafts.in_target.methods["grammar"]
+    import xgrammar as xgr
+
+    table = xgr.TokenizerInfo.from_huggingface(vocab._served()[0],
+                                               vocab_size=vocab.vocab_size).decoded_vocab
+    drafts = [(text.encode(), d) for text, d in seen if d]
+    for text, draft in drafts:
+        spelled = b"".join(table[t] for t in draft)
+        assert text.startswith(spelled), (text, spelled)
+        if spelled == text:
+            last = table[draft[-1]]
+            longer = [t for t, b in enumerate(table) if len(b) > len(last) and b.startswith(last)]
+            assert not longer, (text, last, [table[t] for t in longer[:3]])
+    return len(drafts)
+
+
+def test_forced_drafts_end_at_a_token_boundary(target_model_dir, monkeypatch):
+    torch.set_num_threads(1)
+    assert check_forced_drafts_end_at_a_token_boundary(target_model_dir, monkeypatch) > 0
+
+
+def test_the_check_catches_a_forced_draft_that_crosses_the_token_boundary(target_model_dir,
+                                                                           monkeypatch):
+    torch.set_num_threads(1)
+    bug.forced_draft_crosses_the_token_boundary(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_forced_drafts_end_at_a_token_boundary(target_model_dir, monkeypatch)

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 from engine_testlib import PROMPTS, collect, drained, make_engine, request, run_all
 
-from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec
+from splitspec.methods import METHODS, Capabilities, Kind, MethodSpec, in_target_methods
 from verifier_service.methods.in_target import InTargetMethod, InTargetState, StepOutcome
 
 NAME = "fixed-chain"
@@ -75,7 +75,7 @@ def _served(engine) -> FixedChain:
 
 def test_registry_kind_in_target_has_no_process(fixed_chain):
     from splitspec.launcher import StackConfig
-    from splitspec.methods import in_target_methods, proposer_methods
+    from splitspec.methods import proposer_methods
 
     assert NAME in in_target_methods() and NAME not in proposer_methods()
     assert NAME not in StackConfig().proposers and NAME not in StackConfig.with_free_ports(
@@ -88,7 +88,9 @@ def test_fixed_chain_alone_equals_speculation_off(target_model_dir, baseline, fi
     engine = make_engine(target_model_dir, proposers={})
     method = _served(engine)
     # what Info lists and direct clients get: every in-target method, no proposer here
-    assert set(engine.drafts.served_methods()) == {NAME, "lookahead"}
+    # (the model-free ones: lookahead, the grammar's forced tokens, and this one)
+    assert set(engine.drafts.served_methods()) == {
+        m for m, spec in in_target_methods().items() if not spec.capabilities.needs_model}
     (res,) = asyncio.run(run_all(engine, [request(engine, "a", prompt, method=NAME, k=4)]))
     tokens, _, last = res
     assert tokens == baseline[prompt]

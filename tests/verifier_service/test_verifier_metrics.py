@@ -99,7 +99,8 @@ def test_gauges_come_from_the_engine_snapshot_at_scrape_time():
     snap = EngineStats(running=3, waiting=2, kv_blocks_total=100, kv_blocks_free=75,
                        preemptions=4, prefix_cache_queries=500, prefix_cache_hits=320,
                        prefix_cache_blocks=30, prefix_cache_evictions=7,
-                       grammar_pruned_tokens=9)
+                       grammar_pruned_tokens=9, structured_requests={"json_schema": 4, "regex": 1},
+                       grammar_compiles=2, grammar_compile_seconds=0.5, grammar_cache_hits=3)
     m.bind(lambda: snap)
     s = scrape(registry)
     assert s[("splitspec_num_requests_running", ())] == 3
@@ -114,6 +115,11 @@ def test_gauges_come_from_the_engine_snapshot_at_scrape_time():
     assert s[("splitspec_prefix_cache_evictions_total", ())] == 7
     assert s[("splitspec_prefix_cache_blocks", ())] == 30
     assert s[("splitspec_structured_output_pruned_draft_tokens_total", ())] == 9
+    kind = "splitspec_structured_output_requests_total"
+    assert s[(kind, (("kind", "json_schema"),))] == 4 and s[(kind, (("kind", "regex"),))] == 1
+    assert s[("splitspec_structured_output_grammar_compiles_total", ())] == 2
+    assert s[("splitspec_structured_output_grammar_compile_seconds_total", ())] == 0.5
+    assert s[("splitspec_structured_output_grammar_cache_hits_total", ())] == 3
 
 
 def test_in_target_methods_stats_are_counters_and_gauges_labelled_by_method():

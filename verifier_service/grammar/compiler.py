@@ -24,6 +24,7 @@ import concurrent.futures
 import json
 import re
 import threading
+import time
 from collections import OrderedDict
 from typing import Iterable
 
@@ -62,6 +63,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()  # the cache's
         self._making = threading.Lock()  # the xgrammar compiler's (held for seconds, in the pool)
         self.compiled = 0  # grammars compiled (cache misses)
+        self.compile_seconds = 0.0  # what those compilations took, together
+        self.hits = 0  # grammars asked for and found in the cache (compiled or compiling)
 
     # -- public --------------------------------------------------------------------------------
 
@@ -96,6 +99,7 @@ class GrammarCompiler:
             future = self._cache.get(key)
             if future is not None:
                 self._cache.move_to_end(key)
+                self.hits += 1
                 return future
             future = self._pool.submit(self._compile, s)
             self._cache[key] = future
@@ -125,6 +129,7 @@ class GrammarCompiler:
 
     def _compile(self, s: StructuredOutput):
         c = self._compiler
+        start = time.perf_counter()
         try:
             if s.kind is StructuredKind.JSON_OBJECT:
                 grammar = c.compile_json_schema('{"type": "object"}', any_whitespace=False,
@@ -144,6 +149,8 @@ class GrammarCompiler:
             message = _SOURCE_PREFIX.sub("", lines[0])
             raise InvalidArgument(s.field, "does not compile: "
                                   + message[:_ERROR_CHARS]) from None
+        finally:
+            self.compile_seconds += time.perf_counter() - start
         self.compiled += 1
         return grammar
 

@@ -13,9 +13,10 @@ accepts in turn are drafted (verifier_service/grammar/matcher.py `forced_tokens`
 A request without a structure drafts nothing with it. It reads the request's grammar state
 (`reads_grammar`: InTargetDrafts.admit hands it over) and never moves it.
 
-Not in the registry yet: the gateway's policy prices every served method for every request, and
-this one drafts only for structured requests (a policy that offers it to those alone, or puts it
-first in their hybrids, comes with the gateway's structured-output fields). Tests register it.
+Registered as `grammar` (capability structured_only): the gateway's policy offers it, alone or
+first in a hybrid with a proposer (hybrid:grammar+suffix), to structured requests only
+(gateway/policy.py). Counted: forced tokens drafted and, of those, accepted (the tokens the step
+then committed, read from the next outcome).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from typing import Sequence as Seq
 
 from splitspec.params import SamplingParams, SpeculationPlan
-from verifier_service.methods.in_target import InTargetMethod, InTargetState
+from verifier_service.methods.in_target import InTargetMethod, InTargetState, StepOutcome
 
 __all__ = ["GrammarMethod", "extendable_ids"]
 
@@ -57,6 +58,7 @@ class GrammarMethod(InTargetMethod):
         self._tokenizer = None
         self._extendable: frozenset[int] | None = None
         self.forced_tokens = 0  # drafted, since start
+        self.forced_accepted = 0  # of those, committed by the step that verified them
 
     @classmethod
     def from_verifier(cls, vocab_size: int, config=None) -> "GrammarMethod | None":
@@ -88,19 +90,35 @@ class GrammarMethod(InTargetMethod):
         return self._tokenizer, self._extendable
 
     def stats(self) -> dict[str, float]:
-        return {"forced_tokens_total": self.forced_tokens}
+        return {"forced_tokens_total": self.forced_tokens,
+                "forced_tokens_accepted_total": self.forced_accepted}
 
 
 class _ForcedDrafts(InTargetState):
     def __init__(self, method: GrammarMethod, grammar):
         self.method, self.grammar = method, grammar
+        self._drafted: list[int] = []  # the last step's forced tokens, until its outcome
 
     def propose(self, tokens: Seq[int], k: int) -> list[int]:
+        self._drafted = []
         if self.grammar is None or self.grammar.terminated:
             return []
         forced = self.grammar.forced_tokens(self.method.encode, self.method.extendable, k)
         self.method.forced_tokens += len(forced)
+        self._drafted = forced
         return forced
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Of the forced tokens drafted, those the step committed (its emitted tokens start
+        with them; a rejected one-hot draft is never the recovered token, so a match is an
+        acceptance, also where a hybrid's merge verified them)."""
+        accepted = 0
+        for forced, emitted in zip(self._drafted, outcome.emitted):
+            if forced != emitted:
+                break
+            accepted += 1
+        self.method.forced_accepted += min(accepted, outcome.num_accepted)
+        self._drafted = []
 
     def free(self) -> None:
         self.grammar = None

@@ -16,6 +16,13 @@ left to PromQL:
       sum by (method, position) (rate(splitspec_spec_decode_num_accepted_tokens_per_pos_total[5m]))
         / on (method) group_left sum by (method) (rate(splitspec_spec_decode_num_drafts_total[5m]))
 
+    structured outputs: grammar compile-cache hit rate, and forced drafts accepted:
+      rate(splitspec_structured_output_grammar_cache_hits_total[5m])
+        / (rate(splitspec_structured_output_grammar_cache_hits_total[5m])
+           + rate(splitspec_structured_output_grammar_compiles_total[5m]))
+      rate(splitspec_in_target_forced_tokens_accepted_total{method="grammar"}[5m])
+        / rate(splitspec_in_target_forced_tokens_total{method="grammar"}[5m])
+
     prefix-cache hit rate (of prompt tokens):
       rate(splitspec_prefix_cache_hits_total[5m]) / rate(splitspec_prefix_cache_queries_total[5m])
 
@@ -247,6 +254,18 @@ class VerifierMetrics:
         yield counter("splitspec_structured_output_pruned_draft_tokens", "Draft tokens pruned "
                       "before their step because the request's grammar forbids them (rejected "
                       "for certain; no row spent)", samples=[((), s.grammar_pruned_tokens)])
+        yield counter("splitspec_structured_output_requests", "Structured requests admitted, "
+                      "by kind (json_object, json_schema, regex, choice, grammar)", ["kind"],
+                      [((k,), n) for k, n in list(s.structured_requests.items())])
+        yield counter("splitspec_structured_output_grammar_compiles", "Structured outputs' "
+                      "grammars compiled (compile-cache misses)",
+                      samples=[((), s.grammar_compiles)])
+        yield counter("splitspec_structured_output_grammar_compile_seconds", "Time those "
+                      "compilations took; mean: rate(.._seconds_total) / rate(.._compiles_total)",
+                      samples=[((), s.grammar_compile_seconds)])
+        yield counter("splitspec_structured_output_grammar_cache_hits", "Structured requests "
+                      "whose grammar was found compiled (or compiling) in the compile cache",
+                      samples=[((), s.grammar_cache_hits)])
         yield from _in_target_families(s.in_target)
         if s.executor is not None:
             yield from _executor_families(s.executor)

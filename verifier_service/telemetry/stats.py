@@ -193,6 +193,13 @@ class EngineStats(ReplicaLoad):
     # structured outputs: draft nodes pruned before the step because the request's grammar
     # forbids them (with their subtrees; each would have been rejected for certain)
     grammar_pruned_tokens: int = 0
+    # structured requests admitted, by kind (json_object, json_schema, regex, choice, grammar);
+    # their grammars compiled (cache misses), the seconds those compilations took, and the
+    # requests whose grammar was found compiled (or compiling) in the cache
+    structured_requests: dict[str, int] = field(default_factory=dict)
+    grammar_compiles: int = 0
+    grammar_compile_seconds: float = 0.0
+    grammar_cache_hits: int = 0
     # in-target methods' own counters and gauges (InTargetMethod.stats), by method
     in_target: dict[str, dict[str, float]] = field(default_factory=dict)
     # how steps ran: replayed graphs or eager, and why (verifier_service/step/executor.py)
