@@ -7,7 +7,7 @@ Per processed row r (a chain row, a tree node or a bonus row), in this order, on
        token seen in the prompt or the row's output history:
            x / ρ where x > 0, x * ρ otherwise
     2. frequency f and presence p (OpenAI's formula), c the token's count in the row's output
-       history:      x - c * f - (c > 0) * p
+       history:      x - (c * f + p) where c > 0
     3. logit bias:   x + bias
     4. masks:        -inf where banned (tokens outside allowed_token_ids, bad words' last tokens
        after their prefixes, EOS and stop tokens before min_tokens). A row whose soft masks
@@ -56,8 +56,8 @@ def process_rows(x: torch.Tensor, p: ProcessorRows) -> torch.Tensor:
         penalised = torch.where(x > 0, x / p.repetition, x * p.repetition)
         x = torch.where(p.seen, penalised, x)
     # 2. frequency and presence, over the output history only
-    if p.counts is not None:
-        x = x - p.counts * p.frequency - (p.counts > 0).to(x.dtype) * p.presence
+    if p.counts is not None:  # c * f + p where c > 0 (OpenAI's formula), one pass
+        x = x - torch.where(p.counts > 0, p.counts * p.frequency + p.presence, 0.0)
     # 3. bias
     if p.bias is not None:
         x = x + p.bias
