@@ -246,7 +246,8 @@ def main() -> None:
                   f"Spec-Bench's committed subset, {args.per_group} first turns per group, "
                   f"greedy, batch 1, {args.max_tokens} tokens each (ignore_eos), each "
                   "configuration in an engine of its own, two rounds; `penalties`: "
-                  "frequency_penalty 0.5 and presence_penalty 0.5. Speed-up against off with the same fields. Output "
+                  "frequency_penalty 0.5 and presence_penalty 0.5. Speed-up against off with "
+                  "the same fields. Output "
                   f"identical to off's in every row: {identical}.", ""]
         lines += markdown_table({"method": "l", "fields": "l", "tok/s": "r", "vs off": "r",
                                  "tokens/step": "r", "acceptance": "r", "= off": "l"}, rows)
