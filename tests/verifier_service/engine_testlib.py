@@ -72,6 +72,12 @@ async def run_all(engine, inputs: list[GenerationInput]):
         await engine.shutdown()
 
 
+# (method, k, branches): every shape of draft the learned drafters' engine serves, off first
+EVERY_DRAFT_SHAPE = [(None, 0, 1), ("ngram", 4, 1), ("ngram", 6, 2), ("suffix", 4, 1),
+                     ("draft", 3, 1), ("mlp", 3, 1), ("eagle", 4, 1), ("eagle", 6, 2),
+                     ("lookahead", 8, 1), ("hybrid:suffix+eagle", 6, 1)]
+
+
 def learned_drafters(learned_models) -> dict[str, Proposer]:
     """Every proposer on the learned target, in process: n-gram, suffix, the draft model and
     the MLP speculator (tests that run each method through one engine)."""

@@ -15,6 +15,7 @@ import planted_bugs as bug
 import pytest
 import torch
 from engine_testlib import (
+    EVERY_DRAFT_SHAPE,
     PROMPTS,
     collect,
     drained,
@@ -26,10 +27,7 @@ from engine_testlib import (
 
 from splitspec.params import SamplingParams
 
-# (method, k, branches): every shape of draft
-PLANS = [(None, 0, 1), ("ngram", 4, 1), ("ngram", 6, 2), ("suffix", 4, 1), ("draft", 3, 1),
-         ("mlp", 3, 1), ("eagle", 4, 1), ("eagle", 6, 2), ("lookahead", 8, 1),
-         ("hybrid:suffix+eagle", 6, 1)]
+PLANS = EVERY_DRAFT_SHAPE
 BIAS = ((5, 3.0), (17, -100.0), (42, 8.0))
 FIELDS = {
     "penalties": dict(presence_penalty=0.8, frequency_penalty=0.9),

@@ -19,6 +19,7 @@ import planted_bugs as bug
 import pytest
 import torch
 from engine_testlib import (
+    EVERY_DRAFT_SHAPE,
     PROMPTS,
     collect,
     drained,
@@ -34,10 +35,7 @@ from splitspec.params import SamplingParams, StoppingCriteria, StructuredKind, S
 from splitspec.wire import sampling_to_pb, stopping_to_pb
 from verifier_service.servicer import VerifierServicer
 
-# (method, k, branches): every shape of draft
-PLANS = [(None, 0, 1), ("ngram", 4, 1), ("ngram", 6, 2), ("suffix", 4, 1), ("draft", 3, 1),
-         ("mlp", 3, 1), ("eagle", 4, 1), ("eagle", 6, 2), ("lookahead", 8, 1),
-         ("hybrid:suffix+eagle", 6, 1)]
+PLANS = EVERY_DRAFT_SHAPE
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 6},
                          "n": {"type": "integer", "minimum": 0, "maximum": 99},
