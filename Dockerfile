@@ -43,6 +43,10 @@ WORKDIR /src
 RUN python -m venv /opt/splitspec \
  && /opt/splitspec/bin/pip install --index-url "${TORCH_CPU_INDEX}" "torch==2.13.0" \
  && /opt/splitspec/bin/pip install -c constraints.txt .
+# the CPU kernels (kernels/csrc) built here, where a compiler is: the runtime image has none
+RUN apt-get update && apt-get install -y --no-install-recommends "g++=4:12.2.0-3" \
+ && rm -rf /var/lib/apt/lists/* \
+ && SPLITSPEC_KERNEL_CACHE=/opt/splitspec/kernels /opt/splitspec/bin/python -m kernels.cpp_build
 
 FROM python-base AS build-cuda
 COPY --from=source /src /src
@@ -58,6 +62,7 @@ CMD ["splitspec-gateway", "--help"]
 
 FROM runtime-base AS runtime-cpu
 COPY --from=build-cpu /opt/splitspec /opt/splitspec
+ENV SPLITSPEC_KERNEL_CACHE=/opt/splitspec/kernels
 USER 10001:10001
 
 FROM runtime-base AS runtime-cuda

@@ -9,90 +9,38 @@ every thread, and it keeps a tile of rows in registers against each weight chunk
 cost little more than one. A row's result is bit-identical alone, among any number of rows and
 at any thread count (the C++ file says why).
 
-The library is compiled on first use with the C++ compiler found at run time ($CXX, else g++ or
-c++; about a second) against the installed torch, cached under $SPLITSPEC_KERNEL_CACHE (default
-~/.cache/splitspec/kernels) by a hash of the source, the torch version and the compiler. Where
-there is no compiler, no x86 CPU with AVX2 + FMA + F16C, or the build fails, `library()` is
-None, `why_unavailable()` says why, and kernels/linear.py's auto never picks it.
+The library is compiled on first use (kernels/cpp_build.py: the C++ compiler found at run time,
+cached by a hash of the source, the flags, torch and the compiler). Where there is no compiler,
+no x86 CPU with AVX2 + FMA + F16C, or the build fails, `library()` is None, `why_unavailable()`
+says why, and kernels/linear.py's auto never picks it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
 import torch
 
+from kernels import cpp_build
+
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "fp16_dot.cpp"
 _reason: list[str] = []  # why the library did not load, once tried
 
 
-def _cache_dir() -> Path:
-    configured = os.environ.get("SPLITSPEC_KERNEL_CACHE")
-    if configured:
-        return Path(configured)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "splitspec" / "kernels"
-
-
 def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "g++", "c++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _build(cxx: str, out: Path) -> None:
-    """Compile SOURCE into the shared library `out` (written whole, then renamed into place, so
-    processes building at once never load half a file)."""
-    torch_dir = Path(torch.__file__).resolve().parent
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        # OpenMP as torch's own (torch/lib/libgomp first on the run path): at::parallel_for runs
-        # on torch's thread pool and obeys torch.set_num_threads
-        cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-fopenmp",
-               f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-I{torch_dir / 'include'}", str(SOURCE),
-               "-o", tmp, f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu",
-               f"-Wl,-rpath,{torch_dir / 'lib'}"]
-        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    return cpp_build.compiler()
 
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL | None:
-    """The compiled product, built on first use (see the module docstring); None where it cannot
+    """The compiled product, built on first use (kernels/cpp_build.py); None where it cannot
     run on this machine."""
-    if sys.platform != "linux" or os.uname().machine not in ("x86_64", "AMD64"):
-        return _unavailable("an x86-64 Linux machine is needed")
-    cxx = _compiler()
-    if cxx is None:
-        return _unavailable("no C++ compiler ($CXX, g++ or c++)")
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + cxx.encode()
-                         ).hexdigest()[:16]
-    path = _cache_dir() / f"fp16_dot-{key}.so"
-    try:
-        if not path.exists():
-            _build(cxx, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as exc:
-        detail = getattr(exc, "stderr", "") or str(exc)
-        return _unavailable(f"the build failed: {detail.strip()[-500:]}")
+    lib, reason = cpp_build.load("fp16_dot", find_compiler=lambda: _compiler())
+    if lib is None:
+        return _unavailable(reason)
     for name in ("splitspec_fp16_dot", "splitspec_fp16_dot_avx2"):
         fn = getattr(lib, name)
         fn.restype = ctypes.c_int

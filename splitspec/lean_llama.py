@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_step
 from kernels.linear import PackedLinear, resolve
 from kernels.rms_norm import rms_norm as _rms
 from kernels.vocab_subset import SubsetHead
@@ -216,35 +217,78 @@ class LeanDecoder:
         return F.embedding(ids, self.embed)
 
     def hidden(self, ids: torch.Tensor, pos: torch.Tensor, attend, keep: int | None = None,
-               capture: tuple[int, ...] = (), captured: list | None = None) -> torch.Tensor:
+               capture: tuple[int, ...] = (), captured: list | None = None,
+               attend_qkv=None) -> torch.Tensor:
         """The decoder: ids, pos [B, S] -> final-norm hidden states [B, S, H] (the last `keep`
         rows only, when given). RoPE at `pos` as given (for the verifier: the layout's row
         positions). attend(layer, q [B, Hq, S, D], k, v [B, H_kv, S, D], RoPE applied) ->
-        attention output [B, S, Hq * D]: the caller's cache and mask. capture: layers whose
+        attention output [B, S, Hq * D]: the caller's cache and mask. attend_qkv(layer, qkv
+        [B * S, (Hq + 2 H_kv) D], (cos, signed sin) tables [P, D]) -> [B * S, Hq * D], where
+        given and the rows are float32 on a CPU, instead: the caller rotates, writes its cache
+        and attends in one go (verifier_service/kv/cpu_attention.py). capture: layers whose
         residual-stream input (rows [B * S, H], every row) is appended to `captured`, in the
         order given (what heads on the target's features read, e.g. EAGLE-3's three layers)."""
         b, s = ids.shape
         # the residual stream as rows [B * S, H]: every product and norm takes it as it is
         x = self.embed_tokens(ids.reshape(-1))  # [B * S, H]
+        if cpu_step.available(x):  # a CPU layer's glue in a few kernel calls
+            x = self._hidden_cpu(x, pos, attend, attend_qkv, capture, captured)
+        else:
+            x = self._hidden_ops(x, pos, attend, capture, captured)
+        x = x.view(b, s, -1)
+        if keep is not None:
+            x = x[:, -keep:]
+        return _rms(x, self.norm, self.eps)
+
+    def _hidden_ops(self, x, pos, attend, capture, captured) -> torch.Tensor:
+        """The layers as torch operators (accelerators, other dtypes)."""
+        b, s = pos.shape
         cos, sin = self._rope(pos, x.dtype)  # [B, 1, S, D], sin signed
-        half, heads = self.head_dim // 2, (self.n_heads, self.n_kv)
         taken = {}
         for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):
             if i in capture:
                 taken[i] = x
             h = _rms(x, ln1, self.eps)
-            qk, v = qkv(h).split(self.split_qk_v, dim=-1)
-            # queries and keys rotated together: one RoPE over all their heads
-            qk = qk.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hq + H_kv, S, D]
-            q, k = (qk * cos + qk.roll(half, -1) * sin).split(heads, dim=1)
-            v = v.view(b, s, self.n_kv, -1).transpose(1, 2)
-            x = x + o_proj(attend(i, q, k, v).view(b * s, -1))
+            x = x + o_proj(self._attention(qkv(h), b, s, cos, sin, attend, i))
             h = _rms(x, ln2, self.eps)
             g, u = gate_up(h).chunk(2, dim=-1)
             x = x + down(F.silu(g) * u)
         if capture:
             captured.extend(taken[i] for i in capture)
-        x = x.view(b, s, -1)
-        if keep is not None:
-            x = x[:, -keep:]
-        return _rms(x, self.norm, self.eps)
+        return x
+
+    def _hidden_cpu(self, x, pos, attend, attend_qkv, capture, captured) -> torch.Tensor:
+        """The layers with kernels/cpu_step.py's glue: each residual add fused with the norm
+        after it, SiLU and the gate's product in one call, and with attend_qkv RoPE, the cache
+        write and attention in the caller's two calls."""
+        b, s = pos.shape
+        cos = sin = None
+        if attend_qkv is None:
+            cos, sin = self._rope(pos, x.dtype)
+        elif self._rope_tables[0].dtype != x.dtype:
+            self._rope_tables = self._rope_for(x.dtype, x.device)
+        taken = {}
+        pending = None  # the last layer's MLP output, added with the next norm
+        for i, (ln1, qkv, o_proj, ln2, gate_up, down) in enumerate(self.layers):
+            x, h = cpu_step.add_rms(x, pending, ln1, self.eps)
+            if i in capture:
+                taken[i] = x
+            if attend_qkv is not None:
+                att = attend_qkv(i, qkv(h), self._rope_tables)
+            else:
+                att = self._attention(qkv(h), b, s, cos, sin, attend, i)
+            x, h = cpu_step.add_rms(x, o_proj(att), ln2, self.eps)
+            pending = down(cpu_step.silu_mul(gate_up(h)))
+        if capture:
+            captured.extend(taken[i] for i in capture)
+        return x if pending is None else x + pending
+
+    def _attention(self, qkv_rows, b, s, cos, sin, attend, i) -> torch.Tensor:
+        """RoPE on the product's queries and keys, then the caller's attention: [B * S, Hq D]."""
+        half, heads = self.head_dim // 2, (self.n_heads, self.n_kv)
+        qk, v = qkv_rows.split(self.split_qk_v, dim=-1)
+        # queries and keys rotated together: one RoPE over all their heads
+        qk = qk.view(b, s, -1, self.head_dim).transpose(1, 2)  # [B, Hq + H_kv, S, D]
+        q, k = (qk * cos + qk.roll(half, -1) * sin).split(heads, dim=1)
+        v = v.view(b, s, self.n_kv, -1).transpose(1, 2)
+        return attend(i, q, k, v).view(b * s, -1)

@@ -35,6 +35,7 @@ import verifier_service.drafts.adaptive_k as adaptive_k
 import verifier_service.engine as engine_module
 import verifier_service.grammar.matcher as grammar_matcher
 import verifier_service.kv.cache as kv_cache
+import verifier_service.kv.cpu_attention as cpu_attention
 import verifier_service.kv.paged_attention as kv_paged_attention
 import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
 import verifier_service.methods.eagle.checkpoint as eagle_format
@@ -1173,6 +1174,7 @@ def run_read_one_slot_late(monkeypatch) -> None:
         return runs[:-1] + ((runs[-1][0] + 1, runs[-1][1]),) if runs else runs
 
     monkeypatch.setattr(kv_paged_attention, "slot_runs", shifted)
+    monkeypatch.setattr(cpu_attention, "slot_runs", shifted)
 
 
 def penalty_counts_leave_out_earlier_drafts(monkeypatch) -> None:
@@ -1423,6 +1425,23 @@ def fp16_dot_rows_change_with_the_row_count(monkeypatch) -> None:
         return torch.nn.functional.linear(x, weight, bias)
 
     monkeypatch.setattr(fp16_dot, "product", by_row_count)
+
+
+def cpu_step_rows_depend_on_the_row_count(monkeypatch) -> None:
+    """The CPU step's norm hands a call of several rows to torch's operator and keeps the
+    kernel for one row: a verified row's norm, and so its logits, differ from its decode's in
+    the last bits."""
+    from kernels import cpu_step
+
+    real = cpu_step.add_rms
+
+    def by_row_count(x, r, weight, eps):
+        if x.shape[0] == 1:
+            return real(x, r, weight, eps)
+        x = x if r is None else x + r
+        return x, torch.nn.functional.rms_norm(x, weight.shape, weight, eps)
+
+    monkeypatch.setattr(cpu_step, "add_rms", by_row_count)
 
 
 def policy_drops_prompt_lookups_shape(monkeypatch) -> None:

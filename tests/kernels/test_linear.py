@@ -120,8 +120,10 @@ def test_fp16_dot_gives_a_row_the_same_bits_at_every_thread_count_and_vector_wid
 
 
 def test_fp16_dot_says_why_it_is_missing_and_builds_into_its_cache(monkeypatch, tmp_path):
-    """No compiler: no library, and the reason named; with one, the library is built into
-    $SPLITSPEC_KERNEL_CACHE under a name keyed by its source, torch and the compiler."""
+    """No compiler and nothing built before: no library, and the reason named; with one, the
+    library is built into $SPLITSPEC_KERNEL_CACHE under a name keyed by its source, flags and
+    torch, and found there again without a compiler (a prebuilt image's case)."""
+    monkeypatch.setenv("SPLITSPEC_KERNEL_CACHE", str(tmp_path / "empty"))
     monkeypatch.setattr(fp16_dot, "_compiler", lambda: None)
     fp16_dot.library.cache_clear()
     try:
@@ -134,6 +136,9 @@ def test_fp16_dot_says_why_it_is_missing_and_builds_into_its_cache(monkeypatch, 
         fp16_dot.library.cache_clear()
         assert fp16_dot.library() is not None and fp16_dot.why_unavailable() is None
         assert [p.name.startswith("fp16_dot-") for p in tmp_path.iterdir()] == [True]
+        monkeypatch.setattr(fp16_dot, "_compiler", lambda: None)
+        fp16_dot.library.cache_clear()
+        assert fp16_dot.library() is not None
     finally:
         monkeypatch.undo()
         fp16_dot.library.cache_clear()

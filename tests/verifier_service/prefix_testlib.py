@@ -184,7 +184,9 @@ def check_hits_served_alone(model_dir: str, want: dict[str, list[int]], method: 
     """The seed, then each greedy request whose prompt shares blocks with it, one at a time: a
     lone sequence over the cached prefix's blocks and its own (attention over several runs of
     slots). Each output equal to speculation off with caching off, each request a hit.
-    Returns how many times attention read a context run by run."""
+    Returns how many times attention read a context run by run (the paged attention function,
+    or the CPU step kernels' contexts of several runs)."""
+    import verifier_service.kv.cpu_attention as cpu_attention
     import verifier_service.kv.paged_attention as paged_attention
 
     engine = make_engine(model_dir, proposers=proposers if proposers is not None else {},
@@ -207,11 +209,21 @@ def check_hits_served_alone(model_dir: str, want: dict[str, list[int]], method: 
         finally:
             await engine.shutdown()
 
+    real_runs = cpu_attention.slot_runs
+
+    def runs_counted(*args):
+        runs = real_runs(*args)
+        if len(runs) > 1:
+            reads.append(1)
+        return runs
+
     paged_attention.attention_over_runs = counted
+    cpu_attention.slot_runs = runs_counted
     try:
         results = asyncio.run(one_at_a_time())
     finally:
         paged_attention.attention_over_runs = real
+        cpu_attention.slot_runs = real_runs
     got = {i.request_id: t for i, (t, _, _) in zip(inputs, results)}
     assert got == {i.request_id: want[i.request_id] for i in inputs}
     assert all(last.usage.cached_tokens > 0 for _, _, last in results[1:])

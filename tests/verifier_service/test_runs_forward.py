@@ -1,8 +1,9 @@
 """Sequences whose blocks form a few runs of consecutive slots (a cached prefix's blocks, then
-their own) read their contexts run by run on the paged path (kernels/run_attention.py, no
-gather): a lone sequence's decode, draft-chain and draft-tree logits, and a batch's, equal the
-plain transformers forward of the same tokens, for Llama and for Mistral with a sliding window
-that hides whole runs."""
+their own) read their contexts run by run, no gather: a lone sequence's decode, draft-chain and
+draft-tree logits, and a batch's, equal the plain transformers forward of the same tokens, for
+Llama on the paged attention function (kernels/run_attention.py) and on the CPU step kernels
+(verifier_service/kv/cpu_attention.py), and for Mistral with a sliding window that hides whole
+runs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from paged_testlib import SMALL, plain_and_paged
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 import verifier_service.kv.paged_attention as paged_attention
+from kernels import cpu_step
 from kernels.layout import StepLayout
 from verifier_service.kv.cache import BlockTable, KVCacheSpec, PagedKVCache
 from verifier_service.model.runner import ModelRunner
@@ -21,15 +23,27 @@ from verifier_service.model.runner import ModelRunner
 BLOCKS = [2, 3, 4, 5, 6, 30, 31, 12, 13, 14]
 CASES = {
     "llama": (LlamaForCausalLM, LlamaConfig(**SMALL)),
+    "llama-cpu-kernels": (LlamaForCausalLM, LlamaConfig(**SMALL)),
     "mistral-sliding-window": (MistralForCausalLM, MistralConfig(**SMALL, sliding_window=6)),
 }
 
 
 @pytest.fixture(params=list(CASES))
-def models(request, tmp_path):
-    """Fresh per test: a runner packs its model's layers (and lets go of their weights)."""
+def models(request, tmp_path, monkeypatch):
+    """Fresh per test: a runner packs its model's layers (and lets go of their weights). The
+    CPU step kernels serve the "-cpu-kernels" case only (where they load)."""
+    if request.param.endswith("-cpu-kernels"):
+        if cpu_step.library() is None:
+            pytest.skip("no C++ kernels here")
+    else:
+        monkeypatch.setattr(cpu_step, "available", lambda x: False)
     cls, config = CASES[request.param]
     return plain_and_paged(tmp_path, cls, config)
+
+
+def _runs_read(expected: list[int]) -> list[int]:
+    """The runs the paged attention function reads: none where the step kernels attend."""
+    return [] if cpu_step.available(torch.zeros(1)) else expected
 
 
 def check_runs_forward_equals_plain(models) -> None:
@@ -70,7 +84,7 @@ def check_runs_forward_equals_plain(models) -> None:
         for row, path in enumerate(paths):
             torch.testing.assert_close(tree[row], last(seq[:28] + path), atol=1e-4, rtol=1e-4)
     layers = config.num_hidden_layers
-    assert read == [2] * layers + [2] * layers + [3] * layers
+    assert read == _runs_read([2] * layers + [2] * layers + [3] * layers)
 
 
 def check_batched_runs_equal_plain(models) -> None:
@@ -110,7 +124,7 @@ def check_batched_runs_equal_plain(models) -> None:
         for row, path in enumerate([[], [tree[20]], [tree[20], tree[21]], [tree[22]]]):
             want = plain(torch.tensor([tree[:20] + path])).logits[0, -1]
             torch.testing.assert_close(got[3][row], want, atol=1e-4, rtol=1e-4)
-    assert read == [3, 1, 4, 1] * config.num_hidden_layers
+    assert read == _runs_read([3, 1, 4, 1] * config.num_hidden_layers)
 
 
 def test_a_batch_over_runs_gives_the_plain_forwards_logits(models):

@@ -21,6 +21,7 @@ from kernels.linear import pack_linears
 from splitspec.lean_llama import LeanDecoder
 from splitspec.tensor_parallel import check_shardable, release_weights, shard_decoder
 from verifier_service.kv.cache import BlockTable, PagedKVCache
+from verifier_service.kv.cpu_attention import CpuAttention
 from verifier_service.kv.paged_attention import ATTENTION_NAME, PagedBatch, paged_attention_forward
 from verifier_service.step.plan import StepPlan, plan_step
 
@@ -119,21 +120,29 @@ class ModelRunner:
         [L, V] of its logits rows and their final hidden states [L, H]. Reads only device
         tensors and the plan's shape. With `feature_layers` set and an `out` dict given,
         out["features"] is every fed row's features [T, F] (see feature_layers)."""
-        batch = PagedBatch.from_plan(self.kv.k, self.kv.v, views, plan, self.kv.block_size,
-                                     self.attention_kernel)
+        # the lean forward on a CPU: RoPE, the cache write and attention in two kernel calls a
+        # layer (verifier_service/kv/cpu_attention.py); else the paged attention function
+        cpu = (CpuAttention.for_plan(plan, views, self.kv.block_size, self.kv.k)
+               if self._lean is not None else None)
+        batch = None if cpu is not None else PagedBatch.from_plan(
+            self.kv.k, self.kv.v, views, plan, self.kv.block_size, self.attention_kernel)
         ids = views["ids"][None]  # [1, T]
         positions = views["positions"][None]  # [1, T]: a tree node sits at its depth
         if self._lean is not None:
-            lean, refs = self._lean, self._layer_refs
+            lean, refs, kv = self._lean, self._layer_refs, self.kv
 
             def attend(i, q, k, v):  # q [1, Hq, T, D], k/v [1, H_kv, T, D] -> [1, T, Hq * D]
                 out, _ = paged_attention_forward(refs[i], q, k, v, None, lean.scale, paged=batch)
                 return out.reshape(1, out.shape[1], -1)
 
+            def attend_qkv(i, qkv, rope):  # qkv [T, (Hq + 2 H_kv) D] -> [T, Hq * D]
+                return cpu(qkv, rope, kv.k[i], kv.v[i], lean.n_heads, lean.n_kv, lean.scale)
+
             layers = self.feature_layers if out is not None else None
             captured: list[torch.Tensor] = []
             states = lean.hidden(ids, positions, attend, capture=layers or (),
-                                 captured=captured)[0]  # [T, H]
+                                 captured=captured,
+                                 attend_qkv=attend_qkv if cpu is not None else None)[0]  # [T, H]
             if layers is not None:
                 out["features"] = torch.cat(captured, -1) if layers else states
         else:
