@@ -10,7 +10,9 @@ on the machine can only slow a probe down (a ceiling, not a typical value). Then
 paged forward (verifier_service.model.runner, the lean path) after 100 cached tokens for 1 to
 13 rows at 1 and 2 threads per matmul backend (kernels/linear.py), and its products alone
 (every packed product of a forward called in turn on rows of the right width: what the
-forward's other work, attention, norms and Python, adds is the difference). Every cell is
+forward's other work, attention, norms and Python, adds is the difference), and auto's forward
+with the CPU step kernels (kernels/cpu_step.py) turned off, the torch operators in their place.
+Every cell is
 interleaved with every other round by round (backends, thread counts, row counts, the
 bandwidth and FLOP probes), so drift on a shared machine hits all of them alike; medians, with
 the spread.
@@ -151,6 +153,10 @@ def measure(model_dir: str, backends: tuple[str, ...], threads: tuple[int, ...],
              for r in range(1, max_rows + 1)}
     products = {(be, r): _products(run, r) for be, run in runners.items()
                 for r in PRODUCT_ROWS if r <= max_rows}
+    from kernels import cpu_step
+
+    kernels_on = cpu_step.available
+    ops = {r: _steps(auto, CONTEXT, r) for r in PRODUCT_ROWS if r <= max_rows}
     cells: dict = {}
 
     def add(key, seconds):
@@ -173,6 +179,13 @@ def measure(model_dir: str, backends: tuple[str, ...], threads: tuple[int, ...],
                 for r in PRODUCT_ROWS:
                     if (be, r) in products:
                         add(("products", be, t, r), _timed(products[(be, r)]))
+            cpu_step.available = lambda x: False  # the torch operators around the products
+            try:
+                ops[1]()
+                for r, step in ops.items():
+                    add(("ops", auto.linear, t, r), _timed(step))
+            finally:
+                cpu_step.available = kernels_on
         if busy is not None:
             others.append(max(0.0, (_busy_seconds() - busy - (_own_seconds() - own))
                               / (time.perf_counter() - wall)))
@@ -182,6 +195,7 @@ def measure(model_dir: str, backends: tuple[str, ...], threads: tuple[int, ...],
         log(f"round {i}/{rounds}" + (f": other processes {others[-1]:.2f} cores"
                                      if others else ""))
     cells["others"] = others
+    cells["split"] = {r: op_split(auto, r) for r in PRODUCT_ROWS if r <= max_rows}
     cells["shapes"] = shapes
     cells["chosen"] = auto.linear
     # whether a row gets the same bits from each backend as from auto's (the first layer's
@@ -194,6 +208,53 @@ def measure(model_dir: str, backends: tuple[str, ...], threads: tuple[int, ...],
         cells["same_bits"] = {be: bool(torch.equal(run._lean.layers[0][5](x), want))
                               for be, run in runners.items()}
     return cells
+
+
+def op_split(runner, rows: int, repeats: int = 30) -> dict[str, float]:
+    """Mean ms per forward of `rows` rows (at the last thread count set) in each kind of work:
+    the products, attention (RoPE, the cache write and attention), the norms and SiLU, and the
+    rest (embedding, the plan's tensors, Python), each call timed by a wrapper (which adds its
+    own few microseconds a call to the rest)."""
+    import torch
+    from forward_profile import _steps
+
+    from kernels import cpu_step
+    from kernels.linear import PackedLinear
+    from verifier_service.kv.cpu_attention import CpuAttention
+
+    spent = {"products": 0.0, "attention": 0.0, "norms and SiLU": 0.0}
+    patched = [(PackedLinear, "__call__", "products"), (CpuAttention, "__call__", "attention"),
+               (cpu_step, "add_rms", "norms and SiLU"), (cpu_step, "silu_mul", "norms and SiLU")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
+
+    def timed(real, kind):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[kind] += time.perf_counter() - start
+        return call
+
+    step = _steps(runner, CONTEXT, rows)
+    step()
+    try:
+        for owner, name, kind in patched:
+            setattr(owner, name, timed(getattr(owner, name), kind))
+        for key in spent:
+            spent[key] = 0.0
+        with torch.inference_mode():
+            start = time.perf_counter()
+            for _ in range(repeats):
+                step()
+            total = time.perf_counter() - start
+    finally:
+        for owner, name, real in saved:
+            setattr(owner, name, real)
+    out = {k: 1000 * v / repeats for k, v in spent.items()}
+    out["rest"] = 1000 * total / repeats - sum(out.values())
+    out["forward"] = 1000 * total / repeats
+    return out
 
 
 # ---- the report ----
@@ -305,7 +366,35 @@ def goals(cells: dict, bw: dict, threads: list[int], max_rows: int) -> list[str]
             value = cells[("forward", chosen, t, rows)].median / one
         out.append(f"| {what} | {value:.3f}x | {limit:.2f}x | "
                    f"{'met' if value <= limit else 'MISSED'} |")
-    return out + [""] + where_the_time_goes(cells, chosen, t, read16 / bw[(read16, t)] * 1000)
+    return (out + [""] + where_the_time_goes(cells, chosen, t, read16 / bw[(read16, t)] * 1000)
+            + step_kernels(cells, chosen, t))
+
+
+def step_kernels(cells: dict, backend: str, t: int) -> list[str]:
+    """The forward with the CPU step kernels against the torch operators, and its split."""
+    rows = []
+    for r in PRODUCT_ROWS:
+        on, off = cells.get(("forward", backend, t, r)), cells.get(("ops", backend, t, r))
+        if on is not None and off is not None:
+            rows.append([r, f"{off.median * 1000:.1f}", f"{on.median * 1000:.1f}",
+                         f"{off.median / on.median:.2f}x"])
+    if not rows:
+        return []
+    out = [f"### The step kernels ({backend}, {t} threads)", "",
+           "The forward with the layer's work around the products as torch operators (norms, "
+           "RoPE, views, SDPA or attention over runs, the cache write) and with "
+           "kernels/cpu_step.py's calls, median ms:", ""]
+    out += markdown_table({"rows": "r", "torch operators": "r", "step kernels": "r",
+                           "speed-up": "r"}, rows) + [""]
+    split = cells.get("split") or {}
+    if split:
+        kinds = ["products", "attention", "norms and SiLU", "rest", "forward"]
+        out += ["Where a forward's time goes with the step kernels (mean ms, each call timed "
+                "by a wrapper, after the rounds):", ""]
+        out += markdown_table({"rows": "r", **{k: "r" for k in kinds}},
+                              [[r] + [f"{split[r][k]:.2f}" for k in kinds] for r in split])
+        out += [""]
+    return out
 
 
 def where_the_time_goes(cells: dict, backend: str, t: int, read_ms: float) -> list[str]:
