@@ -162,9 +162,17 @@ class Estimates:
     def cost(self, address: str, kind: str = "greedy", seqs: int | None = None) -> StepCost:
         """The replica's step-cost curve for a kind of step (splitspec.goodput.step_kind); with
         `seqs`, for a step of that many sequences (StepCosts.of)."""
+        return self._step_costs(address).of(kind, seqs)
+
+    def cost_measured(self, address: str, seqs: int) -> bool:
+        """Whether the replica has measured steps of `seqs` sequences (StepCosts.measured);
+        False for a replica the gateway has no stats of."""
+        return address in self.replicas and self._step_costs(address).measured(seqs)
+
+    def _step_costs(self, address: str) -> StepCosts:
         if address not in self._costs:
             snap = self.replicas.get(address)
             self._costs[address] = fit_step_costs(
                 snap.step_cost if snap else (),
                 by_seqs=snap.step_cost_by_seqs if snap else ())
-        return self._costs[address].of(kind, seqs)
+        return self._costs[address]

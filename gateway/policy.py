@@ -18,14 +18,18 @@ Rules, in order:
   auto, no proposer served          off                          no_proposer
   auto, load >= --speculative-disable-queue-size
                                     off                          queue_size
-  auto, every explore_every-th      a stale method (too little recent data), k >= 1
+  auto, the replica has not measured a step of the batch's size (its class of sequence counts)
+                                    off                          unmeasured_batch
+  auto, every explore_every-th      a stale method (too little recent data), k >= 1, where
+                                    its estimate beats off at this batch (else a later turn)
                                                                  exploration
   auto                              best goodput                 goodput / low_acceptance /
                                                                  compute_bound
 Of the candidates without enough recent data only one competes in auto: the cold default
 (`cold_default`: the served retrieval drafts as one gated chain, hybrid:suffix|ngram, or the one
-retrieval method), so a cold stack starts there rather than on a method it knows nothing about;
-the others wait for exploration turns (docs/policy.md, Cold start).
+retrieval method), so a cold stack starts there, once its replica has measured steps of the
+request's batch size (before that: off), rather than on a method it knows nothing about;
+the others wait for exploration turns (docs/policy.md, Cold start and load).
 In auto, each proposer method is a candidate twice: as chains and as token trees of up to
 `auto_branches` children per node (capped by the verifier's --max-num-branches), each priced
 from its own measured acceptance (a tree of k nodes forwards k rows and gains its accepted
@@ -192,6 +196,7 @@ class SpeculationPolicy:
     estimates: Estimates = field(default_factory=Estimates)
     config: PolicyConfig = field(default_factory=PolicyConfig)
     auto_decisions: int = 0
+    exploration_held: bool = False  # an exploration turn the batch was too large for
 
     def decide(self, req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
                greedy: bool = True, load: Load = Load(),
@@ -258,14 +263,22 @@ class SpeculationPolicy:
                   and structured_only(c[0])] if structured else []
         if self.config.disable_queue_size and load.queued >= self.config.disable_queue_size:
             return Decision(plan(), "queue_size", mode)
+        if not (load.address and self.estimates.cost_measured(load.address, load.batch)):
+            # what a draft row costs in a step of this many sequences is not known yet: plain
+            # decoding, which measures it, until it is (docs/policy.md, Cold start and load)
+            return Decision(plan(), "unmeasured_batch", mode)
         self.auto_decisions += 1
         every = self.config.explore_every
-        stale = self._stale(candidates, greedy, cls)
-        if every and stale and self.auto_decisions % every == 0:
-            chosen, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False,
-                                        floors=floors, cls=cls)
+        due = every and (self.auto_decisions % every == 0 or self.exploration_held)
+        stale = self._stale(candidates, greedy, cls) if due else None
+        self.exploration_held = False
+        explored = (self._exploration(stale, greedy, load, k_max, fixed_k, floors, cls)
+                    if stale is not None else None)
+        if explored is not None:
+            chosen, k = explored
             return Decision(plan(chosen, k, k_min=max(1, floors.get(chosen[0], 1))
                                  if fixed_k is None else None), "exploration", mode)
+        self.exploration_held = stale is not None  # the turn waits for a smaller batch
         candidates = self._competing(candidates, req, greedy,
                                      forced[0] if forced else None)
         chosen, k, reason = self._choose(candidates, greedy, load, k_max, fixed_k,
@@ -276,6 +289,18 @@ class SpeculationPolicy:
         # its window (its floor): without it, it is not the method that was priced
         return Decision(plan(chosen, k, k_min=floors.get(chosen[0], 0)
                              if fixed_k is None else None), reason, mode)
+
+    def _exploration(self, stale: Candidate, greedy: bool, load: Load, k_max: int,
+                     fixed_k: int | None, floors: dict[str, int], cls: str | None
+                     ) -> tuple[Candidate, int] | None:
+        """The stale candidate and its k for an exploration turn, or None where even its
+        estimate (the optimistic prior while it is unmeasured) does not beat off at this
+        batch: an explored draft makes every sequence of the step wait for it, and where a
+        draft row costs about what a decoding sequence does, a large batch loses whatever the
+        draft accepts."""
+        chosen, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=True,
+                                    floors=floors, cls=cls)
+        return (chosen, k) if chosen is not None else None
 
     def _competing(self, candidates: tuple[Candidate, ...], req: SpeculationRequest,
                    greedy: bool, cold: Candidate | None = None) -> tuple[Candidate, ...]:

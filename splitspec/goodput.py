@@ -498,6 +498,21 @@ class StepCosts:
     kinds: Mapping[str, StepCost]
     pooled: StepCost
     by_seqs: Mapping[tuple[str, int], AnchoredCost] = field(default_factory=dict)
+    # the most tokens a bucket with enough steps had on average (0: no step measured), and
+    # whether the replica keeps its steps apart by sequence counts at all (an older verifier
+    # does not)
+    measured_tokens: float = 0.0
+    per_class: bool = False
+
+    def measured(self, seqs: int) -> bool:
+        """Whether a step of `seqs` sequences was measured: its class of sequence counts has
+        a curve of its own, or, from a replica that keeps no classes, some bucket of at least
+        `seqs` tokens has enough steps. Anything else is the curve extrapolated from smaller
+        steps: on a CPU the sequences a batch adds cost a step about what draft rows do, and
+        a curve fitted on one sequence's steps prices a large batch's rows as nearly free."""
+        if self.per_class:
+            return any(c == seqs_class(seqs) for _, c in self.by_seqs)
+        return self.measured_tokens >= max(seqs, 1)
 
     def of(self, kind: str, seqs: int | None = None) -> "StepCost | AnchoredCost":
         """The curve over batch tokens for a kind of step; with `seqs`, for a step of that
@@ -528,7 +543,9 @@ def fit_step_costs(buckets: Iterable[tuple[str, int, float, float]],
             per_class.setdefault((kind, cls), []).append((n, t, sec))
     classes = {key: AnchoredCost(fit_step_cost(b, min_steps), kinds.get(key[0], pooled))
                for key, b in per_class.items() if any(n >= min_steps for n, _, _ in b)}
-    return StepCosts(kinds, pooled, classes)
+    measured = max((t / n for b in by_kind.values() for n, t, _ in b if n >= min_steps and n > 0),
+                   default=0.0)
+    return StepCosts(kinds, pooled, classes, measured, bool(per_class))
 
 
 def _isotonic(values: list[tuple[float, float]]) -> list[float]:

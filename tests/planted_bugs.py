@@ -1468,3 +1468,23 @@ def forced_draft_crosses_the_token_boundary(monkeypatch) -> None:
         return real(self, encode, frozenset(), k)
 
     monkeypatch.setattr(grammar_matcher.GrammarState, "forced_tokens", unchecked)
+
+
+def policy_prices_an_unmeasured_batch(monkeypatch) -> None:
+    """The gateway takes every batch size as measured: a batch its replica never ran is priced
+    on the curve of smaller steps (and a stack that measured nothing on the default curve)."""
+    import gateway.estimates as estimates
+
+    monkeypatch.setattr(estimates.Estimates, "cost_measured", lambda self, address, seqs: True)
+
+
+def policy_explores_whatever_the_batch(monkeypatch) -> None:
+    """An exploration turn drafts with the stale candidate whatever the batch makes of it."""
+    import gateway.policy as policy
+
+    def forced(self, stale, greedy, load, k_max, fixed_k, floors, cls):
+        chosen, k, _ = self._choose((stale,), greedy, load, k_max, fixed_k, allow_off=False,
+                                    floors=floors, cls=cls)
+        return chosen, k
+
+    monkeypatch.setattr(policy.SpeculationPolicy, "_exploration", forced)

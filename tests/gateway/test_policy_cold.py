@@ -32,12 +32,15 @@ def cold(**config) -> SpeculationPolicy:
 
 
 def test_cold_auto_runs_the_gated_retrieval_chain_not_off_or_an_unmeasured_model():
-    for p in (cold(), SpeculationPolicy()):  # step times measured, or nothing known at all
-        d = p.decide(AUTO, INFO, True, load())
-        assert (d.plan.method, d.reason) == (CHAIN, "goodput"), d
-        # chains (a gated hybrid of one method per tier), re-decided per step from 0: a
-        # request whose own drafts fail pauses
-        assert d.plan.num_branches == 1 and d.plan.adaptive and d.plan.k_min == 0
+    # step times measured, no method yet
+    d = cold().decide(AUTO, INFO, True, load())
+    assert (d.plan.method, d.reason) == (CHAIN, "goodput"), d
+    # chains (a gated hybrid of one method per tier), re-decided per step from 0: a
+    # request whose own drafts fail pauses
+    assert d.plan.num_branches == 1 and d.plan.adaptive and d.plan.k_min == 0
+    # nothing known at all, not even a step's time: off until a step is measured
+    d = SpeculationPolicy().decide(AUTO, INFO, True, load())
+    assert (d.plan.enabled, d.reason) == (False, "unmeasured_batch"), d
     # only one retrieval method served: that one
     one = verifier_pb2.VerifierInfo()
     one.CopyFrom(INFO)

@@ -99,7 +99,9 @@ def test_a_requests_own_shape_over_the_limit_is_invalid_naming_the_field(mode):
         lookahead_pays().decide(too_wide, info(4, 3))  # 9 x 2 = 18 nodes > 16
     assert "18 nodes" in str(exc.value)
     ok = SpeculationRequest(mode, "lookahead", lookahead=LookaheadParams(window=8))
-    assert lookahead_pays().decide(ok, info(4, 3)).plan.lookahead == LookaheadParams(window=8)
+    # on the replica whose steps it measured (with no replica known, auto decodes plainly)
+    assert lookahead_pays().decide(ok, info(4, 3), load=Load(0, 16, ADDRESS)).plan.lookahead \
+        == LookaheadParams(window=8)
 
 
 def test_on_with_lookahead_and_a_default_over_the_limit_names_the_field():

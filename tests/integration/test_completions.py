@@ -81,7 +81,8 @@ def test_auto_and_on_without_a_method_or_k_let_the_policy_choose(client):
         assert spec["mode"] == "auto", body
         if spec["method"] is None:
             assert spec["num_speculative_tokens"] == 0 and spec["proposed_tokens"] == 0
-            assert spec["policy_reason"] in {"low_acceptance", "compute_bound"}, spec
+            assert spec["policy_reason"] in {"low_acceptance", "compute_bound",
+                                             "unmeasured_batch"}, spec
         else:
             # a served method, or a hybrid of them (cold: the gated retrieval chain)
             assert all(m in MODEL_FREE for m in components_of(spec["method"])), spec

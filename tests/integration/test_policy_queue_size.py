@@ -96,7 +96,8 @@ def test_a_burst_turns_speculation_off_from_the_threshold_on(policy_gateway):
     assert all(r["method"] is None and r["num_speculative_tokens"] == 0
                and r["proposed_tokens"] == 0 for r in off)
     assert all(r["policy_reason"] in {"goodput", "low_acceptance", "compute_bound",
-                                      "exploration"} for r in admitted), admitted
+                                      "unmeasured_batch", "exploration"} for r in admitted), \
+        admitted
     metrics = httpx.get(policy_gateway.metrics_url, timeout=10).text
     assert ('splitspec_policy_decisions_total{decision="off",method="none",'
             f'reason="queue_size"}} {float(BURST - THRESHOLD)}') in metrics
