@@ -15,7 +15,8 @@ core. The launcher passes each number as the process's OMP_NUM_THREADS (splitspe
 stack.py), which is torch's default thread count; a service's own --threads flag wins over it,
 and an OMP_NUM_THREADS already set in the launcher's environment is left as it is for every
 service. The Helm chart derives the same variable from each container's CPU limit (else its
-request) with threads_for_cpus, 1 for the CPU-trivial ones (k8s/splitspec/templates/_pod.tpl).
+request) by threads_for_cpus' rule, 1 for the CPU-trivial ones (splitspec.threads in
+k8s/splitspec/templates/_helpers.tpl; tests/k8s/test_chart_threads.py holds them equal).
 """
 
 from __future__ import annotations
