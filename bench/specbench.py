@@ -178,14 +178,43 @@ class StackClient:
 
 def stack_config(args, cfg: Config, models: dict[str, str]) -> StackConfig:
     threads = ["--threads", str(args.threads)] if args.threads else []
+    proposer_threads = (["--threads", str(args.proposer_threads)] if args.proposer_threads
+                        else [])
     return StackConfig.with_free_ports(
         model=args.model, device="cpu", models=models, methods=list(cfg.methods),
-        proposer_args={m: ["--threads", str(args.proposer_threads), *cfg.args_of(m)]
-                       for m in METHODS},
+        proposer_args={m: [*proposer_threads, *cfg.args_of(m)] for m in METHODS},
         log_dir=ROOT / "bench/out/logs/specbench" / cfg.key,
         verifier_args=[*threads, "--proposer-timeout-ms", "2000",
                        # lookahead's default shape, whole: (W 3 + G 2) x (N 3 - 1) nodes
                        "--max-num-speculative-tokens", str(args.max_k)])
+
+
+THREADS_FACT = "torch threads (HF in the bench process; verifier; each proposer)"
+
+
+def threads_fact(args) -> str:
+    """The threads each process runs: the flags where given, else the stack's defaults for this
+    machine (or an OMP_NUM_THREADS set here, which every service then keeps)."""
+    import os
+
+    import torch
+
+    from splitspec.launcher.threads import (
+        DRAFTER,
+        LIGHT,
+        THREADS_ENV,
+        VERIFIER,
+        host_cores,
+        plan_threads,
+    )
+
+    roles = (VERIFIER, DRAFTER, LIGHT)
+    default = ({r: int(os.environ[THREADS_ENV]) for r in roles} if THREADS_ENV in os.environ
+               else plan_threads(host_cores(), {r: r for r in roles}))
+    proposers = (str(args.proposer_threads) if args.proposer_threads
+                 else f"{default[DRAFTER]} with a model, {default[LIGHT]} without")
+    return (f"{args.threads or torch.get_num_threads()}; {args.threads or default[VERIFIER]}; "
+            f"{proposers}")
 
 
 def missing_models(cfg: Config, models: dict[str, str]) -> list[str]:
@@ -375,10 +404,12 @@ def parser():
     ap.add_argument("--seed", type=int, default=1000, help="seeded answers: seed + question id")
     ap.add_argument("--no-hf", dest="hf", action="store_false",
                     help="leave Hugging Face's baseline out")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads of the target in HF and in the verifier (0: torch "
-                         "default; 1: two multi-threaded processes would oversubscribe 2 cores)")
-    ap.add_argument("--proposer-threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads of the target in HF and in the verifier (0: what a "
+                         "user gets: torch's default in HF, the stack's default in the "
+                         "verifier, splitspec/launcher/threads.py)")
+    ap.add_argument("--proposer-threads", type=int, default=0,
+                    help="torch threads of each proposer (0: the stack's default)")
     ap.add_argument("--max-k", type=int, default=10,
                     help="the verifier's --max-num-speculative-tokens (every stack)")
     ap.add_argument("--shared-stack", action="store_true",
@@ -416,8 +447,10 @@ def main(argv: list[str] | None = None) -> dict:
     from compare_bench import machine_facts
 
     args = parse_args(argv)
+    facts = machine_facts(args.threads, args.proposer_threads)
+    facts[THREADS_FACT] = threads_fact(args)
     try:
-        return run(args, machine_facts(args.threads, args.proposer_threads))
+        return run(args, facts)
     except ResumeRefused as exc:
         raise SystemExit(f"[specbench] {exc}") from None
 

@@ -295,8 +295,12 @@ def notes(args) -> list[str]:
         "front door to its stream's last message (gateway, verifier, proposers; prompt ids "
         "sent, so no tokenizing); for Hugging Face, the `generate` call. Prompts are rendered "
         "and tokenized before the clock starts, as in Spec-Bench.",
-        f"- Threads: {args.threads} for the target in HF and in the verifier, "
-        f"{args.proposer_threads} per proposer; every stack's verifier has "
+        "- Threads: " + ("the defaults a user gets (torch's in HF, the stack's in each "
+                         "service: splitspec/launcher/threads.py; the machine table says how "
+                         "many)" if not (args.threads or args.proposer_threads) else
+                         f"{args.threads or 'default'} for the target in HF and in the "
+                         f"verifier, {args.proposer_threads or 'default'} per proposer")
+        + "; every stack's verifier has "
         f"--max-num-speculative-tokens {args.max_k}.",
         "- Each configuration's stack answers two warm-up requests (a prompt with nothing to "
         "copy) before its timed pass.",

@@ -34,7 +34,8 @@ class ProposerConfig(TlsServerOptions, TlsPeerOptions):
     # keeps more of q (higher acceptance) at the price of a larger message per draft token.
     draft_top_k: int = option(32, "K of the sparse draft distribution sent with sampled drafts")
     max_batch: int = option(32, "sequences drafted together in one forward pass")
-    threads: int = option(0, "torch intra-op threads (0: torch default)")
+    threads: int = option(0, "torch intra-op threads (0: $OMP_NUM_THREADS, which "
+                          "`splitspec up` and the chart set per service, else torch's default)")
     # draft only: its lean forward split over N devices (proposer_service/draft/tp.py)
     tensor_parallel_size: int = option(
         1, "draft: devices the draft model is split over (tensor parallel; its KV head count "

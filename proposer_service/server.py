@@ -40,6 +40,12 @@ def build_proposer(config: ProposerConfig) -> Proposer:
     return proposer_class(config.method).from_config(config)
 
 
+def threads_note() -> str:
+    """'; N torch threads' for a proposer that loaded torch (a model's); nothing otherwise."""
+    torch = sys.modules.get("torch")
+    return f"; {torch.get_num_threads()} torch threads" if torch is not None else ""
+
+
 async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None = None) -> None:
     proposer = build_proposer(config)
     trim_host_heap()  # the load's temporaries, out of RSS
@@ -57,8 +63,8 @@ async def serve(config: ProposerConfig, telemetry_config: TelemetryConfig | None
     await server.start()
     await mark_serving(health, [SERVICE_NAME])
     desc = proposer.describe()
-    log.info("proposer %s (%s) serving on %s%s", config.method, desc.model or "-", address,
-             " (TLS)" if tls else "")
+    log.info("proposer %s (%s) serving on %s%s%s", config.method, desc.model or "-", address,
+             " (TLS)" if tls else "", threads_note())
     telemetry.start()
     await until_stopped()
     await server.stop(grace=2.0)

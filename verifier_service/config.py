@@ -88,7 +88,8 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
     enable_prefix_caching: bool = option(
         True, "reuse the KV blocks of prompt prefixes computed before (LRU-evicted)")
     max_model_len: int = option(0, "context length limit (0: the model's own)")
-    threads: int = option(0, "torch intra-op threads (0: torch default)")
+    threads: int = option(0, "torch intra-op threads (0: $OMP_NUM_THREADS, which "
+                          "`splitspec up` and the chart set per service, else torch's default)")
     # kernels/linear.py
     linear: str = option("auto", "matmul kernels of the model: dense (plain), onednn, fp16 "
                          "(FBGEMM) or fp16-dot (split over every thread; weights packed once); "

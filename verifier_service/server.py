@@ -183,10 +183,11 @@ async def serve(config: VerifierConfig, telemetry_config: TelemetryConfig | None
     await mark_serving(health, [SERVICE_NAME])
     telemetry.start()
     kv = engine.runner.kv
-    log.info("verifier serving %s on %s%s (%s, %s%s); KV cache: %d blocks of %d tokens; ready "
-             "in %.1f s (model %.1f s)", name, address, " (TLS)" if tls else "", device, dtype,
-             f", tensor parallel over {group.size} ranks" if group else "", kv.num_blocks,
-             kv.block_size, time.perf_counter() - started, loaded)
+    log.info("verifier serving %s on %s%s (%s, %s%s, %d torch threads); KV cache: %d blocks of "
+             "%d tokens; ready in %.1f s (model %.1f s)", name, address, " (TLS)" if tls else "",
+             device, dtype, f", tensor parallel over {group.size} ranks" if group else "",
+             torch.get_num_threads(), kv.num_blocks, kv.block_size,
+             time.perf_counter() - started, loaded)
     loss.loop = asyncio.get_running_loop()
     await _until_stopped_or(loss.event)
     if loss.event.is_set():

@@ -9,6 +9,7 @@ it running.
     config.py      StackConfig: which services run, on which ports, with which flags
     ports.py       default ports that never collide; a port given to two services refused
     service.py     one service process, and its gRPC health check
+    threads.py     each process's default torch threads from the host's cores
     stack.py       Stack: the processes, started in dependency tiers and stopped together
     supervisor.py  restarts a service that exits, with backoff
 

@@ -67,6 +67,9 @@ class StackConfig:
     # In-target methods backed by a model (an EAGLE head): method -> its directory, passed to
     # every verifier as --METHOD DIR. Missing: the verifiers do not serve the method.
     in_target_models: dict[str, str] = field(default_factory=dict)
+    # The cores the services share, for their default threads (splitspec/launcher/threads.py);
+    # None: the cores this process may run on.
+    cores: int | None = None
 
     @classmethod
     def with_free_ports(cls, models: dict[str, str] | None = None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -22,11 +22,12 @@ class Service:
     port: int  # the gRPC port probed for health
     log_path: Path | None = None
     proc: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)  # this service's own, over the stack's
 
     def start(self, env: dict[str, str]) -> None:
         out = open(self.log_path, "ab") if self.log_path else None
-        self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, env={**env, **self.env}, stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         if out:
             out.close()
 

@@ -17,6 +17,14 @@ from splitspec.launcher.config import StackConfig
 from splitspec.launcher.ports import check_distinct
 from splitspec.launcher.service import Service, grpc_healthy
 from splitspec.launcher.supervisor import Supervisor
+from splitspec.launcher.threads import (
+    DRAFTER,
+    LIGHT,
+    THREADS_ENV,
+    VERIFIER,
+    host_cores,
+    plan_threads,
+)
 from splitspec.lifecycle import LAUNCHER_PID_ENV
 from splitspec.methods import METHODS, HiddenState
 from splitspec.net import wait_for_port
@@ -76,8 +84,24 @@ class Stack:
                           for name, port in self.metrics_ports.items())])
         for svc in self.services:
             svc.argv += ["--metrics-port", str(self.metrics_ports[svc.name])]
+        self.threads = self.thread_plan()
+        for svc in self.services:
+            if svc.name in self.threads:
+                svc.env[THREADS_ENV] = str(self.threads[svc.name])
         if c.tls is not None:
             self._add_tls_flags(c.tls)
+
+    def thread_plan(self) -> dict[str, int]:
+        """Each service's default torch threads (its OMP_NUM_THREADS; its own --threads wins);
+        none when the launcher's environment sets OMP_NUM_THREADS: every service keeps that."""
+        if THREADS_ENV in os.environ:
+            return {}
+        roles = {svc.name: (DRAFTER if METHODS[m].capabilities.needs_model else LIGHT)
+                 for m, svc in self.proposers.items()}
+        roles.update({svc.name: VERIFIER for svc in self.verifiers})
+        roles[self.gateway.name] = LIGHT
+        return plan_threads(self.config.cores or host_cores(), roles,
+                            ranks_per_verifier=self.config.tensor_parallel_size)
 
     def _add_tls_flags(self, certs: StackCertificates) -> None:
         """Mutual TLS on every hop: each service its role's certificate and the CA; verifiers

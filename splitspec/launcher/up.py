@@ -53,6 +53,12 @@ Any flag of a service passes through: --gateway-args, --verifier-args, --propose
 proposer) and --METHOD-args (one proposer) each take a quoted list of flags (the services'
 own --help lists them).
 
+Threads: each service gets OMP_NUM_THREADS from the cores this process may use: every verifier
+an equal share of them (replicas and tensor-parallel ranks split them), a proposer with a model
+a quarter (at least 1), the gateway and the n-gram and suffix proposers 1. A service's own
+--threads (e.g. --verifier-args '--threads 2') wins; an OMP_NUM_THREADS already set here is kept
+for every service.
+
 Prints the gateway's URL once every service is healthy, restarts a service that exits (with
 backoff) while the others keep serving, and stops them all on Ctrl-C or SIGTERM.
 """

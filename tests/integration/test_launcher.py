@@ -23,6 +23,7 @@ from splitspec.launcher.cli import build_parser
 from splitspec.launcher.serve import up_namespace
 from splitspec.launcher.service import grpc_healthy
 from splitspec.launcher.stack import Stack
+from splitspec.launcher.threads import THREADS_ENV
 from splitspec.launcher.up import stack_config
 from splitspec.methods import proposer_methods
 from splitspec.net import bindable, free_port
@@ -49,15 +50,25 @@ def make_run(args: str) -> list[str]:
     return [sys.executable, *argv]
 
 
+def threads_of(pid: int) -> int:
+    """A process's OMP_NUM_THREADS, as it was started."""
+    env = dict(v.split("=", 1) for v in
+               (Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")) if "=" in v)
+    return int(env[THREADS_ENV])
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc")
-def test_make_run_serves_every_service_and_sigint_stops_everything(tmp_path):
+def test_make_run_serves_every_service_and_sigint_stops_everything(tmp_path, monkeypatch):
     """The documented `make run ARGS="--verifier-replicas 2 ..."` (docs/reliability.md, the
     Makefile's comment), the command the Makefile's `run` recipe runs, on the default ports:
     it prints the gateway's URL when ready with a process for the gateway, both replicas, every
     model-free proposer and the learned ones shipped beside the model, every replica healthy;
-    it serves a request; SIGINT stops it and every service it started. Where this machine
-    already uses a default port, free ones are given instead (the rest is checked the same)."""
+    it serves a request; SIGINT stops it and every service it started. Each service runs the
+    threads the launcher's plan gives it (its OMP_NUM_THREADS; the suite's own setting taken out
+    of the launcher's environment). Where this machine already uses a default port, free ones
+    are given instead (the rest is checked the same)."""
     argv = make_run(f"{documented_args()} --log-dir {tmp_path}")
+    monkeypatch.delenv(THREADS_ENV, raising=False)
 
     def parsed(argv: list[str]) -> Stack:
         """The same flags, parsed in this process: every port the stack will take."""
@@ -95,6 +106,7 @@ def test_make_run_serves_every_service_and_sigint_stops_everything(tmp_path):
         assert len(stack.verifiers) == 2
         assert len(kids) == 1 + 2 + len(model_free) + len(learned), kids
         assert all(grpc_healthy(v.port) for v in stack.verifiers)
+        assert sorted(threads_of(pid) for pid in kids) == sorted(stack.threads.values())
         r = httpx.post(f"{stack.url}/v1/completions", timeout=60,
                        json={"prompt": "def f(", "max_tokens": 4})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4

@@ -74,6 +74,20 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- toYaml $res }}
 {{- end }}
 
+{{/* A container's default torch threads, its OMP_NUM_THREADS (a --threads flag in its `flags`
+wins): 1 for a CPU-trivial one (light: the gateway, a proposer without a model), else the whole
+cores of its CPU limit, else of its request, at least 1 (splitspec/launcher/threads.py's
+threads_for_cpus); nothing without either. (dict "resources" {...} "light" false) */}}
+{{- define "splitspec.threads" -}}
+{{- $res := default dict .resources }}
+{{- $cpu := or (dig "limits" "cpu" "" $res) (dig "requests" "cpu" "" $res) | toString }}
+{{- if .light }}1
+{{- else if $cpu }}
+{{- $cores := ternary (divf (trimSuffix "m" $cpu | float64) 1000) ($cpu | float64) (hasSuffix "m" $cpu) }}
+{{- max 1 (floor $cores | int) }}
+{{- end }}
+{{- end }}
+
 {{/* A component's flags are a list of {flag, key, value}: the chart's own first, then the
 user's `flags` map (a user flag may not repeat one the chart sets from its own values).
 Values go to the component's ConfigMap as SPLITSPEC_<KEY>; the container's args are

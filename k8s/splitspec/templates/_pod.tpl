@@ -11,6 +11,7 @@
   tlsRole     gateway | verifier | proposer: the secret mounted when tls.enabled
   probes      YAML of the probes        grace: terminationGracePeriodSeconds
   preStop     seconds of preStop sleep  placement: {nodeSelector, tolerations, affinity}
+  light       (optional) true for a CPU-trivial component: one torch thread (splitspec.threads)
   extraArgs   (optional) literal args after the flags, expanded by the kubelet from variables
               the pod gets at run time (a LeaderWorkerSet's LWS_*)
   shm         (optional) size of a memory-backed /dev/shm (tensor parallelism's collectives) */}}
@@ -79,6 +80,10 @@ spec:
           valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
         - name: HOME
           value: /tmp
+        {{- with include "splitspec.threads" (dict "resources" .resources "light" .light) }}
+        - name: OMP_NUM_THREADS
+          value: {{ . | quote }}
+        {{- end }}
         {{- if $v.otel.enabled }}
         - name: OTEL_EXPORTER_OTLP_ENDPOINT
           value: {{ $v.otel.endpoint | quote }}
