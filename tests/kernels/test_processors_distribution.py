@@ -21,7 +21,7 @@ from test_tree_rejection import SHAPES, chi_square_pvalue, draw_trees, markov, m
 
 from kernels import StepLayout, tree_rejection_sample
 from kernels.logits_processors import ProcessorRows, process_rows
-from splitspec.params import SamplingParams
+from splitspec.params import SamplingParams, StructuredOutput
 from splitspec.proposal import Draft
 from verifier_service.step.sampling_state import SamplingState
 
@@ -105,3 +105,102 @@ def test_the_chi_square_catches_rows_with_another_history(monkeypatch, plant, na
     plant(monkeypatch)
     with pytest.raises(AssertionError):
         check_processed_distribution(name)
+
+
+# ---- the grammar's mask at drafted positions ----
+# tokens a, b, c, d, e and the stop token; after each letter the grammar allows two others or
+# the end (e never), which two depending on the letter and on whether the output so far is of
+# even or odd length: a row masked with another path's state (a sibling's, its parent's) draws
+# from another distribution
+LETTERS, STOP = "abcde", 5
+NEXT = ({"a": "bc", "b": "ad", "c": "ab", "d": "ca"},  # after an even number of letters
+        {"a": "ad", "b": "bc", "c": "cd", "d": "db"})  # after an odd number
+GRAMMAR = "\n".join(
+    ["root ::= " + " | ".join(f'"{y}" {y.upper()}1' for y in "abcd")]
+    + [f"{x.upper()}{odd} ::= (" + " | ".join(f'"{y}" {y.upper()}{1 - odd}' for y in nxt)
+       + ")?" for odd in (0, 1) for x, nxt in NEXT[odd].items()])
+GRAMMAR_OUTPUT = [0, 3]  # "ad" committed: the last token d (id 3), an even length
+
+
+def _allowed(prev: int, length: int) -> list[int]:
+    """What the grammar allows after `length` output tokens, the last `prev`."""
+    if prev == STOP:  # the structure is complete: only a stop token may follow
+        return [STOP]
+    return [LETTERS.index(y) for y in NEXT[length % 2][LETTERS[prev]]] + [STOP]
+
+
+def _grammar_seq(i: int, compiled, seed):
+    from verifier_service.grammar.matcher import GrammarState
+
+    state = GrammarState(compiled, V)
+    assert state.accept(GRAMMAR_OUTPUT)
+    p = SamplingParams(temperature=1.0, seed=seed,
+                       structured=StructuredOutput("grammar", GRAMMAR))
+    return SimpleNamespace(request_id=f"g{i}", inp=SimpleNamespace(sampling=p,
+                                                                   prompt_token_ids=PROMPT),
+                           tokens=list(PROMPT) + GRAMMAR_OUTPUT, finished=False,
+                           bad_words_ids=(), grammar=state,
+                           tracker=SimpleNamespace(stop_token_ids=frozenset()))
+
+
+def check_masked_distribution(name: str) -> None:
+    """Among copies that accepted j nodes, token j + 1 follows the Markov target's row after
+    token j restricted to what the grammar allows after token j, renormalised."""
+    xgr = pytest.importorskip("xgrammar")
+    info = xgr.TokenizerInfo(list(LETTERS) + ["</s>"], vocab_size=V, stop_token_ids=[STOP])
+    compiled = xgr.GrammarCompiler(info).compile_grammar(GRAMMAR)
+    shape = SHAPES[name]
+    seed = 57 + len(name)
+    gen = torch.Generator().manual_seed(seed)
+    p, q = markov(seed, max_depth(shape))
+    root = GRAMMAR_OUTPUT[-1]
+    p[0, ROOT] = p[0, root]  # draw_trees starts every tree from ROOT's row: the root's here
+    b, m = 2 * N, len(shape)
+    tokens, qs, rows = draw_trees(shape, p, q, b, gen)
+    parents = [par for par, _ in shape]
+    seqs = [_grammar_seq(i, compiled, i if i % 2 else None) for i in range(b)]
+    drafts = [Draft(s.request_id, tokens[i].tolist(), parents=list(parents))
+              for i, s in enumerate(seqs)]
+    layout = StepLayout.build([m + 1] * b, [len(PROMPT) + len(GRAMMAR_OUTPUT) - 1] * b,
+                              [m] * b, [True] * b, [list(parents)] * b)
+    step = SamplingState(V, torch.device("cpu")).step(seqs, drafts, layout)
+    probs = step.row_tensors().apply(step.process(rows.reshape(-1, V).log()))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        res = tree_rejection_sample(probs, tokens.reshape(-1), [parents] * b, layout,
+                                    qs.reshape(b * m, V), step.greedy, step.seeds)
+    out, n_acc = res.output_token_ids, res.num_accepted
+    checks = []
+    for j in range(out.shape[1]):
+        reached = n_acc >= j
+        if int(reached.sum()) < 200:
+            continue
+        prev = out[reached, j - 1] if j else torch.full((int(reached.sum()),), root)
+        expected = torch.zeros(V, dtype=torch.float64)
+        for t in prev.unique().tolist():
+            allowed = torch.zeros(V, dtype=torch.bool)
+            allowed[_allowed(t, len(GRAMMAR_OUTPUT) + j)] = True
+            row = torch.where(allowed, p[j, t if j else ROOT].double(), 0.0)
+            expected += int((prev == t).sum()) * row / row.sum()
+        checks.append((j, torch.bincount(out[reached, j], minlength=V).double(), expected))
+    assert len(checks) >= 2, checks
+    for j, obs, exp in checks:
+        pval = chi_square_pvalue(obs, exp)
+        assert pval > FAMILY_ALPHA / len(checks), (name, j, pval, obs.tolist(), exp.tolist())
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("name", ["chain", "two-level-wor"])
+def test_masked_rows_are_distributed_as_the_masked_target(name):
+    check_masked_distribution(name)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("plant, name", [
+    (bug.grammar_node_masked_with_its_siblings_state, "two-level-wor"),
+    (bug.grammar_mask_one_row_late, "chain"),
+], ids=["sibling-state", "one-row-late"])
+def test_the_chi_square_catches_masks_of_another_path(monkeypatch, plant, name):
+    plant(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_masked_distribution(name)
