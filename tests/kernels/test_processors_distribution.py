@@ -57,25 +57,9 @@ def _oracle_row(raw_row: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
 
 
 def check_processed_distribution(name: str) -> None:
-    shape = SHAPES[name]
     seed = 31 + len(name)
-    gen = torch.Generator().manual_seed(seed)
-    p, q = markov(seed, max_depth(shape))
-    b, m = 2 * N, len(shape)
-    tokens, qs, rows = draw_trees(shape, p, q, b, gen)
-    parents = [par for par, _ in shape]
-    seqs = [_seq(i, i if i % 2 else None) for i in range(b)]
-    drafts = [Draft(s.request_id, tokens[i].tolist(), parents=list(parents))
-              for i, s in enumerate(seqs)]
-    layout = StepLayout.build([m + 1] * b, [len(PROMPT) + len(OUTPUT) - 1] * b, [m] * b,
-                              [True] * b, [list(parents)] * b)
-    step = SamplingState(V, torch.device("cpu")).step(seqs, drafts, layout)
-    probs = step.row_tensors().apply(step.process(rows.reshape(-1, V).log()))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        res = tree_rejection_sample(probs, tokens.reshape(-1), [parents] * b, layout, qs.reshape(
-            b * m, V), step.greedy, step.seeds)
-    out, n_acc = res.output_token_ids, res.num_accepted
+    p, q = markov(seed, max_depth(SHAPES[name]))
+    out, n_acc = _sampled(name, seed, p, q, _seq, len(OUTPUT))
     checks = []
     for j in range(out.shape[1]):
         reached = n_acc >= j
@@ -84,6 +68,34 @@ def check_processed_distribution(name: str) -> None:
         prev = out[reached, j - 1] if j else torch.full((int(reached.sum()),), ROOT)
         expected = _oracle_row(p[j, prev], out[reached, :j]).double().sum(0)
         checks.append((j, torch.bincount(out[reached, j], minlength=V).double(), expected))
+    _assert_fits(name, checks)
+
+
+def _sampled(name: str, seed: int, p, q, make_seq, output_len: int):
+    """2N copies (odd ones seeded) of the shape's tree drawn from q over target p, each copy a
+    sequence make_seq(i, seed) with output_len tokens committed, through the step's sampling
+    state and the tree sampler: emitted tokens [2N, depth + 1] and accepted counts."""
+    shape = SHAPES[name]
+    gen = torch.Generator().manual_seed(seed)
+    b, m = 2 * N, len(shape)
+    tokens, qs, rows = draw_trees(shape, p, q, b, gen)
+    parents = [par for par, _ in shape]
+    seqs = [make_seq(i, i if i % 2 else None) for i in range(b)]
+    drafts = [Draft(s.request_id, tokens[i].tolist(), parents=list(parents))
+              for i, s in enumerate(seqs)]
+    layout = StepLayout.build([m + 1] * b, [len(PROMPT) + output_len - 1] * b, [m] * b,
+                              [True] * b, [list(parents)] * b)
+    step = SamplingState(V, torch.device("cpu")).step(seqs, drafts, layout)
+    probs = step.row_tensors().apply(step.process(rows.reshape(-1, V).log()))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        res = tree_rejection_sample(probs, tokens.reshape(-1), [parents] * b, layout, qs.reshape(
+            b * m, V), step.greedy, step.seeds)
+    return res.output_token_ids, res.num_accepted
+
+
+def _assert_fits(name: str, checks) -> None:
+    """Each (position, observed, expected counts) passes Pearson's test at the family's level."""
     assert len(checks) >= 2, checks
     for j, obs, exp in checks:
         pval = chi_square_pvalue(obs, exp)
@@ -149,27 +161,12 @@ def check_masked_distribution(name: str) -> None:
     xgr = pytest.importorskip("xgrammar")
     info = xgr.TokenizerInfo(list(LETTERS) + ["</s>"], vocab_size=V, stop_token_ids=[STOP])
     compiled = xgr.GrammarCompiler(info).compile_grammar(GRAMMAR)
-    shape = SHAPES[name]
     seed = 57 + len(name)
-    gen = torch.Generator().manual_seed(seed)
-    p, q = markov(seed, max_depth(shape))
+    p, q = markov(seed, max_depth(SHAPES[name]))
     root = GRAMMAR_OUTPUT[-1]
     p[0, ROOT] = p[0, root]  # draw_trees starts every tree from ROOT's row: the root's here
-    b, m = 2 * N, len(shape)
-    tokens, qs, rows = draw_trees(shape, p, q, b, gen)
-    parents = [par for par, _ in shape]
-    seqs = [_grammar_seq(i, compiled, i if i % 2 else None) for i in range(b)]
-    drafts = [Draft(s.request_id, tokens[i].tolist(), parents=list(parents))
-              for i, s in enumerate(seqs)]
-    layout = StepLayout.build([m + 1] * b, [len(PROMPT) + len(GRAMMAR_OUTPUT) - 1] * b,
-                              [m] * b, [True] * b, [list(parents)] * b)
-    step = SamplingState(V, torch.device("cpu")).step(seqs, drafts, layout)
-    probs = step.row_tensors().apply(step.process(rows.reshape(-1, V).log()))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        res = tree_rejection_sample(probs, tokens.reshape(-1), [parents] * b, layout,
-                                    qs.reshape(b * m, V), step.greedy, step.seeds)
-    out, n_acc = res.output_token_ids, res.num_accepted
+    out, n_acc = _sampled(name, seed, p, q, lambda i, s: _grammar_seq(i, compiled, s),
+                          len(GRAMMAR_OUTPUT))
     checks = []
     for j in range(out.shape[1]):
         reached = n_acc >= j
@@ -183,10 +180,7 @@ def check_masked_distribution(name: str) -> None:
             row = torch.where(allowed, p[j, t if j else ROOT].double(), 0.0)
             expected += int((prev == t).sum()) * row / row.sum()
         checks.append((j, torch.bincount(out[reached, j], minlength=V).double(), expected))
-    assert len(checks) >= 2, checks
-    for j, obs, exp in checks:
-        pval = chi_square_pvalue(obs, exp)
-        assert pval > FAMILY_ALPHA / len(checks), (name, j, pval, obs.tolist(), exp.tolist())
+    _assert_fits(name, checks)
 
 
 @pytest.mark.soak
