@@ -34,6 +34,7 @@ import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
 import verifier_service.engine as engine_module
 import verifier_service.grammar.matcher as grammar_matcher
+import verifier_service.grammar.spelling as grammar_spelling
 import verifier_service.kv.cache as kv_cache
 import verifier_service.kv.paged_attention as kv_paged_attention
 import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
@@ -1442,10 +1443,26 @@ def policy_measures_the_shape_as_plain_ngram(monkeypatch) -> None:
 
 def forced_draft_crosses_the_token_boundary(monkeypatch) -> None:
     """The grammar drafter keeps the forced text's last token even where a longer token starts
-    with it: the model's next token may cross the forced text's end, unchecked."""
+    with it and the target was never seen writing it alone there: the model's next token may
+    cross the forced text's end, unchecked."""
     real = grammar_matcher.GrammarState.forced_tokens
 
-    def unchecked(self, encode, extendable, k):
-        return real(self, encode, frozenset(), k)
+    def unchecked(self, spell, k):
+        def keep_all(text):
+            ids, held = spell(text)
+            return ids + ([held] if held is not None else []), None
+
+        return real(self, keep_all, k)
 
     monkeypatch.setattr(grammar_matcher.GrammarState, "forced_tokens", unchecked)
+
+
+def respelling_drops_the_rest(monkeypatch) -> None:
+    """The grammar drafter learns a token the target wrote in pieces as the target's first
+    piece alone: the rest of the token's text is lost from the forced draft."""
+    real = grammar_spelling.Spellings._vote
+
+    def first_piece(self, before, token, spelling):
+        real(self, before, token, spelling[:1] if len(spelling) > 1 else spelling)
+
+    monkeypatch.setattr(grammar_spelling.Spellings, "_vote", first_piece)
