@@ -34,7 +34,6 @@ import verifier_service.batching.prefix_cache as prefix_cache
 import verifier_service.drafts.adaptive_k as adaptive_k
 import verifier_service.engine as engine_module
 import verifier_service.grammar.matcher as grammar_matcher
-import verifier_service.grammar.spelling as grammar_spelling
 import verifier_service.kv.cache as kv_cache
 import verifier_service.kv.paged_attention as kv_paged_attention
 import verifier_service.methods.eagle.batch_graphs as eagle_batch_graphs
@@ -42,6 +41,7 @@ import verifier_service.methods.eagle.checkpoint as eagle_format
 import verifier_service.methods.eagle.graphs as eagle_graphs
 import verifier_service.methods.eagle.head as eagle_head
 import verifier_service.methods.eagle.method as eagle
+import verifier_service.methods.forced_spelling as forced_spelling
 import verifier_service.prompt as verifier_prompt
 import verifier_service.step.executor as step_executor
 import verifier_service.step.plan as step_plan
@@ -1460,9 +1460,9 @@ def forced_draft_crosses_the_token_boundary(monkeypatch) -> None:
 def respelling_drops_the_rest(monkeypatch) -> None:
     """The grammar drafter learns a token the target wrote in pieces as the target's first
     piece alone: the rest of the token's text is lost from the forced draft."""
-    real = grammar_spelling.Spellings._vote
+    real = forced_spelling.Spellings._vote
 
     def first_piece(self, before, token, spelling):
         real(self, before, token, spelling[:1] if len(spelling) > 1 else spelling)
 
-    monkeypatch.setattr(grammar_spelling.Spellings, "_vote", first_piece)
+    monkeypatch.setattr(forced_spelling.Spellings, "_vote", first_piece)

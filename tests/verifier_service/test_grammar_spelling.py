@@ -1,6 +1,6 @@
-"""How the grammar drafter spells forced text (verifier_service/grammar/spelling.py): a token the
-target wrote in pieces is drafted in those pieces, after the token it followed where that
-differs; a last token a longer one starts with is held back until the target is seen writing
+"""How the grammar drafter spells forced text (verifier_service/methods/forced_spelling.py):
+a token the target wrote in pieces is drafted in those pieces, after the token it followed where
+that differs; a last token a longer one starts with is held back until the target is seen writing
 it alone; and whatever it learned, a respelling spells the very text it was given."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import planted_bugs as bug
 import pytest
 
-from verifier_service.grammar.spelling import Spellings
+from verifier_service.methods.forced_spelling import Spellings
 
 VOCAB = [b'":"', b'":', b'"', b"{", b'{"', b"[", b"a", b"ab", b"_", b"__", b"b", b'","', b'",']
 ID = {t: i for i, t in enumerate(VOCAB)}

@@ -127,8 +127,8 @@ class GrammarState:
     def forced_tokens(self, spell, k: int) -> tuple[list[int], int | None, bool]:
         """Up to k tokens of the text the grammar forces after the committed output (spell:
         text -> (the ids to draft, the last token held back or None), as
-        verifier_service/grammar/spelling.py spells it: a last token a longer one could extend
-        is held back, since what the model writes next may merge into it across the forced
+        verifier_service/methods/forced_spelling.py spells it: a last token a longer one could
+        extend is held back, since what the model writes next may merge into it across the forced
         text's end). Only tokens the grammar accepts in turn are kept (a spelling the grammar
         does not take is no draft); the matcher is left as found. Returns (the tokens, the
         token held back, whether the tokens spell all of the forced text but that one)."""

@@ -7,10 +7,10 @@ which has accepted exactly the committed output. The text is tokenized with the 
 and drafted as a chain (deterministic: one-hot q), verified like any other draft: the target's
 rows are masked by the same grammar, so a forced token is accepted unless the model would spell
 the same text with other tokens. So the text is respelled as the target spelled it before
-(verifier_service/grammar/spelling.py: learned from the tokens it wrote where forced ones were
-drafted, shared by every request), its last token is held back where a longer token starts with
-it (the model's next token may cross the forced text's end) unless the target was seen writing
-it alone there, and only tokens the grammar accepts in turn are drafted
+(verifier_service/methods/forced_spelling.py: learned from the tokens it wrote where forced
+ones were drafted, shared by every request), its last token is held back where a longer
+token starts with it (the model's next token may cross the forced text's end) unless the target
+was seen writing it alone there, and only tokens the grammar accepts in turn are drafted
 (verifier_service/grammar/matcher.py `forced_tokens`).
 
 A request without a structure drafts nothing with it. It reads the request's grammar state
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Sequence as Seq
 
 from splitspec.params import SamplingParams, SpeculationPlan
-from verifier_service.grammar.spelling import Spellings
+from verifier_service.methods.forced_spelling import Spellings
 from verifier_service.methods.in_target import InTargetMethod, InTargetState, StepOutcome
 
 __all__ = ["GrammarMethod", "extendable_ids"]
