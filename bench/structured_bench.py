@@ -51,9 +51,9 @@ SETS = ("Glaiveai2K", "Github_easy", "Github_medium")
 PROMPT = ("Write one JSON object that is valid against this JSON schema. Reply with the JSON "
           "only.\n\nSchema:\n{schema}")
 K = {"ngram": 4, "suffix": 4, "eagle": 4, "grammar": 8, "hybrid:grammar+ngram": 8,
-     "hybrid:grammar+suffix": 8}
+     "hybrid:grammar+suffix": 8, "hybrid:grammar+eagle": 8}
 CONFIGS = ["off", "ngram", "suffix", "grammar", "hybrid:grammar+ngram", "hybrid:grammar+suffix",
-           "eagle"]
+           "eagle", "hybrid:grammar+eagle"]
 CONCURRENT = 16
 
 
