@@ -98,3 +98,16 @@ def test_the_check_catches_a_spelling_that_drops_the_rest(monkeypatch):
     bug.respelling_drops_the_rest(monkeypatch)
     with pytest.raises(AssertionError):
         check_respellings_spell_the_text(spellings())
+
+
+def test_pairs_beyond_the_bound_vote_for_their_token_alone(monkeypatch):
+    import verifier_service.methods.forced_spelling as forced_spelling
+
+    monkeypatch.setattr(forced_spelling, "MAX_PAIRS", 1)
+    s = spellings()
+    s.learn(ID[b"["], ids(b'{"'), None, False, ids(b'{"', b"b"), 1)  # the one pair kept
+    s.learn(ID[b"a"], ids(b'{"', b"b"), None, True, ids(b"{"), 0)  # no pair: token votes only
+    s.learn(ID[b"a"], ids(b'{"', b"b"), None, True, ids(b"{"), 0)
+    assert s.spell('{"b', ID[b"["])[0] == ids(b'{"', b"b")
+    assert s.spell('{"b', ID[b"a"])[0] == ids(b"{", b'"', b"b")
+    assert set(s._spellings) == {ID[b'{"'], (ID[b"["], ID[b'{"'])}

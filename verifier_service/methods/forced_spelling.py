@@ -22,7 +22,9 @@ the end of a forced text more often than it merged it with what followed.
 
 Acceptance only: a forced draft is verified like any other, so a wrong guess costs a row, never
 a token. The tables are the served model's, shared by every request (one per verifier), and
-bounded by the vocabulary: one counter of spellings per token ever rejected or accepted.
+bounded: one counter per token ever drafted (its spellings are pieces that start its text: at
+most one per byte of it), and at most MAX_PAIRS counters per (token before, token), after which
+new pairs vote for their token alone.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Callable, Sequence
 __all__ = ["Spellings"]
 
 _DEPTH = 4  # respelled pieces are respelled again, this many times at most
+MAX_PAIRS = 1 << 16  # (token before, token) counters kept at most
 
 
 class Spellings:
@@ -44,6 +47,7 @@ class Spellings:
         self.vocab, self._encode, self.extendable = vocab, encode, extendable
         # token or (token before, token) -> Counter{(ids...): votes}
         self._spellings: dict[int | tuple[int, int], Counter] = {}
+        self._pairs = 0
         self._ends: dict[int, list[int]] = {}  # token -> [written alone at the end, merged]
 
     def spell(self, text: str, before: int | None = None) -> tuple[list[int], int | None]:
@@ -106,8 +110,15 @@ class Spellings:
 
     def _vote(self, before: int | None, token: int, spelling: tuple[int, ...]) -> None:
         self._spellings.setdefault(token, Counter())[spelling] += 1
-        if before is not None:
-            self._spellings.setdefault((before, token), Counter())[spelling] += 1
+        if before is None:
+            return
+        pair = self._spellings.get((before, token))
+        if pair is None:
+            if self._pairs >= MAX_PAIRS:
+                return
+            pair = self._spellings[(before, token)] = Counter()
+            self._pairs += 1
+        pair[spelling] += 1
 
     def _joined(self, before: int | None, pieces: Sequence[int], emitted: int) -> bool:
         """Whether the target wrote the first pieces of a respelled draft as one token (the
