@@ -6,7 +6,9 @@ matcher, verifier_service/step/sampling_state.py) and the apply (the bitmask unp
 banned tokens, kernels/token_bitmask.py, and the logits masked with -inf, as
 kernels/logits_processors.py does). The matchers are the bench's own compiled grammars, each
 advanced through the first half of an output the engine generated for it (a state inside the
-structure, as a running request's is). Median over repetitions, after a warm-up.
+structure, as a running request's is). Median over repetitions, after a warm-up, with the
+torch threads asked for (the apply's few large element-wise operations run on torch's intra-op
+pool: on a machine whose cores other processes hold, each waits for its slowest thread).
 """
 
 from __future__ import annotations
@@ -36,10 +38,21 @@ def _states(grammars: Sequence, outputs: Sequence[Sequence[int]], vocab: int,
 
 
 def mask_seconds(grammars: Sequence, outputs: Sequence[Sequence[int]], vocab: int, batch: int,
-                 reps: int = 50, warmup: int = 5) -> tuple[float, float]:
+                 reps: int = 50, warmup: int = 5, threads: int = 0) -> tuple[float, float]:
     """(fill, apply) seconds of one step of `batch` structured rows (one per sequence, as off
-    verifies them): medians over `reps`."""
-    states = _states(grammars, outputs, vocab, batch)
+    verifies them): medians over `reps`, on `threads` torch threads (0: as set)."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _timed(_states(grammars, outputs, vocab, batch), vocab, reps, warmup)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _timed(states: list[GrammarState], vocab: int, reps: int, warmup: int
+           ) -> tuple[float, float]:
+    batch = len(states)
     words = (vocab + 31) // 32
     logits = torch.randn(batch, vocab)
     fills, applies = [], []
