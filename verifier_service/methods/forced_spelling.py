@@ -97,16 +97,14 @@ class Spellings:
             return
         if accepted >= len(emitted):
             return
-        ending = held if held is not None else (drafted[-1] if whole and drafted else None)
-        if ending is None:
-            return
-        nxt = emitted[accepted] if held is not None else None
-        if held is not None and nxt == held:
-            self._ends.setdefault(held, [0, 0])[0] += 1
-        elif held is not None and self._extends(nxt, held):
-            self._ends.setdefault(held, [0, 0])[1] += 1
-        elif held is None:
-            self._ends.setdefault(ending, [0, 0])[0] += 1  # the whole text, its end alone
+        if held is not None:  # what the target wrote where the held token would have been
+            after = emitted[accepted]
+            if after == held:
+                self._ends.setdefault(held, [0, 0])[0] += 1
+            elif self._extends(after, held):
+                self._ends.setdefault(held, [0, 0])[1] += 1
+        elif whole and drafted:  # the text's last token drafted and accepted as it is
+            self._ends.setdefault(drafted[-1], [0, 0])[0] += 1
 
     def _vote(self, before: int | None, token: int, spelling: tuple[int, ...]) -> None:
         self._spellings.setdefault(token, Counter())[spelling] += 1
