@@ -15,7 +15,9 @@ first, EAGLE): compliance (finished and valid against the schema by jsonschema),
 second and against off's in the same run, tokens per step, draft tokens pruned by the grammar,
 forced draft tokens proposed and accepted, and whether the output equals off's. In the same
 run, Hugging Face generate with xgrammar's logits processor (xgrammar.contrib.hf) at batch 1 on
-the same prompts and the same compiled grammars.
+the same prompts and the same compiled grammars; and the grammar mask's own cost (the host fill
+and the apply of one step's bitmask, bench/grammar_mask_cost.py) at batch 1 and 16 against the
+off step measured in the same run.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_common import bench_parser, markdown_table, write_markdown  # noqa: E402
+from grammar_mask_cost import mask_seconds  # noqa: E402
 from specbench_data import ChatPrompts  # noqa: E402
 
 from splitspec.params import (  # noqa: E402
@@ -51,10 +54,11 @@ SETS = ("Glaiveai2K", "Github_easy", "Github_medium")
 PROMPT = ("Write one JSON object that is valid against this JSON schema. Reply with the JSON "
           "only.\n\nSchema:\n{schema}")
 K = {"ngram": 4, "suffix": 4, "eagle": 4, "grammar": 8, "hybrid:grammar+ngram": 8,
-     "hybrid:grammar+suffix": 8}
+     "hybrid:grammar+suffix": 8, "hybrid:grammar+eagle": 8}
 CONFIGS = ["off", "ngram", "suffix", "grammar", "hybrid:grammar+ngram", "hybrid:grammar+suffix",
-           "eagle"]
+           "eagle", "hybrid:grammar+eagle"]
 CONCURRENT = 16
+MASK_GOALS = {1: 0.05, CONCURRENT: 0.10}  # the mask's cost, at most this share of the off step
 
 
 def schemas(count: int) -> list[dict]:
@@ -122,11 +126,12 @@ async def _serve(engine, inputs, concurrency: int):
     return out, time.perf_counter() - start
 
 
-def _counters(engine) -> tuple[float, float, float]:
+def _counters(engine) -> tuple[float, float, float, float, float]:
+    """(pruned drafts, forced tokens drafted, of those accepted, steps, their seconds)."""
     s = engine.snapshot()
     forced = s.in_target.get("grammar", {})
     return (s.grammar_pruned_tokens, forced.get("forced_tokens_total", 0),
-            forced.get("forced_tokens_accepted_total", 0))
+            forced.get("forced_tokens_accepted_total", 0), s.steps, s.step_seconds_total)
 
 
 def run_engine(model: str, cases: list[dict], max_tokens: int, configs: list[str],
@@ -208,6 +213,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--hf-schemas", type=int, default=5,
                     help="Hugging Face generate on the first this many schemas (0: none)")
+    ap.add_argument("--mask-reps", type=int, default=50,
+                    help="repetitions of the grammar mask's fill and apply (0: not measured)")
     ap.add_argument("--note", default="", help="a line on the machine, under the title")
     ap.add_argument("--out", default=str(ROOT / "bench/reports/structured.md"))
     args = ap.parse_args()
@@ -224,7 +231,7 @@ def main() -> None:
     for concurrency in (1, CONCURRENT):
         off_tps = None
         for config in args.configs:
-            out, seconds, (pruned, forced, forced_ok) = results[(config, concurrency)]
+            out, seconds, (pruned, forced, forced_ok, *_) = results[(config, concurrency)]
             tokens = sum(len(t) for t, _, _ in out)
             steps = sum(last.usage.steps for _, _, last in out)
             tps = tokens / seconds
@@ -258,6 +265,8 @@ def main() -> None:
     lines += markdown_table({"config": "l", "concurrency": "r", "compliant": "r",
                              "length": "r", "tok/s": "r", "vs off": "r", "tokens/step": "r",
                              "pruned": "r", "forced": "r", "= off": "l"}, rows)
+    if args.mask_reps:
+        lines += mask_section(results, grammars, args.mask_reps)
     n_hf = min(args.hf_schemas, len(cases))
     if n_hf:
         eos = _eos(args.model)
@@ -278,6 +287,43 @@ def main() -> None:
             [["Hugging Face + xgrammar", f"{ok}/{n_hf}", f"{hf_tokens / hf_seconds:.1f}",
               f"{same}/{n_hf}"]])
     write_markdown(args.out, lines)
+
+
+def mask_section(results: dict, grammars: list, reps: int) -> list[str]:
+    """The grammar mask's fill and apply per step at batch 1 and CONCURRENT, against the off
+    step of the same run (its step seconds over its steps, at that concurrency)."""
+    outputs = [t for t, _, _ in results[("off", 1)][0]]
+    vocab = grammars[0].tokenizer_info.vocab_size
+    rows = []
+    threads = torch.get_num_threads()
+    for batch in (1, CONCURRENT):
+        out, _, counters = results[("off", batch)]
+        steps, step_s = counters[3], counters[4]
+        off_step = step_s / steps
+        tokens = sum(len(t) for t, _, _ in out)
+        for n in sorted({threads, 1}, reverse=True):
+            fill, apply = mask_seconds(grammars, outputs, vocab, batch, reps, threads=n)
+            share = (fill + apply) / off_step
+            rows.append([batch, n, f"{fill * 1e3:.3f}", f"{apply * 1e3:.3f}",
+                         f"{(fill + apply) * 1e3:.3f}",
+                         f"{off_step * 1e3:.1f} ({tokens / steps:.1f})", f"{share:.1%}",
+                         f"{MASK_GOALS[batch]:.0%}",
+                         "yes" if share <= MASK_GOALS[batch] else "no"])
+    lines = ["", "## The grammar mask's own cost", "",
+             "Per step, measured apart from the step (bench/grammar_mask_cost.py): `fill` is "
+             "the host bitmask of the step's rows, one per sequence as off verifies them, each "
+             "written by its request's matcher (the bench's compiled grammars, each advanced "
+             "through the first half of its off output); `apply` unpacks it to the banned "
+             "tokens and masks the logits with -inf. Medians of "
+             f"{reps} repetitions, on the run's torch threads (the engine's) and on one "
+             "(`threads`): the apply's element-wise operations run on torch's intra-op pool, "
+             "where each waits for its slowest thread when other processes hold the cores. "
+             "`off step`: the off configuration's step seconds over its "
+             "steps at that concurrency in this run, with its mean sequences per step in "
+             "brackets (below the batch where requests drain at the end).", ""]
+    return lines + markdown_table(
+        {"batch": "r", "threads": "r", "fill ms": "r", "apply ms": "r", "mask ms": "r",
+         "off step ms (seqs)": "r", "mask / off step": "r", "goal": "r", "met": "l"}, rows)
 
 
 def _text(model: str, ids: list[int]) -> str:

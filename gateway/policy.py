@@ -47,7 +47,8 @@ better than the proposer's own range.
 Structured requests: a method that drafts for structured requests only (the grammar's forced
 tokens, registry capability `structured_only`) is offered to them alone: for any other request
 it is never a candidate, explored or defaulted to; for a structured one it is weighed alone and
-first in a hybrid with each served proposer (hybrid:grammar+suffix), and is its cold default.
+first in a hybrid with each served proposer or EAGLE head (hybrid:grammar+suffix,
+hybrid:grammar+eagle), and is its cold default.
 Load is the running + waiting count of the least-loaded replica: the gateway's own requests in
 flight per replica (exact, so a burst is seen at once) plus what that replica's last stats
 counted beyond them (other gateways, direct clients). The
@@ -417,11 +418,11 @@ def _hybrids(methods: tuple[str, ...]) -> tuple[str, ...]:
         names.append(hybrid_name(*retrieval[:MAX_HYBRID_COMPONENTS], gated=True))
     names += [hybrid_name(retrieval[0], m, gated=True) for m in models if retrieval]
     # served only to structured requests (decide drops them for the rest): the grammar's
-    # forced tokens first, merged with each served proposer's drafts (hybrid:grammar+suffix;
-    # an in-target drafter cannot join another in-target one)
+    # forced tokens first, merged with each served proposer's drafts (hybrid:grammar+suffix)
+    # and an EAGLE head's (hybrid:grammar+eagle; lookahead's window joins no hybrid)
     forced = [m for m in methods if m in METHODS and structured_only(m)]
     names += [hybrid_name(f, m) for f in forced for m in methods
-              if m in METHODS and METHODS[m].kind is Kind.PROPOSER]
+              if m in METHODS and not structured_only(m)]
     return tuple(n for n in names if is_method(n))
 
 

@@ -192,7 +192,9 @@ def hybrid_name(*components: str, gated: bool = False) -> str:
 def hybrid_error(method: str) -> str | None:
     """Why `method` is not a hybrid a verifier can run (None: it is). Components: 2 to
     MAX_HYBRID_COMPONENTS distinct registered methods; not lookahead (its window is a tree
-    of its own shape), at most one in-target method (a sequence has one in-target state). A
+    of its own shape), at most one in-target method besides those that draft for structured
+    requests only (the grammar's forced tokens keep no state of the model's, so they sit beside
+    an EAGLE head: "hybrid:grammar+eagle"; a sequence has a state per in-target method). A
     gated hybrid's tiers before the last are proposers that draft deterministically (n-gram,
     suffix): the gate then depends on the history alone, never on a sampled draw, and the
     later tiers' drafts are asked for after theirs."""
@@ -208,8 +210,9 @@ def hybrid_error(method: str) -> str | None:
     shaped = [p for p in parts if METHODS[p].capabilities.always_trees]
     if shaped:
         return f"{method!r}: {shaped[0]!r} drafts trees of its own shape and cannot join one"
-    if sum(METHODS[p].kind is Kind.IN_TARGET for p in parts) > 1:
-        return f"{method!r}: at most one in-target method"
+    if sum(METHODS[p].kind is Kind.IN_TARGET and not METHODS[p].capabilities.structured_only
+           for p in parts) > 1:
+        return f"{method!r}: at most one in-target method besides the grammar's"
     earlier = [p for tier in hybrid_tiers(method)[:-1] for p in tier]
     gating = [p for p in earlier if METHODS[p].kind is not Kind.PROPOSER
               or METHODS[p].capabilities.sampled_drafts]

@@ -42,6 +42,7 @@ import verifier_service.methods.eagle.checkpoint as eagle_format
 import verifier_service.methods.eagle.graphs as eagle_graphs
 import verifier_service.methods.eagle.head as eagle_head
 import verifier_service.methods.eagle.method as eagle
+import verifier_service.methods.forced_spelling as forced_spelling
 import verifier_service.prompt as verifier_prompt
 import verifier_service.step.executor as step_executor
 import verifier_service.step.plan as step_plan
@@ -1461,11 +1462,16 @@ def policy_measures_the_shape_as_plain_ngram(monkeypatch) -> None:
 
 def forced_draft_crosses_the_token_boundary(monkeypatch) -> None:
     """The grammar drafter keeps the forced text's last token even where a longer token starts
-    with it: the model's next token may cross the forced text's end, unchecked."""
+    with it and the target was never seen writing it alone there: the model's next token may
+    cross the forced text's end, unchecked."""
     real = grammar_matcher.GrammarState.forced_tokens
 
-    def unchecked(self, encode, extendable, k):
-        return real(self, encode, frozenset(), k)
+    def unchecked(self, spell, k):
+        def keep_all(text):
+            ids, held = spell(text)
+            return ids + ([held] if held is not None else []), None
+
+        return real(self, keep_all, k)
 
     monkeypatch.setattr(grammar_matcher.GrammarState, "forced_tokens", unchecked)
 
@@ -1488,3 +1494,12 @@ def policy_explores_whatever_the_batch(monkeypatch) -> None:
         return chosen, k
 
     monkeypatch.setattr(policy.SpeculationPolicy, "_exploration", forced)
+def respelling_drops_the_rest(monkeypatch) -> None:
+    """The grammar drafter learns a token the target wrote in pieces as the target's first
+    piece alone: the rest of the token's text is lost from the forced draft."""
+    real = forced_spelling.Spellings._vote
+
+    def first_piece(self, before, token, spelling):
+        real(self, before, token, spelling[:1] if len(spelling) > 1 else spelling)
+
+    monkeypatch.setattr(forced_spelling.Spellings, "_vote", first_piece)

@@ -71,9 +71,10 @@ def test_a_structured_request_starts_on_the_grammar_and_weighs_its_hybrids():
     d = cold().decide(AUTO, INFO, True, load(), structured=True)
     assert (d.plan.method, d.plan.num_branches) == ("grammar", 1) and d.plan.adaptive
     # the hybrids auto weighs (and explores) for it: the grammar first, with each served
-    # proposer; never beside EAGLE (two in-target drafters cannot merge)
+    # proposer and beside EAGLE; never with lookahead (its window joins no hybrid)
     hybrids = policy_module._hybrids(SERVED)
-    assert set(FORCED_HYBRIDS) <= set(hybrids) and "hybrid:grammar+eagle" not in hybrids
+    assert set(FORCED_HYBRIDS) <= set(hybrids) and "hybrid:grammar+eagle" in hybrids
+    assert "hybrid:grammar+lookahead" not in hybrids
     stale = policy(snapshot(greedy={"grammar": (300, 1000)}), explore_every=1)
     explored = stale.decide(AUTO, INFO, True, load(), structured=True)
     assert explored.reason == "exploration" and explored.plan.method != "grammar"

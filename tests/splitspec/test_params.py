@@ -79,6 +79,7 @@ def test_a_cache_salt_is_a_string_of_at_most_256_characters(salt, ok):
     ("hybrid:ngram+mlp|eagle", "'mlp' cannot gate"),
     ("hybrid:ngram|ngram", "2 to 3 distinct"),
     ("hybrid:ngram|", "unknown component ''"),
+    ("hybrid:grammar|eagle", "'grammar' cannot gate"),
 ])
 def test_bad_hybrids_name_the_method_field(method, why):
     with pytest.raises(InvalidArgument) as e:

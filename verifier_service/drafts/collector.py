@@ -207,7 +207,7 @@ class DraftCollector:
         out: dict[SequenceState, Draft] = {}
         wanted = {s.seq: s.k for s in group}
         start = time.perf_counter()
-        proposals = self.in_target.propose(group)
+        proposals = self.in_target.propose(group, method)
         # its drafting runs inside the step, before the forward: priced like a proposer's
         # answer time (an EAGLE head's k forwards cost a share of a target step), together with
         # what its states spent learning from the last verified step (the head's layer over the

@@ -124,18 +124,18 @@ class GrammarState:
             return ""
         return self.matcher.find_jump_forward_string()
 
-    def forced_tokens(self, encode, extendable, k: int) -> list[int]:
-        """Up to k tokens of the text the grammar forces after the committed output (encode:
-        text -> the served tokenizer's ids). The text's last token is left off where a longer
-        token starts with it (`extendable`: their ids): what the model writes next may merge
-        into it across the forced text's end. Only tokens the grammar accepts in turn are kept
-        (a tokenization the grammar does not take is no draft); the matcher is left as found."""
+    def forced_tokens(self, spell, k: int) -> tuple[list[int], int | None, bool]:
+        """Up to k tokens of the text the grammar forces after the committed output (spell:
+        text -> (the ids to draft, the last token held back or None), as
+        verifier_service/methods/forced_spelling.py spells it: a last token a longer one could
+        extend is held back, since what the model writes next may merge into it across the forced
+        text's end). Only tokens the grammar accepts in turn are kept (a spelling the grammar
+        does not take is no draft); the matcher is left as found. Returns (the tokens, the
+        token held back, whether the tokens spell all of the forced text but that one)."""
         text = self.jump_forward()
         if not text or k <= 0:
-            return []
-        ids = list(encode(text))
-        if ids and ids[-1] in extendable:
-            ids.pop()
+            return [], None, False
+        ids, held = spell(text)
         out: list[int] = []
         for t in ids[:k]:
             if not self.matcher.accept_token(int(t)):
@@ -143,7 +143,8 @@ class GrammarState:
             out.append(int(t))
         if out:
             self.matcher.rollback(len(out))
-        return out
+        whole = len(out) == len(ids)
+        return out, held if whole else None, whole
 
 
 def _bit(j: int) -> int:

@@ -6,9 +6,12 @@ schema says); xgrammar finds that text (its jump-forward string) from the reques
 which has accepted exactly the committed output. The text is tokenized with the served tokenizer
 and drafted as a chain (deterministic: one-hot q), verified like any other draft: the target's
 rows are masked by the same grammar, so a forced token is accepted unless the model would spell
-the same text with other tokens. The text's last token is left out where a longer token starts
-with it (the model's next token may cross the forced text's end), and only tokens the grammar
-accepts in turn are drafted (verifier_service/grammar/matcher.py `forced_tokens`).
+the same text with other tokens. So the text is respelled as the target spelled it before
+(verifier_service/methods/forced_spelling.py: learned from the tokens it wrote where forced
+ones were drafted, shared by every request), its last token is held back where a longer
+token starts with it (the model's next token may cross the forced text's end) unless the target
+was seen writing it alone there, and only tokens the grammar accepts in turn are drafted
+(verifier_service/grammar/matcher.py `forced_tokens`).
 
 A request without a structure drafts nothing with it. It reads the request's grammar state
 (`reads_grammar`: InTargetDrafts.admit hands it over) and never moves it.
@@ -24,6 +27,7 @@ from __future__ import annotations
 from typing import Sequence as Seq
 
 from splitspec.params import SamplingParams, SpeculationPlan
+from verifier_service.methods.forced_spelling import Spellings
 from verifier_service.methods.in_target import InTargetMethod, InTargetState, StepOutcome
 
 __all__ = ["GrammarMethod", "extendable_ids"]
@@ -56,7 +60,7 @@ class GrammarMethod(InTargetMethod):
         self.vocab_size = vocab_size
         self._source = (model, trust_remote_code, load_format)
         self._tokenizer = None
-        self._extendable: frozenset[int] | None = None
+        self._spellings: Spellings | None = None
         self.forced_tokens = 0  # drafted, since start
         self.forced_accepted = 0  # of those, committed by the step that verified them
 
@@ -74,7 +78,8 @@ class GrammarMethod(InTargetMethod):
         return self._served()[0].encode(text, add_special_tokens=False)
 
     @property
-    def extendable(self) -> frozenset[int]:
+    def spellings(self) -> Spellings:
+        """How the target spells forced text (learned by every request's steps)."""
         return self._served()[1]
 
     def _served(self):
@@ -86,8 +91,9 @@ class GrammarMethod(InTargetMethod):
             self._tokenizer = load_tokenizer(*self._source)
             info = xgr.TokenizerInfo.from_huggingface(self._tokenizer,
                                                       vocab_size=self.vocab_size)
-            self._extendable = extendable_ids(info.decoded_vocab)
-        return self._tokenizer, self._extendable
+            vocab = info.decoded_vocab
+            self._spellings = Spellings(vocab, self.encode, extendable_ids(vocab))
+        return self._tokenizer, self._spellings
 
     def stats(self) -> dict[str, float]:
         return {"forced_tokens_total": self.forced_tokens,
@@ -97,15 +103,24 @@ class GrammarMethod(InTargetMethod):
 class _ForcedDrafts(InTargetState):
     def __init__(self, method: GrammarMethod, grammar):
         self.method, self.grammar = method, grammar
-        self._drafted: list[int] = []  # the last step's forced tokens, until its outcome
+        # the last step's forced tokens, the token held back after them and whether they
+        # spell the whole forced text, until its outcome
+        self._drafted: list[int] = []
+        self._held: int | None = None
+        self._whole = False
+        self._proposed = False
+        self._before: int | None = None  # the token the forced ones follow
 
     def propose(self, tokens: Seq[int], k: int) -> list[int]:
-        self._drafted = []
+        self._drafted, self._held, self._proposed = [], None, False
         if self.grammar is None or self.grammar.terminated:
             return []
-        forced = self.grammar.forced_tokens(self.method.encode, self.method.extendable, k)
+        spellings = self.method.spellings
+        before = self._before = int(tokens[-1]) if len(tokens) else None
+        forced, self._held, self._whole = self.grammar.forced_tokens(
+            lambda text: spellings.spell(text, before), k)
         self.method.forced_tokens += len(forced)
-        self._drafted = forced
+        self._drafted, self._proposed = forced, True
         return forced
 
     def observe(self, outcome: StepOutcome) -> None:
@@ -117,8 +132,12 @@ class _ForcedDrafts(InTargetState):
             if forced != emitted:
                 break
             accepted += 1
-        self.method.forced_accepted += min(accepted, outcome.num_accepted)
-        self._drafted = []
+        accepted = min(accepted, outcome.num_accepted)
+        self.method.forced_accepted += accepted
+        if self._proposed:  # what the target wrote where the grammar forced the text
+            self.method.spellings.learn(self._before, self._drafted, self._held, self._whole,
+                                        outcome.emitted, accepted)
+        self._drafted, self._held, self._proposed = [], None, False
 
     def free(self) -> None:
         self.grammar = None

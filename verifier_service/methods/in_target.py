@@ -290,8 +290,9 @@ class InTargetDrafts:
 
     def __init__(self, methods: dict[str, InTargetMethod]):
         self.methods = methods
-        self._states: dict[SequenceState, InTargetState] = {}
-        self._method: dict[SequenceState, str] = {}  # which method each state belongs to
+        # each sequence's states, by method: one, or a hybrid's (the grammar's forced tokens
+        # beside an EAGLE head: each drafts as it would alone)
+        self._states: dict[SequenceState, dict[str, InTargetState]] = {}
         # seconds the states spent learning from verified steps (observe), per method, not yet
         # taken into its drafting cost; and the whole of it since the last step's account
         self._observe_s: dict[str, float] = {}
@@ -314,47 +315,48 @@ class InTargetDrafts:
     def serves(self, method: str | None) -> bool:
         return method in self.methods
 
-    def method_of(self, plan: SpeculationPlan) -> str | None:
-        """The in-target method a plan drafts with: its method, or a hybrid's in-target one."""
-        return next((m for m in components_of(plan.method) if m in self.methods), None)
+    def methods_of(self, plan: SpeculationPlan) -> list[str]:
+        """The in-target methods a plan drafts with: its method, or a hybrid's in-target ones."""
+        return [m for m in components_of(plan.method) if m in self.methods]
 
     @property
     def num_states(self) -> int:
-        return len(self._states)
+        return sum(len(states) for states in self._states.values())
 
     def check_plan(self, plan: SpeculationPlan, max_k: int) -> None:
-        method = self.method_of(plan)
-        if method is not None:
+        for method in self.methods_of(plan):
             self.methods[method].check_plan(dataclasses.replace(plan, method=method), max_k)
 
     def admit(self, seq: SequenceState) -> None:
-        """A sequence joined the running batch: a state if its plan names one of these methods
+        """A sequence joined the running batch: a state for each of these methods its plan names
         (itself or as a hybrid's component, which drafts as the method alone would)."""
         plan = seq.inp.speculation
-        method = self.method_of(plan)
-        if plan.enabled and method is not None and seq not in self._states:
+        methods = self.methods_of(plan)
+        if not plan.enabled or not methods or seq in self._states:
+            return
+        states = self._states[seq] = {}
+        for method in methods:
             impl = self.methods[method]
             extra = {"grammar": seq.grammar} if impl.reads_grammar else {}
-            state = self._states[seq] = impl.admit(
+            state = states[method] = impl.admit(
                 seq.request_id, seq.tokens, seq.inp.sampling,
                 dataclasses.replace(plan, method=method), **extra)
-            self._method[seq] = method
             if seq.num_computed:  # admitted on cached blocks
                 state.restore(seq.block_keys, seq.num_computed)
 
     def reuse_limit(self, seq: SequenceState, keys: Seq[bytes]) -> int:
         """How many of its cached leading blocks the sequence's method (or its hybrid's
-        in-target component) lets it reuse."""
-        method = self.method_of(seq.inp.speculation)
-        if seq.inp.speculation.enabled and method is not None:
-            return self.methods[method].reuse_limit(keys)
-        return len(keys)
+        in-target components, the fewest of theirs) lets it reuse."""
+        limit = len(keys)
+        if seq.inp.speculation.enabled:
+            for method in self.methods_of(seq.inp.speculation):
+                limit = min(limit, self.methods[method].reuse_limit(keys))
+        return limit
 
     def committed(self, seq: SequenceState) -> None:
-        """The sequence's blocks up to len(seq.block_keys) are final (its state may keep its
-        rows for them)."""
-        state = self._states.get(seq)
-        if state is not None:
+        """The sequence's blocks up to len(seq.block_keys) are final (its states may keep
+        their rows for them)."""
+        for state in self._states.get(seq, {}).values():
             state.offer(seq.block_keys)
 
     def stats(self) -> dict[str, dict[str, float]]:
@@ -362,33 +364,28 @@ class InTargetDrafts:
         return {name: m.stats() for name, m in self.methods.items()}
 
     def wants_argmax(self, seq: SequenceState) -> bool:
-        """Whether the sequence's state learns from the target's argmax at its nodes."""
+        """Whether the sequence's states learn from the target's argmax at its nodes."""
         return seq in self._states
 
     def wants_features(self, seq: SequenceState) -> bool:
-        """Whether the sequence's state reads the target's features."""
-        state = self._states.get(seq)
-        return state is not None and state.features
+        """Whether one of the sequence's states reads the target's features."""
+        return any(state.features for state in self._states.get(seq, {}).values())
 
     def prefilled(self, seq: SequenceState, features, position: int) -> None:
-        state = self._states.get(seq)
-        if state is not None:
+        for state in self._states.get(seq, {}).values():
             state.prefilled(features, position)
 
-    def propose(self, group: list[Scheduled]) -> "dict[SequenceState, list[int] | Draft]":
-        """Candidates for each scheduled sequence that wants k > 0 (unchecked); what the states
-        left on the device stays there when it names its parts (a DeviceDraft, for the step),
-        the rest comes over in one copy after all of them have drafted."""
+    def propose(self, group: list[Scheduled], method: str
+                ) -> "dict[SequenceState, list[int] | Draft]":
+        """Candidates of `method` for each scheduled sequence that wants k > 0 (unchecked),
+        from the sequence's state of that method; what the states left on the device stays
+        there when it names its parts (a DeviceDraft, for the step), the rest comes over in one
+        copy after all of them have drafted."""
         out, pending = {}, {}
-        by_method: dict[str, list[Scheduled]] = {}
-        for s in group:
-            if s.seq in self._states:
-                by_method.setdefault(self._method[s.seq], []).append(s)
-        proposed = []
-        for name, members in by_method.items():
-            got = self.methods[name].propose_many(
-                [(self._states[s.seq], s.seq.tokens, s.k) for s in members])
-            proposed += zip(members, got)
+        members = [s for s in group if method in self._states.get(s.seq, {})]
+        got = self.methods[method].propose_many(
+            [(self._states[s.seq][method], s.seq.tokens, s.k) for s in members])
+        proposed = list(zip(members, got))
         for s, got in proposed:
             if isinstance(got, PendingDraft) and got.ids is not None:
                 out[s.seq] = device_draft(s.seq.request_id, got)
@@ -414,19 +411,19 @@ class InTargetDrafts:
         return out
 
     def observe(self, seq: SequenceState, outcome: StepOutcome) -> float | None:
-        """The sequence's state learns from its verified step; returns the seconds that took
-        (None: the sequence has no in-target state, or it kept the step for its method's
+        """The sequence's states learn from its verified step; returns the seconds that took
+        (None: the sequence has no in-target state, or each kept the step for its method's
         flush, which is timed there)."""
-        state = self._states.get(seq)
-        if state is None:
-            return None
-        start = time.perf_counter()
-        kept = state.observe(outcome)
-        spent = time.perf_counter() - start
-        method = self._method[seq]
-        self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
-        self.step_observe_s += spent
-        return None if kept else spent
+        total = None
+        for method, state in self._states.get(seq, {}).items():
+            start = time.perf_counter()
+            kept = state.observe(outcome)
+            spent = time.perf_counter() - start
+            self._observe_s[method] = self._observe_s.get(method, 0.0) + spent
+            self.step_observe_s += spent
+            if not kept:
+                total = (total or 0.0) + spent
+        return total
 
     def flush(self) -> dict[str, tuple[float, int]]:
         """Every method's flush (the start of a step's drafting): per method that learnt, the
@@ -453,7 +450,5 @@ class InTargetDrafts:
         return spent
 
     def free(self, seq: SequenceState) -> None:
-        state = self._states.pop(seq, None)
-        self._method.pop(seq, None)
-        if state is not None:
+        for state in self._states.pop(seq, {}).values():
             state.free()
