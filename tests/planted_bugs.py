@@ -1494,6 +1494,8 @@ def policy_explores_whatever_the_batch(monkeypatch) -> None:
         return chosen, k
 
     monkeypatch.setattr(policy.SpeculationPolicy, "_exploration", forced)
+
+
 def respelling_drops_the_rest(monkeypatch) -> None:
     """The grammar drafter learns a token the target wrote in pieces as the target's first
     piece alone: the rest of the token's text is lost from the forced draft."""
