@@ -266,7 +266,15 @@ class SpeculationPolicy:
             return Decision(plan(), "queue_size", mode)
         if not (load.address and self.estimates.cost_measured(load.address, load.batch)):
             # what a draft row costs in a step of this many sequences is not known yet: plain
-            # decoding, which measures it, until it is (docs/policy.md, Cold start and load)
+            # decoding, which measures it, until it is (docs/policy.md, Cold start and load);
+            # a structured request keeps the grammar's forced chain, which drafts only tokens
+            # the structure forces and forwards no row in a step where it forces none
+            if forced:
+                chosen, k, _ = self._choose(forced[:1], greedy, load, k_max, fixed_k,
+                                            allow_off=False, floors=floors, cls=cls)
+                if chosen is not None:
+                    return Decision(plan(chosen, k, k_min=floors.get(chosen[0], 0)
+                                         if fixed_k is None else None), "unmeasured_batch", mode)
             return Decision(plan(), "unmeasured_batch", mode)
         self.auto_decisions += 1
         every = self.config.explore_every
