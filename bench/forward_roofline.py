@@ -51,8 +51,9 @@ GOALS = ((1, 1.25, "1 row / fp16 weight-read time"), (4, 1.15, "4 rows / 1 row")
 # ---- the roofline's arithmetic (tests/bench/test_forward_roofline.py) ----
 
 def bytes_per_weight(backend: str) -> int:
-    """What one weight of a product reads: fp16 kernels 2 bytes, the fp32 ones 4."""
-    return 2 if backend.startswith("fp16") else 4
+    """What one weight of a product reads: int8 kernels 1 byte (and a float32 scale per column,
+    left out: 0.3%), fp16 kernels 2 bytes, the fp32 ones 4."""
+    return 1 if backend.startswith("int8") else 2 if backend.startswith("fp16") else 4
 
 
 def weight_bytes(shapes: list[tuple[int, int]], backend: str) -> int:
