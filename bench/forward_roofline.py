@@ -41,6 +41,7 @@ REAL_MODEL = "models/smollm2-135m-instruct"
 CONTEXT = 100  # cached tokens before the timed rows
 THREADS = (1, 2)
 BACKENDS = ("dense", "onednn", "fp16", "fp16-dot")
+REPORTED = (*BACKENDS, "int8-dot")  # --backends may also name --quantization int8's product
 PRODUCT_ROWS = (1, 4, 10)  # row counts whose products are also timed alone
 QUIET = 0.25  # cores other processes may use in a round that counts (of the machine's)
 MIN_QUIET = 5  # fewer quiet rounds than this: every round counts
@@ -51,8 +52,9 @@ GOALS = ((1, 1.25, "1 row / fp16 weight-read time"), (4, 1.15, "4 rows / 1 row")
 # ---- the roofline's arithmetic (tests/bench/test_forward_roofline.py) ----
 
 def bytes_per_weight(backend: str) -> int:
-    """What one weight of a product reads: fp16 kernels 2 bytes, the fp32 ones 4."""
-    return 2 if backend.startswith("fp16") else 4
+    """What one weight of a product reads: int8 kernels 1 byte (and a float32 scale per column,
+    left out: 0.3%), fp16 kernels 2 bytes, the fp32 ones 4."""
+    return 1 if backend.startswith("int8") else 2 if backend.startswith("fp16") else 4
 
 
 def weight_bytes(shapes: list[tuple[int, int]], backend: str) -> int:
@@ -279,7 +281,7 @@ def quiet_rounds(cells: dict) -> tuple[dict, str]:
 def report(cells: dict, facts: dict, load_end: str, max_rows: int) -> list[str]:
     cells, rounds_kept = quiet_rounds(cells)
     shapes = cells["shapes"]
-    backends = [b for b in BACKENDS if ("forward", b, THREADS[0], 1) in cells]
+    backends = [b for b in REPORTED if ("forward", b, THREADS[0], 1) in cells]
     threads = sorted({k[2] for k in cells if isinstance(k, tuple) and k[0] == "forward"})
     sizes = sorted({k[1] for k in cells if isinstance(k, tuple) and k[0] == "read"})
     bw = {(n, t): n / min(cells[("read", n, t)].times) for n in sizes for t in threads}

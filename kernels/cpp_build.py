@@ -61,7 +61,8 @@ def _build(cxx: str, source: Path, flags: tuple[str, ...], out: Path) -> None:
             os.unlink(tmp)
 
 
-LIBRARIES = {"fp16_dot": (), "cpu_step": ("-ffp-contract=off",)}  # stem -> its extra flags
+LIBRARIES = {"fp16_dot": (), "int8_dot": ("-ffp-contract=off",),
+             "cpu_step": ("-ffp-contract=off",)}  # stem -> its extra flags
 
 
 def library_path(stem: str, flags: tuple[str, ...]) -> Path:

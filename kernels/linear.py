@@ -35,6 +35,13 @@ weight costs 4x a 1-row one, and a whole 6-row verify 1.6-1.8x a decode step. Pa
           (on the development machine they agree for the real target's shapes, not for every
           shape), so one model runs one of them for every row count, never a choice by count;
           fp16-dot is the faster there at every count from 1 to 13 rows anyway.
+          auto never quantizes.
+  int8-dot  `--quantization int8`, a user's choice: every weight quantized once to int8 with one
+          float32 scale per output column (kernels/int8_dot.py: symmetric, max |w| / 127), the
+          fp16-dot scheme over half the bytes: fp32 rows, each output one sequential fused
+          multiply-add sum of x[k] * q[n, k], times the column's scale. Batch invariant like
+          fp16-dot, so speculation stays lossless with respect to the quantized model; its
+          numbers are not the fp16 model's (bench/reports/quantization.md: speed and perplexity).
           Drafters (proposers, heads on the target's features) need no such thing: a
           draft only decides how many tokens a step keeps, never which, so for them
           (`invariant=False`) auto takes fp16 wherever the weights allow, the kernel that reads
@@ -58,9 +65,9 @@ from typing import Iterable
 import torch
 import torch.nn.functional as F
 
-from kernels import fp16_dot
+from kernels import fp16_dot, int8_dot
 
-BACKENDS = ("auto", "dense", "onednn", "fp16", "fp16-dot")
+BACKENDS = ("auto", "dense", "onednn", "fp16", "fp16-dot", "int8-dot")
 FP16 = ("fp16", "fp16-dot")  # the backends that compute with the weights' fp16 values
 _BATCH_HINT = 8  # oneDNN picks its blocking for about this many rows; any count is accepted
 _ROW_BLOCKS = (1, 2, 3, 4, 6, 8, 12, 14, 16)  # FBGEMM fp16 micro-kernel heights tried
@@ -125,12 +132,14 @@ def available(backend: str) -> bool:
         return False
     if backend == "fp16-dot" and fp16_dot.library() is None:
         return False
+    if backend == "int8-dot" and int8_dot.library() is None:
+        return False
     if backend == "onednn" and not torch.backends.mkldnn.is_available():
         return False
     try:
-        w = torch.ones(4, 8)
+        w = torch.full((4, 8), 127.0)  # exact in every backend: fp16, int8 with scale 1
         return bool(torch.equal(PackedLinear(w, None, backend)(torch.ones(2, 8)),
-                                torch.full((2, 4), 8.0)))
+                                torch.full((2, 4), 1016.0)))
     except RuntimeError:
         return False
 
@@ -193,7 +202,7 @@ class PackedLinear:
     pads the rows to its probed block for that, two more operators per product that a drafter,
     which needs no such thing, skips."""
 
-    __slots__ = ("backend", "weight", "bias", "_packed", "_block")
+    __slots__ = ("backend", "weight", "bias", "_packed", "_block", "_scale")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, backend: str,
                  invariant: bool = True):
@@ -205,6 +214,7 @@ class PackedLinear:
         self.weight = weight.detach()
         self.bias = None if bias is None else bias.detach()
         self._block = (fp16_row_block() or 1) if backend == "fp16" and invariant else 1
+        self._scale = None
         with torch.inference_mode():
             if backend == "onednn":
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, _BATCH_HINT)
@@ -212,6 +222,9 @@ class PackedLinear:
                 self._packed = _pack_fp16(self.weight)
             elif backend == "fp16-dot":
                 self._packed = fp16_dot.pack(self.weight)
+            elif backend == "int8-dot":
+                q, self._scale = int8_dot.quantize(self.weight)
+                self._packed = int8_dot.pack(q)
             else:
                 self._packed = self.weight
 
@@ -234,6 +247,8 @@ class PackedLinear:
             y = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self.bias, "none", [], "")
         elif self.backend == "fp16-dot":
             y = fp16_dot.product(rows, self._packed, self.weight.shape[0], self.bias)
+        elif self.backend == "int8-dot":
+            y = int8_dot.product(rows, self._packed, self._scale, self.bias)
         else:
             y = _fp16_rows(self._packed, rows, self._block)
             if self.bias is not None:

@@ -16,6 +16,7 @@ import gateway.tools as gateway_tools
 import kernels.eagle_tree as eagle_tree
 import kernels.fp16_dot as fp16_dot
 import kernels.hybrid_merge as hybrid_merge
+import kernels.int8_dot as int8_dot
 import kernels.logits_processors as logits_processors
 import kernels.lookahead as lookahead
 import kernels.rejection as rejection
@@ -1426,6 +1427,31 @@ def fp16_dot_rows_change_with_the_row_count(monkeypatch) -> None:
         return torch.nn.functional.linear(x, weight, bias)
 
     monkeypatch.setattr(fp16_dot, "product", by_row_count)
+
+
+def int8_dot_rows_change_with_the_row_count(monkeypatch) -> None:
+    """int8-dot handing a call of several rows to F.linear on the dequantized weight (the same
+    numbers, MKL's blocking): a row's bits then depend on how many rows share its call."""
+    real = int8_dot.product
+
+    def by_row_count(x, packed, scale, bias=None, avx2=False):
+        if x.shape[0] == 1:
+            return real(x, packed, scale, bias, avx2)
+        q = packed.transpose(1, 2).reshape(-1, x.shape[1])[:scale.shape[0]]
+        return torch.nn.functional.linear(x, int8_dot.dequantize(q, scale), bias)
+
+    monkeypatch.setattr(int8_dot, "product", by_row_count)
+
+
+def int8_scale_per_tensor(monkeypatch) -> None:
+    """int8 quantization with one scale for the whole weight instead of one per output column:
+    a column of small weights is rounded to a few levels (or to zero)."""
+    def per_tensor(weight):
+        w = weight.detach().to(torch.float32)
+        scale = (w.abs().max() / 127).expand(w.shape[0]).contiguous()
+        return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale
+
+    monkeypatch.setattr(int8_dot, "quantize", per_tensor)
 
 
 def cpu_step_rows_depend_on_the_row_count(monkeypatch) -> None:

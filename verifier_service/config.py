@@ -95,6 +95,13 @@ class VerifierConfig(TlsServerOptions, TlsPeerOptions, TlsClientOptions):
                          "(FBGEMM) or fp16-dot (split over every thread; weights packed once); "
                          "auto picks one that suits this machine",
                          choices=("auto", "dense", "onednn", "fp16", "fp16-dot"))
+    # vLLM's flag: the target's products on int8 weights, one fp32 scale per output column
+    # (kernels/int8_dot.py), lossless with respect to the quantized model; CPU float32 only
+    # (verifier_service/model/quantization.py)
+    quantization: str = option("none", "weights of the target's products: none, or int8 "
+                               "(weight-only, per output column: half the bytes a step reads, "
+                               "the model's outputs change a little; CPU only)",
+                               choices=("none", "int8"))
     # Which distribution a request's logprobs describe (vLLM's --logprobs-mode names):
     # processed_logprobs: the one each token was drawn from (logits processors, temperature with
     # greedy rows at 1, top-k/top-p/min-p); raw_logprobs: the model's own softmax.

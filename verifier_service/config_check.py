@@ -60,6 +60,12 @@ def config_problems(c: VerifierConfig) -> list[str]:
             f"lookahead's default window --lookahead-window {c.lookahead_window} x "
             f"(--lookahead-ngram {c.lookahead_ngram} - 1) = {nodes} draft nodes exceeds "
             f"--max-num-speculative-tokens {c.max_num_speculative_tokens}")
+    if c.quantization != "none" and c.linear not in ("auto", "int8-dot"):
+        problems.append(f"--quantization {c.quantization} runs its own products: leave --linear "
+                        f"at auto (not {c.linear})")
+    if c.quantization != "none" and (c.tensor_parallel_size > 1 or c.tensor_parallel_nodes > 1):
+        problems.append(f"--quantization {c.quantization} runs on one CPU process: "
+                        "--tensor-parallel-size must be 1")
     return problems
 
 

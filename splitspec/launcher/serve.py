@@ -90,6 +90,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     v.add_argument("--seed", type=int, default=None,
                    help="seed of the random generator unseeded sampled requests draw from, in "
                    "every verifier (default: not seeded; a request's own seed needs none)")
+    v.add_argument("--quantization", "-q", choices=("int8",), default=None,
+                   help="the verifiers' target on int8 weights (weight-only, one scale per "
+                   "output column; CPU, float32; default: the checkpoint's weights)")
     v.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly, capturing no CUDA (or MLU) graphs "
                    "(default: off)")
@@ -180,6 +183,8 @@ def up_namespace(args: argparse.Namespace, api_key_file: str | None = None,
         verifier += ["--graphs", "off"]
     if args.seed is not None:
         verifier += ["--seed", str(args.seed)]
+    if args.quantization:
+        verifier += ["--quantization", args.quantization]
     for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
         if getattr(args, flag) is not None:
             verifier += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

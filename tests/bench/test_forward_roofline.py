@@ -31,6 +31,7 @@ def test_weights_and_flops_of_the_real_model():
     assert PARAMS == 134_479_872
     assert weight_bytes(SHAPES, "fp16") == weight_bytes(SHAPES, "fp16-dot") == 2 * PARAMS
     assert weight_bytes(SHAPES, "onednn") == weight_bytes(SHAPES, "dense") == 4 * PARAMS
+    assert weight_bytes(SHAPES, "int8-dot") == PARAMS
     assert flops_per_row(SHAPES) == 2 * PARAMS  # a multiply and an add per weight per row
 
 

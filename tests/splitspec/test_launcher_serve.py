@@ -45,13 +45,14 @@ def test_vllms_flags_are_the_services_own():
     vllm = served(TARGET, "--host", "0.0.0.0", "--port", "8123", "--served-model-name", "toy",
                   "--dtype", "half", "--max-model-len", "512", "-tp", "2",
                   "--gpu-memory-utilization", "0.8", "--no-enable-prefix-caching",
-                  "--enforce-eager", "--seed", "7", "--max-num-seqs", "16",
+                  "--enforce-eager", "--seed", "7", "-q", "int8", "--max-num-seqs", "16",
                   "--max-num-batched-tokens", "512",
                   "--block-size", "32", "--trust-remote-code", "--tls",
                   "--verifier-replicas", "2", "--verifier-args", "--max-waiting 9",
                   key_file="/tmp/keys")
     verifier = ("--served-model-name toy --dtype float16 --trust-remote-code --max-model-len 512 "
-                "--gpu-memory-utilization 0.8 --graphs off --seed 7 --max-num-seqs 16 "
+                "--gpu-memory-utilization 0.8 --graphs off --seed 7 --quantization int8 "
+                "--max-num-seqs 16 "
                 "--max-num-batched-tokens 512 --block-size 32 --max-waiting 9")
     up = upped("--model", TARGET, "--host", "0.0.0.0", "--http-port", "8123",
                "--tensor-parallel-size", "2", "--no-enable-prefix-caching", "--tls",

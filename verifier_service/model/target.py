@@ -18,7 +18,7 @@ from verifier_service.kv.paged_attention import ATTENTION_NAME
 from verifier_service.kv.paged_attention import register as register_paged_attention
 from verifier_service.methods.eagle import checkpoint as eagle_format
 from verifier_service.methods.eagle import dummy as eagle_dummy
-from verifier_service.model import memory
+from verifier_service.model import memory, quantization
 from verifier_service.model.runner import ModelRunner
 
 
@@ -29,6 +29,8 @@ def build_runner(config: VerifierConfig, group: TPGroup | None = None):
         torch.set_num_threads(config.threads)
     device = group.device if group is not None else resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    # refused here, before the model loads, where the quantized product cannot run
+    linear = quantization.linear_backend(config.linear, config.quantization, device, dtype)
     register_paged_attention()
     tp = group.size if group is not None else 1
     free_before, total = memory_info(device)  # before anything of this process is there
@@ -45,7 +47,7 @@ def build_runner(config: VerifierConfig, group: TPGroup | None = None):
         kv_bytes = budget.kv_bytes
     kv = kv_cls(KVCacheSpec.for_model(model.config, dtype, config.block_size, kv_bytes,
                                       config.num_kv_blocks, tensor_parallel_size=tp), device)
-    runner = ModelRunner(model, device, kv, linear=config.linear, max_model_len=max_len,
+    runner = ModelRunner(model, device, kv, linear=linear, max_model_len=max_len,
                          tensor_parallel=group, keep_whole=_drafting_tables(config, group))
     runner.memory_budget = budget  # the warm-up holds the graphs' measured pool against it
     return runner, model, dtype
