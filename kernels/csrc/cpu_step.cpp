@@ -89,54 +89,89 @@ struct Seq {  // one sequence's rows and where its context lies
   int64_t first_row, rows, start, run_off, runs, anc_off;
 };
 
-// Row r of sequence s, query head h: softmax(q K^T * scale) V over the columns it sees.
-CLONES void attend_one(const float* q, const float* k_cache, const float* v_cache, int64_t Hkv,
-                       int64_t D, float scale, const Seq& s, const int64_t* runs,
-                       const uint8_t* anc, int64_t r, int64_t kvh, float* scores,
-                       float* out) {
-  const int64_t seen = s.anc_off < 0 ? s.start + r + 1 : s.start + s.rows;
-  const uint8_t* mine = s.anc_off < 0 ? nullptr : anc + s.anc_off + r * s.rows;
-  const int64_t stride = Hkv * D;
-  float best = -INFINITY;
+// Rows r0..r1 of sequence s, the query heads of kv head kvh (rows x group queries): each
+// query's softmax(q K^T * scale) V over the columns it sees. The queries share each key and value
+// read (one pass over the context for all of them); each query's own arithmetic (its dots, its
+// maximum, its sum, its weighted values, column after column) is the same whichever queries share
+// its block. scores: [queries, columns] scratch; out: [T, Hq * D].
+CLONES void attend_block(const float* q, const float* k_cache, const float* v_cache, int64_t Hq,
+                         int64_t Hkv, int64_t D, float scale, const Seq& s, const int64_t* runs,
+                         const uint8_t* anc, int64_t r0, int64_t r1, int64_t kvh, float* scores,
+                         float* out) {
+  const int64_t group = Hq / Hkv, nq = (r1 - r0) * group, stride = Hkv * D;
+  const bool chain = s.anc_off < 0;
+  const int64_t cols = chain ? s.start + r1 : s.start + s.rows;  // the block's widest view
+  std::vector<float> best(nq), total(nq);
+  std::vector<const float*> qs(nq);
+  std::vector<float*> outs(nq);
+  std::vector<int64_t> seen(nq);
+  std::vector<const uint8_t*> mine(nq);
+  for (int64_t i = 0; i < nq; ++i) {
+    const int64_t r = r0 + i / group, h = kvh * group + i % group, row = s.first_row + r;
+    qs[i] = q + (row * Hq + h) * D;
+    outs[i] = out + (row * Hq + h) * D;
+    seen[i] = chain ? s.start + r + 1 : s.start + s.rows;
+    mine[i] = chain ? nullptr : anc + s.anc_off + r * s.rows;
+    best[i] = -INFINITY;
+  }
   int64_t col = 0;
-  for (int64_t i = 0; i < s.runs && col < seen; ++i) {
-    const int64_t first = runs[2 * (s.run_off + i)], n = runs[2 * (s.run_off + i) + 1];
-    for (int64_t c = 0; c < n && col < seen; ++c, ++col) {
-      if (mine != nullptr && col >= s.start && !mine[col - s.start]) {
-        scores[col] = -INFINITY;
-        continue;
-      }
+  for (int64_t run = 0; run < s.runs && col < cols; ++run) {
+    const int64_t first = runs[2 * (s.run_off + run)], n = runs[2 * (s.run_off + run) + 1];
+    for (int64_t c = 0; c < n && col < cols; ++c, ++col) {
       const float* k = k_cache + (first + c) * stride + kvh * D;
-      float dot = 0.f;
+      for (int64_t i = 0; i < nq; ++i) {
+        if (col >= seen[i]) continue;
+        float* sc = scores + i * cols + col;
+        if (mine[i] != nullptr && col >= s.start && !mine[i][col - s.start]) {
+          *sc = -INFINITY;
+          continue;
+        }
+        const float* qi = qs[i];
+        float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += q[d] * k[d];
-      scores[col] = dot * scale;
-      best = std::max(best, scores[col]);
+        for (int64_t d = 0; d < D; ++d) dot += qi[d] * k[d];
+        *sc = dot * scale;
+        best[i] = std::max(best[i], *sc);
+      }
     }
   }
-  float total = 0.f;
-#pragma omp simd reduction(+ : total)
-  for (int64_t c = 0; c < seen; ++c) {
-    const float e = exp_approx(scores[c] - best);
-    scores[c] = scores[c] == -INFINITY ? 0.f : e;
-    total += scores[c];
+  for (int64_t i = 0; i < nq; ++i) {
+    float* sc = scores + i * cols;
+    const float m = best[i];
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < seen[i]; ++c) {
+      const float e = exp_approx(sc[c] - m);
+      sc[c] = sc[c] == -INFINITY ? 0.f : e;
+      sum += sc[c];
+    }
+    total[i] = sum;
+    for (int64_t d = 0; d < D; ++d) outs[i][d] = 0.f;
   }
-  for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
   col = 0;
-  for (int64_t i = 0; i < s.runs && col < seen; ++i) {
-    const int64_t first = runs[2 * (s.run_off + i)], n = runs[2 * (s.run_off + i) + 1];
-    for (int64_t c = 0; c < n && col < seen; ++c, ++col) {
-      const float p = scores[col];
-      if (p == 0.f) continue;
+  for (int64_t run = 0; run < s.runs && col < cols; ++run) {
+    const int64_t first = runs[2 * (s.run_off + run)], n = runs[2 * (s.run_off + run) + 1];
+    for (int64_t c = 0; c < n && col < cols; ++c, ++col) {
       const float* v = v_cache + (first + c) * stride + kvh * D;
+      for (int64_t i = 0; i < nq; ++i) {
+        if (col >= seen[i]) continue;
+        const float p = scores[i * cols + col];
+        if (p == 0.f) continue;
+        float* o = outs[i];
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) out[d] += p * v[d];
+        for (int64_t d = 0; d < D; ++d) o[d] += p * v[d];
+      }
     }
   }
-  const float inv = 1.0f / total;
+  for (int64_t i = 0; i < nq; ++i) {
+    const float inv = 1.0f / total[i];
+    float* o = outs[i];
 #pragma omp simd
-  for (int64_t d = 0; d < D; ++d) out[d] *= inv;
+    for (int64_t d = 0; d < D; ++d) o[d] *= inv;
+  }
 }
+
+constexpr int64_t ROW_BLOCK = 2;  // rows a task takes (with its kv head's query heads)  // rows a task takes (with its kv head's query heads)  // rows a task takes (with its kv head's query heads)
 
 // rows below this many (per call) run on the calling thread: waking the pool costs more
 template <typename F>
@@ -196,24 +231,29 @@ void splitspec_attend(const float* q, int64_t Hq, int64_t Hkv, int64_t D, float 
                       const float* k_cache, const float* v_cache, const int64_t* seqs,
                       int64_t n_seqs, const int64_t* runs, const uint8_t* anc, int64_t max_ctx,
                       float* out) {
-  std::vector<int64_t> ends(n_seqs);  // tasks (row, head) up to each sequence's end
+  // tasks: (sequence, block of up to ROW_BLOCK rows, kv head), in that order
+  std::vector<int64_t> ends(n_seqs);
   int64_t tasks = 0;
-  for (int64_t i = 0; i < n_seqs; ++i) ends[i] = tasks += seqs[6 * i + 1] * Hq;
+  for (int64_t i = 0; i < n_seqs; ++i)
+    ends[i] = tasks += (seqs[6 * i + 1] + ROW_BLOCK - 1) / ROW_BLOCK * Hkv;
   const int64_t group = Hq / Hkv;
-  over(tasks, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, max_ctx)),
-       [&](int64_t a, int64_t b) {
-         std::vector<float> scores(max_ctx);
-         int64_t i = std::upper_bound(ends.begin(), ends.end(), a) - ends.begin();
-         for (int64_t task = a; task < b; ++task) {
-           while (task >= ends[i]) ++i;
-           const int64_t* f = seqs + 6 * i;
-           const Seq s{f[0], f[1], f[2], f[3], f[4], f[5]};
-           const int64_t local = task - (ends[i] - s.rows * Hq);
-           const int64_t r = local / Hq, h = local % Hq, row = s.first_row + r;
-           attend_one(q + (row * Hq + h) * D, k_cache, v_cache, Hkv, D, scale, s, runs, anc, r,
-                      h / group, scores.data(), out + (row * Hq + h) * D);
-         }
-       });
+  // a task costs ~25 ns a column and query on the development machine: chunks of ~20 us, so a
+  // decode row's kv heads already split over two threads and the pool's wake-up stays small
+  const int64_t per_task = std::max<int64_t>(1, max_ctx * group * ROW_BLOCK);
+  over(tasks, std::max<int64_t>(1, 800 / per_task), [&](int64_t a, int64_t b) {
+    std::vector<float> scores(ROW_BLOCK * group * std::max<int64_t>(1, max_ctx));
+    int64_t i = std::upper_bound(ends.begin(), ends.end(), a) - ends.begin();
+    for (int64_t task = a; task < b; ++task) {
+      while (task >= ends[i]) ++i;
+      const int64_t* f = seqs + 6 * i;
+      const Seq s{f[0], f[1], f[2], f[3], f[4], f[5]};
+      const int64_t local = task - (ends[i] - (s.rows + ROW_BLOCK - 1) / ROW_BLOCK * Hkv);
+      const int64_t block = local / Hkv, kvh = local % Hkv;
+      const int64_t r0 = block * ROW_BLOCK, r1 = std::min(s.rows, r0 + ROW_BLOCK);
+      attend_block(q, k_cache, v_cache, Hq, Hkv, D, scale, s, runs, anc, r0, r1, kvh,
+                   scores.data(), out);
+    }
+  });
 }
 
 }  // extern "C"
