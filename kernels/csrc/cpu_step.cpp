@@ -171,7 +171,7 @@ CLONES void attend_block(const float* q, const float* k_cache, const float* v_ca
   }
 }
 
-constexpr int64_t ROW_BLOCK = 2;  // rows a task takes (with its kv head's query heads)  // rows a task takes (with its kv head's query heads)  // rows a task takes (with its kv head's query heads)
+constexpr int64_t ROW_BLOCK = 2;  // rows a task takes (with its kv head's query heads)
 
 // rows below this many (per call) run on the calling thread: waking the pool costs more
 template <typename F>
