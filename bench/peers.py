@@ -27,7 +27,8 @@ Systems:
   * Hugging Face transformers `generate`, plain greedy, on the same prompt ids the chat
     template makes (bench/specbench_data.py ChatPrompts);
   * the project: off, fixed configurations (ngram k=4, prompt lookup's shape per request:
-    ngram with prompt_lookup_min 1 and prompt_lookup_max 3 at k=10, draft k=3) and auto
+    ngram with prompt_lookup_min 1 and prompt_lookup_max 3 at k=10, suffix k=4, draft k=3)
+    and auto
     (ngram, suffix and draft served).
 
 Reported: tokens per second per group (completion tokens over the request's wall time, prefill
@@ -109,6 +110,7 @@ OURS = [
     Config("ngram", "splitspec ngram k=4", on("ngram", 4), ("ngram",)),
     Config("pld", "splitspec ngram at PLD's shape (n 1-3, k=10)",
            on("ngram", 10, prompt_lookup_min=1, prompt_lookup_max=3), ("ngram",)),
+    Config("suffix", "splitspec suffix k=4", on("suffix", 4), ("suffix",)),
     Config("draft", "splitspec draft k=3", on("draft", 3), ("draft",)),
     Config("auto", "splitspec auto", {"mode": "auto"}, ("ngram", "suffix", "draft")),
 ]

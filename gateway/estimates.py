@@ -7,7 +7,8 @@ feed the estimates the policy reads:
     positions, with older counts halving every HALF_LIFE_TRIED newly tried positions of the same
     kind of request, so that the estimate follows the traffic and a method that is not chosen
     any more loses weight (the policy explores it again once it is stale);
-  * each replica's step time by batch tokens and each proposer's round trip by k (counters
+  * each replica's step time by batch tokens (per kind of step, class of sequence counts and
+    the method that ran the step alone) and each proposer's round trip by k (counters
     since the replica's start, fitted on demand), its load (running + waiting), its running
     count averaged over recent snapshots (weight RUNNING_ALPHA for the newest), and its batch
     limit.
@@ -54,6 +55,9 @@ class ReplicaSnapshot(ReplicaLoad):
     # (kind, class of sequence counts, steps, tokens, seconds): the same steps kept apart by
     # how many sequences they ran (goodput.seqs_class)
     step_cost_by_seqs: tuple[tuple[str, int, int, float, float], ...] = ()
+    # (method, kind, class, steps, tokens, seconds): of those, the steps one method ran alone
+    # ("off": plain decoding's)
+    step_cost_by_method: tuple[tuple[str, str, int, int, float, float], ...] = ()
 
 
 @dataclass
@@ -159,10 +163,12 @@ class Estimates:
         last snapshot): other gateways' requests, or requests sent to it directly."""
         return max(self.load(address) - self.local_at_snapshot.get(address, 0), 0)
 
-    def cost(self, address: str, kind: str = "greedy", seqs: int | None = None) -> StepCost:
+    def cost(self, address: str, kind: str = "greedy", seqs: int | None = None,
+             method: str | None = None) -> StepCost:
         """The replica's step-cost curve for a kind of step (splitspec.goodput.step_kind); with
-        `seqs`, for a step of that many sequences (StepCosts.of)."""
-        return self._step_costs(address).of(kind, seqs)
+        `seqs`, for a step of that many sequences, and with `method`, of that method's own
+        steps where it has measured them ("off": plain decoding's; StepCosts.of)."""
+        return self._step_costs(address).of(kind, seqs, method)
 
     def cost_measured(self, address: str, seqs: int) -> bool:
         """Whether the replica has measured steps of `seqs` sequences (StepCosts.measured);
@@ -174,5 +180,6 @@ class Estimates:
             snap = self.replicas.get(address)
             self._costs[address] = fit_step_costs(
                 snap.step_cost if snap else (),
-                by_seqs=snap.step_cost_by_seqs if snap else ())
+                by_seqs=snap.step_cost_by_seqs if snap else (),
+                by_method=snap.step_cost_by_method if snap else ())
         return self._costs[address]

@@ -3,7 +3,9 @@
 `auto` (the default mode) picks the (method, k), k = 0 meaning off, with the highest expected
 goodput (splitspec/goodput.py) for the batch the request is about to join: acceptance per method
 measured online and kept apart for greedy and sampled requests, the verifier's measured step
-time by batch tokens and each proposer's round trip (gateway/estimates.py, fed by
+time by batch tokens (each method's own steps where it ran enough of them alone: a method whose
+proposers draft beside the forward costs its steps more than its rows do; plain decoding's own
+for off) and each proposer's round trip (gateway/estimates.py, fed by
 gateway/stats_watch.py). The verifier then re-decides k every step from the request's own
 acceptance and the actual batch (SpeculationPlan.adaptive; verifier_service/drafts/adaptive_k.py).
 The decision is a `splitspec.params.SpeculationPlan`, the one type the verifier's engine runs;
@@ -26,10 +28,11 @@ Rules, in order:
   auto                              best goodput                 goodput / low_acceptance /
                                                                  compute_bound
 Of the candidates without enough recent data only one competes in auto: the cold default
-(`cold_default`: the served retrieval drafts as one gated chain, hybrid:suffix|ngram, or the one
-retrieval method), so a cold stack starts there, once its replica has measured steps of the
-request's batch size (before that: off), rather than on a method it knows nothing about;
-the others wait for exploration turns (docs/policy.md, Cold start and load).
+(`cold_default`: of the served retrieval chains, suffix, ngram and hybrid:suffix|ngram, the
+one with the least data, so that each runs about a request and they are
+then chosen between by what each measured), so a cold stack starts there, once its replica has
+measured steps of the request's batch size (before that: off), rather than on a method it knows
+nothing about; the others wait for exploration turns (docs/policy.md, Cold start and load).
 In auto, each proposer method is a candidate twice: as chains and as token trees of up to
 `auto_branches` children per node (capped by the verifier's --max-num-branches), each priced
 from its own measured acceptance (a tree of k nodes forwards k rows and gains its accepted
@@ -315,21 +318,25 @@ class SpeculationPolicy:
                    greedy: bool, cold: Candidate | None = None) -> tuple[Candidate, ...]:
         """The candidates auto prices against each other and off: those with enough recent
         data, and of those without, only the one that cannot lose much (`cold_default`: the
-        served retrieval drafts, gated). The others wait for their exploration turns: priced at
+        served retrieval chains, each in turn until each is measured, or a structured
+        request's forced chain). The others wait for their exploration turns: priced at
         the optimistic prior acceptance they would beat every measured method, and a cold stack
         would try them one after another (a draft model, an EAGLE head, an MLP, lookahead: each
         slower than off on a CPU where a verified row costs 7 % of a step). Without a
         retrieval method served, or for a request that named its method or shape, unmeasured
         registered chains compete at the prior as before; trees and hybrids it did not name
         wait for exploration."""
-        def measured(c: Candidate) -> bool:
-            return self.estimates.acceptance_of(c[0], greedy, c[1]).tried >= self.config.stale_tried
+        def tried(c: Candidate) -> float:
+            return self.estimates.acceptance_of(c[0], greedy, c[1]).tried
 
-        if req.method is not None or req.num_branches is not None:
-            cold = None
-        elif cold is None:
-            cold = cold_default(candidates)
-        if cold is not None:
+        def measured(c: Candidate) -> bool:
+            return tried(c) >= self.config.stale_tried
+
+        named = req.method is not None or req.num_branches is not None
+        if cold is None and not named and retrieval_chains(candidates):
+            cold = cold_default(candidates, tried, self.config.stale_tried)
+            return tuple(c for c in candidates if c == cold or measured(c))
+        if cold is not None and not named:
             return tuple(c for c in candidates if c == cold or measured(c))
         return tuple((m, b) for m, b in candidates
                      if (b == 1 or req.num_branches is not None)
@@ -370,13 +377,15 @@ class SpeculationPolicy:
         request's prompt class, whose own measured acceptance (once it has enough) moves each
         method's model (goodput.class_model): off still has to be beaten by the margin."""
         est = self.estimates
-        # plain decoding's steps and each candidate's own kind of step (trees cost more), for
-        # a step of the batch it will most likely join
-        cost = (est.cost(load.address, step_kind(greedy), load.batch) if load.address
+        # plain decoding's own steps and each candidate's, for a step of the batch it will
+        # most likely join
+        cost = (est.cost(load.address, step_kind(greedy), load.batch, "off") if load.address
                 else default_step_cost())
+        # each candidate's own steps where it ran enough of them alone (what its proposers
+        # cost a step beside its rows), else its kind's (trees cost more than chains)
         kinds = {(m, b): step_kind_of(base_method(m), greedy, b) for m, b in candidates}
-        costs = {c: est.cost(load.address, kind, load.batch) for c, kind in kinds.items()
-                 if kind == "tree" and load.address}
+        costs = {(m, b): est.cost(load.address, kind, load.batch, base_method(m))
+                 for (m, b), kind in kinds.items() if load.address}
         models = {(m, b): MethodModel.from_acceptance(
             est.acceptance_of(m, greedy, b),
             est.round_trip(load.address, base_method(m), load.batch) if load.address
@@ -434,19 +443,32 @@ def _hybrids(methods: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n for n in names if is_method(n))
 
 
-def cold_default(candidates: tuple[Candidate, ...]) -> Candidate | None:
-    """What auto runs before it has measured anything: the chain of retrieval drafts among the
-    candidates, gated where there are several (hybrid:suffix|ngram), else the one retrieval
-    method. It cannot lose much: a step it finds nothing to copy for forwards no draft row and
-    waits ~2 ms for the proposers, and the verifier's per-step k pauses a request whose own
-    drafts fail. None when no retrieval method is among them."""
-    chains = [m for m, b in candidates if b == 1 and retrieval_based(m)
+def retrieval_chains(candidates: tuple[Candidate, ...]) -> list[Candidate]:
+    """The chains of retrieval drafts among the candidates, the cheapest step first: each
+    retrieval method alone (the cross-request one first), then the gated chains of several
+    (hybrid:suffix|ngram). Prompt lookup's shape is explored like a hybrid (docs/policy.md)."""
+    chains = [(m, b) for m, b in candidates if b == 1 and retrieval_based(m)
               and all(METHODS[p].capabilities.copies_context for p in components_of(m))
               and step_kind_of(m, True) != "tree"]
-    if not chains:
-        return None
-    # the most retrieval methods in one chain first, then the registry's order
-    return (max(chains, key=lambda m: (len(components_of(m)), -chains.index(m))), 1)
+    return sorted(chains, key=lambda c: (
+        len(components_of(c[0])),
+        not METHODS[components_of(c[0])[0]].capabilities.cross_request, chains.index(c)))
+
+
+def cold_default(candidates: tuple[Candidate, ...], tried, enough: float
+                 ) -> Candidate | None:
+    """The retrieval chain auto prices while it is unmeasured: of `retrieval_chains`, the one
+    with the least recent data (`tried(candidate)`: its recently tried positions) while it has
+    fewer than `enough`, so that a cold stack runs each of them for a request or so and then
+    chooses among them by what each measured, its acceptance and its own steps' cost (on two
+    cores the gated chain's two proposer processes drafting beside the forward made its steps
+    the dearest: bench/reports/specbench-default-threads.md). None once all are measured, or
+    when none is served. Each cannot lose much: a step it finds nothing to copy for forwards no
+    draft row and waits ~2 ms for the proposers, and the verifier's per-step k pauses a
+    request whose own drafts fail."""
+    unmeasured = [(tried(c), i, c) for i, c in enumerate(retrieval_chains(candidates))
+                  if tried(c) < enough]
+    return min(unmeasured)[2] if unmeasured else None
 
 
 def _lookahead_shape(req: SpeculationRequest, info: verifier_pb2.VerifierInfo
@@ -489,4 +511,5 @@ def _lookahead_unfit(req: SpeculationRequest, info: verifier_pb2.VerifierInfo,
 
 
 __all__ = ["PLD_SHAPE", "Decision", "Load", "PolicyConfig", "SpeculationPolicy",
-           "base_method", "cold_default", "plan_candidate", "shaped_candidates", "shaped_name"]
+           "base_method", "cold_default", "plan_candidate", "retrieval_chains",
+           "shaped_candidates", "shaped_name"]

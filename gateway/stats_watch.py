@@ -35,7 +35,10 @@ def snapshot_from_pb(pb: verifier_pb2.EngineStats) -> ReplicaSnapshot:
         step_cost=tuple((b.kind or "greedy", b.steps, float(b.tokens_total), b.seconds_total)
                         for b in pb.step_cost),
         step_cost_by_seqs=tuple((b.kind or "greedy", b.max_seqs, b.steps, float(b.tokens_total),
-                                 b.seconds_total) for b in pb.step_cost_by_seqs))
+                                 b.seconds_total) for b in pb.step_cost_by_seqs),
+        step_cost_by_method=tuple((b.method, b.kind or "greedy", b.max_seqs, b.steps,
+                                   float(b.tokens_total), b.seconds_total)
+                                  for b in pb.step_cost_by_method))
 
 
 class StatsWatcher:

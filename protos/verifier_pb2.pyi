@@ -90,23 +90,25 @@ class AcceptanceCounts(_message.Message):
     def __init__(self, drafts: _Optional[int] = ..., proposed_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., rejections: _Optional[int] = ..., asked: _Optional[int] = ..., asked_at: _Optional[_Iterable[int]] = ..., drafted_at: _Optional[_Iterable[int]] = ..., accepted_at: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepCostBucket(_message.Message):
-    __slots__ = ("max_tokens", "steps", "tokens_total", "seconds_total", "kind", "max_seqs")
+    __slots__ = ("max_tokens", "steps", "tokens_total", "seconds_total", "kind", "max_seqs", "method")
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     SECONDS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_SEQS_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
     max_tokens: int
     steps: int
     tokens_total: int
     seconds_total: float
     kind: str
     max_seqs: int
-    def __init__(self, max_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., tokens_total: _Optional[int] = ..., seconds_total: _Optional[float] = ..., kind: _Optional[str] = ..., max_seqs: _Optional[int] = ...) -> None: ...
+    method: str
+    def __init__(self, max_tokens: _Optional[int] = ..., steps: _Optional[int] = ..., tokens_total: _Optional[int] = ..., seconds_total: _Optional[float] = ..., kind: _Optional[str] = ..., max_seqs: _Optional[int] = ..., method: _Optional[str] = ...) -> None: ...
 
 class EngineStats(_message.Message):
-    __slots__ = ("running", "waiting", "kv_blocks_total", "kv_blocks_free", "steps", "generated_tokens", "finished_requests", "aborted_requests", "preemptions", "step_seconds_total", "methods", "step_cost", "max_num_seqs", "step_cost_by_seqs")
+    __slots__ = ("running", "waiting", "kv_blocks_total", "kv_blocks_free", "steps", "generated_tokens", "finished_requests", "aborted_requests", "preemptions", "step_seconds_total", "methods", "step_cost", "max_num_seqs", "step_cost_by_seqs", "step_cost_by_method")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +123,7 @@ class EngineStats(_message.Message):
     STEP_COST_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     STEP_COST_BY_SEQS_FIELD_NUMBER: _ClassVar[int]
+    STEP_COST_BY_METHOD_FIELD_NUMBER: _ClassVar[int]
     running: int
     waiting: int
     kv_blocks_total: int
@@ -135,7 +138,8 @@ class EngineStats(_message.Message):
     step_cost: _containers.RepeatedCompositeFieldContainer[StepCostBucket]
     max_num_seqs: int
     step_cost_by_seqs: _containers.RepeatedCompositeFieldContainer[StepCostBucket]
-    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., preemptions: _Optional[int] = ..., step_seconds_total: _Optional[float] = ..., methods: _Optional[_Iterable[_Union[MethodStats, _Mapping]]] = ..., step_cost: _Optional[_Iterable[_Union[StepCostBucket, _Mapping]]] = ..., max_num_seqs: _Optional[int] = ..., step_cost_by_seqs: _Optional[_Iterable[_Union[StepCostBucket, _Mapping]]] = ...) -> None: ...
+    step_cost_by_method: _containers.RepeatedCompositeFieldContainer[StepCostBucket]
+    def __init__(self, running: _Optional[int] = ..., waiting: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., steps: _Optional[int] = ..., generated_tokens: _Optional[int] = ..., finished_requests: _Optional[int] = ..., aborted_requests: _Optional[int] = ..., preemptions: _Optional[int] = ..., step_seconds_total: _Optional[float] = ..., methods: _Optional[_Iterable[_Union[MethodStats, _Mapping]]] = ..., step_cost: _Optional[_Iterable[_Union[StepCostBucket, _Mapping]]] = ..., max_num_seqs: _Optional[int] = ..., step_cost_by_seqs: _Optional[_Iterable[_Union[StepCostBucket, _Mapping]]] = ..., step_cost_by_method: _Optional[_Iterable[_Union[StepCostBucket, _Mapping]]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

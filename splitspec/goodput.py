@@ -478,7 +478,7 @@ class AnchoredCost:
     it: what more tokens add there, from its level. Below its first point, flat."""
 
     local: StepCost
-    base: StepCost
+    base: "StepCost | AnchoredCost"
 
     def __call__(self, tokens: float) -> float:
         first, last = self.local.tokens[0], self.local.tokens[-1]
@@ -503,6 +503,10 @@ class StepCosts:
     # does not)
     measured_tokens: float = 0.0
     per_class: bool = False
+    # per (method, kind, class of sequence counts): the steps that method ran alone, its own
+    # curve anchored on the class's (else the kind's): a method whose process drafts beside
+    # the forward costs every step of its own more than its rows do ("off": plain steps)
+    by_method: Mapping[tuple[str, str, int], AnchoredCost] = field(default_factory=dict)
 
     def measured(self, seqs: int) -> bool:
         """Whether a step of `seqs` sequences was measured: its class of sequence counts has
@@ -514,10 +518,16 @@ class StepCosts:
             return any(c == seqs_class(seqs) for _, c in self.by_seqs)
         return self.measured_tokens >= max(seqs, 1)
 
-    def of(self, kind: str, seqs: int | None = None) -> "StepCost | AnchoredCost":
+    def of(self, kind: str, seqs: int | None = None,
+           method: str | None = None) -> "StepCost | AnchoredCost":
         """The curve over batch tokens for a kind of step; with `seqs`, for a step of that
-        many sequences where their class was measured."""
+        many sequences where their class was measured; with `method` too, for that method's
+        own steps where it ran enough of them alone in that class."""
         if seqs is not None:
+            if method:
+                found = self.by_method.get((method, kind, seqs_class(seqs)))
+                if found is not None:
+                    return found
             found = self.by_seqs.get((kind, seqs_class(seqs)))
             if found is not None:
                 return found
@@ -526,11 +536,15 @@ class StepCosts:
 
 def fit_step_costs(buckets: Iterable[tuple[str, int, float, float]],
                    min_steps: int = MIN_BUCKET_STEPS,
-                   by_seqs: Iterable[tuple[str, int, int, float, float]] = ()) -> StepCosts:
+                   by_seqs: Iterable[tuple[str, int, int, float, float]] = (),
+                   by_method: Iterable[tuple[str, str, int, int, float, float]] = ()
+                   ) -> StepCosts:
     """StepCosts from (kind, steps, tokens_total, seconds_total) per kind and bucket of batch
-    tokens (fit_step_cost for each kind, and for all of them pooled by bucket), and from
+    tokens (fit_step_cost for each kind, and for all of them pooled by bucket), from
     (kind, seqs class, steps, tokens_total, seconds_total) per kind, class of sequence counts
-    and bucket of batch tokens (a class's curve where one of its buckets has enough steps)."""
+    and bucket of batch tokens (a class's curve where one of its buckets has enough steps), and
+    from (method, kind, seqs class, steps, tokens_total, seconds_total) the same per method
+    that ran the steps alone (a method's curve where one of its buckets has enough steps)."""
     by_kind: dict[str, list[tuple[int, float, float]]] = {}
     for kind, n, t, sec in buckets:
         by_kind.setdefault(kind, []).append((n, t, sec))
@@ -543,9 +557,16 @@ def fit_step_costs(buckets: Iterable[tuple[str, int, float, float]],
             per_class.setdefault((kind, cls), []).append((n, t, sec))
     classes = {key: AnchoredCost(fit_step_cost(b, min_steps), kinds.get(key[0], pooled))
                for key, b in per_class.items() if any(n >= min_steps for n, _, _ in b)}
+    per_method: dict[tuple[str, str, int], list[tuple[int, float, float]]] = {}
+    for method, kind, cls, n, t, sec in by_method:
+        if cls > 0 and method:
+            per_method.setdefault((method, kind, cls), []).append((n, t, sec))
+    methods = {key: AnchoredCost(fit_step_cost(b, min_steps),
+                                 classes.get(key[1:], kinds.get(key[1], pooled)))
+               for key, b in per_method.items() if any(n >= min_steps for n, _, _ in b)}
     measured = max((t / n for b in by_kind.values() for n, t, _ in b if n >= min_steps and n > 0),
                    default=0.0)
-    return StepCosts(kinds, pooled, classes, measured, bool(per_class))
+    return StepCosts(kinds, pooled, classes, measured, bool(per_class), methods)
 
 
 def _isotonic(values: list[tuple[float, float]]) -> list[float]:

@@ -1060,7 +1060,19 @@ def policy_has_no_cold_default(monkeypatch) -> None:
     """auto without a cold default: every unmeasured registered method competes on the prior."""
     import gateway.policy as policy
 
-    monkeypatch.setattr(policy, "cold_default", lambda candidates: None)
+    monkeypatch.setattr(policy, "cold_default", lambda candidates, tried, enough: None)
+
+
+def policy_keeps_one_cold_chain(monkeypatch) -> None:
+    """auto's cold default is always the longest retrieval chain (hybrid:suffix|ngram), never
+    each of them in turn: the chains it did not start on are never measured."""
+    import gateway.policy as policy
+
+    def longest(candidates, tried, enough):
+        chains = policy.retrieval_chains(candidates)
+        return chains[-1] if chains and tried(chains[-1]) < enough else None
+
+    monkeypatch.setattr(policy, "cold_default", longest)
 
 
 def policy_weighs_no_gated_hybrids(monkeypatch) -> None:
@@ -1531,3 +1543,13 @@ def respelling_drops_the_rest(monkeypatch) -> None:
         real(self, before, token, spelling[:1] if len(spelling) > 1 else spelling)
 
     monkeypatch.setattr(forced_spelling.Spellings, "_vote", first_piece)
+
+
+def step_costs_ignore_the_method(monkeypatch) -> None:
+    """Every step is priced on its kind's curve, whatever the method that ran it measured alone
+    (a gated chain's proposers drafting beside the forward charged to every chain)."""
+    from splitspec import goodput
+
+    original = goodput.StepCosts.of
+    monkeypatch.setattr(goodput.StepCosts, "of",
+                        lambda self, kind, seqs=None, method=None: original(self, kind, seqs))

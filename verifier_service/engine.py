@@ -348,7 +348,7 @@ class Engine:
             if not step.prefill_tokens:  # the cost model is about decoding steps
                 self.stats.add_step_cost(step.num_tokens,
                                          step.seconds - step.draft_seconds - observed, step.kind,
-                                         step.num_seqs)
+                                         step.num_seqs, step.method)
             for method, ms in step.per_method.items():  # what drafting ahead costs, per token
                 self.drafts.ahead_policy.record(method, ms.ahead, step.seconds,
                                            ms.accepted_tokens + ms.drafts)
@@ -386,7 +386,7 @@ class Engine:
                                         for s, d in zip(batch, step_drafts)),
                          emitted_tokens=0, per_method=per_method, draft_seconds=draft_seconds,
                          prefill_tokens=sum(s.num_new for s in batch if s.num_new > 1),
-                         kind=_step_kind(batch, step_drafts))
+                         kind=_step_kind(batch, step_drafts), method=_step_method(batch))
         for s, draft, result in zip(batch, step_drafts, results):
             emitted = isinstance(result, SeqResult)
             record = StepRecord(wall, end, len(draft.tokens) if draft else 0,
@@ -540,6 +540,14 @@ class Engine:
                 getattr(observer, event)(record)
             except Exception:  # noqa: BLE001 - an exporter must never fail the engine
                 log.exception("engine observer %r failed on %s", observer, event)
+
+
+def _step_method(batch: list[Scheduled]) -> str:
+    """The one speculation method every sequence of the step was planned with, whether or not
+    it drafted this step ("off": none speculates); "" for a step of several."""
+    methods = {s.seq.inp.speculation.method if s.seq.inp.speculation.enabled else "off"
+               for s in batch}
+    return methods.pop() if len(methods) == 1 else ""
 
 
 def _step_kind(batch: list[Scheduled], drafts: list) -> str:

@@ -168,14 +168,16 @@ def _stats_to_pb(s: EngineStats) -> verifier_pb2.EngineStats:
                                               for b, t in sorted(v.trees.items())])
                  for m, v in sorted(s.per_method.items())],
         step_cost=[_step_cost_to_pb(b) for b in s.step_cost if b.steps],
-        step_cost_by_seqs=[_step_cost_to_pb(b) for _, b in sorted(s.step_cost_by_seqs.items())])
+        step_cost_by_seqs=[_step_cost_to_pb(b) for _, b in sorted(s.step_cost_by_seqs.items())],
+        step_cost_by_method=[_step_cost_to_pb(b)
+                             for _, b in sorted(s.step_cost_by_method.items())])
 
 
 def _step_cost_to_pb(b) -> verifier_pb2.StepCostBucket:
     return verifier_pb2.StepCostBucket(max_tokens=b.max_tokens, steps=b.steps,
                                        tokens_total=b.tokens_total,
                                        seconds_total=b.seconds_total, kind=b.kind,
-                                       max_seqs=b.max_seqs)
+                                       max_seqs=b.max_seqs, method=b.method)
 
 
 def _acceptance_to_pb(c: AcceptanceCounts) -> verifier_pb2.AcceptanceCounts:

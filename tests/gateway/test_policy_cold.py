@@ -1,10 +1,14 @@
 """auto from a cold start (gateway/policy.py): with nothing measured it runs the served retrieval
-drafts as one gated chain (hybrid:suffix|ngram) rather than off or a method it knows nothing
-about; gated hybrids are candidates priced from their own acceptance; what is explored stays
-bounded; a finished request's class acceptance counts its drafts' rejections, not its steps.
-Planted controls: no cold default, no gated hybrids, every step counted as a rejection."""
+chains (suffix, ngram, hybrid:suffix|ngram) each in turn until each is measured, rather than off
+or a method it knows nothing about, and then chooses between them by what each measured, its
+acceptance and its own steps' cost; gated hybrids are candidates priced from their own
+acceptance; what is explored stays bounded; a finished request's class acceptance counts its
+drafts' rejections, not its steps. Planted controls: no cold default, one cold chain only, step
+costs blind to the method, no gated hybrids, every step counted as a rejection."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from test_policy import ADDRESS, AUTO, COST, load, policy, snapshot
@@ -31,13 +35,18 @@ def cold(**config) -> SpeculationPolicy:
     return SpeculationPolicy(est, PolicyConfig(**config))
 
 
-def test_cold_auto_runs_the_gated_retrieval_chain_not_off_or_an_unmeasured_model():
-    # step times measured, no method yet
-    d = cold().decide(AUTO, INFO, True, load())
-    assert (d.plan.method, d.reason) == (CHAIN, "goodput"), d
-    # chains (a gated hybrid of one method per tier), re-decided per step from 0: a
-    # request whose own drafts fail pauses
-    assert d.plan.num_branches == 1 and d.plan.adaptive and d.plan.k_min == 0
+def test_cold_auto_runs_each_retrieval_chain_in_turn_not_off_or_an_unmeasured_model():
+    p = cold()  # step times measured, no method yet
+    measured: dict[str, tuple[float, float]] = {}
+    for expected in ("suffix", "ngram", CHAIN):
+        d = p.decide(AUTO, INFO, True, load())
+        assert (d.plan.method, d.reason) == (expected, "goodput"), d
+        # chains, re-decided per step from 0: a request whose own drafts fail pauses
+        assert d.plan.num_branches == 1 and d.plan.adaptive and d.plan.k_min == 0
+        measured[expected] = (300, 600)  # its request measured it
+        p.estimates.observe(ADDRESS, snapshot(greedy=measured))
+    # all three measured at the same acceptance: one of them, never a cold model-backed one
+    assert p.decide(AUTO, INFO, True, load()).plan.method in ("suffix", "ngram", CHAIN)
     # nothing known at all, not even a step's time: off until a step is measured
     d = SpeculationPolicy().decide(AUTO, INFO, True, load())
     assert (d.plan.enabled, d.reason) == (False, "unmeasured_batch"), d
@@ -48,12 +57,13 @@ def test_cold_auto_runs_the_gated_retrieval_chain_not_off_or_an_unmeasured_model
     assert cold().decide(AUTO, one, True, load()).plan.method == "ngram"
 
 
-def test_a_measured_method_that_beats_the_chain_wins_and_unmeasured_ones_wait():
-    # the MLP measured well: it competes and wins; EAGLE and the draft model, unmeasured,
-    # do not compete on the prior
+def test_a_measured_method_that_beats_the_chains_wins_and_unmeasured_ones_wait():
+    # the MLP measured well: it competes and wins (also against the unmeasured retrieval
+    # chain at the prior); EAGLE and the draft model, unmeasured, do not compete on the prior
     p = policy(snapshot(greedy={"mlp": (900, 1000), CHAIN: (300, 1000)}))
     assert p.decide(AUTO, INFO, True, load()).plan.method == "mlp"
-    q = policy(snapshot(greedy={"mlp": (100, 1000), CHAIN: (600, 1000)}))
+    q = policy(snapshot(greedy={"mlp": (100, 1000), CHAIN: (600, 1000), "ngram": (400, 1000),
+                                "suffix": (400, 1000)}))
     assert q.decide(AUTO, INFO, True, load()).plan.method == CHAIN
 
 
@@ -73,15 +83,43 @@ def test_gated_hybrids_are_candidates_priced_from_their_own_acceptance():
     assert model_tier.decide(AUTO, INFO, True, load()).plan.method == "hybrid:suffix|eagle"
 
 
-def test_a_cold_run_explores_a_bounded_few_requests():
-    """35 requests on a cold stack (the acceptance never measured, the worst case for it):
-    all but the exploration turns run the chain, and the turns are at most 1 in
-    EXPLORE_EVERY; none is off."""
-    p = cold(explore_every=PolicyConfig().explore_every)
-    decisions = [p.decide(AUTO, INFO, True, load()) for _ in range(35)]
+# the steps each method ran alone, one sequence: (method, kind, class, steps, tokens, seconds).
+# The gated chain's two proposers draft beside the forward: its steps cost 6 ms more at 5
+# tokens than either method's alone (bench/reports/specbench-default-threads.md: 22.5 against
+# 19.4 and 17.6 ms, two cores)
+OWN_STEPS = (("off", "greedy", 1, 100, 100.0, 1.0),
+             *((m, "greedy", 1, 100, t * 100.0, s * 100) for m in ("ngram", "suffix")
+               for t, s in ((1, 0.010), (5, 0.0102))),
+             *((CHAIN, "greedy", 1, 100, t * 100.0, s * 100) for t, s in ((1, 0.011),
+                                                                          (5, 0.016))))
+
+
+def test_a_cold_run_measures_each_chain_then_runs_the_cheapest_to_verify():
+    """35 requests on a cold stack, each request measuring what it ran (the gated chain
+    accepts a little more, its steps cost more): after each retrieval chain ran once, the
+    single methods, never the chain; exploration turns at most 1 in EXPLORE_EVERY; none
+    off."""
+    est = Estimates()
+    est.observe(ADDRESS, ReplicaSnapshot(0, 0, 16, 400, {}, COST, (), OWN_STEPS[:1]))
+    p = SpeculationPolicy(est, PolicyConfig())
+    rates = {"suffix": 0.55, "ngram": 0.55, CHAIN: 0.6}
+    counts: dict[str, tuple[float, float]] = {}
+    decisions = []
+    for i in range(35):
+        d = p.decide(AUTO, INFO, True, load())
+        decisions.append(d)
+        if d.plan.enabled:  # its request's drafts: 60 positions tried
+            acc, tried = counts.get(d.plan.method, (0.0, 0.0))
+            counts[d.plan.method] = (acc + 60 * rates.get(d.plan.method, 0.3), tried + 60)
+        # each method's own steps, once it ran
+        own = tuple(b for b in OWN_STEPS if b[0] == "off" or b[0] in counts)
+        snap = snapshot(steps=401 + i, greedy=counts)
+        p.estimates.observe(ADDRESS, dataclasses.replace(snap, step_cost_by_method=own))
     explored = [d for d in decisions if d.reason == "exploration"]
     assert len(explored) <= 35 // PolicyConfig().explore_every
-    assert all(d.plan.method == CHAIN for d in decisions if d.reason != "exploration")
+    chosen = [d.plan.method for d in decisions if d.reason != "exploration"]
+    assert chosen[:3] == ["suffix", "ngram", CHAIN], chosen
+    assert set(chosen[3:]) <= {"suffix", "ngram"}, chosen
 
 
 def test_a_requests_class_acceptance_counts_its_drafts_rejections_not_its_steps():
@@ -92,7 +130,9 @@ def test_a_requests_class_acceptance_counts_its_drafts_rejections_not_its_steps(
     assert request_acceptance(9, 82, 55, 0).tried == 64
     assert request_acceptance(9, 82, 55).tried == 64
     assert request_acceptance(40, 40, 10, 0).tried == 40  # all accepted: no rejection
-    p = cold()
+    # the three chains measured alike over all requests; short prompts measured apart
+    p = policy(snapshot(greedy={"ngram": (500, 1000), "suffix": (500, 1000),
+                                CHAIN: (500, 1000)}))
     for _ in range(3):  # short prompts where suffix drafts on a third of the steps
         p.estimates.observe_request("short", CHAIN, True, 1, accepted=30, proposed=80,
                                     steps=60, rejections=20)
@@ -105,12 +145,19 @@ def test_a_requests_class_acceptance_counts_its_drafts_rejections_not_its_steps(
 
 @pytest.mark.parametrize("plant, check", [
     ("policy_has_no_cold_default",
-     test_cold_auto_runs_the_gated_retrieval_chain_not_off_or_an_unmeasured_model),
-    ("policy_has_no_cold_default", test_a_cold_run_explores_a_bounded_few_requests),
+     test_cold_auto_runs_each_retrieval_chain_in_turn_not_off_or_an_unmeasured_model),
+    ("policy_has_no_cold_default",
+     test_a_cold_run_measures_each_chain_then_runs_the_cheapest_to_verify),
+    ("policy_keeps_one_cold_chain",
+     test_cold_auto_runs_each_retrieval_chain_in_turn_not_off_or_an_unmeasured_model),
+    ("policy_keeps_one_cold_chain",
+     test_a_cold_run_measures_each_chain_then_runs_the_cheapest_to_verify),
+    ("step_costs_ignore_the_method",
+     test_a_cold_run_measures_each_chain_then_runs_the_cheapest_to_verify),
     ("policy_weighs_no_gated_hybrids",
      test_gated_hybrids_are_candidates_priced_from_their_own_acceptance),
     ("policy_weighs_no_gated_hybrids",
-     test_cold_auto_runs_the_gated_retrieval_chain_not_off_or_an_unmeasured_model),
+     test_cold_auto_runs_each_retrieval_chain_in_turn_not_off_or_an_unmeasured_model),
     ("class_acceptance_counts_every_step_rejected",
      test_a_requests_class_acceptance_counts_its_drafts_rejections_not_its_steps),
 ])

@@ -234,6 +234,47 @@ def test_a_step_of_many_sequences_is_priced_on_their_own_steps_and_sent_so(engin
     assert ("greedy", 16, 5, 200.0, pytest.approx(0.17)) in sent and len(sent) == 4
 
 
+def test_a_methods_own_steps_price_its_k_and_are_sent_so(engine):
+    check_a_methods_own_steps_price_its_k(engine)
+
+
+def test_step_costs_that_ignore_the_method_fail_the_check(engine, monkeypatch):
+    bug.step_costs_ignore_the_method(monkeypatch)
+    with pytest.raises(AssertionError):
+        check_a_methods_own_steps_price_its_k(engine)
+
+
+def check_a_methods_own_steps_price_its_k(engine):
+    """Steps one method ran alone are kept apart by it too: a method whose proposer drafts
+    beside the forward costs its own steps more than their rows do. A sequence planned with
+    it is priced on them (where its drafts no longer pay, it pauses), another method on the
+    curve of every step of its class; a step of several methods is in no method's curve; the
+    verifier sends them (WatchStats)."""
+    stats, ks = engine.stats, engine.adaptive
+    seq = engine.add_request(adaptive(request(engine, "a", PROMPTS[0])))
+    seq.num_computed = len(seq.tokens) - 1
+    seq.accepted, seq.rejections = 50, 50
+
+    def measured(steps) -> int:
+        for tokens, seconds, method in steps:
+            for _ in range(5):
+                stats.add_step_cost(tokens, seconds, "greedy", 1, method)
+        stats.steps += 1000
+        ks.begin_step()
+        return ks.choose(seq, [seq])
+
+    # plain steps, and steps of several methods: n-gram's drafts pay on the class's curve
+    assert measured(((1, 0.010, "off"), (5, 0.011, ""))) > 0
+    # n-gram's own steps, its proposer drafting beside the forward: 4 rows cost 30 ms
+    assert measured(((1, 0.010, "ngram"), (5, 0.040, "ngram"))) == 0
+    assert ks.step_cost("greedy", 1, "ngram")(5) == pytest.approx(0.040)
+    assert ks.step_cost("greedy", 1, "off")(1) == pytest.approx(0.010)
+    # a method without steps of its own: every one-sequence step's, by tokens
+    assert ks.step_cost("greedy", 1, "suffix")(5) == pytest.approx(0.0255)
+    sent = snapshot_from_pb(_stats_to_pb(stats)).step_cost_by_method
+    assert ("ngram", "greedy", 1, 5, 25.0, pytest.approx(0.2)) in sent and len(sent) == 3
+
+
 def test_round_trips_are_kept_by_the_steps_sequences_and_sent_so(engine):
     """A method's answers are kept apart by how many sequences the step asked it for too: the
     per-step k of a sequence among 12 others reads the 9-16 class's fit, which the verifier

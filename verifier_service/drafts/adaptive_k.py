@@ -5,7 +5,8 @@ goodput (splitspec/goodput.py `marginal_goodput`), given:
   * its acceptance and hit rate (steps that got a draft): its own drafts so far, shrunk
     towards its method's on this verifier for the same kind of request (greedy or sampled);
   * the step's cost: the verifier's measured step time by batch tokens for a step of as many
-    sequences as are running (EngineStats.step_cost, step_cost_by_seqs), with the rest of the
+    sequences as are running, of its method's own steps where it ran enough of them alone
+    (EngineStats.step_cost, step_cost_by_seqs, step_cost_by_method), with the rest of the
     running batch as it was in its last step (each decoding sequence forwards 1 + its last k
     tokens and emits 1 + its last accepted; a prefilling one forwards its uncached tokens);
   * the proposer's round trip for k tokens (fitted per k, from steps of as many sequences as
@@ -93,15 +94,19 @@ class AdaptiveK:
             self._methods.clear()
             self._fitted_at = steps
 
-    def step_cost(self, kind: str = "greedy", seqs: int | None = None) -> StepCost:
+    def step_cost(self, kind: str = "greedy", seqs: int | None = None,
+                  method: str | None = None) -> StepCost:
         """The step-cost curve of a kind of step (splitspec.goodput.step_kind); with `seqs`,
-        of a step of that many sequences (StepCosts.of)."""
+        of a step of that many sequences, and with `method`, of that method's own steps where
+        it ran enough of them alone (StepCosts.of)."""
         if self._cost is None:
             self._cost = fit_step_costs(
                 ((b.kind, b.steps, b.tokens_total, b.seconds_total) for b in self.stats.step_cost),
                 by_seqs=((b.kind, b.max_seqs, b.steps, b.tokens_total, b.seconds_total)
-                         for b in self.stats.step_cost_by_seqs.values()))
-        return self._cost.of(kind, seqs)
+                         for b in self.stats.step_cost_by_seqs.values()),
+                by_method=((b.method, b.kind, b.max_seqs, b.steps, b.tokens_total,
+                            b.seconds_total) for b in self.stats.step_cost_by_method.values()))
+        return self._cost.of(kind, seqs, method)
 
     def acceptance(self, seq: SequenceState) -> float:
         return self.model(seq).acceptance
@@ -156,8 +161,10 @@ class AdaptiveK:
         others_drafting = batch.drafting.get(plan.method, 0) - (drafted == plan.method)
         sharing = max(batch.candidates.get(plan.method, 0), 1)
         model = self.model(seq, len(running))
+        # its method's own steps where measured: what the method costs a step beside its
+        # rows (its proposer drafting beside the forward) is paid whatever k, pausing too
         cost = self.step_cost(step_kind_of(plan.method, seq.inp.sampling.greedy,
-                                           plan.num_branches), len(running))
+                                           plan.num_branches), len(running), plan.method)
         probe = self.probe_after > 0 and seq.paused_steps >= self.probe_after
         # what the method costs this sequence's step even when it pauses (an EAGLE head's
         # advance over the verified rows): pausing does not save it

@@ -87,6 +87,7 @@ class StepCostBucket:
     tokens_total: int = 0
     seconds_total: float = 0.0
     max_seqs: int = 0  # its steps' class of sequence counts (goodput.seqs_class); 0: any
+    method: str = ""  # the one method its steps' sequences were planned with; "": any
 
 
 @dataclass
@@ -211,6 +212,13 @@ class EngineStats(ReplicaLoad):
     # the same, kept apart by the steps' class of sequence counts (goodput.seqs_class):
     # (kind, class, max_tokens) -> its bucket, made on the first such step
     step_cost_by_seqs: dict[tuple[str, int, int], StepCostBucket] = field(default_factory=dict)
+    # the same, kept apart by the one method every sequence of the step was planned with
+    # ("off": none speculates; a step of several methods is in none of these):
+    # (method, kind, class, max_tokens) -> its bucket. What a method costs a step beside its
+    # draft rows (its proposer's process drafting ahead beside the forward, an in-target
+    # drafter's work) is its own, not its kind's
+    step_cost_by_method: dict[tuple[str, str, int, int], StepCostBucket] = field(
+        default_factory=dict)
 
     def method(self, name: str) -> MethodStats:
         return self.per_method.setdefault(name, MethodStats())
@@ -224,8 +232,9 @@ class EngineStats(ReplicaLoad):
                         is not dataclasses.MISSING else f.default)
 
     def add_step_cost(self, tokens: int, seconds: float, kind: str = "greedy",
-                      seqs: int = 0) -> None:
-        """A decoding step of `tokens` batch tokens over `seqs` sequences (0: not known)."""
+                      seqs: int = 0, method: str = "") -> None:
+        """A decoding step of `tokens` batch tokens over `seqs` sequences (0: not known), all
+        planned with `method` ("off": none speculates; "": several methods, or not known)."""
         per_kind = len(STEP_COST_BOUNDS) + 1
         at = bisect.bisect_left(STEP_COST_BOUNDS, tokens)
         buckets = [self.step_cost[STEP_KINDS.index(kind) * per_kind + at]]
@@ -234,6 +243,12 @@ class EngineStats(ReplicaLoad):
             if key not in self.step_cost_by_seqs:
                 self.step_cost_by_seqs[key] = StepCostBucket(key[2], kind, max_seqs=key[1])
             buckets.append(self.step_cost_by_seqs[key])
+            if method:
+                mkey = (method, *key)
+                if mkey not in self.step_cost_by_method:
+                    self.step_cost_by_method[mkey] = StepCostBucket(key[2], kind, max_seqs=key[1],
+                                                                    method=method)
+                buckets.append(self.step_cost_by_method[mkey])
         for bucket in buckets:
             bucket.steps += 1
             bucket.tokens_total += tokens
@@ -279,6 +294,8 @@ class StepStats:
     draft_seconds: float = 0.0  # of `seconds`, the wait for proposers' answers
     prefill_tokens: int = 0  # of `num_tokens`, prompt tokens of sequences still prefilling
     kind: str = "greedy"  # what it ran beside the forward (splitspec.goodput.step_kind)
+    # the one speculation method its sequences were planned with ("off": none; "": several)
+    method: str = ""
 
 
 @dataclass
