@@ -28,9 +28,9 @@ Rules, in order:
   auto                              best goodput                 goodput / low_acceptance /
                                                                  compute_bound
 Of the candidates without enough recent data only one competes in auto: the cold default
-(`cold_default`: of the served retrieval chains, suffix, ngram and hybrid:suffix|ngram, the
-one with the least data, so that each runs about a request and they are
-then chosen between by what each measured), so a cold stack starts there, once its replica has
+(`cold_default`: of the served retrieval methods, suffix and ngram, the one with the least
+data, so that each runs about a request and they are then chosen between by what each
+measured), so a cold stack starts there, once its replica has
 measured steps of the request's batch size (before that: off), rather than on a method it knows
 nothing about; the others wait for exploration turns (docs/policy.md, Cold start and load).
 In auto, each proposer method is a candidate twice: as chains and as token trees of up to
@@ -318,7 +318,7 @@ class SpeculationPolicy:
                    greedy: bool, cold: Candidate | None = None) -> tuple[Candidate, ...]:
         """The candidates auto prices against each other and off: those with enough recent
         data, and of those without, only the one that cannot lose much (`cold_default`: the
-        served retrieval chains, each in turn until each is measured, or a structured
+        served retrieval methods, each in turn until each is measured, or a structured
         request's forced chain). The others wait for their exploration turns: priced at
         the optimistic prior acceptance they would beat every measured method, and a cold stack
         would try them one after another (a draft model, an EAGLE head, an MLP, lookahead: each
@@ -444,28 +444,26 @@ def _hybrids(methods: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def retrieval_chains(candidates: tuple[Candidate, ...]) -> list[Candidate]:
-    """The chains of retrieval drafts among the candidates, the cheapest step first: each
-    retrieval method alone (the cross-request one first), then the gated chains of several
-    (hybrid:suffix|ngram). Prompt lookup's shape is explored like a hybrid (docs/policy.md)."""
-    chains = [(m, b) for m, b in candidates if b == 1 and retrieval_based(m)
-              and all(METHODS[p].capabilities.copies_context for p in components_of(m))
-              and step_kind_of(m, True) != "tree"]
-    return sorted(chains, key=lambda c: (
-        len(components_of(c[0])),
-        not METHODS[components_of(c[0])[0]].capabilities.cross_request, chains.index(c)))
+    """The retrieval methods among the candidates as chains, each alone (the cross-request one
+    first): what a cold stack runs. Their gated chain (hybrid:suffix|ngram) is explored like
+    any hybrid: it drafts on more steps, and each extra row it verifies costs what the
+    context makes it (on two cores about 1 ms at 150 cached tokens, 2 at 600), so where it
+    pays depends on the machine and the traffic, and it competes once measured."""
+    chains = [(m, b) for m, b in candidates if b == 1 and m in METHODS
+              and METHODS[m].capabilities.copies_context and step_kind_of(m, True) != "tree"]
+    return sorted(chains, key=lambda c: (not METHODS[c[0]].capabilities.cross_request,
+                                         chains.index(c)))
 
 
 def cold_default(candidates: tuple[Candidate, ...], tried, enough: float
                  ) -> Candidate | None:
-    """The retrieval chain auto prices while it is unmeasured: of `retrieval_chains`, the one
+    """The retrieval method auto prices while it is unmeasured: of `retrieval_chains`, the one
     with the least recent data (`tried(candidate)`: its recently tried positions) while it has
     fewer than `enough`, so that a cold stack runs each of them for a request or so and then
-    chooses among them by what each measured, its acceptance and its own steps' cost (on two
-    cores the gated chain's two proposer processes drafting beside the forward made its steps
-    the dearest: bench/reports/specbench-default-threads.md). None once all are measured, or
-    when none is served. Each cannot lose much: a step it finds nothing to copy for forwards no
-    draft row and waits ~2 ms for the proposers, and the verifier's per-step k pauses a
-    request whose own drafts fail."""
+    chooses between them by what each measured, its acceptance and its own steps' cost. None
+    once all are measured, or when none is served. Each cannot lose much: a step it finds
+    nothing to copy for forwards no draft row and waits ~1 ms for its proposer, and the
+    verifier's per-step k pauses a request whose own drafts fail."""
     unmeasured = [(tried(c), i, c) for i, c in enumerate(retrieval_chains(candidates))
                   if tried(c) < enough]
     return min(unmeasured)[2] if unmeasured else None

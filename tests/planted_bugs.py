@@ -1064,15 +1064,15 @@ def policy_has_no_cold_default(monkeypatch) -> None:
 
 
 def policy_keeps_one_cold_chain(monkeypatch) -> None:
-    """auto's cold default is always the longest retrieval chain (hybrid:suffix|ngram), never
-    each of them in turn: the chains it did not start on are never measured."""
+    """auto's cold default is always the first retrieval method, never each of them in turn:
+    the ones it did not start on are never measured."""
     import gateway.policy as policy
 
-    def longest(candidates, tried, enough):
+    def first(candidates, tried, enough):
         chains = policy.retrieval_chains(candidates)
-        return chains[-1] if chains and tried(chains[-1]) < enough else None
+        return chains[0] if chains and tried(chains[0]) < enough else None
 
-    monkeypatch.setattr(policy, "cold_default", longest)
+    monkeypatch.setattr(policy, "cold_default", first)
 
 
 def policy_weighs_no_gated_hybrids(monkeypatch) -> None:
