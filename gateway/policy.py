@@ -83,7 +83,6 @@ from splitspec.methods import (
     MAX_HYBRID_COMPONENTS,
     METHODS,
     Kind,
-    components_of,
     hybrid_name,
     is_method,
     method_served,
@@ -333,10 +332,9 @@ class SpeculationPolicy:
             return tried(c) >= self.config.stale_tried
 
         named = req.method is not None or req.num_branches is not None
-        if cold is None and not named and retrieval_chains(candidates):
-            cold = cold_default(candidates, tried, self.config.stale_tried)
-            return tuple(c for c in candidates if c == cold or measured(c))
-        if cold is not None and not named:
+        if not named and (cold is not None or retrieval_chains(candidates)):
+            # None once every retrieval method is measured: the measured ones compete
+            cold = cold or cold_default(candidates, tried, self.config.stale_tried)
             return tuple(c for c in candidates if c == cold or measured(c))
         return tuple((m, b) for m, b in candidates
                      if (b == 1 or req.num_branches is not None)
