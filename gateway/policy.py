@@ -30,9 +30,9 @@ Rules, in order:
 Of the candidates without enough recent data only one competes in auto: the cold default
 (`cold_default`: of the served retrieval methods, suffix and ngram, the one with the least
 data, so that each runs about a request and they are then chosen between by what each
-measured), so a cold stack starts there, once its replica has
-measured steps of the request's batch size (before that: off), rather than on a method it knows
-nothing about; the others wait for exploration turns (docs/policy.md, Cold start and load).
+measured), so a cold stack starts there, once its replica has measured steps of the request's
+batch size (before that: off), rather than on a method it knows nothing about; the others wait
+for exploration turns (docs/policy.md, Cold start and load).
 In auto, each proposer method is a candidate twice: as chains and as token trees of up to
 `auto_branches` children per node (capped by the verifier's --max-num-branches), each priced
 from its own measured acceptance (a tree of k nodes forwards k rows and gains its accepted
